@@ -1,0 +1,141 @@
+"""The interface every architecture backend implements.
+
+A backend answers questions about machine code ("where do instructions start?",
+"can these bytes be moved?") and produces machine code (the patch jump, the
+trampoline for one site, the runtime). Everything else in urewrite is shared.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Sequence
+
+
+@dataclass(frozen=True)
+class Insn:
+    """One decoded instruction. `detail` is the backend's own decoded form."""
+
+    address: int
+    size: int
+    mnemonic: str
+    op_str: str
+    raw: bytes
+    detail: object = field(default=None, compare=False, repr=False)
+
+    @property
+    def end(self) -> int:
+        return self.address + self.size
+
+    def __str__(self) -> str:
+        return f"{self.mnemonic} {self.op_str}".strip()
+
+
+@dataclass(frozen=True)
+class Window:
+    """The bytes a patch overwrites at one site, and the instructions they held.
+
+    `insns` are the displaced instructions, re-executed from the trampoline.
+    `size` may exceed their total size when the window borrows alignment
+    padding after a short function.
+    """
+
+    address: int
+    size: int
+    insns: tuple
+
+    @property
+    def end(self) -> int:
+        return self.address + self.size
+
+
+@dataclass(frozen=True)
+class RuntimeRefs:
+    """Addresses a trampoline needs from the runtime and the region layout."""
+
+    state: int  # process state word: 0 = not set up, 1 = disarmed, else region address
+    owners_offset: int  # offset of the per-thread owner table inside the region
+    slow_hit: int  # runtime routine: count a hit without an owned thread slot
+    lazy_init: int  # runtime routine: one-time set-up (after fork, or before start-up ran)
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """What the runtime is built around: where its data lives and what it starts."""
+
+    base: int  # address the runtime code is assembled at
+    state: int  # the process-state page (cleared in a forked child)
+    state_size: int
+    template: int  # region image to copy into the shared-memory region
+    template_size: int
+    region_size: int
+    slot_count: int
+    file_tag: bytes  # names the region file of this object
+    exe_entry: Optional[int]  # original entry point to continue at, for executables
+    dso_init: Optional[int]  # original DT_INIT to continue at, for shared objects
+
+
+@dataclass(frozen=True)
+class Runtime:
+    code: bytes
+    exe_start: int  # address of the start-up hook for executables (new e_entry)
+    dso_start: int  # address of the DT_INIT hook for shared objects
+    slow_hit: int
+    lazy_init: int
+
+
+class Backend(ABC):
+    """One instruction set. Subclasses live in arch/<name>/."""
+
+    name: str
+    elf_machine: int  # e_machine value
+    patch_size: int  # bytes the site jump needs
+    branch_reach: int  # how far the site jump reaches, in bytes, either way
+    state_size: int  # bytes of process-state memory the runtime needs
+
+    # -- reading -----------------------------------------------------------
+    @abstractmethod
+    def decode(self, code: bytes, address: int, detail: bool = False) -> list:
+        """Linear sweep: the instructions of `code`, stopping at the first undecodable byte."""
+
+    @abstractmethod
+    def landing_pad_size(self, first: Insn) -> int:
+        """Bytes at a function entry that must stay in place (endbr64, bti): 0 if none."""
+
+    @abstractmethod
+    def direct_branch_target(self, insn: Insn) -> Optional[int]:
+        """The target of a direct branch or call, else None."""
+
+    @abstractmethod
+    def branch_targets_into(self, code: bytes, base: int, ranges: Sequence) -> Iterable:
+        """Addresses inside `ranges` that some direct far branch in `code` may reach.
+
+        Conservative: may report a target that no real instruction has.
+        """
+
+    @abstractmethod
+    def is_padding(self, insn: Insn) -> bool:
+        """Alignment filler a window may borrow (nop, int3)."""
+
+    # -- can I? ------------------------------------------------------------
+    @abstractmethod
+    def relocation_problem(self, insn: Insn, is_last: bool, shadow_stack: bool) -> Optional[str]:
+        """Why `insn` cannot be executed from a trampoline, or None if it can."""
+
+    @abstractmethod
+    def flags_live_at_entry(self) -> bool:
+        """Whether the ABI lets a caller pass condition flags into a function."""
+
+    # -- writing -----------------------------------------------------------
+    @abstractmethod
+    def site_patch(self, window: Window, trampoline: int) -> bytes:
+        """The bytes that replace the window: a jump to the trampoline, then filler."""
+
+    @abstractmethod
+    def trampoline(self, address: int, probe_index: int, window: Window,
+                   flags_live: bool, refs: RuntimeRefs) -> bytes:
+        """The code one site jumps to: count the hit, run the displaced code, jump back."""
+
+    @abstractmethod
+    def runtime(self, spec: RuntimeSpec) -> Runtime:
+        """The one-time set-up code and the slow paths, assembled at `spec.base`."""

@@ -1,0 +1,101 @@
+"""The x86_64 backend: answers for arch/base.py's Backend."""
+
+from __future__ import annotations
+
+import re
+import struct
+from typing import Iterable, Optional, Sequence
+
+import capstone
+from capstone import x86_const as X
+
+from urewrite.arch.base import Backend, Insn, Runtime, RuntimeRefs, RuntimeSpec, Window
+from urewrite.arch.x86_64 import relocator, runtime, trampoline
+from urewrite.arch.x86_64.writer import jmp_rel32
+
+ENDBR64 = b"\xf3\x0f\x1e\xfa"
+INT3 = 0xCC
+_BRANCH_MNEMONICS = frozenset(
+    "jmp call jo jno jb jae je jne jbe ja js jns jp jnp jl jge jle jg jrcxz jecxz loop loope loopne"
+    .split())
+# Opcodes of far direct branches: call/jmp rel32, and jcc rel32 (0f 80..8f).
+_REL32_BRANCH = re.compile(rb"[\xe8\xe9]|\x0f[\x80-\x8f]", re.DOTALL)
+
+
+class X86_64Backend(Backend):
+    name = "x86_64"
+    elf_machine = 62
+    patch_size = 5  # jmp rel32
+    branch_reach = (1 << 31) - 1
+    state_size = runtime.STATE_SIZE
+
+    def __init__(self):
+        self._lite = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+        self._full = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+        self._full.detail = True
+
+    # -- reading -----------------------------------------------------------
+    def decode(self, code: bytes, address: int, detail: bool = False) -> list:
+        if detail:
+            return [Insn(i.address, i.size, i.mnemonic, i.op_str, bytes(i.bytes), i)
+                    for i in self._full.disasm(code, address)]
+        out = []
+        for at, size, mnemonic, op_str in self._lite.disasm_lite(code, address):
+            out.append(Insn(at, size, mnemonic, op_str, b""))
+        return out
+
+    def landing_pad_size(self, first: Insn) -> int:
+        return 4 if first.mnemonic == "endbr64" else 0
+
+    def direct_branch_target(self, insn: Insn) -> Optional[int]:
+        mnemonic = insn.mnemonic.split()[-1]  # drop prefixes such as "bnd"
+        if mnemonic in _BRANCH_MNEMONICS and insn.op_str.startswith("0x"):
+            return int(insn.op_str, 16)
+        return None
+
+    def branch_targets_into(self, code: bytes, base: int, ranges: Sequence) -> Iterable:
+        """Targets of every byte pattern that could be a call/jmp/jcc rel32, inside `ranges`.
+
+        Reading every offset (not only real instruction starts) over-approximates,
+        which is the safe direction; a false hit needs 4 bytes to match by chance.
+        """
+        if not ranges:
+            return
+        lo = min(r[0] for r in ranges)
+        hi = max(r[1] for r in ranges)
+        ordered = sorted(ranges)
+        starts = [r[0] for r in ordered]
+        import bisect
+        for m in _REL32_BRANCH.finditer(code):
+            field = m.end()
+            if field + 4 > len(code):
+                break
+            target = base + field + 4 + struct.unpack_from("<i", code, field)[0]
+            if lo <= target < hi:
+                k = bisect.bisect_right(starts, target) - 1
+                if k >= 0 and target < ordered[k][1]:
+                    yield target
+
+    def is_padding(self, insn: Insn) -> bool:
+        return insn.mnemonic in ("nop", "int3") or insn.mnemonic.endswith(" nop")
+
+    # -- can I? ------------------------------------------------------------
+    def relocation_problem(self, insn: Insn, is_last: bool, shadow_stack: bool) -> Optional[str]:
+        return relocator.relocation_problem(insn, is_last, shadow_stack)
+
+    def flags_live_at_entry(self) -> bool:
+        # SysV x86_64 ABI: status flags are not preserved across calls, so no
+        # function may read them before setting them. DF is clear and we never set it.
+        return False
+
+    # -- writing -----------------------------------------------------------
+    def site_patch(self, window: Window, trampoline_address: int) -> bytes:
+        jump = jmp_rel32(window.address, trampoline_address)
+        return jump + bytes([INT3]) * (window.size - len(jump))
+
+    def trampoline(self, address: int, probe_index: int, window: Window,
+                   flags_live: bool, refs: RuntimeRefs) -> bytes:
+        return trampoline.build(address, probe_index, window, flags_live, refs)
+
+    def runtime(self, spec: RuntimeSpec) -> Runtime:
+        return runtime.build(spec)

@@ -1,0 +1,165 @@
+"""Moves x86_64 instructions to a trampoline, rewriting what depends on their address.
+
+Rules:
+- RIP-relative operands get a new displacement.
+- Direct jmp/jcc become their rel32 forms; jrcxz/jecxz/loop* (rel8 only) expand
+  into a short hop over a rel32 jmp.
+- A call may only be the last displaced instruction. It becomes "push the
+  original return address; jmp target", so the callee returns into the original
+  code and unwinders see the original frames.
+- Branches to an address inside the window go to that instruction's copy.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from capstone import x86_const as X
+
+from urewrite.arch.base import Insn
+from urewrite.arch.x86_64.writer import Writer, rel32
+
+_JCC = {
+    X.X86_INS_JO: "o", X.X86_INS_JNO: "no", X.X86_INS_JB: "b", X.X86_INS_JAE: "ae",
+    X.X86_INS_JE: "e", X.X86_INS_JNE: "ne", X.X86_INS_JBE: "be", X.X86_INS_JA: "a",
+    X.X86_INS_JS: "s", X.X86_INS_JNS: "ns", X.X86_INS_JP: "p", X.X86_INS_JNP: "np",
+    X.X86_INS_JL: "l", X.X86_INS_JGE: "ge", X.X86_INS_JLE: "le", X.X86_INS_JG: "g",
+}
+_LOOPS = {X.X86_INS_JRCXZ, X.X86_INS_JECXZ, X.X86_INS_LOOP, X.X86_INS_LOOPE, X.X86_INS_LOOPNE}
+
+# Fixed sizes of what each relocated form takes, so a window's layout is known up front.
+_CALL_EMULATION_PREFIX = 5 + 1 + 7 + 5 + 1  # lea rsp; push rax; lea rax,[rip]; mov [rsp+8],rax; pop rax
+
+
+def _is_rip_relative(insn: Insn) -> bool:
+    d = insn.detail
+    return any(op.type == X.X86_OP_MEM and op.mem.base == X.X86_REG_RIP for op in d.operands)
+
+
+def _uses_rsp(insn: Insn) -> bool:
+    return any(op.type == X.X86_OP_MEM and X.X86_REG_RSP in (op.mem.base, op.mem.index)
+               or op.type == X.X86_OP_REG and op.reg in (X.X86_REG_RSP, X.X86_REG_ESP)
+               for op in insn.detail.operands)
+
+
+def _direct_target(insn: Insn) -> Optional[int]:
+    ops = insn.detail.operands
+    if len(ops) == 1 and ops[0].type == X.X86_OP_IMM:
+        return ops[0].imm
+    return None
+
+
+def _is_call(insn: Insn) -> bool:
+    return insn.detail.id == X.X86_INS_CALL
+
+
+def _is_jump(insn: Insn) -> bool:
+    return insn.detail.id == X.X86_INS_JMP or insn.detail.id in _JCC or insn.detail.id in _LOOPS
+
+
+def relocation_problem(insn: Insn, is_last: bool, shadow_stack: bool) -> Optional[str]:
+    """Why this instruction cannot run from a trampoline, or None."""
+    ident = insn.detail.id
+    if ident == X.X86_INS_XBEGIN:
+        return f"'{insn}' has an abort target relative to its address"
+    if _is_call(insn):
+        if not is_last:
+            return f"'{insn}' would return into the displaced bytes"
+        if shadow_stack:
+            return f"'{insn}' cannot be emulated under the CET shadow stack this file enables"
+        if _direct_target(insn) is None and _uses_rsp(insn):
+            return f"'{insn}' takes its target relative to the stack pointer"
+        return None
+    if _is_jump(insn) and _direct_target(insn) is None and insn.detail.id != X.X86_INS_JMP:
+        return f"'{insn}' is an indirect conditional branch"
+    return None
+
+
+def relocated_size(insn: Insn) -> int:
+    """Bytes the relocated form of `insn` takes (see `relocate`)."""
+    ident = insn.detail.id
+    if _is_call(insn):
+        target = _direct_target(insn)
+        return _CALL_EMULATION_PREFIX + (5 if target is not None else insn.size)
+    if _direct_target(insn) is not None:
+        if ident == X.X86_INS_JMP:
+            return 5
+        if ident in _JCC:
+            return 6
+        if ident in _LOOPS:
+            return len(_prefixes(insn)) + 2 + 2 + 5
+    return insn.size
+
+
+def _prefixes(insn: Insn) -> bytes:
+    """Legacy prefixes kept on a re-encoded loop/jrcxz (0x67 selects ecx)."""
+    return bytes(b for b in insn.raw[:insn.size - 2] if b == 0x67)
+
+
+def relocate(insns, new_address: int) -> tuple:
+    """The displaced instructions, re-encoded to run from `new_address`.
+
+    Returns (code, falls_through): falls_through is False when the last
+    instruction never continues to the next one (jmp, ret, emulated call).
+    """
+    layout = {}
+    at = new_address
+    for insn in insns:
+        layout[insn.address] = at
+        at += relocated_size(insn)
+    w = Writer(new_address)
+    falls_through = True
+    for insn in insns:
+        falls_through = _emit(w, insn, layout)
+    return w.bytes(), falls_through
+
+
+def _mapped(target: int, layout: dict) -> int:
+    return layout.get(target, target)
+
+
+def _emit(w: Writer, insn: Insn, layout: dict) -> bool:
+    ident = insn.detail.id
+    target = _direct_target(insn)
+    if _is_call(insn):
+        # push the original return address, then jump: the callee returns to the original code
+        w.lea_rsp(-8)
+        w.push("rax")
+        w.lea_reg_rip("rax", insn.end)
+        w.mov_rsp_disp_rax(8)
+        w.pop("rax")
+        if target is not None:
+            w.jmp(_mapped(target, layout))
+        else:
+            w.raw(_retarget_indirect(insn, w.pc, as_jump=True))
+        return False
+    if target is not None and ident == X.X86_INS_JMP:
+        w.jmp(_mapped(target, layout))
+        return False
+    if target is not None and ident in _JCC:
+        w.jcc(_JCC[ident], _mapped(target, layout))
+        return True
+    if target is not None and ident in _LOOPS:
+        # <op> +2 ; jmp +5 ; jmp rel32 target
+        w.raw(_prefixes(insn) + bytes((insn.raw[-2], 0x02, 0xEB, 0x05)))
+        w.jmp(_mapped(target, layout))
+        return True
+    w.raw(_retarget_indirect(insn, w.pc, as_jump=False))
+    return not (ident == X.X86_INS_JMP or insn.detail.group(X.X86_GRP_RET))
+
+
+def _retarget_indirect(insn: Insn, new_address: int, as_jump: bool) -> bytes:
+    """The instruction's bytes at `new_address`, with a RIP-relative displacement fixed.
+
+    With `as_jump`, an indirect call (FF /2) becomes the matching jump (FF /4).
+    """
+    code = bytearray(insn.raw)
+    d = insn.detail
+    if as_jump:
+        code[d.modrm_offset] = (code[d.modrm_offset] & 0xC7) | (4 << 3)
+    if _is_rip_relative(insn):
+        old_target = insn.end + d.disp
+        new_end = new_address + insn.size
+        code[d.disp_offset:d.disp_offset + 4] = rel32(new_end, old_target)
+    return bytes(code)
+

@@ -1,0 +1,387 @@
+# urewrite x86_64 runtime: assembled by Keystone (Intel syntax) into every rewritten file.
+#
+# It runs once per process (start-up hook, or lazily after fork) and on the rare
+# slow hit path. It uses only raw system calls: no libc, no loader support.
+# Fields in braces are filled in by runtime.py before assembly.
+#
+# State memory (zero-filled, private to the process):
+#   page 0 is cleared in a forked child (MADV_WIPEONFORK), so the child sets up
+#   a region of its own:       [0] region address, or 1 = disarmed, 0 = not set up
+#                              [8] set-up in progress
+#   later pages survive fork:  PS_STARTED, PS_TCB (a stand-in thread control block
+#                              before libc sets one up), PS_DIR (value of the
+#                              environment variable), PS_NAME, PS_ENVBUF
+
+link_table:
+lt_self:     .quad 0          # link-time address of link_table
+lt_state:    .quad 0          # state memory - link_table
+lt_template: .quad 0          # region template - link_table
+lt_tsize:    .quad 0          # template size
+lt_rsize:    .quad 0          # region size
+file_tag:    .byte {TAG_BYTES}
+var_name:    .ascii "{ENV_VAR}="
+proc_environ: .ascii "/proc/self/environ"
+             .byte 0
+
+# rbx <- state memory
+load_state:
+    lea rbx, [rip + link_table]
+    add rbx, qword ptr [rip + lt_state]
+    ret
+
+# Start-up hook for executables (the new e_entry): [rsp] = argc, then argv, envp.
+exe_start:
+    .byte 0xf3, 0x0f, 0x1e, 0xfa          # endbr64
+    push rax
+    push rcx
+    push rdx
+    push rsi
+    push rdi
+    push r8
+    push r9
+    push r10
+    push r11
+    push rbx
+    call load_state
+    mov rax, qword ptr [rsp + 80]
+    lea rdi, [rsp + rax*8 + 96]            # envp = &argv[argc + 1]
+    call capture_env_vector
+    call ensure_thread_pointer
+    call setup_region
+    pop rbx
+    pop r11
+    pop r10
+    pop r9
+    pop r8
+    pop rdi
+    pop rsi
+    pop rdx
+    pop rcx
+    pop rax
+    jmp {EXE_ENTRY}
+
+# Start-up hook for shared objects (the new DT_INIT): continues at the original one.
+dso_start:
+    .byte 0xf3, 0x0f, 0x1e, 0xfa          # endbr64
+    call lazy_init
+    jmp {DSO_INIT}
+
+# Set-up from a trampoline (or dso_start): every register is preserved.
+lazy_init:
+    push rax
+    push rcx
+    push rdx
+    push rsi
+    push rdi
+    push r8
+    push r9
+    push r10
+    push r11
+    push rbx
+    call load_state
+    cmp qword ptr [rbx + {PS_STARTED}], 0
+    jne lazy_have_env
+    call capture_env_proc
+lazy_have_env:
+    call setup_region
+    pop rbx
+    pop r11
+    pop r10
+    pop r9
+    pop r8
+    pop rdi
+    pop rsi
+    pop rdx
+    pop rcx
+    pop rax
+    ret
+
+# rdi = envp array. Copies the variable's value into PS_DIR.
+capture_env_vector:
+    mov qword ptr [rbx + {PS_STARTED}], 1
+cev_next:
+    mov rsi, qword ptr [rdi]
+    test rsi, rsi
+    jz cev_done
+    add rdi, 8
+    call match_var
+    test rsi, rsi
+    jz cev_next
+    call copy_dir
+cev_done:
+    ret
+
+# Reads /proc/self/environ into PS_ENVBUF and looks for the variable there.
+capture_env_proc:
+    mov qword ptr [rbx + {PS_STARTED}], 1
+    lea rdi, [rip + proc_environ]
+    mov esi, 0x80000                       # O_RDONLY | O_CLOEXEC
+    xor edx, edx
+    mov eax, 2                             # open
+    syscall
+    test rax, rax
+    js cep_done
+    mov r8, rax                            # fd
+    lea r9, [rbx + {PS_ENVBUF}]            # write position
+cep_read:
+    mov rdi, r8
+    mov rsi, r9
+    lea rdx, [rbx + {PS_ENVBUF} + {ENVBUF_SIZE} - 1]
+    sub rdx, r9
+    jz cep_close
+    xor eax, eax                           # read
+    syscall
+    test rax, rax
+    jle cep_close
+    add r9, rax
+    jmp cep_read
+cep_close:
+    mov byte ptr [r9], 0
+    mov rdi, r8
+    mov eax, 3                             # close
+    syscall
+    lea r10, [rbx + {PS_ENVBUF}]           # r10 = current string, r9 = end
+cep_scan:
+    cmp r10, r9
+    jae cep_done
+    mov rsi, r10
+    call match_var
+    test rsi, rsi
+    jz cep_skip
+    jmp copy_dir
+cep_skip:
+    cmp byte ptr [r10], 0
+    lea r10, [r10 + 1]
+    jne cep_skip
+    jmp cep_scan
+cep_done:
+    ret
+
+# rsi = "NAME=value" candidate -> rsi = value, or 0 when it is another variable
+match_var:
+    lea r11, [rip + var_name]
+    mov ecx, {ENV_VAR_LEN}
+mv_loop:
+    mov al, byte ptr [rsi]
+    cmp al, byte ptr [r11]
+    jne mv_no
+    inc rsi
+    inc r11
+    dec ecx
+    jnz mv_loop
+    ret
+mv_no:
+    xor esi, esi
+    ret
+
+# rsi = value -> PS_DIR, cut at {DIR_MAX} bytes
+copy_dir:
+    lea rdi, [rbx + {PS_DIR}]
+    mov ecx, {DIR_MAX}
+cd_loop:
+    mov al, byte ptr [rsi]
+    test al, al
+    jz cd_end
+    mov byte ptr [rdi], al
+    inc rsi
+    inc rdi
+    dec ecx
+    jnz cd_loop
+cd_end:
+    mov byte ptr [rdi], 0
+    ret
+
+# A statically linked program starts with no thread pointer (fs base 0) until
+# libc sets one; trampolines read fs:[0], so give it a stand-in until then.
+ensure_thread_pointer:
+    sub rsp, 8
+    mov rsi, rsp
+    mov edi, 0x1003                        # ARCH_GET_FS
+    mov eax, 158                           # arch_prctl
+    syscall
+    pop rax
+    test rax, rax
+    jnz etp_done
+    lea rsi, [rbx + {PS_TCB}]
+    mov qword ptr [rsi], rsi               # the TLS ABI: fs:[0] holds the thread pointer
+    mov edi, 0x1002                        # ARCH_SET_FS
+    mov eax, 158
+    syscall
+etp_done:
+    ret
+
+# Creates and maps this process's region, or marks the probes disarmed.
+setup_region:
+    cld
+    cmp qword ptr [rbx], 0
+    jne sr_ret
+    cmp qword ptr [rbx + 8], 0
+    jne sr_ret                             # re-entered from a signal handler: skip
+    mov qword ptr [rbx + 8], 1
+    mov rdi, rbx
+    mov esi, 4096
+    mov edx, 18                            # MADV_WIPEONFORK
+    mov eax, 28                            # madvise
+    syscall
+    cmp byte ptr [rbx + {PS_DIR}], 0
+    je sr_disarm
+    # name = DIR "/" TAG "." PID [ "-" N ] ".ure"
+    lea rdi, [rbx + {PS_NAME}]
+    lea rsi, [rbx + {PS_DIR}]
+    call append_str
+    mov byte ptr [rdi], 0x2f
+    inc rdi
+    lea rsi, [rip + file_tag]
+    call append_str
+    mov byte ptr [rdi], 0x2e
+    inc rdi
+    mov eax, 39                            # getpid
+    syscall
+    push rax                               # [rsp] = pid
+    call append_decimal
+    mov r9, rdi
+    xor r8d, r8d                           # attempt: the same pid after exec gets "-1", "-2", ...
+sr_try:
+    mov rdi, r9
+    test r8, r8
+    jz sr_suffix
+    mov byte ptr [rdi], 0x2d
+    lea eax, [r8 + 0x30]
+    mov byte ptr [rdi + 1], al
+    add rdi, 2
+sr_suffix:
+    mov dword ptr [rdi], 0x6572752e        # ".ure"
+    mov byte ptr [rdi + 4], 0
+    lea rdi, [rbx + {PS_NAME}]
+    mov esi, 0x800c2                       # O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC
+    mov edx, 0x1a4                         # 0644
+    mov eax, 2                             # open
+    syscall
+    cmp rax, -17                           # EEXIST
+    jne sr_opened
+    inc r8
+    cmp r8, 10
+    jb sr_try
+    jmp sr_disarm_pid
+sr_opened:
+    test rax, rax
+    js sr_disarm_pid
+    push rax                               # [rsp] = fd, [rsp+8] = pid
+    mov rdi, rax
+    mov rsi, qword ptr [rip + lt_rsize]
+    mov eax, 77                            # ftruncate
+    syscall
+    test rax, rax
+    js sr_close_disarm
+    xor edi, edi
+    mov rsi, qword ptr [rip + lt_rsize]
+    mov edx, 3                             # PROT_READ | PROT_WRITE
+    mov r10d, 1                            # MAP_SHARED
+    mov r8, qword ptr [rsp]
+    xor r9d, r9d
+    mov eax, 9                             # mmap
+    syscall
+    mov r10, rax                           # r10 = region
+    pop rdi
+    mov eax, 3                             # close
+    syscall
+    cmp r10, -4096
+    ja sr_disarm_pid
+    # copy the template: header, probe table, names
+    mov rdi, r10
+    lea rsi, [rip + link_table]
+    add rsi, qword ptr [rip + lt_template]
+    mov rcx, qword ptr [rip + lt_tsize]
+    rep movsb
+    pop rax
+    mov dword ptr [r10 + {OFF_PID}], eax
+    lea rax, [rip + link_table]
+    sub rax, qword ptr [rip + lt_self]
+    mov qword ptr [r10 + {OFF_LOAD_BIAS}], rax
+    # owner table: each per-thread slot points at its counter row
+    mov rdi, r10
+    add rdi, qword ptr [r10 + {OFF_OWNERS}]
+    mov rax, r10
+    add rax, qword ptr [r10 + {OFF_COUNTERS}]
+    mov ecx, dword ptr [r10 + {OFF_SLOT_COUNT}]
+sr_owner:
+    mov qword ptr [rdi + 8], rax
+    add rdi, {OWNER_ENTRY_SIZE}
+    add rax, qword ptr [r10 + {OFF_SLOT_STRIDE}]
+    dec ecx
+    jnz sr_owner
+    mov qword ptr [rbx], r10               # publish: stores before it are visible first (x86 TSO)
+    mov qword ptr [rbx + 8], 0
+sr_ret:
+    ret
+sr_close_disarm:
+    pop rdi
+    mov eax, 3
+    syscall
+sr_disarm_pid:
+    pop rax
+sr_disarm:
+    mov qword ptr [rbx], 1
+    mov qword ptr [rbx + 8], 0
+    ret
+
+# rsi = NUL-terminated string, appended at rdi (rdi ends on the terminator position)
+append_str:
+    mov al, byte ptr [rsi]
+    test al, al
+    jz as_end
+    mov byte ptr [rdi], al
+    inc rsi
+    inc rdi
+    jmp append_str
+as_end:
+    ret
+
+# [rsp + 8] = value, appended at rdi in decimal
+append_decimal:
+    mov rax, qword ptr [rsp + 8]
+    mov r11d, 10
+    xor ecx, ecx
+ad_div:
+    xor edx, edx
+    div r11
+    add edx, 0x30
+    push rdx
+    inc ecx
+    test rax, rax
+    jnz ad_div
+ad_out:
+    pop rax
+    mov byte ptr [rdi], al
+    inc rdi
+    dec ecx
+    jnz ad_out
+    ret
+
+# A hit whose thread has no slot yet (or shares one): rax = region, rcx = thread
+# pointer, rdx = owner entry offset, rsi = probe offset in a counter row.
+# Clobbers rax, rcx, rdx, rsi and flags only.
+slow_hit:
+    test rcx, rcx
+    jz sh_shared
+    push rdi
+    lea rdi, [rax + rdx]
+    add rdi, qword ptr [rax + {OFF_OWNERS}]
+    push rax
+    xor eax, eax
+    lock cmpxchg qword ptr [rdi], rcx      # claim the slot for this thread
+    pop rax
+    jne sh_taken
+    mov rdx, qword ptr [rdi + 8]
+    add qword ptr [rdx + rsi], 1
+    pop rdi
+    ret
+sh_taken:
+    pop rdi
+sh_shared:
+    mov edx, dword ptr [rax + {OFF_SLOT_COUNT}]
+    imul rdx, qword ptr [rax + {OFF_SLOT_STRIDE}]
+    add rdx, qword ptr [rax + {OFF_COUNTERS}]
+    add rdx, rax
+    lock add qword ptr [rdx + rsi], 1
+    ret

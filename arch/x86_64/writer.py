@@ -1,0 +1,142 @@
+"""Encodes the handful of x86_64 instructions that trampolines are made of.
+
+Every branch uses the 32-bit form so that sizes are known before targets are.
+Labels are resolved when `bytes()` is called. tests/test_x86_writer.py checks
+each encoding against Keystone.
+"""
+
+from __future__ import annotations
+
+import struct
+
+REG = {"rax": 0, "rcx": 1, "rdx": 2, "rbx": 3, "rsp": 4, "rbp": 5, "rsi": 6, "rdi": 7}
+CC = {"o": 0, "no": 1, "b": 2, "ae": 3, "e": 4, "ne": 5, "be": 6, "a": 7,
+      "s": 8, "ns": 9, "p": 10, "np": 11, "l": 12, "ge": 13, "le": 14, "g": 15}
+
+
+def rel32(source_end: int, target: int) -> bytes:
+    """A 32-bit displacement from the end of an instruction to `target`."""
+    delta = target - source_end
+    if not -(1 << 31) <= delta < (1 << 31):
+        raise OverflowError(f"target {target:#x} is out of rel32 reach of {source_end:#x}")
+    return struct.pack("<i", delta)
+
+
+def jmp_rel32(source: int, target: int) -> bytes:
+    return b"\xe9" + rel32(source + 5, target)
+
+
+class Writer:
+    """Appends instructions at a known address; targets are addresses or label names."""
+
+    def __init__(self, address: int):
+        self.address = address
+        self.code = bytearray()
+        self.labels = {}
+        self._fixups = []  # (offset of rel32 field, end of instruction offset, target)
+
+    @property
+    def pc(self) -> int:
+        return self.address + len(self.code)
+
+    def label(self, name: str) -> None:
+        self.labels[name] = self.pc
+
+    def raw(self, data: bytes) -> None:
+        self.code += data
+
+    def _rel32_to(self, target, tail: bytes = b"") -> None:
+        """A rel32 field whose displacement counts from after `tail` (an immediate)."""
+        field = len(self.code)
+        self.code += b"\0\0\0\0" + tail
+        self._fixups.append((field, len(self.code), target))
+
+    def bytes(self) -> bytes:
+        for field, end, target in self._fixups:
+            address = self.labels[target] if isinstance(target, str) else target
+            self.code[field:field + 4] = rel32(self.address + end, address)
+        return bytes(self.code)
+
+    # -- stack and flags -----------------------------------------------------
+    def lea_rsp(self, delta: int) -> None:
+        """lea rsp, [rsp + delta]: moves the stack pointer without touching flags."""
+        if -128 <= delta <= 127:
+            self.code += b"\x48\x8d\x64\x24" + struct.pack("<b", delta)
+        else:
+            self.code += b"\x48\x8d\xa4\x24" + struct.pack("<i", delta)
+
+    def push(self, reg: str) -> None:
+        self.code.append(0x50 + REG[reg])
+
+    def pop(self, reg: str) -> None:
+        self.code.append(0x58 + REG[reg])
+
+    def pushfq(self) -> None:
+        self.code.append(0x9C)
+
+    def popfq(self) -> None:
+        self.code.append(0x9D)
+
+    # -- branches ------------------------------------------------------------
+    def jmp(self, target) -> None:
+        self.code.append(0xE9)
+        self._rel32_to(target)
+
+    def jcc(self, cc: str, target) -> None:
+        self.code += bytes((0x0F, 0x80 + CC[cc]))
+        self._rel32_to(target)
+
+    def call(self, target) -> None:
+        self.code.append(0xE8)
+        self._rel32_to(target)
+
+    # -- the hit path --------------------------------------------------------
+    def cmp_rip_qword_imm8(self, target, imm: int) -> None:
+        """cmp qword ptr [rip + target], imm8"""
+        self.code += b"\x48\x83\x3d"
+        self._rel32_to(target, struct.pack("<b", imm))
+
+    def mov_reg_rip(self, reg: str, target) -> None:
+        """mov reg, qword ptr [rip + target]"""
+        self.code += bytes((0x48, 0x8B, 0x05 | REG[reg] << 3))
+        self._rel32_to(target)
+
+    def lea_reg_rip(self, reg: str, target) -> None:
+        """lea reg, [rip + target]"""
+        self.code += bytes((0x48, 0x8D, 0x05 | REG[reg] << 3))
+        self._rel32_to(target)
+
+    def mov_rcx_fs0(self) -> None:
+        """mov rcx, qword ptr fs:[0]: the thread pointer (x86_64 TLS ABI)."""
+        self.code += b"\x64\x48\x8b\x0c\x25\x00\x00\x00\x00"
+
+    def movabs_rdx(self, value: int) -> None:
+        self.code += b"\x48\xba" + struct.pack("<Q", value)
+
+    def imul_rdx_rcx(self) -> None:
+        self.code += b"\x48\x0f\xaf\xd1"
+
+    def shr_rdx(self, count: int) -> None:
+        self.code += b"\x48\xc1\xea" + bytes((count,))
+
+    def and_edx(self, mask: int) -> None:
+        self.code += b"\x81\xe2" + struct.pack("<I", mask)
+
+    def cmp_rax_rdx_disp_rcx(self, disp: int) -> None:
+        """cmp qword ptr [rax + rdx + disp32], rcx"""
+        self.code += b"\x48\x39\x8c\x10" + struct.pack("<i", disp)
+
+    def mov_rdx_rax_rdx_disp(self, disp: int) -> None:
+        """mov rdx, qword ptr [rax + rdx + disp32]"""
+        self.code += b"\x48\x8b\x94\x10" + struct.pack("<i", disp)
+
+    def inc_rdx_disp(self, disp: int) -> None:
+        """add qword ptr [rdx + disp32], 1: a plain add, safe on a thread-owned slot."""
+        self.code += b"\x48\x83\x82" + struct.pack("<i", disp) + b"\x01"
+
+    def mov_esi_imm(self, value: int) -> None:
+        self.code += b"\xbe" + struct.pack("<I", value)
+
+    def mov_rsp_disp_rax(self, disp: int) -> None:
+        """mov qword ptr [rsp + disp8], rax"""
+        self.code += b"\x48\x89\x44\x24" + struct.pack("<b", disp)

@@ -1,0 +1,1 @@
+"""ELF in -> sites -> plan -> code -> ELF out."""

@@ -1,0 +1,116 @@
+"""Writes the rewritten file. Nothing of the original moves.
+
+- site windows are overwritten in place (same offsets, same addresses);
+- a new program header table goes at the start of the new code segment, with
+  PT_PHDR pointing at it and the two new PT_LOADs after the last original one;
+- a new section header table goes at the very end, with three new sections
+  (.urewrite.rodata, .urewrite.text, .urewrite.state) appended after the
+  original ones so that every section index stays valid; the section name table
+  is re-emitted there with the new names added;
+- the output appears under its name only once complete (temporary file + rename).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+from dataclasses import replace
+from typing import Optional
+
+from urewrite.errors import UrewriteError
+from urewrite.rewriter.elf_file import (PF_R, PF_W, PF_X, PT_LOAD, PT_PHDR,
+                                        ElfFile, Section, Segment)
+from urewrite.rewriter.layout import PAGE, Placement, align_up
+from urewrite.trampolines.segment import SegmentImage
+
+SHT_PROGBITS, SHT_NOBITS = 1, 8
+SHF_WRITE, SHF_ALLOC, SHF_EXECINSTR = 1, 2, 4
+_E_ENTRY, _E_PHOFF, _E_SHOFF = 24, 32, 40
+_E_PHNUM, _E_SHNUM = 56, 60
+
+
+def render(elf: ElfFile, placement: Placement, image: SegmentImage,
+           new_entry: Optional[int], dt_init_slot: Optional[int]) -> bytes:
+    out = bytearray(elf.data)
+    for address, patch in image.patches:
+        offset = elf.offset_of(address, len(patch))
+        out[offset:offset + len(patch)] = patch
+    if new_entry is not None:
+        struct.pack_into("<Q", out, _E_ENTRY, new_entry)
+    if dt_init_slot is not None:
+        struct.pack_into("<qQ", out, dt_init_slot, 12, image.dso_start)  # DT_INIT
+
+    state = Segment(PT_LOAD, PF_R | PF_W, placement.state_offset, placement.state_vaddr,
+                    placement.state_vaddr, 0, placement.state_size, PAGE)
+    code = Segment(PT_LOAD, PF_R | PF_X, placement.code_offset, placement.code_vaddr,
+                   placement.code_vaddr, len(image.code), len(image.code), PAGE)
+    last_load = max(i for i, s in enumerate(elf.segments) if s.type == PT_LOAD)
+    table = []
+    for i, seg in enumerate(elf.segments):
+        if seg.type == PT_PHDR:
+            seg = replace(seg, offset=placement.code_offset, vaddr=placement.code_vaddr,
+                          paddr=placement.code_vaddr, filesz=placement.phdr_size,
+                          memsz=placement.phdr_size)
+        table.append(seg)
+        if i == last_load:
+            table += [code, state]  # in address order, as loaders require
+    assert len(table) == placement.phdr_count
+    segment = bytearray(image.code)
+    segment[:placement.phdr_size] = b"".join(s.pack() for s in table)
+
+    out += bytes(placement.code_offset - len(out))
+    out += segment
+    struct.pack_into("<Q", out, _E_PHOFF, placement.code_offset)
+    struct.pack_into("<H", out, _E_PHNUM, len(table))
+    if elf.sections:
+        _append_sections(elf, out, placement, image)
+    return bytes(out)
+
+
+def _append_sections(elf: ElfFile, out: bytearray, placement: Placement,
+                     image: SegmentImage) -> None:
+    names_section = elf.sections[elf.shstrndx]
+    names = bytearray(elf.data[names_section.offset:names_section.offset + names_section.size])
+    new = []
+
+    def add(name: str, type_: int, flags: int, addr: int, size: int, align: int) -> None:
+        new.append(Section(len(elf.sections) + len(new), name, len(names), type_, flags, addr,
+                           placement.code_offset + addr - placement.code_vaddr, size, 0, 0,
+                           align, 0))
+        names.extend(name.encode() + b"\0")
+
+    add(".urewrite.rodata", SHT_PROGBITS, SHF_ALLOC, *image.template, 8)
+    add(".urewrite.text", SHT_PROGBITS, SHF_ALLOC | SHF_EXECINSTR, *image.text, 16)
+    add(".urewrite.state", SHT_NOBITS, SHF_ALLOC | SHF_WRITE, placement.state_vaddr,
+        placement.state_size, PAGE)
+    new[-1] = replace(new[-1], offset=placement.state_offset)
+
+    names_at = len(out)
+    out += names
+    out += bytes(align_up(len(out), 8) - len(out))
+    sections = [replace(s, offset=names_at, size=len(names)) if s.index == elf.shstrndx else s
+                for s in elf.sections] + new
+    shoff = len(out)
+    out += b"".join(s.pack() for s in sections)
+    struct.pack_into("<Q", out, _E_SHOFF, shoff)
+    struct.pack_into("<H", out, _E_SHNUM, len(sections))
+
+
+def write_atomically(path: str, data: bytes, mode: int) -> None:
+    """Write `data` to `path` so that `path` is either untouched or complete."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, temporary = tempfile.mkstemp(prefix=".urewrite-", dir=directory)
+    except OSError as e:
+        raise UrewriteError(f"cannot write {path}: {e.strerror}")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            os.fchmod(f.fileno(), mode & 0o7777)
+        os.replace(temporary, path)
+    except BaseException as e:
+        os.unlink(temporary)
+        if isinstance(e, OSError):
+            raise UrewriteError(f"cannot write {path}: {e.strerror}")
+        raise

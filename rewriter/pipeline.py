@@ -1,0 +1,113 @@
+"""The rewrite, stage by stage: ELF in -> functions -> sites -> plan -> code -> ELF out."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+from urewrite.arch import backend_for
+from urewrite.errors import UrewriteError
+from urewrite.rewriter import elf_writer, layout
+from urewrite.rewriter.elf_file import DT_INIT, ElfFile
+from urewrite.rewriter.functions import Function, discover
+from urewrite.rewriter.planner import Plan, Planner, Refusal
+from urewrite.rewriter.selectors import Site, select
+from urewrite.trampolines import segment
+from urewrite.trampolines.region import KIND_ENTRY
+
+
+@dataclass
+class Analysis:
+    """A file read and its functions planned as entry sites: what `list` shows."""
+    elf: ElfFile
+    functions: List[Function]
+    planner: Planner
+
+
+@dataclass
+class RewriteResult:
+    output: str
+    plans: List[Plan]
+    refusals: List[Refusal]
+
+
+def analyse(path: str) -> Analysis:
+    elf = ElfFile.open(path)
+    functions = discover(elf)
+    return Analysis(elf, functions, Planner(elf, backend_for(elf.machine), functions))
+
+
+def list_entries(path: str):
+    """Every function with the plan (or refusal) for a probe at its entry."""
+    a = analyse(path)
+    sites = [Site(fn, fn.address, KIND_ENTRY, fn.name, fn.name, exact=False) for fn in a.functions]
+    return a, a.planner.plan(sites)
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _file_tag(output: str, elf: ElfFile, plans: List[Plan]) -> str:
+    """Names this object's region files: readable, and the same for the same rewrite."""
+    digest = hashlib.sha256(elf.data)
+    for p in plans:
+        digest.update(f"{p.site.address:x}:{p.site.kind};".encode())
+    stem = re.sub(r"[^A-Za-z0-9_.+-]", "_", os.path.basename(output))[:40]
+    return f"{stem}-{digest.hexdigest()[:8]}"
+
+
+def _dt_init(elf: ElfFile) -> Optional[tuple]:
+    """(file offset of the DT_INIT entry, its value): the hook for shared objects."""
+    return next(((at, value) for tag, value, at in elf.dynamic_entries() if tag == DT_INIT), None)
+
+
+def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bool = False,
+            progress: Optional[Callable[[int], None]] = None,
+            on_plan: Optional[Callable[[int], Callable[[int], None]]] = None) -> RewriteResult:
+    if _same_file(input_path, output_path) if os.path.exists(output_path) else \
+            os.path.realpath(input_path) == os.path.realpath(output_path):
+        raise UrewriteError("the output must not be the input file")
+    a = analyse(input_path)
+    elf, backend = a.elf, a.planner.backend
+    sites = select(specs, a.functions, a.planner.boundaries)
+    outcomes = a.planner.plan(sites)
+    plans = [o for o in outcomes if isinstance(o, Plan)]
+    refusals = [o for o in outcomes if isinstance(o, Refusal)]
+    exact = [r for r in refusals if r.site.exact]
+    if exact and not keep_going:
+        r = exact[0]
+        more = f" (and {len(exact) - 1} more)" if len(exact) > 1 else ""
+        raise UrewriteError(f"cannot probe {r.site.name}: {r.reason}{more}")
+    if not plans:
+        why = f": {refusals[0].site.name}: {refusals[0].reason}" if refusals else ""
+        raise UrewriteError(f"no patchable site{why}")
+
+    exe_entry = elf.entry if elf.is_executable and elf.entry else None
+    dt_init = _dt_init(elf)
+    if exe_entry is None and dt_init is None:
+        raise UrewriteError(f"{elf.path}: a shared object without DT_INIT (no place to start "
+                            f"the probe runtime from) is not supported yet")
+    def build(placement, progress=None):
+        return segment.build(backend, plans, placement, os.path.basename(output_path),
+                             elf.build_id, _file_tag(output_path, elf, plans), exe_entry,
+                             dt_init[1] if dt_init else None, progress=progress)
+
+    # The state memory follows the code, whose size is known once it is built; a
+    # trampoline's size does not depend on where the state is, so the second build
+    # only changes addresses.
+    draft = layout.place(elf, 0, backend.state_size)
+    image = build(draft, progress=on_plan(len(plans)) if on_plan else None)
+    placement = layout.place(elf, len(image.code), backend.state_size)
+    image = build(placement)
+    data = elf_writer.render(elf, placement, image,
+                             image.exe_start if exe_entry is not None else None,
+                             dt_init[0] if dt_init else None)
+    elf_writer.write_atomically(output_path, data, os.stat(input_path).st_mode)
+    return RewriteResult(output_path, plans, refusals)

@@ -1,0 +1,193 @@
+"""Decides, per site, which bytes a patch displaces, or why the site is refused.
+
+A site is patched by overwriting a window of whole instructions (at least the
+backend's patch size) with a jump. That is safe only when:
+- every displaced instruction can run from the trampoline (the backend says);
+- no branch lands inside the window after its first byte (such a branch
+  would land in the middle of the jump). Direct branches of the function and of
+  its neighbours are decoded exactly; far branches from anywhere in the file
+  are found by a conservative byte scan;
+- a window that runs past the function's end covers only alignment padding that
+  no symbol and no branch claims.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Set, Union
+
+from urewrite.arch.base import Backend, Window
+from urewrite.rewriter.elf_file import ElfFile
+from urewrite.rewriter.functions import Function
+from urewrite.rewriter.selectors import Site
+
+NEAR_BRANCH_REACH = 130  # farthest a rel8 branch reaches, with its own size
+
+
+@dataclass(frozen=True)
+class Plan:
+    site: Site
+    window: Window
+    flags_live: bool
+
+
+@dataclass(frozen=True)
+class Refusal:
+    site: Site
+    reason: str
+
+
+Outcome = Union[Plan, Refusal]
+
+
+class _Refused(Exception):
+    pass
+
+
+class Planner:
+    """Plans sites of one file. Decodes each function once, however many sites it has."""
+
+    def __init__(self, elf: ElfFile, backend: Backend, functions: List[Function]):
+        self.elf = elf
+        self.backend = backend
+        self.functions = functions
+        self._starts = [f.address for f in functions]
+        self._decoded: Dict[int, list] = {}
+        self._shadow_stack = elf.shadow_stack
+
+    # -- decoding, cached --------------------------------------------------------
+    def instructions(self, fn: Function) -> list:
+        if fn.address not in self._decoded:
+            offset = self.elf.offset_of(fn.address, max(fn.size, 1))
+            code = self.elf.data[offset:offset + fn.size] if offset is not None else b""
+            self._decoded[fn.address] = self.backend.decode(code, fn.address)
+        return self._decoded[fn.address]
+
+    def boundaries(self, fn: Function) -> Set[int]:
+        return {i.address for i in self.instructions(fn)}
+
+    # -- planning ----------------------------------------------------------------
+    def plan(self, sites: List[Site]) -> List[Outcome]:
+        tentative = []
+        for site in sites:
+            try:
+                tentative.append(self._window(site))
+            except _Refused as why:
+                tentative.append(Refusal(site, str(why)))
+        windows = [o for o in tentative if isinstance(o, Plan)]
+        far_targets = self._far_branch_targets(windows)
+        outcomes = []
+        taken_until = -1
+        for outcome in tentative:
+            if isinstance(outcome, Plan):
+                reason = self._branch_into(outcome, far_targets)
+                if reason is None and outcome.window.address < taken_until:
+                    reason = "its window overlaps the window of the site before it"
+                if reason:
+                    outcome = Refusal(outcome.site, reason)
+                else:
+                    taken_until = outcome.window.end
+            outcomes.append(outcome)
+        return outcomes
+
+    def _window(self, site: Site) -> Plan:
+        fn = site.function
+        if not fn.size:
+            raise _Refused("its size is unknown (no symbol size and no .eh_frame entry)")
+        insns = self.instructions(fn)
+        if not insns:
+            raise _Refused("its first instruction cannot be decoded")
+        start = site.address
+        if site.at_entry:
+            start += self.backend.landing_pad_size(insns[0])
+        chosen = []
+        for insn in insns:
+            if insn.address < start:
+                continue
+            if not chosen and insn.address != start:
+                raise _Refused("its instructions cannot be decoded")
+            chosen.append(insn)
+            if insn.end - start >= self.backend.patch_size:
+                break
+        if not chosen:
+            raise _Refused("its instructions cannot be decoded")
+        covered = chosen[-1].end
+        if covered - start < self.backend.patch_size:
+            if covered < fn.end:
+                raise _Refused(f"its instructions cannot be decoded past {covered:#x}")
+            covered = self._borrow_padding(fn, start, covered)
+        detailed = self.backend.decode(self.elf.read(start, chosen[-1].end - start), start,
+                                       detail=True)
+        if [i.address for i in detailed] != [i.address for i in chosen]:
+            raise _Refused("its instructions decode differently in detail")
+        for k, insn in enumerate(detailed):
+            problem = self.backend.relocation_problem(insn, k == len(detailed) - 1,
+                                                      self._shadow_stack)
+            if problem:
+                raise _Refused(f"cannot relocate {problem}")
+        window = Window(start, covered - start, tuple(detailed))
+        flags_live = not site.at_entry or self.backend.flags_live_at_entry()
+        return Plan(site, window, flags_live)
+
+    def _borrow_padding(self, fn: Function, start: int, fn_end: int) -> int:
+        """Extend a window past a short function into the padding that follows it."""
+        need = start + self.backend.patch_size
+        section = self.elf.section_at(fn.address)
+        if section is None or need > section.end:
+            raise _Refused(f"it is {fn_end - start} bytes long, too short for a "
+                           f"{self.backend.patch_size}-byte jump, and no padding follows it")
+        k = bisect.bisect_right(self._starts, fn_end - 1)
+        if k < len(self._starts) and self._starts[k] < need:
+            raise _Refused(f"it is {fn_end - start} bytes long, too short for a "
+                           f"{self.backend.patch_size}-byte jump, and the next function "
+                           f"follows without padding")
+        padding = self.backend.decode(self.elf.read(fn_end, section.end - fn_end)[:32], fn_end)
+        at = fn_end
+        for insn in padding:
+            if at >= need:
+                break
+            if not self.backend.is_padding(insn):
+                raise _Refused(f"it is {fn_end - start} bytes long, too short for a "
+                               f"{self.backend.patch_size}-byte jump, and what follows "
+                               f"is not padding ('{insn}')")
+            at = insn.end
+        next_start = self._starts[k] if k < len(self._starts) else section.end
+        if at < need or at > next_start:
+            raise _Refused(f"it is {fn_end - start} bytes long and the padding after it "
+                           f"is too short")
+        return at  # whole padding instructions, so the trampoline can jump back to `at`
+
+    # -- branch targets ------------------------------------------------------------
+    def _far_branch_targets(self, plans: List[Plan]) -> Set[int]:
+        inner = [(p.window.address + 1, p.window.end) for p in plans]
+        found: Set[int] = set()
+        if not inner:
+            return found
+        for section in self.elf.executable_sections():
+            code = self.elf.data[section.offset:section.offset + section.size]
+            found.update(self.backend.branch_targets_into(code, section.addr, inner))
+        return found
+
+    def _near_functions(self, window: Window) -> List[Function]:
+        lo = bisect.bisect_left(self._starts, window.address - NEAR_BRANCH_REACH - 4096)
+        near = []
+        for fn in self.functions[lo:]:
+            if fn.address > window.end + NEAR_BRANCH_REACH:
+                break
+            if fn.end + NEAR_BRANCH_REACH >= window.address:
+                near.append(fn)
+        return near
+
+    def _branch_into(self, plan: Plan, far_targets: Set[int]) -> Optional[str]:
+        lo, hi = plan.window.address + 1, plan.window.end
+        for target in far_targets:
+            if lo <= target < hi:
+                return f"a branch may land at {target:#x}, inside the displaced bytes"
+        for fn in self._near_functions(plan.window):
+            for insn in self.instructions(fn):
+                target = self.backend.direct_branch_target(insn)
+                if target is not None and lo <= target < hi:
+                    return (f"the branch at {insn.address:#x} lands at {target:#x}, "
+                            f"inside the displaced bytes")
+        return None

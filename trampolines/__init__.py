@@ -1,0 +1,1 @@
+"""What a hit runs: the shared-memory region layout and the trampoline segment."""

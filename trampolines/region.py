@@ -1,0 +1,170 @@
+"""The shared-memory region: one file per process and rewritten object.
+
+The layout is documented for third parties in urewrite.h beside this file and
+in docs/region.md; this module is its single source of truth in Python. The
+rewriter builds the fixed part (header, probe table, names) as a template that
+the runtime copies into the region at set-up; readers sum the counters.
+
+    header (512 bytes)
+    probe table: probe_count x {u64 address, u32 kind, u32 name_offset}
+    names: NUL-terminated strings
+    owner table: slot_count x {u64 thread_pointer, u64 counters_address}
+    counters: (slot_count + 1) x slot_stride bytes, u64 per probe;
+              the last row is shared and only ever updated atomically
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+from typing import List
+
+MAGIC = b"UREWRITE"
+VERSION = 1
+HEADER_SIZE = 512
+PROBE_ENTRY_SIZE = 16
+OWNER_ENTRY_SIZE = 16
+SLOT_COUNT = 256  # per-thread counter rows; a power of two (the hit path masks a hash)
+FILE_SUFFIX = ".ure"
+ENV_VAR = "UREWRITE_DIR"
+
+KIND_ENTRY, KIND_RETURN, KIND_USDT, KIND_ADDRESS = 1, 2, 3, 4
+KIND_NAMES = {KIND_ENTRY: "entry", KIND_RETURN: "return", KIND_USDT: "usdt",
+              KIND_ADDRESS: "address"}  # address: an instruction inside a function
+
+# Header field offsets, shared with the runtime's assembly source.
+OFF_MAGIC = 0
+OFF_VERSION = 8
+OFF_HEADER_SIZE = 12
+OFF_REGION_SIZE = 16
+OFF_PROBE_COUNT = 24
+OFF_SLOT_COUNT = 28
+OFF_PROBES = 32
+OFF_STRINGS = 40
+OFF_OWNERS = 48
+OFF_COUNTERS = 56
+OFF_SLOT_STRIDE = 64
+OFF_PID = 72
+OFF_MACHINE = 76
+OFF_LOAD_BIAS = 80
+OFF_BUILD_ID_SIZE = 88
+OFF_FLAGS = 92
+OFF_BUILD_ID = 96
+OFF_OBJECT = 128
+OBJECT_NAME_MAX = 255
+
+_HEADER = struct.Struct("<8sIIQIIQQQQQiIqII32s256s")
+assert _HEADER.size == 384
+
+
+def _align(value: int, to: int) -> int:
+    return (value + to - 1) & -to
+
+
+@dataclass(frozen=True)
+class ProbeInfo:
+    name: str
+    kind: int
+    address: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    probe_count: int
+    probes_offset: int
+    strings_offset: int
+    owners_offset: int
+    counters_offset: int
+    slot_stride: int
+    region_size: int
+    slot_count: int = SLOT_COUNT
+
+
+def layout_for(probes: List[ProbeInfo]) -> Layout:
+    names_size = sum(len(p.name.encode()) + 1 for p in probes)
+    probes_offset = HEADER_SIZE
+    strings_offset = probes_offset + PROBE_ENTRY_SIZE * len(probes)
+    owners_offset = _align(strings_offset + names_size, 64)
+    counters_offset = _align(owners_offset + OWNER_ENTRY_SIZE * SLOT_COUNT, 64)
+    stride = _align(max(8 * len(probes), 8), 64)
+    size = _align(counters_offset + stride * (SLOT_COUNT + 1), 4096)
+    return Layout(len(probes), probes_offset, strings_offset, owners_offset,
+                  counters_offset, stride, size)
+
+
+def build_template(probes: List[ProbeInfo], object_name: str, build_id: bytes,
+                   machine: int) -> tuple:
+    """The header, probe table and names, as the runtime copies them: (bytes, Layout)."""
+    layout = layout_for(probes)
+    name = object_name.encode()[:OBJECT_NAME_MAX]
+    header = _HEADER.pack(MAGIC, VERSION, HEADER_SIZE, layout.region_size, len(probes),
+                          SLOT_COUNT, layout.probes_offset, layout.strings_offset,
+                          layout.owners_offset, layout.counters_offset, layout.slot_stride,
+                          0, machine, 0, len(build_id[:32]), 0, build_id[:32], name)
+    out = bytearray(header.ljust(HEADER_SIZE, b"\0"))
+    names = bytearray()
+    for probe in probes:
+        out += struct.pack("<QII", probe.address, probe.kind, len(names))
+        names += probe.name.encode() + b"\0"
+    out += names
+    return bytes(out), layout
+
+
+@dataclass
+class ProbeCount:
+    name: str
+    kind: str
+    address: int
+    hits: int
+
+
+@dataclass
+class Region:
+    path: str
+    pid: int
+    object: str
+    build_id: str
+    load_bias: int
+    machine: int
+    probes: List[ProbeCount] = field(default_factory=list)
+    threads: int = 0  # per-thread slots in use
+
+
+class RegionError(Exception):
+    pass
+
+
+def read_region(path: str) -> Region:
+    """Read one region file and sum each probe's counters over all slots."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < HEADER_SIZE or data[:8] != MAGIC:
+        raise RegionError(f"{path}: not a urewrite region")
+    (_, version, _, size, count, slots, probes_off, strings_off, owners_off, counters_off,
+     stride, pid, machine, bias, bid_size, _, bid, obj) = _HEADER.unpack_from(data)
+    if version != VERSION:
+        raise RegionError(f"{path}: region version {version}, this reader knows {VERSION}")
+    if len(data) < size:
+        raise RegionError(f"{path}: truncated region")
+    region = Region(path, pid, obj.split(b"\0")[0].decode(errors="replace"),
+                    bid[:bid_size].hex(), bias, machine)
+    totals = [0] * count
+    for slot in range(slots + 1):
+        row = counters_off + slot * stride
+        values = struct.unpack_from(f"<{count}Q", data, row)
+        totals = [a + b for a, b in zip(totals, values)]
+    region.threads = sum(1 for s in range(slots)
+                         if struct.unpack_from("<Q", data, owners_off + s * OWNER_ENTRY_SIZE)[0])
+    for i in range(count):
+        address, kind, name_off = struct.unpack_from("<QII", data, probes_off + i * PROBE_ENTRY_SIZE)
+        start = strings_off + name_off
+        name = data[start:data.index(b"\0", start)].decode(errors="replace")
+        region.probes.append(ProbeCount(name, KIND_NAMES.get(kind, str(kind)), address, totals[i]))
+    return region
+
+
+def read_regions(directory: str) -> List[Region]:
+    """Every region a run left in `directory`, in a stable order."""
+    names = sorted(n for n in os.listdir(directory) if n.endswith(FILE_SUFFIX))
+    return [read_region(os.path.join(directory, n)) for n in names]

@@ -1,0 +1,70 @@
+"""Lays out the new code segment and produces every byte that goes into it.
+
+    program header table (filled in by the writer)
+    region template: header, probe table, names (copied into the region at set-up)
+    runtime: start-up hooks, set-up, slow path (from the backend)
+    one trampoline per site (from the backend)
+
+Also returns the patch for each site: the jump that replaces its window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+from urewrite.arch.base import Backend, RuntimeRefs, RuntimeSpec
+from urewrite.errors import UrewriteError
+from urewrite.rewriter.layout import Placement, align_up
+from urewrite.trampolines import region
+
+CODE_ALIGN = 16
+
+
+@dataclass
+class SegmentImage:
+    code: bytes  # the whole code segment, program header room included (zeros)
+    patches: List[Tuple[int, bytes]]  # (address, bytes) to write over original code
+    exe_start: int
+    dso_start: int
+    template: Tuple[int, int]  # (address, size)
+    text: Tuple[int, int]  # (address, size): runtime and trampolines
+    probes: List[region.ProbeInfo] = field(default_factory=list)
+
+
+def build(backend: Backend, plans, placement: Placement, object_name: str, build_id: bytes,
+          file_tag: str, exe_entry: Optional[int], dso_init: Optional[int],
+          progress=None) -> SegmentImage:
+    probes = [region.ProbeInfo(p.site.name, p.site.kind, p.site.address) for p in plans]
+    template, layout = region.build_template(probes, object_name, build_id, backend.elf_machine)
+
+    base = placement.code_vaddr
+    template_at = base + align_up(placement.phdr_size, CODE_ALIGN)
+    runtime_at = align_up(template_at + len(template), CODE_ALIGN)
+    runtime = backend.runtime(RuntimeSpec(
+        base=runtime_at, state=placement.state_vaddr, state_size=placement.state_size,
+        template=template_at, template_size=len(template), region_size=layout.region_size,
+        slot_count=layout.slot_count, file_tag=file_tag.encode(), exe_entry=exe_entry,
+        dso_init=dso_init))
+    refs = RuntimeRefs(placement.state_vaddr, layout.owners_offset, runtime.slow_hit,
+                       runtime.lazy_init)
+
+    code = bytearray(template_at - base)
+    code += template
+    code += bytes(runtime_at - base - len(code))
+    code += runtime.code
+    patches = []
+    for index, plan in enumerate(plans):
+        at = base + align_up(len(code), CODE_ALIGN)
+        code += bytes(at - base - len(code))
+        try:
+            code += backend.trampoline(at, index, plan.window, plan.flags_live, refs)
+            patches.append((plan.window.address, backend.site_patch(plan.window, at)))
+        except OverflowError:
+            raise UrewriteError(f"{plan.site.name}: the trampoline at {at:#x} is out of branch "
+                                f"reach of {plan.window.address:#x}")
+        if progress:
+            progress(1)
+    return SegmentImage(bytes(code), patches, runtime.exe_start, runtime.dso_start,
+                        (template_at, len(template)), (runtime_at, base + len(code) - runtime_at),
+                        probes)

@@ -1,0 +1,3 @@
+from urewrite.cli import main
+
+main()
