@@ -1,0 +1,199 @@
+"""The command line: `urewrite IN -p ... -o OUT`, `urewrite list`, `urewrite stat`.
+
+Exit status: 0 success; 1 bad input or a probe that cannot be placed; 2 bad
+usage. `stat` passes through the exit status of the command it ran (128+N when
+a signal N ended it; 127 when it cannot be started).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from urewrite import __version__
+from urewrite.errors import UrewriteError
+
+EXIT_ERROR = 1
+
+
+class _DefaultToRewrite(click.Group):
+    """`urewrite IN ...` means `urewrite rewrite IN ...`."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["rewrite"] + list(args)
+        return super().parse_args(ctx, args)
+
+
+def _fail(message: str) -> None:
+    click.echo(f"urewrite: {message}", err=True)
+    sys.exit(EXIT_ERROR)
+
+
+@click.group(cls=_DefaultToRewrite, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="urewrite")
+def main():
+    """Pre-instrument ELF programs and libraries with trap-free probes.
+
+    \b
+      urewrite list app                       what can be probed, and how
+      urewrite app -p handle_request -o app.probed
+      urewrite stat -- ./app.probed ARGS      run it, print hits per probe
+    """
+
+
+@main.command()
+@click.argument("input_file", metavar="IN", type=click.Path(dir_okay=False))
+@click.option("-p", "--probe", "probes", multiple=True, metavar="SPEC",
+              help="Function name, glob ('parse_*') or address (0x401136) to probe at entry. "
+                   "Repeatable.")
+@click.option("-o", "--output", metavar="OUT", help="Output file [default: IN.probed].")
+@click.option("--keep-going", is_flag=True,
+              help="Skip sites that cannot be patched safely even when named exactly.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
+def rewrite(input_file, probes, output, keep_going, as_json, quiet):
+    """Write a copy of IN with probes at the given sites.
+
+    A site that cannot be patched safely is refused with the reason: an error
+    when named exactly (unless --keep-going), a warning when matched by a glob.
+    """
+    from urewrite.rewriter.pipeline import rewrite as run_rewrite
+
+    if not probes:
+        raise click.UsageError("give at least one probe with -p")
+    output = output or input_file + ".probed"
+    try:
+        result = run_rewrite(input_file, output, list(probes), keep_going=keep_going,
+                             on_plan=_progress_bar)
+    except UrewriteError as e:
+        _fail(str(e))
+    if as_json:
+        click.echo(json.dumps({
+            "output": result.output,
+            "probes": [{"name": p.site.name, "kind": _kind(p.site.kind), "address": p.site.address,
+                        "displaced": p.window.size} for p in result.plans],
+            "refused": [{"name": r.site.name, "address": r.site.address, "reason": r.reason}
+                        for r in result.refusals],
+        }, indent=2))
+        return
+    if not quiet:
+        for r in result.refusals:
+            click.echo(f"urewrite: warning: not probing {r.site.name}: {r.reason}", err=True)
+        refused = f", {len(result.refusals)} refused" if result.refusals else ""
+        click.echo(f"urewrite: wrote {output}: {len(result.plans)} probes{refused}", err=True)
+
+
+def _kind(kind: int) -> str:
+    from urewrite.trampolines.region import KIND_NAMES
+    return KIND_NAMES[kind]
+
+
+def _progress_bar(total: int):
+    """A progress bar on stderr for long rewrites, when stderr is a terminal."""
+    if total < 2000 or not sys.stderr.isatty():
+        return None
+    bar = click.progressbar(length=total, label="generating trampolines", file=sys.stderr)
+    bar.__enter__()
+    done = [0]
+
+    def step(n: int) -> None:
+        bar.update(n)
+        done[0] += n
+        if done[0] >= total:
+            bar.__exit__(None, None, None)
+    return step
+
+
+@main.command(name="list")
+@click.argument("input_file", metavar="FILE", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
+@click.option("--patchable", is_flag=True, help="Show only functions that can be probed.")
+def list_command(input_file, as_json, patchable):
+    """Show every function of FILE: address, size, and whether its entry can be probed."""
+    from urewrite.rewriter.pipeline import list_entries
+    from urewrite.rewriter.planner import Plan
+
+    try:
+        analysis, outcomes = list_entries(input_file)
+    except UrewriteError as e:
+        _fail(str(e))
+    rows = []
+    for o in outcomes:
+        ok = isinstance(o, Plan)
+        if patchable and not ok:
+            continue
+        fn = o.site.function
+        rows.append({"name": fn.name, "aliases": list(fn.aliases), "address": fn.address,
+                     "size": fn.size, "origin": fn.origin, "patchable": ok,
+                     "displaced": o.window.size if ok else None,
+                     "reason": None if ok else o.reason})
+    if as_json:
+        click.echo(json.dumps({"file": input_file, "functions": rows}, indent=2))
+        return
+    width = max([len(r["name"]) for r in rows] + [8])
+    click.echo(f"{'ADDRESS':<18} {'SIZE':>6}  {'FUNCTION':<{width}}  PROBE")
+    for r in rows:
+        status = f"ok, displaces {r['displaced']} bytes" if r["patchable"] else f"no: {r['reason']}"
+        click.echo(f"{r['address']:#018x} {r['size']:>6}  {r['name']:<{width}}  {status}")
+    ok = sum(r["patchable"] for r in rows)
+    click.echo(f"{len(rows)} functions, {ok} patchable", err=True)
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("-o", "--output", metavar="FILE", help="Write the report to FILE, not stdout.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def stat(as_json, output, command):
+    """Run COMMAND, then print the hits of every probe in it.
+
+    \b
+      urewrite stat -- ./app.probed ARGS
+    The command's own output is left alone; the exit status is passed through.
+    """
+    from urewrite.runner import run_and_collect
+
+    try:
+        exit_code, regions = run_and_collect(list(command))
+    except UrewriteError as e:
+        click.echo(f"urewrite: {e}", err=True)
+        sys.exit(127)
+    report = _stat_report(exit_code, regions, as_json)
+    if output:
+        with open(output, "w") as f:
+            f.write(report)
+    else:
+        sys.stdout.write(report)
+        sys.stdout.flush()
+    if not regions:
+        click.echo("urewrite: no probe was armed: was the command built by urewrite?", err=True)
+    sys.exit(exit_code)
+
+
+def _stat_report(exit_code: int, regions, as_json: bool) -> str:
+    totals = {}
+    for region in regions:
+        for p in region.probes:
+            key = (region.object, p.name, p.kind, p.address)
+            totals[key] = totals.get(key, 0) + p.hits
+    probes = [{"object": k[0], "name": k[1], "kind": k[2], "address": k[3], "hits": hits}
+              for k, hits in totals.items()]
+    if as_json:
+        return json.dumps({"exit_code": exit_code, "processes": len(regions),
+                           "probes": probes}, indent=2) + "\n"
+    if not probes:
+        return ""
+    wo = max(len(p["object"]) for p in probes + [{"object": "OBJECT"}])
+    wn = max(len(p["name"]) for p in probes + [{"name": "PROBE"}])
+    lines = [f"{'OBJECT':<{wo}}  {'PROBE':<{wn}}  {'KIND':<7} {'ADDRESS':<18} {'HITS':>12}"]
+    for p in probes:
+        lines.append(f"{p['object']:<{wo}}  {p['name']:<{wn}}  {p['kind']:<7} "
+                     f"{p['address']:#018x} {p['hits']:>12}")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Runs a command with its probes armed and collects the regions it leaves behind."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from typing import List, Tuple
+
+from urewrite.errors import UrewriteError
+from urewrite.trampolines.region import ENV_VAR, Region, RegionError, read_regions
+
+
+def exit_status(returncode: int) -> int:
+    """A shell-style exit status: 128+N for a command ended by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def run_and_collect(command: List[str]) -> Tuple[int, List[Region]]:
+    """Run `command` with a fresh region directory; return its exit status and regions.
+
+    Every rewritten object in every process of the command writes one region
+    file there. Ctrl-C reaches the command (same process group); we wait for it.
+    """
+    directory = tempfile.mkdtemp(prefix="urewrite-")
+    try:
+        env = dict(os.environ, **{ENV_VAR: directory})
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            try:
+                process = subprocess.Popen(command, env=env,
+                                           preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                            signal.SIG_DFL))
+            except OSError as e:
+                raise UrewriteError(f"cannot run {command[0]}: {e.strerror}")
+            returncode = process.wait()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        try:
+            regions = read_regions(directory)
+        except RegionError as e:
+            raise UrewriteError(str(e))
+        return exit_status(returncode), regions
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
