@@ -1,0 +1,166 @@
+"""The hand-encoded x86_64 instructions and relocations, checked against Keystone and Capstone."""
+
+import capstone
+import keystone
+import pytest
+
+from urewrite.arch.x86_64 import relocator
+from urewrite.arch.x86_64.backend import X86_64Backend
+from urewrite.arch.x86_64.writer import Writer
+
+KS = keystone.Ks(keystone.KS_ARCH_X86, keystone.KS_MODE_64)
+BASE = 0x401000
+
+
+def keystone_bytes(text: str, address: int = BASE) -> bytes:
+    return bytes(KS.asm(text, address)[0])
+
+
+@pytest.mark.parametrize("emit, text", [
+    (lambda w: w.lea_rsp(-128), "lea rsp, [rsp - 128]"),
+    (lambda w: w.lea_rsp(128), "lea rsp, [rsp + 128]"),
+    (lambda w: w.push("rdx"), "push rdx"),
+    (lambda w: w.pop("rcx"), "pop rcx"),
+    (lambda w: w.pushfq(), "pushfq"),
+    (lambda w: w.popfq(), "popfq"),
+    (lambda w: w.movabs_rdx(0x9E3779B97F4A7C15), "movabs rdx, 0x9E3779B97F4A7C15"),
+    (lambda w: w.imul_rdx_rcx(), "imul rdx, rcx"),
+    (lambda w: w.shr_rdx(52), "shr rdx, 52"),
+    (lambda w: w.and_edx(0xFF0), "and edx, 0xff0"),
+    (lambda w: w.cmp_rax_rdx_disp_rcx(0x1240), "cmp qword ptr [rax + rdx + 0x1240], rcx"),
+    (lambda w: w.mov_rdx_rax_rdx_disp(0x1248), "mov rdx, qword ptr [rax + rdx + 0x1248]"),
+    (lambda w: w.mov_esi_imm(0x88), "mov esi, 0x88"),
+    (lambda w: w.mov_rsp_disp_rax(8), "mov qword ptr [rsp + 8], rax"),
+])
+def test_fixed_encodings_match_keystone(emit, text):
+    w = Writer(BASE)
+    emit(w)
+    # Keystone may pick a shorter form for some; compare decoded meaning then.
+    ours = w.bytes()
+    theirs = keystone_bytes(text)
+    if ours != theirs:
+        md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+        a = [(i.mnemonic, i.op_str) for i in md.disasm(ours, BASE)]
+        b = [(i.mnemonic, i.op_str) for i in md.disasm(theirs, BASE)]
+        assert a == b and len(a) == 1
+
+
+def test_thread_pointer_load():
+    w = Writer(BASE)
+    w.mov_rcx_fs0()
+    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    (insn,) = md.disasm(w.bytes(), BASE)
+    assert (insn.mnemonic, insn.op_str) == ("mov", "rcx, qword ptr fs:[0]")
+
+
+def test_add_one_to_thread_row():
+    w = Writer(BASE)
+    w.inc_rdx_disp(0x18)
+    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    (insn,) = md.disasm(w.bytes(), BASE)
+    assert (insn.mnemonic, insn.op_str) == ("add", "qword ptr [rdx + 0x18], 1")
+
+
+def test_rip_relative_and_branches_reach_their_targets():
+    w = Writer(BASE)
+    w.cmp_rip_qword_imm8(0x500000, 1)
+    w.mov_reg_rip("rax", 0x500008)
+    w.lea_reg_rip("rax", 0x400123)
+    w.jcc("e", 0x402000)
+    w.jmp("end")
+    w.call(0x403000)
+    w.label("end")
+    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    md.detail = True
+    insns = list(md.disasm(w.bytes(), BASE))
+    assert [i.mnemonic for i in insns] == ["cmp", "mov", "lea", "je", "jmp", "call"]
+    rip_targets = [i.address + i.size + i.disp for i in insns[:3]]
+    assert rip_targets == [0x500000, 0x500008, 0x400123]
+    assert int(insns[3].op_str, 16) == 0x402000
+    assert int(insns[4].op_str, 16) == insns[5].address + insns[5].size
+    assert int(insns[5].op_str, 16) == 0x403000
+
+
+def relocate_text(text: str, old: int, new: int):
+    backend = X86_64Backend()
+    code = keystone_bytes(text, old)
+    insns = backend.decode(code, old, detail=True)
+    out, falls_through = relocator.relocate(insns, new)
+    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    md.detail = True
+    return list(md.disasm(out, new)), falls_through, insns
+
+
+NEW = 0x7000000
+
+
+def test_rip_relative_operand_keeps_its_target():
+    moved, falls, _ = relocate_text("mov eax, dword ptr [rip + 0x2ffa]; cmp byte ptr [rip + 0x10], 5", BASE, NEW)
+    assert falls
+    old = keystone_bytes("mov eax, dword ptr [rip + 0x2ffa]; cmp byte ptr [rip + 0x10], 5")
+    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    md.detail = True
+    before = [i.address + i.size + i.disp for i in md.disasm(old, BASE)]
+    after = [i.address + i.size + i.disp for i in moved]
+    assert before == after
+
+
+def test_short_branches_become_rel32_with_the_same_target():
+    moved, falls, _ = relocate_text("jne 0x401050; jmp 0x401080", BASE, NEW)
+    assert [i.mnemonic for i in moved] == ["jne", "jmp"]
+    assert [i.size for i in moved] == [6, 5]
+    assert [int(i.op_str, 16) for i in moved] == [0x401050, 0x401080]
+    assert not falls
+
+
+@pytest.mark.parametrize("op", ["jrcxz", "loop", "loope", "loopne"])
+def test_rel8_only_branches_expand(op):
+    moved, falls, _ = relocate_text(f"{op} 0x401040", BASE, NEW)
+    assert falls
+    assert [i.mnemonic for i in moved] == [op, "jmp", "jmp"]
+    taken = int(moved[0].op_str, 16)
+    assert taken == moved[2].address  # taken: to the far jump
+    assert int(moved[1].op_str, 16) == moved[2].address + moved[2].size  # not taken: past it
+    assert int(moved[2].op_str, 16) == 0x401040
+
+
+def test_call_returns_to_the_original_code():
+    moved, falls, insns = relocate_text("push rbx; call 0x402000", BASE, NEW)
+    assert not falls
+    text = [(i.mnemonic, i.op_str) for i in moved]
+    assert text[0] == ("push", "rbx")
+    assert ("jmp", "0x402000") == text[-1]
+    lea = next(i for i in moved if i.mnemonic == "lea" and "rip" in i.op_str)
+    assert lea.address + lea.size + lea.disp == insns[-1].address + insns[-1].size
+
+
+def test_indirect_call_becomes_jump_through_the_same_operand():
+    moved, _, _ = relocate_text("call qword ptr [rip + 0x100]", BASE, NEW)
+    last = moved[-1]
+    assert last.mnemonic == "jmp"
+    assert last.address + last.size + last.disp == BASE + 6 + 0x100
+
+
+def test_branch_into_the_window_goes_to_the_copy():
+    # a loop inside the displaced bytes: jne back to the first instruction
+    moved, _, _ = relocate_text("dec ecx; jne 0x401000", BASE, NEW)
+    assert int(moved[1].op_str, 16) == NEW
+
+
+@pytest.mark.parametrize("text, is_last, reason", [
+    ("call rax; nop", False, "would return into the displaced bytes"),
+    ("call qword ptr [rsp + 8]", True, "relative to the stack pointer"),
+    (b"\xc7\xf8\x00\x01\x00\x00", True, "abort target"),  # xbegin (Keystone lacks it)
+])
+def test_refused_instructions(text, is_last, reason):
+    backend = X86_64Backend()
+    code = text if isinstance(text, bytes) else keystone_bytes(text)
+    insn = backend.decode(code, BASE, detail=True)[0]
+    assert reason in relocator.relocation_problem(insn, is_last, shadow_stack=False)
+
+
+def test_call_refused_under_shadow_stack():
+    backend = X86_64Backend()
+    insn = backend.decode(keystone_bytes("call 0x402000"), BASE, detail=True)[0]
+    assert "shadow stack" in relocator.relocation_problem(insn, True, shadow_stack=True)
+    assert relocator.relocation_problem(insn, True, shadow_stack=False) is None
