@@ -1,4 +1,4 @@
-"""The command line: `urewrite IN -p ... -o OUT`, `urewrite list`, `urewrite stat`.
+"""The commands: `urewrite IN -p ... -o OUT`, `urewrite list`, `urewrite stat`.
 
 Exit status: 0 success; 1 bad input or a probe that cannot be placed; 2 bad
 usage. `stat` passes through the exit status of the command it ran (128+N when

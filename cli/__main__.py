@@ -1,0 +1,3 @@
+from urewrite.commands import main
+
+main(prog_name="urewrite")

@@ -1,3 +1,0 @@
-from urewrite.cli import main
-
-main()
