@@ -169,7 +169,7 @@ def stat(as_json, output, command):
         sys.stdout.write(report)
         sys.stdout.flush()
     if not regions:
-        click.echo("urewrite: no probe was armed: was the command built by urewrite?", err=True)
+        click.echo("urewrite: no probe region was written: is the command rewritten by urewrite (and not set-user-ID)?", err=True)
     sys.exit(exit_code)
 
 

@@ -217,6 +217,16 @@ setup_region:
     jne sr_ret
     cmp qword ptr [rbx + 8], 0
     jne sr_ret                             # re-entered from a signal handler: skip
+    # No thread pointer yet (a hit while the loader relocates, before TLS exists):
+    # stay unarmed and try again on a later hit; the hit path reads fs:[0].
+    sub rsp, 8
+    mov rsi, rsp
+    mov edi, 0x1003                        # ARCH_GET_FS
+    mov eax, 158                           # arch_prctl
+    syscall
+    pop rax
+    test rax, rax
+    jz sr_ret
     mov qword ptr [rbx + 8], 1
     mov rdi, rbx
     mov esi, 4096
@@ -225,6 +235,21 @@ setup_region:
     syscall
     cmp byte ptr [rbx + {PS_DIR}], 0
     je sr_disarm
+    # A set-user-ID or set-group-ID program must not create files where its caller says.
+    mov eax, 102                           # getuid
+    syscall
+    mov r8, rax
+    mov eax, 107                           # geteuid
+    syscall
+    cmp rax, r8
+    jne sr_disarm
+    mov eax, 104                           # getgid
+    syscall
+    mov r8, rax
+    mov eax, 108                           # getegid
+    syscall
+    cmp rax, r8
+    jne sr_disarm
     # name = DIR "/" TAG "." PID [ "-" N ] ".ure"
     lea rdi, [rbx + {PS_NAME}]
     lea rsi, [rbx + {PS_DIR}]
