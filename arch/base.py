@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Optional, Set
 
 
 @dataclass(frozen=True)
@@ -107,10 +107,11 @@ class Backend(ABC):
         """The target of a direct branch or call, else None."""
 
     @abstractmethod
-    def branch_targets_into(self, code: bytes, base: int, ranges: Sequence) -> Iterable:
-        """Addresses inside `ranges` that some direct far branch in `code` may reach.
+    def code_addresses_in(self, code: bytes, base: int, wanted: Set[int]) -> Iterable:
+        """Addresses in `wanted` that code may branch to or take the address of.
 
-        Conservative: may report a target that no real instruction has.
+        Direct far branches and PC-relative address computations, found by a
+        byte scan. Conservative: may report an address no real instruction names.
         """
 
     @abstractmethod

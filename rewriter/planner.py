@@ -5,8 +5,8 @@ backend's patch size) with a jump. That is safe only when:
 - every displaced instruction can run from the trampoline (the backend says);
 - no branch lands inside the window after its first byte (such a branch
   would land in the middle of the jump). Direct branches of the function and of
-  its neighbours are decoded exactly; far branches from anywhere in the file
-  are found by a conservative byte scan;
+  its neighbours are decoded exactly; far branches and addresses taken anywhere
+  in the file are found by conservative scans (taken_addresses.py);
 - a window that runs past the function's end covers only alignment padding that
   no symbol and no branch claims.
 """
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Union
 
 from urewrite.arch.base import Backend, Window
+from urewrite.rewriter import taken_addresses
 from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.functions import Function
 from urewrite.rewriter.selectors import Site
@@ -76,12 +77,12 @@ class Planner:
             except _Refused as why:
                 tentative.append(Refusal(site, str(why)))
         windows = [o for o in tentative if isinstance(o, Plan)]
-        far_targets = self._far_branch_targets(windows)
+        taken = self._taken_addresses(windows)
         outcomes = []
         taken_until = -1
         for outcome in tentative:
             if isinstance(outcome, Plan):
-                reason = self._branch_into(outcome, far_targets)
+                reason = self._branch_into(outcome, taken)
                 if reason is None and outcome.window.address < taken_until:
                     reason = "its window overlaps the window of the site before it"
                 if reason:
@@ -159,15 +160,9 @@ class Planner:
         return at  # whole padding instructions, so the trampoline can jump back to `at`
 
     # -- branch targets ------------------------------------------------------------
-    def _far_branch_targets(self, plans: List[Plan]) -> Set[int]:
-        inner = [(p.window.address + 1, p.window.end) for p in plans]
-        found: Set[int] = set()
-        if not inner:
-            return found
-        for section in self.elf.executable_sections():
-            code = self.elf.data[section.offset:section.offset + section.size]
-            found.update(self.backend.branch_targets_into(code, section.addr, inner))
-        return found
+    def _taken_addresses(self, plans: List[Plan]) -> Dict[int, str]:
+        interior = {a for p in plans for a in range(p.window.address + 1, p.window.end)}
+        return taken_addresses.find(self.elf, self.backend, interior)
 
     def _near_functions(self, window: Window) -> List[Function]:
         lo = bisect.bisect_left(self._starts, window.address - NEAR_BRANCH_REACH - 4096)
@@ -179,11 +174,11 @@ class Planner:
                 near.append(fn)
         return near
 
-    def _branch_into(self, plan: Plan, far_targets: Set[int]) -> Optional[str]:
+    def _branch_into(self, plan: Plan, taken: Dict[int, str]) -> Optional[str]:
         lo, hi = plan.window.address + 1, plan.window.end
-        for target in far_targets:
-            if lo <= target < hi:
-                return f"a branch may land at {target:#x}, inside the displaced bytes"
+        for target in range(lo, hi):
+            if target in taken:
+                return (f"{taken[target]} may lead to {target:#x}, inside the displaced bytes")
         for fn in self._near_functions(plan.window):
             for insn in self.instructions(fn):
                 target = self.backend.direct_branch_target(insn)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import struct
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Optional, Set
 
 import capstone
 from capstone import x86_const as X
@@ -18,8 +18,10 @@ INT3 = 0xCC
 _BRANCH_MNEMONICS = frozenset(
     "jmp call jo jno jb jae je jne jbe ja js jns jp jnp jl jge jle jg jrcxz jecxz loop loope loopne"
     .split())
-# Opcodes of far direct branches: call/jmp rel32, and jcc rel32 (0f 80..8f).
-_REL32_BRANCH = re.compile(rb"[\xe8\xe9]|\x0f[\x80-\x8f]", re.DOTALL)
+# Opcodes whose rel32 field names a code address: call/jmp rel32, jcc rel32 (0f 80..8f),
+# and lea reg64, [rip + disp32] (a function pointer being taken, e.g. sa_restorer).
+_REL32_ADDRESS = re.compile(rb"[\xe8\xe9]|\x0f[\x80-\x8f]|[\x48\x4c]\x8d[\x05\x0d\x15\x1d\x25\x2d\x35\x3d]",
+                            re.DOTALL)
 
 
 class X86_64Backend(Backend):
@@ -53,28 +55,21 @@ class X86_64Backend(Backend):
             return int(insn.op_str, 16)
         return None
 
-    def branch_targets_into(self, code: bytes, base: int, ranges: Sequence) -> Iterable:
-        """Targets of every byte pattern that could be a call/jmp/jcc rel32, inside `ranges`.
+    def code_addresses_in(self, code: bytes, base: int, wanted: Set[int]) -> Iterable:
+        """Addresses in `wanted` that a call/jmp/jcc rel32 or a RIP-relative lea may name.
 
         Reading every offset (not only real instruction starts) over-approximates,
         which is the safe direction; a false hit needs 4 bytes to match by chance.
         """
-        if not ranges:
+        if not wanted:
             return
-        lo = min(r[0] for r in ranges)
-        hi = max(r[1] for r in ranges)
-        ordered = sorted(ranges)
-        starts = [r[0] for r in ordered]
-        import bisect
-        for m in _REL32_BRANCH.finditer(code):
+        for m in _REL32_ADDRESS.finditer(code):
             field = m.end()
             if field + 4 > len(code):
                 break
             target = base + field + 4 + struct.unpack_from("<i", code, field)[0]
-            if lo <= target < hi:
-                k = bisect.bisect_right(starts, target) - 1
-                if k >= 0 and target < ordered[k][1]:
-                    yield target
+            if target in wanted:
+                yield target
 
     def is_padding(self, insn: Insn) -> bool:
         return insn.mnemonic in ("nop", "int3") or insn.mnemonic.endswith(" nop")
