@@ -157,10 +157,12 @@ def stat(as_json, output, command):
     from urewrite.runner import run_and_collect
 
     try:
-        exit_code, regions = run_and_collect(list(command))
+        exit_code, regions, problems = run_and_collect(list(command))
     except UrewriteError as e:
         click.echo(f"urewrite: {e}", err=True)
         sys.exit(127)
+    for problem in problems:
+        click.echo(f"urewrite: warning: skipped {problem}", err=True)
     report = _stat_report(exit_code, regions, as_json)
     if output:
         with open(output, "w") as f:

@@ -10,7 +10,7 @@ import tempfile
 from typing import List, Tuple
 
 from urewrite.errors import UrewriteError
-from urewrite.trampolines.region import ENV_VAR, Region, RegionError, read_regions
+from urewrite.trampolines.region import ENV_VAR, Region, read_regions
 
 
 def exit_status(returncode: int) -> int:
@@ -18,8 +18,11 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def run_and_collect(command: List[str]) -> Tuple[int, List[Region]]:
-    """Run `command` with a fresh region directory; return its exit status and regions.
+def run_and_collect(command: List[str]) -> Tuple[int, List[Region], List[str]]:
+    """Run `command` with a fresh region directory.
+
+    Returns its exit status, the regions, and a line for each region file that
+    could not be read.
 
     Every rewritten object in every process of the command writes one region
     file there. Ctrl-C reaches the command (same process group); we wait for it.
@@ -38,10 +41,8 @@ def run_and_collect(command: List[str]) -> Tuple[int, List[Region]]:
             returncode = process.wait()
         finally:
             signal.signal(signal.SIGINT, previous)
-        try:
-            regions = read_regions(directory)
-        except RegionError as e:
-            raise UrewriteError(str(e))
-        return exit_status(returncode), regions
+        problems: List[str] = []
+        regions = read_regions(directory, problems)
+        return exit_status(returncode), regions, problems
     finally:
         shutil.rmtree(directory, ignore_errors=True)

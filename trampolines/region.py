@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import List
+from typing import List, Optional
 
 MAGIC = b"UREWRITE"
 VERSION = 1
@@ -97,7 +97,7 @@ def build_template(probes: List[ProbeInfo], object_name: str, build_id: bytes,
                    machine: int) -> tuple:
     """The header, probe table and names, as the runtime copies them: (bytes, Layout)."""
     layout = layout_for(probes)
-    name = object_name.encode()[:OBJECT_NAME_MAX]
+    name = object_name.encode()[:OBJECT_NAME_MAX].decode(errors="ignore").encode()
     header = _HEADER.pack(MAGIC, VERSION, HEADER_SIZE, layout.region_size, len(probes),
                           SLOT_COUNT, layout.probes_offset, layout.strings_offset,
                           layout.owners_offset, layout.counters_offset, layout.slot_stride,
@@ -140,15 +140,23 @@ def read_region(path: str) -> Region:
     with open(path, "rb") as f:
         data = f.read()
     if len(data) < HEADER_SIZE or data[:8] != MAGIC:
-        raise RegionError(f"{path}: not a urewrite region")
+        raise RegionError(f"{path}: not a urewrite region (or one still being set up)")
+    try:
+        return _parse(path, data)
+    except (struct.error, ValueError, IndexError) as e:
+        raise RegionError(f"{path}: corrupt region ({e})")
+
+
+def _parse(path: str, data: bytes) -> Region:
     (_, version, _, size, count, slots, probes_off, strings_off, owners_off, counters_off,
      stride, pid, machine, bias, bid_size, _, bid, obj) = _HEADER.unpack_from(data)
     if version != VERSION:
         raise RegionError(f"{path}: region version {version}, this reader knows {VERSION}")
-    if len(data) < size:
-        raise RegionError(f"{path}: truncated region")
+    if len(data) < size or counters_off + (slots + 1) * stride > len(data) \
+            or probes_off + count * PROBE_ENTRY_SIZE > len(data) or 8 * count > stride:
+        raise RegionError(f"{path}: truncated or inconsistent region")
     region = Region(path, pid, obj.split(b"\0")[0].decode(errors="replace"),
-                    bid[:bid_size].hex(), bias, machine)
+                    bid[:min(bid_size, 32)].hex(), bias, machine)
     totals = [0] * count
     for slot in range(slots + 1):
         row = counters_off + slot * stride
@@ -159,12 +167,23 @@ def read_region(path: str) -> Region:
     for i in range(count):
         address, kind, name_off = struct.unpack_from("<QII", data, probes_off + i * PROBE_ENTRY_SIZE)
         start = strings_off + name_off
-        name = data[start:data.index(b"\0", start)].decode(errors="replace")
+        name = data[start:data.index(b"\0", start, owners_off)].decode(errors="replace")
         region.probes.append(ProbeCount(name, KIND_NAMES.get(kind, str(kind)), address, totals[i]))
     return region
 
 
-def read_regions(directory: str) -> List[Region]:
-    """Every region a run left in `directory`, in a stable order."""
-    names = sorted(n for n in os.listdir(directory) if n.endswith(FILE_SUFFIX))
-    return [read_region(os.path.join(directory, n)) for n in names]
+def read_regions(directory: str, problems: Optional[List[str]] = None) -> List[Region]:
+    """Every region a run left in `directory`, in a stable order.
+
+    A file that cannot be read (a process killed during set-up, say) is skipped
+    and described in `problems` when given, else raises RegionError.
+    """
+    regions = []
+    for name in sorted(n for n in os.listdir(directory) if n.endswith(FILE_SUFFIX)):
+        try:
+            regions.append(read_region(os.path.join(directory, name)))
+        except RegionError as e:
+            if problems is None:
+                raise
+            problems.append(str(e))
+    return regions

@@ -13,12 +13,13 @@ from urewrite.trampolines import region
 
 # Layout of the process-state memory (see runtime.s).
 PS_STARTED = 4096
+PS_DIR_TOO_LONG = 4096 + 8
 PS_TCB = 4096 + 64
 PS_DIR = 4096 + 256
 DIR_MAX = 4096 - 256 - 1
 PS_NAME = 8192
 PS_ENVBUF = 12288
-ENVBUF_SIZE = 65536
+ENVBUF_SIZE = 1 << 20  # untouched pages cost nothing; a larger environment is read in part
 STATE_SIZE = PS_ENVBUF + ENVBUF_SIZE
 
 # Entry points, read back from the assembled code: label -> position in the exports table.
@@ -39,7 +40,8 @@ def build(spec: RuntimeSpec) -> Runtime:
         "ENV_VAR_LEN": len(region.ENV_VAR) + 1,
         "EXE_ENTRY": spec.exe_entry if spec.exe_entry is not None else spec.base,
         "DSO_INIT": spec.dso_init if spec.dso_init is not None else spec.base,
-        "PS_STARTED": PS_STARTED, "PS_TCB": PS_TCB, "PS_DIR": PS_DIR, "DIR_MAX": DIR_MAX,
+        "PS_STARTED": PS_STARTED, "PS_DIR_TOO_LONG": PS_DIR_TOO_LONG, "PS_TCB": PS_TCB,
+        "PS_DIR": PS_DIR, "DIR_MAX": DIR_MAX,
         "PS_NAME": PS_NAME, "PS_ENVBUF": PS_ENVBUF, "ENVBUF_SIZE": ENVBUF_SIZE,
         "OFF_PID": region.OFF_PID, "OFF_LOAD_BIAS": region.OFF_LOAD_BIAS,
         "OFF_OWNERS": region.OFF_OWNERS, "OFF_COUNTERS": region.OFF_COUNTERS,

@@ -7,7 +7,7 @@
 # State memory (zero-filled, private to the process):
 #   page 0 is cleared in a forked child (MADV_WIPEONFORK), so the child sets up
 #   a region of its own:       [0] region address, or 1 = disarmed, 0 = not set up
-#                              [8] set-up in progress
+#                              [8] set-up in progress: fs base of the thread doing it
 #   later pages survive fork:  PS_STARTED, PS_TCB (a stand-in thread control block
 #                              before libc sets one up), PS_DIR (value of the
 #                              environment variable), PS_NAME, PS_ENVBUF
@@ -174,7 +174,7 @@ mv_no:
     xor esi, esi
     ret
 
-# rsi = value -> PS_DIR, cut at {DIR_MAX} bytes
+# rsi = value -> PS_DIR; a value longer than {DIR_MAX} bytes disarms (never a cut path)
 copy_dir:
     lea rdi, [rbx + {PS_DIR}]
     mov ecx, {DIR_MAX}
@@ -187,6 +187,7 @@ cd_loop:
     inc rdi
     dec ecx
     jnz cd_loop
+    mov byte ptr [rbx + {PS_DIR_TOO_LONG}], 1
 cd_end:
     mov byte ptr [rdi], 0
     ret
@@ -215,8 +216,6 @@ setup_region:
     cld
     cmp qword ptr [rbx], 0
     jne sr_ret
-    cmp qword ptr [rbx + 8], 0
-    jne sr_ret                             # re-entered from a signal handler: skip
     # No thread pointer yet (a hit while the loader relocates, before TLS exists):
     # stay unarmed and try again on a later hit; the hit path reads fs:[0].
     sub rsp, 8
@@ -224,10 +223,27 @@ setup_region:
     mov edi, 0x1003                        # ARCH_GET_FS
     mov eax, 158                           # arch_prctl
     syscall
-    pop rax
-    test rax, rax
+    pop r8                                 # r8 = fs base: identifies this thread
+    test r8, r8
     jz sr_ret
-    mov qword ptr [rbx + 8], 1
+    # One thread sets up; the others wait for it. The same thread again means a
+    # signal handler interrupted its own set-up: that hit goes uncounted.
+sr_claim:
+    xor eax, eax
+    lock cmpxchg qword ptr [rbx + 8], r8
+    je sr_owned
+    cmp rax, r8
+    je sr_ret
+    pause
+    cmp qword ptr [rbx], 0
+    jne sr_ret
+    jmp sr_claim
+sr_owned:
+    cmp qword ptr [rbx], 0                 # set up by another thread meanwhile
+    je sr_setup
+    mov qword ptr [rbx + 8], 0
+    ret
+sr_setup:
     mov rdi, rbx
     mov esi, 4096
     mov edx, 18                            # MADV_WIPEONFORK
@@ -235,6 +251,8 @@ setup_region:
     syscall
     cmp byte ptr [rbx + {PS_DIR}], 0
     je sr_disarm
+    cmp byte ptr [rbx + {PS_DIR_TOO_LONG}], 0
+    jne sr_disarm
     # A set-user-ID or set-group-ID program must not create files where its caller says.
     mov eax, 102                           # getuid
     syscall

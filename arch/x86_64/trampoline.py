@@ -24,10 +24,18 @@ from __future__ import annotations
 from urewrite.arch.base import RuntimeRefs, Window
 from urewrite.arch.x86_64 import relocator
 from urewrite.arch.x86_64.writer import Writer
+from urewrite.trampolines import region
 
 RED_ZONE = 128
 FIBONACCI = 0x9E3779B97F4A7C15  # multiplicative hash of the thread pointer
-SLOT_MASK = 0xFF0  # (hash >> 52) & mask = slot index * 16, for 256 slots
+
+# The top bits of the hash pick an owner entry: (hash >> SHIFT) & MASK is the
+# entry's byte offset, for power-of-two slot counts and entry sizes.
+_SLOT_BITS = region.SLOT_COUNT.bit_length() - 1
+_ENTRY_BITS = region.OWNER_ENTRY_SIZE.bit_length() - 1
+assert 1 << _SLOT_BITS == region.SLOT_COUNT and 1 << _ENTRY_BITS == region.OWNER_ENTRY_SIZE
+SLOT_SHIFT = 64 - _SLOT_BITS - _ENTRY_BITS
+SLOT_MASK = (region.SLOT_COUNT - 1) * region.OWNER_ENTRY_SIZE
 
 
 def build(address: int, probe_index: int, window: Window, flags_live: bool,
@@ -49,7 +57,7 @@ def build(address: int, probe_index: int, window: Window, flags_live: bool,
     w.mov_rcx_fs0()
     w.movabs_rdx(FIBONACCI)
     w.imul_rdx_rcx()
-    w.shr_rdx(52)
+    w.shr_rdx(SLOT_SHIFT)
     w.and_edx(SLOT_MASK)
     w.cmp_rax_rdx_disp_rcx(refs.owners_offset)
     w.jcc("ne", "slow")

@@ -1,0 +1,263 @@
+/* urewrite.h: read the shared-memory regions that urewrite probes count into.
+ *
+ * SPDX-License-Identifier: MIT
+ *
+ * Copyright (c) the urewrite authors
+ *
+ * Permission is hereby granted, free of charge, to any person obtaining a copy
+ * of this software and associated documentation files (the "Software"), to deal
+ * in the Software without restriction, including without limitation the rights
+ * to use, copy, modify, merge, publish, distribute, sublicense, and/or sell
+ * copies of the Software, and to permit persons to whom the Software is
+ * furnished to do so, subject to the following conditions:
+ *
+ * The above copyright notice and this permission notice shall be included in
+ * all copies or substantial portions of the Software.
+ *
+ * THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR
+ * IMPLIED, INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY,
+ * FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE
+ * AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER
+ * LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,
+ * OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE
+ * SOFTWARE.
+ *
+ * A rewritten program writes one region file per process and rewritten object,
+ * <tag>.<pid>[-N].ure in the directory named by $UREWRITE_DIR. The layout
+ * (trampolines/region.py is its source of truth; docs/region.md explains it):
+ *
+ *     header          512 bytes, struct urewrite_header
+ *     probe table     probe_count x struct urewrite_probe
+ *     names           NUL-terminated strings
+ *     owner table     slot_count x struct urewrite_slot_owner
+ *     counters        (slot_count + 1) rows of slot_stride bytes, one uint64_t
+ *                     per probe; the last row is shared by every thread
+ *
+ * Usage: map the file (read-only is enough), call urewrite_check() once, then
+ * use the other helpers. They trust the header only after that check passed.
+ */
+#ifndef UREWRITE_H
+#define UREWRITE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Fields are little-endian and are read in place, so a big-endian reader
+ * would need to byte-swap them; regions are only written on x86_64. */
+#if defined(__BYTE_ORDER__) && defined(__ORDER_LITTLE_ENDIAN__) && \
+    __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "urewrite.h reads little-endian fields in place; this host is not little-endian"
+#endif
+
+#define UREWRITE_MAGIC "UREWRITE" /* the first 8 bytes, no NUL */
+#define UREWRITE_MAGIC_SIZE 8
+#define UREWRITE_VERSION 1
+#define UREWRITE_HEADER_SIZE 512
+#define UREWRITE_BUILD_ID_MAX 32
+#define UREWRITE_OBJECT_MAX 256 /* object name, NUL included */
+#define UREWRITE_ENV_VAR "UREWRITE_DIR"
+#define UREWRITE_FILE_SUFFIX ".ure"
+
+/* urewrite_probe.kind */
+#define UREWRITE_KIND_ENTRY 1   /* a function's first instruction */
+#define UREWRITE_KIND_RETURN 2  /* a function's return */
+#define UREWRITE_KIND_USDT 3    /* a USDT (SystemTap SDT) probe point */
+#define UREWRITE_KIND_ADDRESS 4 /* an instruction inside a function */
+
+/* urewrite_check() results */
+#define UREWRITE_OK 0
+#define UREWRITE_ERR_SIZE (-1)    /* shorter than a header or than region_size */
+#define UREWRITE_ERR_MAGIC (-2)   /* not a region (or not yet filled in) */
+#define UREWRITE_ERR_VERSION (-3) /* a layout this header does not know */
+#define UREWRITE_ERR_BOUNDS (-4)  /* a table, row or name lies outside the region */
+
+struct urewrite_header {
+    char magic[8];             /* UREWRITE_MAGIC */
+    uint32_t version;          /* UREWRITE_VERSION */
+    uint32_t header_size;      /* 512: the header with its reserved tail */
+    uint64_t region_size;      /* bytes in use, a multiple of 4096 */
+    uint32_t probe_count;
+    uint32_t slot_count;       /* per-thread counter rows (256) */
+    uint64_t probes_offset;    /* from the start of the region, like all offsets */
+    uint64_t strings_offset;   /* base of urewrite_probe.name_offset */
+    uint64_t owners_offset;
+    uint64_t counters_offset;
+    uint64_t slot_stride;      /* bytes per counter row, a multiple of 64 */
+    int32_t pid;               /* of the process that wrote the region */
+    uint32_t machine;          /* ELF e_machine of the object (62 = x86_64) */
+    int64_t load_bias;         /* run-time address minus link-time address */
+    uint32_t build_id_size;    /* bytes used in build_id; 0 when none */
+    uint32_t flags;            /* 0; no flags are defined in version 1 */
+    uint8_t build_id[32];      /* GNU build ID of the original object */
+    char object[256];          /* file name of the rewritten object, NUL-terminated */
+    uint8_t reserved[128];     /* zero; later compatible fields go here */
+};
+
+struct urewrite_probe {
+    uint64_t address;     /* link-time address; add load_bias for the run-time one */
+    uint32_t kind;        /* UREWRITE_KIND_* */
+    uint32_t name_offset; /* from strings_offset */
+};
+
+struct urewrite_slot_owner {
+    uint64_t thread;   /* thread pointer (x86_64 fs:[0]) of the row's owner, 0 = free */
+    uint64_t counters; /* the row's address in the writer's address space: use
+                          counters_offset + slot * slot_stride instead */
+};
+
+/* The layout is fixed by offsets, not by a compiler: fail the build if this
+ * compiler lays the structs out differently. _Static_assert is C11; GCC and
+ * Clang accept it in C99 mode too (__extension__ keeps -pedantic quiet). */
+#if defined(__GNUC__)
+#define UREWRITE_EXTENSION_ __extension__
+#else
+#define UREWRITE_EXTENSION_
+#endif
+#if defined(__cplusplus) && !defined(_Static_assert)
+#define _Static_assert static_assert
+#define UREWRITE_UNDEF_STATIC_ASSERT_
+#endif
+
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, magic) == 0, "magic");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, version) == 8, "version");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, header_size) == 12, "header_size");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, region_size) == 16, "region_size");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, probe_count) == 24, "probe_count");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, slot_count) == 28, "slot_count");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, probes_offset) == 32, "probes_offset");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, strings_offset) == 40, "strings_offset");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, owners_offset) == 48, "owners_offset");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, counters_offset) == 56, "counters_offset");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, slot_stride) == 64, "slot_stride");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, pid) == 72, "pid");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, machine) == 76, "machine");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, load_bias) == 80, "load_bias");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, build_id_size) == 88, "build_id_size");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, flags) == 92, "flags");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, build_id) == 96, "build_id");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, object) == 128, "object");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, reserved) == 384, "reserved");
+UREWRITE_EXTENSION_ _Static_assert(sizeof(struct urewrite_header) == UREWRITE_HEADER_SIZE, "header size");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_probe, address) == 0, "probe address");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_probe, kind) == 8, "probe kind");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_probe, name_offset) == 12, "probe name_offset");
+UREWRITE_EXTENSION_ _Static_assert(sizeof(struct urewrite_probe) == 16, "probe size");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_slot_owner, thread) == 0, "owner thread");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_slot_owner, counters) == 8, "owner counters");
+UREWRITE_EXTENSION_ _Static_assert(sizeof(struct urewrite_slot_owner) == 16, "owner size");
+
+#ifdef UREWRITE_UNDEF_STATIC_ASSERT_
+#undef _Static_assert
+#undef UREWRITE_UNDEF_STATIC_ASSERT_
+#endif
+
+/* Whether `count` items of `each` bytes from `offset` end by `end`, without
+ * overflowing: the header comes from a file and may be anything. */
+static inline int urewrite_span_ok_(uint64_t offset, uint64_t count, uint64_t each,
+                                    uint64_t end)
+{
+    return offset <= end && (each == 0 || count <= (end - offset) / each);
+}
+
+/* UREWRITE_OK when `size` bytes at `base` hold a region this header can read
+ * safely: magic, version, and every table, counter row and name inside
+ * region_size (itself within `size`). `base` must be 8-byte aligned (an mmap
+ * is). Returns a UREWRITE_ERR_* value otherwise. While the writer is still
+ * setting a region up, a reader may get UREWRITE_ERR_MAGIC: retry later. */
+static inline int urewrite_check(const void *base, size_t size)
+{
+    const struct urewrite_header *h = (const struct urewrite_header *)base;
+    const char *bytes = (const char *)base;
+    uint64_t end, i;
+
+    if (base == NULL || size < sizeof *h)
+        return UREWRITE_ERR_SIZE;
+    if (memcmp(h->magic, UREWRITE_MAGIC, UREWRITE_MAGIC_SIZE) != 0)
+        return UREWRITE_ERR_MAGIC;
+    if (h->version != UREWRITE_VERSION)
+        return UREWRITE_ERR_VERSION;
+    end = h->region_size;
+    if (end > (uint64_t)size || end < sizeof *h)
+        return UREWRITE_ERR_SIZE;
+    if (h->header_size < offsetof(struct urewrite_header, reserved) || h->header_size > end)
+        return UREWRITE_ERR_BOUNDS;
+    /* tables and counters are read in place, so they must be aligned */
+    if ((h->probes_offset | h->owners_offset | h->counters_offset | h->slot_stride) & 7)
+        return UREWRITE_ERR_BOUNDS;
+    if (h->build_id_size > UREWRITE_BUILD_ID_MAX ||
+        memchr(h->object, 0, sizeof h->object) == NULL)
+        return UREWRITE_ERR_BOUNDS;
+    if (!urewrite_span_ok_(h->probes_offset, h->probe_count,
+                           sizeof(struct urewrite_probe), end) ||
+        !urewrite_span_ok_(h->owners_offset, h->slot_count,
+                           sizeof(struct urewrite_slot_owner), end) ||
+        h->slot_stride / 8 < h->probe_count ||
+        !urewrite_span_ok_(h->counters_offset, (uint64_t)h->slot_count + 1, h->slot_stride,
+                           end) ||
+        h->strings_offset > end)
+        return UREWRITE_ERR_BOUNDS;
+    /* every name starts inside the region and ends there with a NUL */
+    for (i = 0; i < h->probe_count; i++) {
+        const struct urewrite_probe *p =
+            (const struct urewrite_probe *)(bytes + h->probes_offset) + i;
+        uint64_t start = h->strings_offset + p->name_offset;
+        if (start >= end || memchr(bytes + start, 0, (size_t)(end - start)) == NULL)
+            return UREWRITE_ERR_BOUNDS;
+    }
+    return UREWRITE_OK;
+}
+
+static inline const char *urewrite_check_message(int result)
+{
+    switch (result) {
+    case UREWRITE_OK: return "ok";
+    case UREWRITE_ERR_SIZE: return "truncated or too small";
+    case UREWRITE_ERR_MAGIC: return "not a urewrite region";
+    case UREWRITE_ERR_VERSION: return "unknown region version";
+    case UREWRITE_ERR_BOUNDS: return "corrupt region (out of bounds)";
+    default: return "unknown error";
+    }
+}
+
+/* "entry", "return", "usdt", "address", or NULL for a kind added later. */
+static inline const char *urewrite_kind_name(uint32_t kind)
+{
+    switch (kind) {
+    case UREWRITE_KIND_ENTRY: return "entry";
+    case UREWRITE_KIND_RETURN: return "return";
+    case UREWRITE_KIND_USDT: return "usdt";
+    case UREWRITE_KIND_ADDRESS: return "address";
+    default: return NULL;
+    }
+}
+
+/* Probe i (i < probe_count) of a checked region. */
+static inline const struct urewrite_probe *urewrite_probe_at(const struct urewrite_header *hdr,
+                                                             uint32_t i)
+{
+    return (const struct urewrite_probe *)((const char *)hdr + hdr->probes_offset) + i;
+}
+
+/* Probe i's name, NUL-terminated inside the region (urewrite_check made sure). */
+static inline const char *urewrite_probe_name(const struct urewrite_header *hdr, uint32_t i)
+{
+    return (const char *)hdr + hdr->strings_offset + urewrite_probe_at(hdr, i)->name_offset;
+}
+
+/* Probe i's hits: its column summed over the slot_count per-thread rows and
+ * the shared row after them. The writer may still be counting, so each load
+ * is volatile (read from memory every time, never cached); an aligned 8-byte
+ * load is not torn on x86_64, but the sum is only a snapshot until the
+ * process has exited. */
+static inline uint64_t urewrite_hits(const struct urewrite_header *hdr, uint32_t i)
+{
+    const char *row = (const char *)hdr + hdr->counters_offset;
+    uint64_t sum = 0, slot;
+
+    for (slot = 0; slot <= hdr->slot_count; slot++, row += hdr->slot_stride)
+        sum += ((const volatile uint64_t *)row)[i];
+    return sum;
+}
+
+#endif /* UREWRITE_H */
