@@ -20,6 +20,9 @@ def backend_for(e_machine: int):
     if e_machine == EM_X86_64:
         from urewrite.arch.x86_64 import X86_64Backend
         return X86_64Backend()
+    if e_machine == EM_AARCH64:
+        from urewrite.arch.aarch64 import AArch64Backend
+        return AArch64Backend()
     return None
 
 

@@ -42,9 +42,9 @@ def render(elf: ElfFile, placement: Placement, image: SegmentImage,
         struct.pack_into("<qQ", out, dt_init_slot, 12, image.dso_start)  # DT_INIT
 
     state = Segment(PT_LOAD, PF_R | PF_W, placement.state_offset, placement.state_vaddr,
-                    placement.state_vaddr, 0, placement.state_size, PAGE)
+                    placement.state_vaddr, 0, placement.state_size, placement.align)
     code = Segment(PT_LOAD, PF_R | PF_X, placement.code_offset, placement.code_vaddr,
-                   placement.code_vaddr, len(image.code), len(image.code), PAGE)
+                   placement.code_vaddr, len(image.code), len(image.code), placement.align)
     last_load = max(i for i, s in enumerate(elf.segments) if s.type == PT_LOAD)
     table = []
     for i, seg in enumerate(elf.segments):

@@ -58,13 +58,15 @@ exe_start:
     pop rdx
     pop rcx
     pop rax
-    jmp {EXE_ENTRY}
+exe_tail:
+    .byte 0xcc, 0xcc, 0xcc, 0xcc, 0xcc     # becomes: jmp <original entry point>
 
 # Start-up hook for shared objects (the new DT_INIT): continues at the original one.
 dso_start:
     .byte 0xf3, 0x0f, 0x1e, 0xfa          # endbr64
     call lazy_init
-    jmp {DSO_INIT}
+dso_tail:
+    .byte 0xcc, 0xcc, 0xcc, 0xcc, 0xcc     # becomes: jmp <original DT_INIT>
 
 # Set-up from a trampoline (or dso_start): every register is preserved.
 lazy_init:

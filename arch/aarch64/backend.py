@@ -1,0 +1,77 @@
+"""The AArch64 backend: answers for arch/base.py's Backend."""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional, Set
+
+import capstone
+
+from urewrite.arch.aarch64 import relocator, runtime, trampoline
+from urewrite.arch.aarch64.writer import b_imm
+from urewrite.arch.base import Backend, Insn, Runtime, RuntimeRefs, RuntimeSpec, Window
+
+# bti c / bti j / bti jc, paciasp, pacibsp: landing pads that stay where they are
+_LANDING_PADS = {0xD503245F, 0xD503249F, 0xD50324DF, 0xD503233F, 0xD503237F}
+_PADDING = {0xD503201F, 0x00000000}  # nop; udf #0 (what linkers fill gaps with)
+_BRANCH_MNEMONICS = frozenset("b bl cbz cbnz tbz tbnz".split())
+
+
+class AArch64Backend(Backend):
+    name = "aarch64"
+    elf_machine = 183
+    patch_size = 4  # one b
+    branch_reach = (1 << 27) - 4  # b: +-128 MiB
+    state_size = runtime.STATE_SIZE
+
+    def __init__(self):
+        self._lite = capstone.Cs(capstone.CS_ARCH_ARM64, capstone.CS_MODE_ARM)
+
+    # -- reading -----------------------------------------------------------
+    def decode(self, code: bytes, address: int, detail: bool = False) -> list:
+        # Fixed width: every 4 bytes is an instruction; an undecodable word
+        # (data in code) is kept as ".word" so that boundaries stay exact.
+        out = []
+        for at in range(0, len(code) - 3, 4):
+            raw = code[at:at + 4]
+            decoded = next(self._lite.disasm_lite(raw, address + at), None)
+            mnemonic, op_str = (decoded[2], decoded[3]) if decoded else (".word", raw.hex())
+            out.append(Insn(address + at, 4, mnemonic, op_str, raw))
+        return out
+
+    def landing_pad_size(self, first: Insn) -> int:
+        return 4 if int.from_bytes(first.raw, "little") in _LANDING_PADS else 0
+
+    def direct_branch_target(self, insn: Insn) -> Optional[int]:
+        mnemonic = insn.mnemonic.split(".")[0]
+        if mnemonic in _BRANCH_MNEMONICS:
+            target = insn.op_str.rsplit("#", 1)[-1]
+            return int(target, 16) if target.startswith("0x") else None
+        return None
+
+    def code_addresses_in(self, code: bytes, base: int, wanted: Set[int]) -> Iterable:
+        # A window is one aligned instruction: its interior holds no instruction
+        # start, so nothing can be aimed there.
+        return ()
+
+    def is_padding(self, insn: Insn) -> bool:
+        return int.from_bytes(insn.raw, "little") in _PADDING
+
+    # -- can I? ------------------------------------------------------------
+    def relocation_problem(self, insn: Insn, is_last: bool, shadow_stack: bool) -> Optional[str]:
+        if insn.mnemonic == ".word":
+            return f"the word {insn.op_str} does not decode as an instruction"
+        return relocator.relocation_problem(insn, is_last, shadow_stack)
+
+    def flags_live_at_entry(self) -> bool:
+        return False  # and the trampoline never changes the flags anyway
+
+    # -- writing -----------------------------------------------------------
+    def site_patch(self, window: Window, trampoline_address: int) -> bytes:
+        return b_imm(window.address, trampoline_address).to_bytes(4, "little")
+
+    def trampoline(self, address: int, probe_index: int, window: Window,
+                   flags_live: bool, refs: RuntimeRefs) -> bytes:
+        return trampoline.build(address, probe_index, window, flags_live, refs)
+
+    def runtime(self, spec: RuntimeSpec) -> Runtime:
+        return runtime.build(spec)

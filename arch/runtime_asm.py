@@ -1,0 +1,62 @@
+"""Assembles a backend's runtime source with Keystone: shared by every backend.
+
+A runtime source starts with its link table (five quads: its own link-time
+address, then the state memory and region template as offsets from it, the
+template size and the region size), which is filled in after assembly, since
+Keystone resolves only labels inside the source PC-relatively. For the same
+reason the start-up hooks end in reserved tails (labels exe_tail, dso_tail)
+that receive a jump to the original entry point and DT_INIT, encoded by the
+backend (Keystone mis-encodes arm64 branches to absolute addresses). Fields in
+braces are substituted first; entry points are read back through a table of
+`.quad label` appended at the end.
+"""
+
+from __future__ import annotations
+
+import struct
+from importlib import resources
+from typing import Callable
+
+import keystone
+
+from urewrite.arch.base import Runtime, RuntimeSpec
+from urewrite.trampolines import region
+
+EXPORTS = ("exe_start", "dso_start", "slow_hit", "lazy_init", "exe_tail", "dso_tail")
+
+
+def common_fields(spec: RuntimeSpec) -> dict:
+    return {
+        "TAG_BYTES": ", ".join(str(b) for b in spec.file_tag + b"\0"),
+        "ENV_VAR": region.ENV_VAR,
+        "ENV_VAR_LEN": len(region.ENV_VAR) + 1,
+        "OFF_PID": region.OFF_PID, "OFF_LOAD_BIAS": region.OFF_LOAD_BIAS,
+        "OFF_OWNERS": region.OFF_OWNERS, "OFF_COUNTERS": region.OFF_COUNTERS,
+        "OFF_SLOT_COUNT": region.OFF_SLOT_COUNT, "OFF_SLOT_STRIDE": region.OFF_SLOT_STRIDE,
+        "OWNER_ENTRY_SIZE": region.OWNER_ENTRY_SIZE,
+    }
+
+
+def assemble(package: str, filename: str, ks_arch: int, ks_mode: int, spec: RuntimeSpec,
+             fields: dict, encode_jump: Callable[[int, int], bytes]) -> Runtime:
+    source = resources.files(package).joinpath(filename).read_text()
+    exports = "exports:\n" + "".join(f"    .quad {name}\n" for name in EXPORTS)
+    text = source.format(**common_fields(spec), **fields) + exports
+    encoding, _ = keystone.Ks(ks_arch, ks_mode).asm(text, spec.base)
+    code = bytearray(encoding)
+    entry = dict(zip(EXPORTS, struct.unpack_from(f"<{len(EXPORTS)}Q", code,
+                                                  len(code) - 8 * len(EXPORTS))))
+    # Keystone drops some directives without a word (.inst on arm64): two labels
+    # at one address would make a tail patch overwrite an entry point.
+    if len(set(entry.values())) != len(EXPORTS):
+        raise AssertionError(f"{filename}: runtime entry points overlap: {entry}")
+    for tail, target in (("exe_tail", spec.exe_entry), ("dso_tail", spec.dso_init)):
+        if target is not None:  # an object without one never runs that hook
+            jump = encode_jump(entry[tail], target)
+            at = entry[tail] - spec.base
+            code[at:at + len(jump)] = jump
+    link = spec.base  # link_table is the first label
+    struct.pack_into("<5q", code, 0, link, spec.state - link, spec.template - link,
+                     spec.template_size, spec.region_size)
+    return Runtime(bytes(code), entry["exe_start"], entry["dso_start"], entry["slow_hit"],
+                   entry["lazy_init"])
