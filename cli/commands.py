@@ -33,8 +33,24 @@ def _fail(message: str) -> None:
     sys.exit(EXIT_ERROR)
 
 
+def _print_share_dir(kind: str):
+    """An eager option that prints the folder of the build-system files shipped in the package."""
+    def callback(ctx, _param, value):
+        if not value or ctx.resilient_parsing:
+            return
+        click.echo(os.path.join(os.path.dirname(os.path.abspath(__file__)), "share", kind))
+        ctx.exit()
+    return callback
+
+
 @click.group(cls=_DefaultToRewrite, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="urewrite")
+@click.option("--cmake-dir", is_flag=True, expose_value=False, is_eager=True,
+              callback=_print_share_dir("cmake"),
+              help="Print the folder of urewrite's CMake package (urewriteConfig.cmake) and exit.")
+@click.option("--bazel-dir", is_flag=True, expose_value=False, is_eager=True,
+              callback=_print_share_dir("bazel"),
+              help="Print the folder of urewrite's Bazel rules (a local_repository) and exit.")
 def main():
     """Pre-instrument ELF programs and libraries with trap-free probes.
 

@@ -1,0 +1,46 @@
+# The version of the urewrite package this file ships in, read from its __init__.py (two
+# folders up), so that it never disagrees with the Python package. Versions are compatible with
+# an older request of the same major version (of the same minor version while the major is 0).
+
+set(PACKAGE_VERSION "")
+if(EXISTS "${CMAKE_CURRENT_LIST_DIR}/../../__init__.py")
+  file(STRINGS "${CMAKE_CURRENT_LIST_DIR}/../../__init__.py" _urewrite_line
+       REGEX "^__version__ *= *[\"'][^\"']+[\"']")
+  string(REGEX REPLACE "^__version__ *= *[\"']([^\"']+)[\"'].*" "\\1"
+         PACKAGE_VERSION "${_urewrite_line}")
+  unset(_urewrite_line)
+endif()
+
+if(NOT PACKAGE_VERSION)
+  set(PACKAGE_VERSION "0")
+  set(PACKAGE_VERSION_UNSUITABLE TRUE)
+elseif(PACKAGE_FIND_VERSION)
+  if(PACKAGE_VERSION VERSION_LESS PACKAGE_FIND_VERSION)
+    set(PACKAGE_VERSION_COMPATIBLE FALSE)
+  else()
+    string(REGEX MATCH "^[0-9]+" _have_major "${PACKAGE_VERSION}")
+    string(REGEX MATCH "^[0-9]+(\\.[0-9]+)?" _have_minor "${PACKAGE_VERSION}")
+    string(REGEX MATCH "^[0-9]+(\\.[0-9]+)?" _want_minor "${PACKAGE_FIND_VERSION}")
+    if(_have_major STREQUAL "0")
+      # 0.x: a new minor version may break; the request's minor (0 when absent) must match.
+      if(NOT _want_minor MATCHES "\\.")
+        string(APPEND _want_minor ".0")
+      endif()
+      if(_have_minor VERSION_EQUAL _want_minor)
+        set(PACKAGE_VERSION_COMPATIBLE TRUE)
+      else()
+        set(PACKAGE_VERSION_COMPATIBLE FALSE)
+      endif()
+    elseif(_have_major STREQUAL PACKAGE_FIND_VERSION_MAJOR)
+      set(PACKAGE_VERSION_COMPATIBLE TRUE)
+    else()
+      set(PACKAGE_VERSION_COMPATIBLE FALSE)
+    endif()
+    unset(_have_major)
+    unset(_have_minor)
+    unset(_want_minor)
+  endif()
+  if(PACKAGE_VERSION VERSION_EQUAL PACKAGE_FIND_VERSION)
+    set(PACKAGE_VERSION_EXACT TRUE)
+  endif()
+endif()

@@ -1,0 +1,1 @@
+../cmake/usedemo.c

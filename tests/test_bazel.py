@@ -1,0 +1,207 @@
+"""The Bazel rules: samples/bazel built with Bazel (Debian's bazel-bootstrap, 4.2) in a temporary
+folder, offline, in Bazel's sandbox.
+
+urewrite_binary and urewrite_library must give files that behave like the originals and count
+exactly under `urewrite stat`, run as sandboxed actions that Bazel caches (a second build runs
+nothing; after `bazel clean` the disk cache answers), re-run when the probe list changes, and
+fail the build with urewrite's message when a probe cannot be placed. The sample builds its
+inputs with genrules calling gcc: Bazel 4.2's cc_binary downloads rules_cc.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "samples" / "bazel"
+RULES = ROOT / "cli" / "share" / "bazel"
+TIMEOUT = 300
+N = 10  # requests; see samples/bazel/server.c for the counts
+SERVER_COUNTS = {"handle_request": N, "parse_header": N, "parse_body": N // 2,
+                 "parse_trailer": (N + 2) // 3}
+DEMO_COUNTS = {"demo_add": N, "demo_mul": 2 * N, "demo_scale": N}
+SERVER_PROBES = '''    probes = [
+        "handle_request",
+        "parse_*",
+    ],'''
+
+needs_bazel = pytest.mark.skipif(
+    not (shutil.which("bazel") and shutil.which("gcc")),
+    reason="needs bazel and gcc (apt-get install bazel-bootstrap gcc)")
+
+
+def env():
+    """Probes disarmed; the interpreter running the tests first on PATH, where the rules'
+    actions look for python3 (Bazel passes PATH on to actions that use the default shell env)."""
+    e = {k: v for k, v in os.environ.items() if k != "UREWRITE_DIR"}
+    e["PATH"] = os.path.dirname(sys.executable) + os.pathsep + e.get("PATH", "")
+    return e
+
+
+def run(cmd, cwd=None, extra_env=None):
+    e = env()
+    e.update(extra_env or {})
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, errors="replace",
+                          cwd=cwd, env=e, timeout=TIMEOUT)
+
+
+def check(cmd, **kw):
+    proc = run(cmd, **kw)
+    assert proc.returncode == 0, (f"{' '.join(map(str, cmd))} exited with {proc.returncode}\n"
+                                  f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+def stat(cmd, tmp: Path, extra_env=None):
+    """Hits per probe name of `cmd` under `urewrite stat --json`, and the program's stdout."""
+    report = tmp / "report.json"
+    proc = run([sys.executable, "-m", "urewrite", "stat", "--json", "-o", report, "--", *cmd],
+               extra_env=extra_env)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(report.read_text())
+    return {p["name"]: p["hits"] for p in data["probes"]}, proc.stdout
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class Workspace:
+    """A copy of samples/bazel with its own Bazel output root and disk cache."""
+
+    def __init__(self, tmp: Path):
+        self.dir = tmp / "ws"
+        shutil.copytree(SAMPLE, self.dir)
+        self.root = tmp / "root"
+        self.startup = [f"--output_user_root={self.root}", "--max_idle_secs=120"]
+        rules = check([sys.executable, "-m", "urewrite", "--bazel-dir"]).stdout.strip()
+        self.options = [f"--override_repository=urewrite={rules}", f"--disk_cache={tmp / 'cache'}",
+                        "--nosandbox_debug", "--noshow_progress"]
+
+    def bazel(self, command, *args):
+        return run(["bazel", *self.startup, command, *self.options, *args], cwd=self.dir)
+
+    def build(self, *targets):
+        proc = self.bazel("build", *(targets or ["//..."]))
+        log = proc.stdout + proc.stderr
+        assert proc.returncode == 0, f"bazel build failed:\n{log}"
+        return log
+
+    def edit(self, old: str, new: str):
+        path = self.dir / "BUILD.bazel"
+        text = path.read_text()
+        assert old in text
+        path.write_text(text.replace(old, new))
+
+    def shutdown(self):
+        """Stop the server, then remove the output root (Bazel leaves it read-only)."""
+        run(["bazel", *self.startup, "shutdown"], cwd=self.dir)
+        run(["chmod", "-R", "u+w", self.root])
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    @property
+    def bin(self) -> Path:
+        return self.dir / "bazel-bin"
+
+
+def processes(log: str) -> str:
+    """Bazel's summary of what ran: 'N processes: ...'."""
+    found = re.findall(r"INFO: (\d+ process(?:es)?: .*)", log)
+    assert found, log
+    return found[-1]
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    ws = Workspace(tmp_path_factory.mktemp("bazel"))
+    try:
+        log = ws.build()
+        assert "sandbox" in processes(log), log  # the actions ran sandboxed
+        yield ws
+    finally:
+        ws.shutdown()
+
+
+def test_rules_version_is_the_package_version():
+    from urewrite import __version__
+    defs = (RULES / "defs.bzl").read_text()
+    assert re.search(r'^UREWRITE_VERSION = "([^"]+)"$', defs, re.M).group(1) == __version__
+
+
+def test_bazel_dir_holds_the_rules():
+    d = Path(check([sys.executable, "-m", "urewrite", "--bazel-dir"]).stdout.strip())
+    for name in ("WORKSPACE", "BUILD.bazel", "defs.bzl", "urewrite_tool.sh"):
+        assert (d / name).is_file(), name
+
+
+@needs_bazel
+def test_program_counts_exactly(workspace, tmp_path):
+    original = check([workspace.bin / "server", N]).stdout
+    probed = workspace.bin / "server_probed"
+    assert os.access(probed, os.X_OK)
+    assert check([probed, N]).stdout == original  # probes disarmed
+    hits, out = stat([probed, N], tmp_path)
+    assert out == original
+    assert hits == SERVER_COUNTS
+
+
+@needs_bazel
+def test_shared_library_counts_exactly(workspace, tmp_path):
+    usedemo = workspace.bin / "usedemo"
+    original = check([usedemo, N], extra_env={"LD_LIBRARY_PATH": str(workspace.bin)}).stdout
+    hits, out = stat([usedemo, N], tmp_path,
+                     extra_env={"LD_LIBRARY_PATH": str(workspace.bin / "probed")})
+    assert out == original
+    assert hits == DEMO_COUNTS
+
+
+@needs_bazel
+def test_cached_like_any_artefact(workspace):
+    probed = workspace.bin / "server_probed"
+    before = (probed.stat().st_mtime_ns, digest(probed))
+    log = workspace.build()
+    assert processes(log) == "1 process: 1 internal.", log  # nothing ran
+    assert (probed.stat().st_mtime_ns, digest(probed)) == before
+    # A fresh output tree: every action comes back from the disk cache, the rewrite included.
+    check(["bazel", *workspace.startup, "clean"], cwd=workspace.dir)
+    log = workspace.build()
+    summary = processes(log)
+    assert "cache hit" in summary and "sandbox" not in summary, log  # Bazel 4.2: "remote cache hit"
+    assert digest(probed) == before[1]
+
+
+@needs_bazel
+def test_probe_list_change_reruns(workspace, tmp_path):
+    workspace.edit(SERVER_PROBES, '    probes = ["parse_body"],')
+    try:
+        log = workspace.build("//:server_probed")
+        assert re.search(r"\b1 (linux-sandbox|processwrapper-sandbox|sandbox)", processes(log)), log
+        hits, _ = stat([workspace.bin / "server_probed", N], tmp_path)
+        assert hits == {"parse_body": N // 2}
+    finally:
+        workspace.edit('    probes = ["parse_body"],', SERVER_PROBES)
+
+
+@needs_bazel
+def test_unplaceable_probe_fails_the_build(workspace):
+    build = workspace.dir / "BUILD.bazel"
+    original = build.read_text()
+    build.write_text(original + '\nurewrite_binary(name = "bad", src = ":server", '
+                                'probes = ["handle_request", "no_such_function"])\n')
+    try:
+        proc = workspace.bazel("build", "//:bad")
+        log = proc.stdout + proc.stderr
+        assert proc.returncode != 0, log
+        assert "urewrite: no function named 'no_such_function'" in log
+        assert not (workspace.bin / "bad").exists()
+    finally:
+        build.write_text(original)
