@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Set
+from typing import Iterable, Optional, Sequence, Set
 
 
 @dataclass(frozen=True)
@@ -37,16 +37,22 @@ class Window:
 
     `insns` are the displaced instructions, re-executed from the trampoline.
     `size` may exceed their total size when the window borrows alignment
-    padding after a short function.
+    padding after a short function. A window may start before its site (when
+    a branch target follows the site): the probe then fires at `probe_at`.
     """
 
     address: int
     size: int
     insns: tuple
+    probe_at: Optional[int] = None  # the displaced instruction the probe fires before
 
     @property
     def end(self) -> int:
         return self.address + self.size
+
+    @property
+    def probe_address(self) -> int:
+        return self.address if self.probe_at is None else self.probe_at
 
 
 @dataclass(frozen=True)
@@ -133,9 +139,10 @@ class Backend(ABC):
         """The bytes that replace the window: a jump to the trampoline, then filler."""
 
     @abstractmethod
-    def trampoline(self, address: int, probe_index: int, window: Window,
+    def trampoline(self, address: int, probe_indexes: Sequence[int], window: Window,
                    flags_live: bool, refs: RuntimeRefs) -> bytes:
-        """The code one site jumps to: count the hit, run the displaced code, jump back."""
+        """The code one site jumps to: count the hit in each probe, run the displaced
+        code, jump back."""
 
     @abstractmethod
     def runtime(self, spec: RuntimeSpec) -> Runtime:

@@ -64,8 +64,8 @@ def main():
 @main.command()
 @click.argument("input_file", metavar="IN", type=click.Path(dir_okay=False))
 @click.option("-p", "--probe", "probes", multiple=True, metavar="SPEC",
-              help="Function name, glob ('parse_*') or address (0x401136) to probe at entry. "
-                   "Repeatable.")
+              help="Function name, glob ('parse_*') or address (0x401136) to probe at entry, "
+                   "or a USDT probe: usdt:PROVIDER:NAME (globs allowed). Repeatable.")
 @click.option("-o", "--output", metavar="OUT", help="Output file [default: IN.probed].")
 @click.option("--keep-going", is_flag=True,
               help="Skip sites that cannot be patched safely even when named exactly.")
@@ -90,8 +90,8 @@ def rewrite(input_file, probes, output, keep_going, as_json, quiet):
     if as_json:
         click.echo(json.dumps({
             "output": result.output,
-            "probes": [{"name": p.site.name, "kind": _kind(p.site.kind), "address": p.site.address,
-                        "displaced": p.window.size} for p in result.plans],
+            "probes": [{"name": site.name, "kind": _kind(site.kind), "address": site.address,
+                        "displaced": p.window.size} for p in result.plans for site in p.sites],
             "refused": [{"name": r.site.name, "address": r.site.address, "reason": r.reason}
                         for r in result.refusals],
         }, indent=2))
@@ -100,7 +100,9 @@ def rewrite(input_file, probes, output, keep_going, as_json, quiet):
         for r in result.refusals:
             click.echo(f"urewrite: warning: not probing {r.site.name}: {r.reason}", err=True)
         refused = f", {len(result.refusals)} refused" if result.refusals else ""
-        click.echo(f"urewrite: wrote {output}: {len(result.plans)} probes{refused}", err=True)
+        probes = len({site.probe_key for p in result.plans for site in p.sites})
+        click.echo(f"urewrite: wrote {output}: {probes} probes at {len(result.plans)} sites"
+                   f"{refused}", err=True)
 
 
 def _kind(kind: int) -> str:
@@ -127,36 +129,59 @@ def _progress_bar(total: int):
 @main.command(name="list")
 @click.argument("input_file", metavar="FILE", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
-@click.option("--patchable", is_flag=True, help="Show only functions that can be probed.")
+@click.option("--patchable", is_flag=True, help="Show only sites that can be probed.")
 def list_command(input_file, as_json, patchable):
-    """Show every function of FILE: address, size, and whether its entry can be probed."""
-    from urewrite.rewriter.pipeline import list_entries
+    """Show what FILE offers to probe: every function entry and USDT site,
+    with its address and whether it can be probed (how many bytes a patch
+    displaces) or why not."""
+    from urewrite.rewriter.pipeline import list_sites
     from urewrite.rewriter.planner import Plan
+    from urewrite.trampolines.region import KIND_USDT
 
     try:
-        analysis, outcomes = list_entries(input_file)
+        analysis, outcomes = list_sites(input_file)
     except UrewriteError as e:
         _fail(str(e))
-    rows = []
+    functions, probes = [], []
     for o in outcomes:
         ok = isinstance(o, Plan)
         if patchable and not ok:
             continue
-        fn = o.site.function
-        rows.append({"name": fn.name, "aliases": list(fn.aliases), "address": fn.address,
-                     "size": fn.size, "origin": fn.origin, "patchable": ok,
-                     "displaced": o.window.size if ok else None,
-                     "reason": None if ok else o.reason})
+        status = {"patchable": ok, "displaced": o.window.size if ok else None,
+                  "reason": None if ok else o.reason}
+        site = o.site
+        if site.kind == KIND_USDT:
+            provider, name = site.name.split(":", 1)
+            probes.append({"provider": provider, "name": name, "address": site.address,
+                           "semaphore": site.semaphore or None, "arguments": site.arguments,
+                           "function": site.function.name, **status})
+        else:
+            fn = site.function
+            functions.append({"name": fn.name, "aliases": list(fn.aliases), "address": fn.address,
+                              "size": fn.size, "origin": fn.origin, **status})
     if as_json:
-        click.echo(json.dumps({"file": input_file, "functions": rows}, indent=2))
+        click.echo(json.dumps({"file": input_file, "functions": functions, "usdt": probes},
+                              indent=2))
         return
-    width = max([len(r["name"]) for r in rows] + [8])
+    width = max([len(r["name"]) for r in functions] + [8])
     click.echo(f"{'ADDRESS':<18} {'SIZE':>6}  {'FUNCTION':<{width}}  PROBE")
-    for r in rows:
-        status = f"ok, displaces {r['displaced']} bytes" if r["patchable"] else f"no: {r['reason']}"
-        click.echo(f"{r['address']:#018x} {r['size']:>6}  {r['name']:<{width}}  {status}")
-    ok = sum(r["patchable"] for r in rows)
-    click.echo(f"{len(rows)} functions, {ok} patchable", err=True)
+    for r in functions:
+        click.echo(f"{r['address']:#018x} {r['size']:>6}  {r['name']:<{width}}  {_status(r)}")
+    if probes:
+        width = max(len(f"{p['provider']}:{p['name']}") for p in probes)
+        click.echo(f"\n{'ADDRESS':<18} {'USDT':<{width}}  {'SEMAPHORE':<18}  PROBE  ARGUMENTS")
+        for p in probes:
+            semaphore = f"{p['semaphore']:#x}" if p["semaphore"] else "-"
+            click.echo(f"{p['address']:#018x} {p['provider'] + ':' + p['name']:<{width}}  "
+                       f"{semaphore:<18}  {_status(p)}  {p['arguments'] or '-'}")
+    ok = sum(r["patchable"] for r in functions)
+    usdt_ok = sum(p["patchable"] for p in probes)
+    click.echo(f"{len(functions)} functions, {ok} patchable; {len(probes)} USDT sites, "
+               f"{usdt_ok} patchable", err=True)
+
+
+def _status(row) -> str:
+    return f"ok, displaces {row['displaced']} bytes" if row["patchable"] else f"no: {row['reason']}"
 
 
 @main.command(context_settings={"ignore_unknown_options": True})

@@ -10,9 +10,10 @@ from typing import Callable, List, Optional
 
 from urewrite.arch import backend_for
 from urewrite.errors import UrewriteError
-from urewrite.rewriter import elf_writer, layout
+from urewrite.rewriter import elf_writer, layout, usdt
 from urewrite.rewriter.elf_file import DT_INIT, ElfFile
 from urewrite.rewriter.functions import Function, discover
+from urewrite.rewriter.usdt import UsdtSite
 from urewrite.rewriter.planner import Plan, Planner, Refusal
 from urewrite.rewriter.selectors import Site, select
 from urewrite.trampolines import segment
@@ -21,9 +22,10 @@ from urewrite.trampolines.region import KIND_ENTRY
 
 @dataclass
 class Analysis:
-    """A file read and its functions planned as entry sites: what `list` shows."""
+    """A file read, with its functions and USDT sites."""
     elf: ElfFile
     functions: List[Function]
+    usdt: List[UsdtSite]
     planner: Planner
 
 
@@ -37,14 +39,18 @@ class RewriteResult:
 def analyse(path: str) -> Analysis:
     elf = ElfFile.open(path)
     functions = discover(elf)
-    return Analysis(elf, functions, Planner(elf, backend_for(elf.machine), functions))
+    return Analysis(elf, functions, usdt.discover(elf),
+                    Planner(elf, backend_for(elf.machine), functions))
 
 
-def list_entries(path: str):
-    """Every function with the plan (or refusal) for a probe at its entry."""
+def list_sites(path: str):
+    """Every function entry and USDT site, each with its plan or refusal."""
     a = analyse(path)
-    sites = [Site(fn, fn.address, KIND_ENTRY, fn.name, fn.name, exact=False) for fn in a.functions]
-    return a, a.planner.plan(sites)
+    entries = [Site(fn, fn.address, KIND_ENTRY, fn.name, fn.name, exact=False)
+               for fn in a.functions]
+    usdt_sites = select(["usdt:*:*"], a.functions, a.planner.boundaries, a.usdt) if a.usdt else []
+    outcomes = a.planner.plan(entries) + a.planner.plan(usdt_sites)
+    return a, outcomes
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -76,7 +82,7 @@ def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: boo
         raise UrewriteError("the output must not be the input file")
     a = analyse(input_path)
     elf, backend = a.elf, a.planner.backend
-    sites = select(specs, a.functions, a.planner.boundaries)
+    sites = select(specs, a.functions, a.planner.boundaries, a.usdt)
     outcomes = a.planner.plan(sites)
     plans = [o for o in outcomes if isinstance(o, Plan)]
     refusals = [o for o in outcomes if isinstance(o, Refusal)]

@@ -14,7 +14,7 @@ backend's patch size) with a jump. That is safe only when:
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Set, Union
 
 from urewrite.arch.base import Backend, Window
@@ -31,6 +31,11 @@ class Plan:
     site: Site
     window: Window
     flags_live: bool
+    others: tuple = ()  # more sites at the same address: one trampoline counts them all
+
+    @property
+    def sites(self) -> tuple:
+        return (self.site,) + self.others
 
 
 @dataclass(frozen=True)
@@ -70,12 +75,19 @@ class Planner:
 
     # -- planning ----------------------------------------------------------------
     def plan(self, sites: List[Site]) -> List[Outcome]:
-        tentative = []
+        """A plan per address (with every site there), or a refusal per site."""
+        by_address: Dict[int, List[Site]] = {}
         for site in sites:
+            by_address.setdefault(site.address, []).append(site)
+        tentative = []
+        for group in by_address.values():
+            # a site inside a function follows the stricter rules (flags live)
+            primary = next((s for s in group if not s.at_entry), group[0])
+            others = tuple(s for s in group if s is not primary)
             try:
-                tentative.append(self._window(site))
+                tentative.append(replace(self._window(primary), others=others))
             except _Refused as why:
-                tentative.append(Refusal(site, str(why)))
+                tentative.extend(Refusal(s, str(why)) for s in group)
         windows = [o for o in tentative if isinstance(o, Plan)]
         taken = self._taken_addresses(windows)
         outcomes = []
@@ -86,13 +98,15 @@ class Planner:
                 if reason is None and outcome.window.address < taken_until:
                     reason = "its window overlaps the window of the site before it"
                 if reason:
-                    outcome = Refusal(outcome.site, reason)
-                else:
-                    taken_until = outcome.window.end
+                    outcomes.extend(Refusal(s, reason) for s in outcome.sites)
+                    continue
+                taken_until = outcome.window.end
             outcomes.append(outcome)
         return outcomes
 
     def _window(self, site: Site) -> Plan:
+        if not site.at_entry:
+            return self._inner_window(site)
         fn = site.function
         if not fn.size:
             raise _Refused("its size is unknown (no symbol size and no .eh_frame entry)")
@@ -130,6 +144,59 @@ class Planner:
         window = Window(start, covered - start, tuple(detailed))
         flags_live = not site.at_entry or self.backend.flags_live_at_entry()
         return Plan(site, window, flags_live)
+
+    MAX_LOOK_BACK = 24  # bytes a window may start before an inner site
+
+    def _inner_window(self, site: Site) -> Plan:
+        """A window around a site inside a function (USDT, address).
+
+        Tried in order: starting at the site, then one more instruction before it
+        each time. Windows with a known branch target inside, or an instruction
+        that cannot move, are skipped; the first that fits wins.
+        """
+        fn = site.function
+        if not fn.size:
+            raise _Refused("it lies in no function of known size")
+        insns = self.instructions(fn)
+        index = next((k for k, i in enumerate(insns) if i.address == site.address), None)
+        if index is None:
+            raise _Refused(f"{site.address:#x} is not the start of an instruction")
+        targets = self._near_targets(fn)
+        reason = "too few instructions follow it for a jump"
+        for first in range(index, -1, -1):
+            start = insns[first].address
+            if site.address - start > self.MAX_LOOK_BACK:
+                break
+            last = index  # the window always holds the site's own instruction
+            while last < len(insns) and insns[last].end - start < self.backend.patch_size:
+                last += 1
+            if last == len(insns):
+                continue
+            end = insns[last].end
+            inside = [t for t in targets if start < t < end]
+            if inside:
+                reason = f"a branch lands at {inside[0]:#x}, inside every window around it"
+                continue
+            detailed = self.backend.decode(self.elf.read(start, end - start), start, detail=True)
+            problem = next((p for k, insn in enumerate(detailed)
+                            if (p := self.backend.relocation_problem(
+                                insn, k == len(detailed) - 1, self._shadow_stack))), None)
+            if problem:
+                reason = f"cannot relocate {problem}"
+                continue
+            window = Window(start, end - start, tuple(detailed),
+                            probe_at=None if start == site.address else site.address)
+            return Plan(site, window, flags_live=True)
+        raise _Refused(reason)
+
+    def _near_targets(self, fn: Function) -> Set[int]:
+        targets = set()
+        for near in self._near_functions(Window(fn.address, fn.size, ())):
+            for insn in self.instructions(near):
+                target = self.backend.direct_branch_target(insn)
+                if target is not None:
+                    targets.add(target)
+        return targets
 
     def _borrow_padding(self, fn: Function, start: int, fn_end: int) -> int:
         """Extend a window past a short function into the padding that follows it."""

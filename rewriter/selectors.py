@@ -1,4 +1,4 @@
-"""Turns probe specs (-p NAME, -p 'GLOB*', -p 0xADDR) into sites."""
+"""Turns probe specs (-p NAME, -p 'GLOB*', -p 0xADDR, -p usdt:PROVIDER:NAME) into sites."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import List
 
 from urewrite.errors import UrewriteError
 from urewrite.rewriter.functions import Function
-from urewrite.trampolines.region import KIND_ADDRESS, KIND_ENTRY
+from urewrite.rewriter.usdt import UsdtSite
+from urewrite.trampolines.region import KIND_ADDRESS, KIND_ENTRY, KIND_USDT
 
 
 @dataclass(frozen=True)
@@ -21,18 +22,29 @@ class Site:
     name: str
     spec: str  # what the user wrote
     exact: bool  # named exactly (a refusal is an error) rather than by a glob
+    semaphore: int = 0  # USDT: address of the probe's semaphore, 0 if none
+    arguments: str = ""  # USDT: sdt.h argument specs
 
     @property
     def at_entry(self) -> bool:
-        return self.address == self.function.address
+        return self.kind != KIND_USDT and self.address == self.function.address
+
+    @property
+    def probe_key(self):
+        """Sites with one key count into one probe: all sites of a USDT probe name."""
+        return self.name if self.kind == KIND_USDT else self.address
 
 
 def _is_glob(spec: str) -> bool:
     return any(c in spec for c in "*?[")
 
 
-def select(specs: List[str], functions: List[Function], boundaries) -> List[Site]:
-    """Sites for the specs, in address order, each address once.
+USDT_PREFIX = "usdt:"
+
+
+def select(specs: List[str], functions: List[Function], boundaries,
+           usdt_sites: List[UsdtSite] = ()) -> List[Site]:
+    """Sites for the specs, in address order; one address may carry several probes.
 
     `boundaries(function)` gives the instruction start addresses of a function.
     """
@@ -43,9 +55,13 @@ def select(specs: List[str], functions: List[Function], boundaries) -> List[Site
     starts = [fn.address for fn in functions]
     sites = {}
     for spec in specs:
+        if spec.startswith(USDT_PREFIX):
+            for site in _usdt_sites(spec, usdt_sites, functions, starts):
+                sites.setdefault((site.address, site.probe_key), site)
+            continue
         if spec.lower().startswith("0x"):
             site = _address_site(spec, functions, starts, boundaries)
-            sites.setdefault(site.address, site)
+            sites.setdefault((site.address, site.probe_key), site)
             continue
         if _is_glob(spec):
             matched = [fn for name, fns in by_name.items() if fnmatch.fnmatchcase(name, spec)
@@ -59,9 +75,31 @@ def select(specs: List[str], functions: List[Function], boundaries) -> List[Site
                 hint = f" (close matches: {', '.join(close)})" if close else ""
                 raise UrewriteError(f"no function named '{spec}'{hint}")
         for fn in matched:
-            sites.setdefault(fn.address, Site(fn, fn.address, KIND_ENTRY, fn.name, spec,
-                                              exact=not _is_glob(spec)))
-    return [sites[a] for a in sorted(sites)]
+            sites.setdefault((fn.address, fn.address),
+                             Site(fn, fn.address, KIND_ENTRY, fn.name, spec,
+                                  exact=not _is_glob(spec)))
+    return [sites[k] for k in sorted(sites, key=lambda k: (k[0], str(k[1])))]
+
+
+def _usdt_sites(spec: str, usdt_sites: List[UsdtSite], functions, starts) -> List[Site]:
+    pattern = spec[len(USDT_PREFIX):]
+    if ":" not in pattern:
+        raise UrewriteError(f"'{spec}': write usdt:PROVIDER:NAME (globs allowed)")
+    matched = [u for u in usdt_sites if fnmatch.fnmatchcase(u.probe, pattern)]
+    if not matched:
+        names = sorted({u.probe for u in usdt_sites})
+        close = difflib.get_close_matches(pattern, names, n=5, cutoff=0.6)
+        hint = f" (close matches: {', '.join('usdt:' + c for c in close)})" if close else \
+            ("" if names else " (the file has no USDT probes)")
+        raise UrewriteError(f"no USDT probe matches '{pattern}'{hint}")
+    out = []
+    for u in matched:
+        k = bisect.bisect_right(starts, u.pc) - 1
+        fn = functions[k] if k >= 0 and functions[k].address <= u.pc < functions[k].end else \
+            Function(f"usdt_{u.pc:x}", u.pc, 0, "usdt")
+        out.append(Site(fn, u.pc, KIND_USDT, u.probe, spec, exact=not _is_glob(pattern),
+                        semaphore=u.semaphore, arguments=u.arguments))
+    return out
 
 
 def _address_site(spec: str, functions, starts, boundaries) -> Site:

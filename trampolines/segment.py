@@ -1,7 +1,8 @@
 """Lays out the new code segment and produces every byte that goes into it.
 
     program header table (filled in by the writer)
-    region template: header, probe table, names (copied into the region at set-up)
+    region template: header, probe table, names (copied into the region at set-up),
+        then the USDT semaphores to enable: a count and their addresses
     runtime: start-up hooks, set-up, slow path (from the backend)
     one trampoline per site (from the backend)
 
@@ -10,6 +11,7 @@ Also returns the patch for each site: the jump that replaces its window.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
@@ -35,15 +37,28 @@ class SegmentImage:
 def build(backend: Backend, plans, placement: Placement, object_name: str, build_id: bytes,
           file_tag: str, exe_entry: Optional[int], dso_init: Optional[int],
           progress=None) -> SegmentImage:
-    probes = [region.ProbeInfo(p.site.name, p.site.kind, p.site.address) for p in plans]
+    # one probe per key: every site of a USDT probe name counts into the same one
+    index_of, probes, semaphores = {}, [], []
+    for site in (site for p in plans for site in p.sites):
+        if site.probe_key not in index_of:
+            index_of[site.probe_key] = len(probes)
+            probes.append(region.ProbeInfo(site.name, site.kind, site.address))
+            if site.semaphore and site.semaphore not in semaphores:
+                semaphores.append(site.semaphore)
     template, layout = region.build_template(probes, object_name, build_id, backend.elf_machine)
+    # the runtime enables these USDT semaphores when it arms the probes; their
+    # table follows the copied part, 8-aligned
+    copied = len(template)
+    template += bytes(-copied % 8) + struct.pack(f"<Q{len(semaphores)}Q", len(semaphores),
+                                                 *semaphores)
 
     base = placement.code_vaddr
     template_at = base + align_up(placement.phdr_size, CODE_ALIGN)
     runtime_at = align_up(template_at + len(template), CODE_ALIGN)
     runtime = backend.runtime(RuntimeSpec(
         base=runtime_at, state=placement.state_vaddr, state_size=placement.state_size,
-        template=template_at, template_size=len(template), region_size=layout.region_size,
+        template=template_at, template_size=copied,
+        region_size=layout.region_size,
         slot_count=layout.slot_count, file_tag=file_tag.encode(), exe_entry=exe_entry,
         dso_init=dso_init))
     refs = RuntimeRefs(placement.state_vaddr, layout.owners_offset, runtime.slow_hit,
@@ -54,11 +69,12 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
     code += bytes(runtime_at - base - len(code))
     code += runtime.code
     patches = []
-    for index, plan in enumerate(plans):
+    for plan in plans:
         at = base + align_up(len(code), CODE_ALIGN)
         code += bytes(at - base - len(code))
         try:
-            code += backend.trampoline(at, index, plan.window, plan.flags_live, refs)
+            indexes = sorted({index_of[site.probe_key] for site in plan.sites})
+            code += backend.trampoline(at, indexes, plan.window, plan.flags_live, refs)
             patches.append((plan.window.address, backend.site_patch(plan.window, at)))
         except OverflowError:
             raise UrewriteError(f"{plan.site.name}: the trampoline at {at:#x} is out of branch "

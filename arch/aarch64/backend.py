@@ -69,9 +69,9 @@ class AArch64Backend(Backend):
     def site_patch(self, window: Window, trampoline_address: int) -> bytes:
         return b_imm(window.address, trampoline_address).to_bytes(4, "little")
 
-    def trampoline(self, address: int, probe_index: int, window: Window,
+    def trampoline(self, address: int, probe_indexes, window: Window,
                    flags_live: bool, refs: RuntimeRefs) -> bytes:
-        return trampoline.build(address, probe_index, window, flags_live, refs)
+        return trampoline.build(address, probe_indexes, window, flags_live, refs)
 
     def runtime(self, spec: RuntimeSpec) -> Runtime:
         return runtime.build(spec)

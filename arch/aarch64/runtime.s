@@ -315,6 +315,26 @@ sr_copied:
     ldr x10, [x9]
     sub x10, x9, x10
     str x10, [x24, #{OFF_LOAD_BIAS}]
+    // enable the probed USDT semaphores: the table after the template (8-aligned)
+    ldr x11, [x9, #16]
+    add x11, x9, x11
+    ldr x12, [x9, #24]
+    add x11, x11, x12
+    add x11, x11, #7
+    and x11, x11, #0xfffffffffffffff8
+    ldr x12, [x11], #8
+sr_semaphore:
+    cbz x12, sr_semaphores_done
+    ldr x13, [x11], #8
+    add x13, x13, x10
+sr_semaphore_add:
+    ldxrh w14, [x13]
+    add w14, w14, #1
+    stxrh w9, w14, [x13]
+    cbnz w9, sr_semaphore_add
+    sub x12, x12, #1
+    b sr_semaphore
+sr_semaphores_done:
     // owner table: each per-thread slot points at its counter row
     ldr x9, [x24, #{OFF_OWNERS}]
     add x9, x24, x9

@@ -42,8 +42,10 @@ def _load_state(w: Writer, state: int) -> None:
     w.ldr(X16, X16, state & 0xFFF)
 
 
-def build(address: int, probe_index: int, window: Window, flags_live: bool,
+def build(address: int, probe_indexes, window: Window, flags_live: bool,
           refs: RuntimeRefs) -> bytes:
+    # a window is the one instruction at the site: the probe fires before it
+    assert window.probe_at is None or window.probe_at == window.address
     w = Writer(address)
     w.stp_pre(X16, X17, SP, -FRAME)
     _load_state(w, refs.state)
@@ -63,13 +65,16 @@ def build(address: int, probe_index: int, window: Window, flags_live: bool,
     w.ldp(X1, X0, X0)
     w.sub_reg(X1, X1, X17)
     w.cbnz(X1, "slow")
-    if probe_index:
-        w.add_imm(X0, X0, 8 * probe_index)
-    w.label("retry")
-    w.ldxr(X1, X0)
-    w.add_imm(X1, X1, 1)
-    w.stxr(X17, X1, X0)
-    w.cbnz(X17, "retry", wide=False)
+    offset = 0
+    for index in probe_indexes:
+        if 8 * index > offset:
+            w.add_imm(X0, X0, 8 * index - offset)
+            offset = 8 * index
+        w.label(f"retry{index}")
+        w.ldxr(X1, X0)
+        w.add_imm(X1, X1, 1)
+        w.stxr(X17, X1, X0)
+        w.cbnz(X17, f"retry{index}", wide=False)
     w.label("counted")
     w.ldp(X0, X1, SP, 16)
     w.label("resume")
@@ -81,8 +86,12 @@ def build(address: int, probe_index: int, window: Window, flags_live: bool,
 
     w.label("slow")
     w.str_(LR, SP, 32)
-    w.mov_imm(X0, 8 * probe_index)
-    w.bl(refs.slow_hit)
+    for index in probe_indexes:
+        # slow_hit clobbers x16, x17: set them again for the next one
+        _load_state(w, refs.state)
+        w.mrs_tpidr_el0(X17)
+        w.mov_imm(X0, 8 * index)
+        w.bl(refs.slow_hit)
     w.ldr(LR, SP, 32)
     w.b("counted")
 

@@ -88,9 +88,9 @@ class X86_64Backend(Backend):
         jump = jmp_rel32(window.address, trampoline_address)
         return jump + bytes([INT3]) * (window.size - len(jump))
 
-    def trampoline(self, address: int, probe_index: int, window: Window,
+    def trampoline(self, address: int, probe_indexes, window: Window,
                    flags_live: bool, refs: RuntimeRefs) -> bytes:
-        return trampoline.build(address, probe_index, window, flags_live, refs)
+        return trampoline.build(address, probe_indexes, window, flags_live, refs)
 
     def runtime(self, spec: RuntimeSpec) -> Runtime:
         return runtime.build(spec)

@@ -96,21 +96,37 @@ def _prefixes(insn: Insn) -> bytes:
     return bytes(b for b in insn.raw[:insn.size - 2] if b == 0x67)
 
 
+def layout(insns, new_address: int, gap_at=None, gap_size: int = 0) -> dict:
+    """Where each displaced instruction goes, with `gap_size` bytes kept free before
+    the one at `gap_at` (the probe): a branch to `gap_at` goes to the gap."""
+    where = {}
+    at = new_address
+    for insn in insns:
+        if insn.address == gap_at:
+            at += gap_size
+        where[insn.address] = at
+        at += relocated_size(insn)
+    if gap_at is not None:
+        where[gap_at] -= gap_size
+    return where
+
+
+def emit(w: Writer, insns, where: dict) -> bool:
+    """Write relocated `insns` at w.pc; False when the last never falls through."""
+    falls_through = True
+    for insn in insns:
+        falls_through = _emit(w, insn, where)
+    return falls_through
+
+
 def relocate(insns, new_address: int) -> tuple:
     """The displaced instructions, re-encoded to run from `new_address`.
 
     Returns (code, falls_through): falls_through is False when the last
     instruction never continues to the next one (jmp, ret, emulated call).
     """
-    layout = {}
-    at = new_address
-    for insn in insns:
-        layout[insn.address] = at
-        at += relocated_size(insn)
     w = Writer(new_address)
-    falls_through = True
-    for insn in insns:
-        falls_through = _emit(w, insn, layout)
+    falls_through = emit(w, insns, layout(insns, new_address))
     return w.bytes(), falls_through
 
 

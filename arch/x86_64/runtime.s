@@ -343,6 +343,22 @@ sr_opened:
     lea rax, [rip + link_table]
     sub rax, qword ptr [rip + lt_self]
     mov qword ptr [r10 + {OFF_LOAD_BIAS}], rax
+    # enable the probed USDT semaphores: the table after the template (8-aligned)
+    lea rsi, [rip + link_table]
+    add rsi, qword ptr [rip + lt_template]
+    add rsi, qword ptr [rip + lt_tsize]
+    add rsi, 7
+    and rsi, -8
+    mov rcx, qword ptr [rsi]
+sr_semaphore:
+    test rcx, rcx
+    jz sr_semaphores_done
+    add rsi, 8
+    mov rdx, qword ptr [rsi]
+    lock add word ptr [rdx + rax], 1
+    dec rcx
+    jmp sr_semaphore
+sr_semaphores_done:
     # owner table: each per-thread slot points at its counter row
     mov rdi, r10
     add rdi, qword ptr [r10 + {OFF_OWNERS}]

@@ -1,5 +1,6 @@
 """The code one x86_64 site jumps to.
 
+    displaced instructions before the probe point, relocated (none at a function entry)
     [lea rsp,-128; pushfq]          only where flags may be live (not a function entry)
     check:  cmp qword [state], 1
             je   resume                 disarmed: one load, one branch
@@ -13,7 +14,7 @@
             add  qword [rdx + 8 * probe], 1     plain add: the row belongs to this thread
     counted: pop rdx, rcx, rax; [lea rsp,+128]
     resume: [popfq; lea rsp,+128]
-            displaced instructions, relocated
+            displaced instructions from the probe point on, relocated
             jmp  back
     slow:   push rsi; mov esi, 8 * probe; call slow_hit; pop rsi; jmp counted
     setup:  call lazy_init; if armed now: jmp armed, else jmp resume
@@ -38,12 +39,31 @@ SLOT_SHIFT = 64 - _SLOT_BITS - _ENTRY_BITS
 SLOT_MASK = (region.SLOT_COUNT - 1) * region.OWNER_ENTRY_SIZE
 
 
-def build(address: int, probe_index: int, window: Window, flags_live: bool,
+def build(address: int, probe_indexes, window: Window, flags_live: bool,
           refs: RuntimeRefs) -> bytes:
+    """Displaced instructions before the probe point, the counting block, the rest."""
+    before = [i for i in window.insns if i.address < window.probe_address]
+    after = [i for i in window.insns if i.address >= window.probe_address]
+    block_size = len(_counting_block(Writer(address), probe_indexes, flags_live, refs,
+                                     dry_run=True))
+    where = relocator.layout(window.insns, address, window.probe_address if before else None,
+                             block_size)
     w = Writer(address)
+    relocator.emit(w, before, where)
+    _counting_block(w, probe_indexes, flags_live, refs)
+    falls_through = relocator.emit(w, after, where) if after else True
+    if falls_through:
+        w.jmp(window.end)
+    _out_of_line(w, probe_indexes, flags_live, refs)
+    return w.bytes()
+
+
+def _counting_block(w: Writer, probe_indexes, flags_live: bool, refs: RuntimeRefs,
+                    dry_run: bool = False):
     if flags_live:
         w.lea_rsp(-RED_ZONE)
         w.pushfq()
+    w.label("check")
     w.cmp_rip_qword_imm8(refs.state, 1)
     w.jcc("e", "resume")
     w.jcc("b", "setup")
@@ -62,7 +82,8 @@ def build(address: int, probe_index: int, window: Window, flags_live: bool,
     w.cmp_rax_rdx_disp_rcx(refs.owners_offset)
     w.jcc("ne", "slow")
     w.mov_rdx_rax_rdx_disp(refs.owners_offset + 8)
-    w.inc_rdx_disp(8 * probe_index)
+    for index in probe_indexes:
+        w.inc_rdx_disp(8 * index)
     w.label("counted")
     for reg in ("rdx", "rcx", "rax"):
         w.pop(reg)
@@ -73,15 +94,26 @@ def build(address: int, probe_index: int, window: Window, flags_live: bool,
     if flags_live:
         w.popfq()
         w.lea_rsp(RED_ZONE)
-    code, falls_through = relocator.relocate(window.insns, w.pc)
-    w.raw(code)
-    if falls_through:
-        w.jmp(window.end)
+    if dry_run:  # only the size is wanted: give the out-of-line labels a place
+        w.label("slow")
+        w.label("setup")
+        return w.bytes()
+    return None
 
+
+def _out_of_line(w: Writer, probe_indexes, flags_live: bool, refs: RuntimeRefs) -> None:
     w.label("slow")
     w.push("rsi")
-    w.mov_esi_imm(8 * probe_index)
-    w.call(refs.slow_hit)
+    for index in probe_indexes:
+        w.mov_esi_imm(8 * index)
+        w.call(refs.slow_hit)
+        if index != probe_indexes[-1]:  # slow_hit clobbers rax, rcx, rdx: set them again
+            w.mov_reg_rip("rax", refs.state)
+            w.mov_rcx_fs0()
+            w.movabs_rdx(FIBONACCI)
+            w.imul_rdx_rcx()
+            w.shr_rdx(SLOT_SHIFT)
+            w.and_edx(SLOT_MASK)
     w.pop("rsi")
     w.jmp("counted")
 
@@ -94,4 +126,3 @@ def build(address: int, probe_index: int, window: Window, flags_live: bool,
     w.cmp_rip_qword_imm8(refs.state, 1)
     w.jcc("a", "armed")
     w.jmp("resume")
-    return w.bytes()
