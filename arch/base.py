@@ -63,6 +63,7 @@ class RuntimeRefs:
     owners_offset: int  # offset of the per-thread owner table inside the region
     slow_hit: int  # runtime routine: count a hit without an owned thread slot
     lazy_init: int  # runtime routine: one-time set-up (after fork, or before start-up ran)
+    trace_event: int  # runtime routine: write one event into the ring
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class Runtime:
     dso_start: int  # address of the DT_INIT hook for shared objects
     slow_hit: int
     lazy_init: int
+    trace_event: int
 
 
 class Backend(ABC):
@@ -140,9 +142,19 @@ class Backend(ABC):
 
     @abstractmethod
     def trampoline(self, address: int, probe_indexes: Sequence[int], window: Window,
-                   flags_live: bool, refs: RuntimeRefs) -> bytes:
-        """The code one site jumps to: count the hit in each probe, run the displaced
+                   flags_live: bool, refs: RuntimeRefs, arguments: Sequence[bytes]) -> bytes:
+        """The code one site jumps to: count the hit in each probe (and, when tracing,
+        record an event with the probe's encoded `arguments`), run the displaced
         code, jump back."""
+
+    @abstractmethod
+    def sdt_arguments(self, text: str, symbol) -> list:
+        """ArgSpecs for an sdt.h argument string; `symbol(name)` gives link-time
+        addresses. Raises ValueError for an operand it cannot evaluate."""
+
+    @abstractmethod
+    def abi_arguments(self, count: int) -> list:
+        """ArgSpecs for the first `count` integer arguments at a function entry."""
 
     @abstractmethod
     def runtime(self, spec: RuntimeSpec) -> Runtime:

@@ -22,7 +22,8 @@ import keystone
 from urewrite.arch.base import Runtime, RuntimeSpec
 from urewrite.trampolines import region
 
-EXPORTS = ("exe_start", "dso_start", "slow_hit", "lazy_init", "exe_tail", "dso_tail")
+EXPORTS = ("exe_start", "dso_start", "slow_hit", "lazy_init", "trace_event", "exe_tail",
+           "dso_tail")
 
 
 def common_fields(spec: RuntimeSpec) -> dict:
@@ -33,7 +34,19 @@ def common_fields(spec: RuntimeSpec) -> dict:
         "OFF_PID": region.OFF_PID, "OFF_LOAD_BIAS": region.OFF_LOAD_BIAS,
         "OFF_OWNERS": region.OFF_OWNERS, "OFF_COUNTERS": region.OFF_COUNTERS,
         "OFF_SLOT_COUNT": region.OFF_SLOT_COUNT, "OFF_SLOT_STRIDE": region.OFF_SLOT_STRIDE,
-        "OWNER_ENTRY_SIZE": region.OWNER_ENTRY_SIZE,
+        "OWNER_ENTRY_SIZE": region.OWNER_ENTRY_SIZE, "OWNER_TID": region.OWNER_TID,
+        "TRACE_VAR": region.TRACE_ENV_VAR, "TRACE_VAR_LEN": len(region.TRACE_ENV_VAR) + 1,
+        "OFF_REGION_SIZE": region.OFF_REGION_SIZE, "OFF_RING": region.OFF_RING,
+        "OFF_RING_ENTRIES": region.OFF_RING_ENTRIES,
+        "OFF_CLOCK_REF_TICKS": region.OFF_CLOCK_REF_TICKS,
+        "OFF_CLOCK_REF_NS": region.OFF_CLOCK_REF_NS, "OFF_CLOCK_HZ": region.OFF_CLOCK_HZ,
+        "OFF_CLOCK_KIND": region.OFF_CLOCK_KIND,
+        "RING_MIN": region.RING_MIN, "RING_MAX": region.RING_MAX,
+        "RING_HEAD": region.RING_HEAD, "RING_DROPPED": region.RING_DROPPED,
+        "RING_RECORDS": region.RING_RECORDS,
+        "RECORD_SHIFT": region.RECORD_SIZE.bit_length() - 1,
+        "REC_SEQ": region.REC_SEQ, "REC_TICKS": region.REC_TICKS, "REC_PROBE": region.REC_PROBE,
+        "REC_TID": region.REC_TID, "REC_NARGS": region.REC_NARGS, "REC_ARGS": region.REC_ARGS,
     }
 
 
@@ -59,4 +72,4 @@ def assemble(package: str, filename: str, ks_arch: int, ks_mode: int, spec: Runt
     struct.pack_into("<5q", code, 0, link, spec.state - link, spec.template - link,
                      spec.template_size, spec.region_size)
     return Runtime(bytes(code), entry["exe_start"], entry["dso_start"], entry["slow_hit"],
-                   entry["lazy_init"])
+                   entry["lazy_init"], entry["trace_event"])

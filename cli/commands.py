@@ -67,11 +67,14 @@ def main():
               help="Function name, glob ('parse_*') or address (0x401136) to probe at entry, "
                    "or a USDT probe: usdt:PROVIDER:NAME (globs allowed). Repeatable.")
 @click.option("-o", "--output", metavar="OUT", help="Output file [default: IN.probed].")
+@click.option("--args", "arg_count", type=click.IntRange(0, 6), default=0, metavar="N",
+              help="Record the first N integer arguments of function-entry probes in events "
+                   "(urewrite trace). USDT probes record their own arguments.")
 @click.option("--keep-going", is_flag=True,
               help="Skip sites that cannot be patched safely even when named exactly.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
-def rewrite(input_file, probes, output, keep_going, as_json, quiet):
+def rewrite(input_file, probes, output, arg_count, keep_going, as_json, quiet):
     """Write a copy of IN with probes at the given sites.
 
     A site that cannot be patched safely is refused with the reason: an error
@@ -84,7 +87,7 @@ def rewrite(input_file, probes, output, keep_going, as_json, quiet):
     output = output or input_file + ".probed"
     try:
         result = run_rewrite(input_file, output, list(probes), keep_going=keep_going,
-                             on_plan=_progress_bar)
+                             entry_args=arg_count, on_plan=_progress_bar)
     except UrewriteError as e:
         _fail(str(e))
     if as_json:
@@ -97,6 +100,8 @@ def rewrite(input_file, probes, output, keep_going, as_json, quiet):
         }, indent=2))
         return
     if not quiet:
+        for warning in result.warnings:
+            click.echo(f"urewrite: warning: {warning}", err=True)
         for r in result.refusals:
             click.echo(f"urewrite: warning: not probing {r.site.name}: {r.reason}", err=True)
         refused = f", {len(result.refusals)} refused" if result.refusals else ""
@@ -213,6 +218,61 @@ def stat(as_json, output, command):
         sys.stdout.flush()
     if not regions:
         click.echo("urewrite: no probe region was written: is the command rewritten by urewrite (and not set-user-ID)?", err=True)
+    sys.exit(exit_code)
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per event (JSON lines).")
+@click.option("-o", "--output", metavar="FILE", help="Write the events to FILE, not stdout.")
+@click.option("--ring", "ring_entries", type=click.IntRange(16, 1 << 22), default=1 << 16,
+              metavar="N", show_default=True,
+              help="Events each process can hold before the reader catches up.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def trace(as_json, output, ring_entries, command):
+    """Run COMMAND and print every probe hit as it happens: time, process, thread,
+    probe and arguments.
+
+    \b
+      urewrite trace -- ./app.probed ARGS
+      urewrite trace --json -o events.jsonl -- ./app.probed ARGS
+    Events a full ring could not hold are counted and reported at the end. The
+    command's own output is left alone; its exit status is passed through.
+    """
+    from urewrite.tracer import run_and_trace
+
+    out = open(output, "w") if output else sys.stdout
+    start = []
+
+    def write(events) -> None:
+        for e in events:
+            if as_json:
+                out.write(json.dumps({"ts_ns": e.ts_ns, "pid": e.pid, "tid": e.tid,
+                                      "object": e.object, "probe": e.probe, "kind": e.kind,
+                                      "args": e.args}) + "\n")
+            else:
+                start[:] = start or [e.ts_ns]
+                args = " ".join(str(a) for a in e.args)
+                out.write(f"{(e.ts_ns - start[0]) / 1e9:12.6f} {e.pid:>7} {e.tid:>7}  "
+                          f"{e.object}:{e.probe}  {args}".rstrip() + "\n")
+        out.flush()
+
+    if not as_json:
+        out.write(f"{'TIME(s)':>12} {'PID':>7} {'TID':>7}  PROBE  ARGS\n")
+    try:
+        exit_code, rings = run_and_trace(list(command), ring_entries, write)
+    except UrewriteError as e:
+        click.echo(f"urewrite: {e}", err=True)
+        sys.exit(127)
+    finally:
+        if output:
+            out.close()
+    for ring in rings:
+        if ring.lost:
+            click.echo(f"urewrite: {ring.object} (pid {ring.pid}): {ring.lost} of {ring.events} "
+                       f"events lost: the ring was full; try a larger --ring", err=True)
+    if not rings:
+        click.echo("urewrite: no probe region was written: is the command rewritten by "
+                   "urewrite (and not set-user-ID)?", err=True)
     sys.exit(exit_code)
 
 

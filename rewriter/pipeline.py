@@ -16,8 +16,8 @@ from urewrite.rewriter.functions import Function, discover
 from urewrite.rewriter.usdt import UsdtSite
 from urewrite.rewriter.planner import Plan, Planner, Refusal
 from urewrite.rewriter.selectors import Site, select
-from urewrite.trampolines import segment
-from urewrite.trampolines.region import KIND_ENTRY
+from urewrite.trampolines import arguments, segment
+from urewrite.trampolines.region import KIND_ENTRY, KIND_USDT
 
 
 @dataclass
@@ -34,6 +34,7 @@ class RewriteResult:
     output: str
     plans: List[Plan]
     refusals: List[Refusal]
+    warnings: List[str]
 
 
 def analyse(path: str) -> Analysis:
@@ -75,7 +76,7 @@ def _dt_init(elf: ElfFile) -> Optional[tuple]:
 
 
 def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bool = False,
-            progress: Optional[Callable[[int], None]] = None,
+            entry_args: int = 0, progress: Optional[Callable[[int], None]] = None,
             on_plan: Optional[Callable[[int], Callable[[int], None]]] = None) -> RewriteResult:
     if _same_file(input_path, output_path) if os.path.exists(output_path) else \
             os.path.realpath(input_path) == os.path.realpath(output_path):
@@ -100,10 +101,14 @@ def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: boo
     if exe_entry is None and dt_init is None:
         raise UrewriteError(f"{elf.path}: a shared object without DT_INIT (no place to start "
                             f"the probe runtime from) is not supported yet")
+    warnings: List[str] = []
+    arguments_of = _argument_encoder(a, backend, entry_args, warnings)
+
     def build(placement, progress=None):
         return segment.build(backend, plans, placement, os.path.basename(output_path),
                              elf.build_id, _file_tag(output_path, elf, plans), exe_entry,
-                             dt_init[1] if dt_init else None, progress=progress)
+                             dt_init[1] if dt_init else None, arguments_of=arguments_of,
+                             progress=progress)
 
     # The state memory follows the code, whose size is known once it is built; a
     # trampoline's size does not depend on where the state is, so the second build
@@ -116,4 +121,35 @@ def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: boo
                              image.exe_start if exe_entry is not None else None,
                              dt_init[0] if dt_init else None)
     elf_writer.write_atomically(output_path, data, os.stat(input_path).st_mode)
-    return RewriteResult(output_path, plans, refusals)
+    return RewriteResult(output_path, plans, refusals, warnings)
+
+
+def _argument_encoder(a: Analysis, backend, entry_args: int, warnings: List[str]):
+    """site -> encoded argument descriptors for its events (cached per site)."""
+    symbols = {}
+
+    def symbol(name: str) -> Optional[int]:
+        if not symbols:
+            import lief
+            binary = lief.parse(a.elf.path)
+            for sym in list(binary.symtab_symbols) + list(binary.dynamic_symbols):
+                if sym.value and sym.name:
+                    symbols.setdefault(sym.name, sym.value)
+            symbols.setdefault("", None)
+        return symbols.get(name)
+
+    cache = {}
+
+    def encode(site: Site) -> bytes:
+        if site not in cache:
+            try:
+                if site.kind == KIND_USDT:
+                    specs = backend.sdt_arguments(site.arguments, symbol)
+                else:
+                    specs = backend.abi_arguments(entry_args) if entry_args else []
+            except ValueError as e:
+                warnings.append(f"{site.name}: arguments not recorded: {e}")
+                specs = []
+            cache[site] = arguments.encode(specs)
+        return cache[site]
+    return encode

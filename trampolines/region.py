@@ -8,9 +8,11 @@ the runtime copies into the region at set-up; readers sum the counters.
     header (512 bytes)
     probe table: probe_count x {u64 address, u32 kind, u32 name_offset}
     names: NUL-terminated strings
-    owner table: slot_count x {u64 thread_pointer, u64 counters_address}
+    owner table: slot_count x {u64 thread_pointer, u64 counters_address, u32 tid, ...}
     counters: (slot_count + 1) x slot_stride bytes, u64 per probe;
               the last row is shared and only ever updated atomically
+    ring (only under `urewrite trace`): {u64 head, u64 dropped, ...} then
+              ring_entries records of RECORD_SIZE bytes
 """
 
 from __future__ import annotations
@@ -21,13 +23,14 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 MAGIC = b"UREWRITE"
-VERSION = 1
+VERSION = 2
 HEADER_SIZE = 512
 PROBE_ENTRY_SIZE = 16
-OWNER_ENTRY_SIZE = 16
+OWNER_ENTRY_SIZE = 32
 SLOT_COUNT = 256  # per-thread counter rows; a power of two (the hit path masks a hash)
 FILE_SUFFIX = ".ure"
 ENV_VAR = "UREWRITE_DIR"
+TRACE_ENV_VAR = "UREWRITE_TRACE"  # ring entries: set, the region gets an event ring
 
 KIND_ENTRY, KIND_RETURN, KIND_USDT, KIND_ADDRESS = 1, 2, 3, 4
 KIND_NAMES = {KIND_ENTRY: "entry", KIND_RETURN: "return", KIND_USDT: "usdt",
@@ -53,9 +56,28 @@ OFF_FLAGS = 92
 OFF_BUILD_ID = 96
 OFF_OBJECT = 128
 OBJECT_NAME_MAX = 255
+# version 2: the event ring and its clock
+OFF_RING = 384
+OFF_RING_ENTRIES = 392
+OFF_RECORD_SIZE = 396
+OFF_CLOCK_REF_TICKS = 400
+OFF_CLOCK_REF_NS = 408
+OFF_CLOCK_HZ = 416
+OFF_CLOCK_KIND = 424
+CLOCK_TSC, CLOCK_CNTVCT = 1, 2
 
-_HEADER = struct.Struct("<8sIIQIIQQQQQiIqII32s256s")
-assert _HEADER.size == 384
+# owner entry: thread pointer, counter row address, kernel thread id
+OWNER_TID = 16
+
+# the ring: a control line, then records
+RING_HEAD, RING_DROPPED, RING_RECORDS = 0, 8, 64
+RECORD_SIZE = 128
+REC_SEQ, REC_TICKS, REC_PROBE, REC_TID, REC_NARGS, REC_ARGS = 0, 8, 16, 20, 24, 32
+MAX_ARGS = 6
+RING_MIN, RING_MAX, RING_DEFAULT = 16, 1 << 22, 1 << 16
+
+_HEADER = struct.Struct("<8sIIQIIQQQQQiIqII32s256sQIIQQQI")
+assert _HEADER.size == 428
 
 
 def _align(value: int, to: int) -> int:
@@ -101,7 +123,8 @@ def build_template(probes: List[ProbeInfo], object_name: str, build_id: bytes,
     header = _HEADER.pack(MAGIC, VERSION, HEADER_SIZE, layout.region_size, len(probes),
                           SLOT_COUNT, layout.probes_offset, layout.strings_offset,
                           layout.owners_offset, layout.counters_offset, layout.slot_stride,
-                          0, machine, 0, len(build_id[:32]), 0, build_id[:32], name)
+                          0, machine, 0, len(build_id[:32]), 0, build_id[:32], name,
+                          0, 0, RECORD_SIZE, 0, 0, 0, 0)
     out = bytearray(header.ljust(HEADER_SIZE, b"\0"))
     names = bytearray()
     for probe in probes:
@@ -149,7 +172,7 @@ def read_region(path: str) -> Region:
 
 def _parse(path: str, data: bytes) -> Region:
     (_, version, _, size, count, slots, probes_off, strings_off, owners_off, counters_off,
-     stride, pid, machine, bias, bid_size, _, bid, obj) = _HEADER.unpack_from(data)
+     stride, pid, machine, bias, bid_size, _, bid, obj, *_) = _HEADER.unpack_from(data)
     if version != VERSION:
         raise RegionError(f"{path}: region version {version}, this reader knows {VERSION}")
     if len(data) < size or counters_off + (slots + 1) * stride > len(data) \

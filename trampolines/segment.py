@@ -18,7 +18,7 @@ from typing import List, Optional, Tuple
 from urewrite.arch.base import Backend, RuntimeRefs, RuntimeSpec
 from urewrite.errors import UrewriteError
 from urewrite.rewriter.layout import Placement, align_up
-from urewrite.trampolines import region
+from urewrite.trampolines import arguments, region
 
 CODE_ALIGN = 16
 
@@ -36,7 +36,8 @@ class SegmentImage:
 
 def build(backend: Backend, plans, placement: Placement, object_name: str, build_id: bytes,
           file_tag: str, exe_entry: Optional[int], dso_init: Optional[int],
-          progress=None) -> SegmentImage:
+          arguments_of=lambda site: arguments.encode(()), progress=None) -> SegmentImage:
+    """`arguments_of(site)`: the encoded argument descriptors its events record."""
     # one probe per key: every site of a USDT probe name counts into the same one
     index_of, probes, semaphores = {}, [], []
     for site in (site for p in plans for site in p.sites):
@@ -62,7 +63,7 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
         slot_count=layout.slot_count, file_tag=file_tag.encode(), exe_entry=exe_entry,
         dso_init=dso_init))
     refs = RuntimeRefs(placement.state_vaddr, layout.owners_offset, runtime.slow_hit,
-                       runtime.lazy_init)
+                       runtime.lazy_init, runtime.trace_event)
 
     code = bytearray(template_at - base)
     code += template
@@ -73,8 +74,10 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
         at = base + align_up(len(code), CODE_ALIGN)
         code += bytes(at - base - len(code))
         try:
-            indexes = sorted({index_of[site.probe_key] for site in plan.sites})
-            code += backend.trampoline(at, indexes, plan.window, plan.flags_live, refs)
+            per_probe = {index_of[site.probe_key]: site for site in plan.sites}
+            indexes = sorted(per_probe)
+            code += backend.trampoline(at, indexes, plan.window, plan.flags_live, refs,
+                                       [arguments_of(per_probe[i]) for i in indexes])
             patches.append((plan.window.address, backend.site_patch(plan.window, at)))
         except OverflowError:
             raise UrewriteError(f"{plan.site.name}: the trampoline at {at:#x} is out of branch "

@@ -70,8 +70,14 @@ class AArch64Backend(Backend):
         return b_imm(window.address, trampoline_address).to_bytes(4, "little")
 
     def trampoline(self, address: int, probe_indexes, window: Window,
-                   flags_live: bool, refs: RuntimeRefs) -> bytes:
-        return trampoline.build(address, probe_indexes, window, flags_live, refs)
+                   flags_live: bool, refs: RuntimeRefs, arguments=()) -> bytes:
+        return trampoline.build(address, probe_indexes, window, flags_live, refs, arguments)
+
+    def sdt_arguments(self, text: str, symbol) -> list:
+        raise ValueError("recording arguments is not supported on AArch64 yet")
+
+    def abi_arguments(self, count: int) -> list:
+        raise ValueError("recording arguments is not supported on AArch64 yet")
 
     def runtime(self, spec: RuntimeSpec) -> Runtime:
         return runtime.build(spec)

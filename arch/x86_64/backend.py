@@ -10,7 +10,7 @@ import capstone
 from capstone import x86_const as X
 
 from urewrite.arch.base import Backend, Insn, Runtime, RuntimeRefs, RuntimeSpec, Window
-from urewrite.arch.x86_64 import relocator, runtime, trampoline
+from urewrite.arch.x86_64 import arguments, relocator, runtime, trampoline
 from urewrite.arch.x86_64.writer import jmp_rel32
 
 ENDBR64 = b"\xf3\x0f\x1e\xfa"
@@ -89,8 +89,14 @@ class X86_64Backend(Backend):
         return jump + bytes([INT3]) * (window.size - len(jump))
 
     def trampoline(self, address: int, probe_indexes, window: Window,
-                   flags_live: bool, refs: RuntimeRefs) -> bytes:
-        return trampoline.build(address, probe_indexes, window, flags_live, refs)
+                   flags_live: bool, refs: RuntimeRefs, arguments=()) -> bytes:
+        return trampoline.build(address, probe_indexes, window, flags_live, refs, arguments)
+
+    def sdt_arguments(self, text: str, symbol) -> list:
+        return arguments.sdt_arguments(text, symbol)
+
+    def abi_arguments(self, count: int) -> list:
+        return arguments.abi_arguments(count)
 
     def runtime(self, spec: RuntimeSpec) -> Runtime:
         return runtime.build(spec)

@@ -5,12 +5,15 @@ from __future__ import annotations
 import keystone
 
 from urewrite.arch import runtime_asm
+from urewrite.arch.x86_64 import trampoline
+from urewrite.trampolines import region
 from urewrite.arch.base import Runtime, RuntimeSpec
 from urewrite.arch.x86_64.writer import jmp_rel32
 
 # Layout of the process-state memory (see runtime.s).
 PS_STARTED = 4096
 PS_DIR_TOO_LONG = 4096 + 8
+PS_TRACE = 4096 + 16  # ring entries asked for by UREWRITE_TRACE
 PS_TCB = 4096 + 64
 PS_DIR = 4096 + 256
 DIR_MAX = 4096 - 256 - 1
@@ -25,5 +28,7 @@ def build(spec: RuntimeSpec) -> Runtime:
         "urewrite.arch.x86_64", "runtime.s", keystone.KS_ARCH_X86, keystone.KS_MODE_64, spec, {
             "PS_STARTED": PS_STARTED, "PS_DIR_TOO_LONG": PS_DIR_TOO_LONG, "PS_TCB": PS_TCB,
             "PS_DIR": PS_DIR, "DIR_MAX": DIR_MAX, "PS_NAME": PS_NAME,
-            "PS_ENVBUF": PS_ENVBUF, "ENVBUF_SIZE": ENVBUF_SIZE,
+            "PS_ENVBUF": PS_ENVBUF, "ENVBUF_SIZE": ENVBUF_SIZE, "PS_TRACE": PS_TRACE,
+            "FIBONACCI": trampoline.FIBONACCI, "SLOT_SHIFT": trampoline.SLOT_SHIFT,
+            "SLOT_MASK": trampoline.SLOT_MASK, "CLOCK_KIND": region.CLOCK_TSC,
         }, jmp_rel32)

@@ -7,6 +7,7 @@
 # State memory (zero-filled, private to the process):
 #   page 0 is cleared in a forked child (MADV_WIPEONFORK), so the child sets up
 #   a region of its own:       [0] region address, or 1 = disarmed, 0 = not set up
+#                              [16] 1 when the region has an event ring (tracing)
 #                              [8] set-up in progress: fs base of the thread doing it
 #   later pages survive fork:  PS_STARTED, PS_TCB (a stand-in thread control block
 #                              before libc sets one up), PS_DIR (value of the
@@ -20,6 +21,7 @@ lt_tsize:    .quad 0          # template size
 lt_rsize:    .quad 0          # region size
 file_tag:    .byte {TAG_BYTES}
 var_name:    .ascii "{ENV_VAR}="
+trace_var_name: .ascii "{TRACE_VAR}="
 proc_environ: .ascii "/proc/self/environ"
              .byte 0
 
@@ -42,12 +44,20 @@ exe_start:
     push r10
     push r11
     push rbx
+    push r12
+    push r13
+    push r14
+    push r15
     call load_state
-    mov rax, qword ptr [rsp + 80]
-    lea rdi, [rsp + rax*8 + 96]            # envp = &argv[argc + 1]
+    mov rax, qword ptr [rsp + 112]         # argc, above the 14 saved registers
+    lea rdi, [rsp + rax*8 + 128]           # envp = &argv[argc + 1]
     call capture_env_vector
     call ensure_thread_pointer
     call setup_region
+    pop r15
+    pop r14
+    pop r13
+    pop r12
     pop rbx
     pop r11
     pop r10
@@ -80,12 +90,20 @@ lazy_init:
     push r10
     push r11
     push rbx
+    push r12
+    push r13
+    push r14
+    push r15
     call load_state
     cmp qword ptr [rbx + {PS_STARTED}], 0
     jne lazy_have_env
     call capture_env_proc
 lazy_have_env:
     call setup_region
+    pop r15
+    pop r14
+    pop r13
+    pop r12
     pop rbx
     pop r11
     pop r10
@@ -98,7 +116,7 @@ lazy_have_env:
     pop rax
     ret
 
-# rdi = envp array. Copies the variable's value into PS_DIR.
+# rdi = envp array: records our variables from it.
 capture_env_vector:
     mov qword ptr [rbx + {PS_STARTED}], 1
 cev_next:
@@ -106,14 +124,14 @@ cev_next:
     test rsi, rsi
     jz cev_done
     add rdi, 8
-    call match_var
-    test rsi, rsi
-    jz cev_next
-    call copy_dir
+    push rdi
+    call consider_var
+    pop rdi
+    jmp cev_next
 cev_done:
     ret
 
-# Reads /proc/self/environ into PS_ENVBUF and looks for the variable there.
+# Reads /proc/self/environ into PS_ENVBUF and records our variables from it.
 capture_env_proc:
     mov qword ptr [rbx + {PS_STARTED}], 1
     lea rdi, [rip + proc_environ]
@@ -147,10 +165,7 @@ cep_scan:
     cmp r10, r9
     jae cep_done
     mov rsi, r10
-    call match_var
-    test rsi, rsi
-    jz cep_skip
-    jmp copy_dir
+    call consider_var
 cep_skip:
     cmp byte ptr [r10], 0
     lea r10, [r10 + 1]
@@ -159,20 +174,51 @@ cep_skip:
 cep_done:
     ret
 
-# rsi = "NAME=value" candidate -> rsi = value, or 0 when it is another variable
-match_var:
+# rsi = "NAME=value": records the value if NAME is one of ours.
+# Clobbers rax, rcx, rdx, rsi, rdi, r11.
+consider_var:
+    push rsi
     lea r11, [rip + var_name]
     mov ecx, {ENV_VAR_LEN}
-mv_loop:
+    call match_prefix
+    test rsi, rsi
+    jz cv_trace
+    add rsp, 8
+    jmp copy_dir
+cv_trace:
+    pop rsi
+    lea r11, [rip + trace_var_name]
+    mov ecx, {TRACE_VAR_LEN}
+    call match_prefix
+    test rsi, rsi
+    jz cv_done
+    xor eax, eax                           # the ring size, in decimal
+cv_digit:
+    movzx edx, byte ptr [rsi]
+    sub edx, 0x30
+    cmp edx, 9
+    ja cv_number
+    imul rax, rax, 10
+    add rax, rdx
+    inc rsi
+    cmp rax, {RING_MAX}
+    jbe cv_digit
+cv_number:
+    mov qword ptr [rbx + {PS_TRACE}], rax
+cv_done:
+    ret
+
+# rsi = candidate, r11 = prefix, ecx = its length -> rsi = what follows it, or 0
+match_prefix:
     mov al, byte ptr [rsi]
     cmp al, byte ptr [r11]
-    jne mv_no
+    jne mp_no
     inc rsi
     inc r11
     dec ecx
-    jnz mv_loop
+    jnz match_prefix
     ret
-mv_no:
+mp_no:
     xor esi, esi
     ret
 
@@ -312,14 +358,33 @@ sr_opened:
     test rax, rax
     js sr_disarm_pid
     push rax                               # [rsp] = fd, [rsp+8] = pid
+    # under `urewrite trace`, an event ring follows the counters: its entries,
+    # a power of two in [{RING_MIN}, {RING_MAX}], go to r12 (saved by our callers)
+    xor r12d, r12d
+    mov rcx, qword ptr [rbx + {PS_TRACE}]
+    test rcx, rcx
+    jz sr_size
+    mov r12d, {RING_MIN}
+sr_ring_round:
+    cmp r12, rcx
+    jae sr_size
+    shl r12, 1
+    jmp sr_ring_round
+sr_size:
+    mov rsi, r12
+    shl rsi, {RECORD_SHIFT}
+    jz sr_no_ring
+    add rsi, {RING_RECORDS}
+sr_no_ring:
+    add rsi, qword ptr [rip + lt_rsize]
+    mov r13, rsi                           # r13 = region size
     mov rdi, rax
-    mov rsi, qword ptr [rip + lt_rsize]
     mov eax, 77                            # ftruncate
     syscall
     test rax, rax
     js sr_close_disarm
     xor edi, edi
-    mov rsi, qword ptr [rip + lt_rsize]
+    mov rsi, r13
     mov edx, 3                             # PROT_READ | PROT_WRITE
     mov r10d, 1                            # MAP_SHARED
     mov r8, qword ptr [rsp]
@@ -371,6 +436,15 @@ sr_owner:
     add rax, qword ptr [r10 + {OFF_SLOT_STRIDE}]
     dec ecx
     jnz sr_owner
+    mov qword ptr [r10 + {OFF_REGION_SIZE}], r13
+    test r12, r12
+    jz sr_publish
+    mov rax, qword ptr [rip + lt_rsize]
+    mov qword ptr [r10 + {OFF_RING}], rax
+    mov dword ptr [r10 + {OFF_RING_ENTRIES}], r12d
+    call calibrate_clock
+    mov qword ptr [rbx + 16], 1            # tracing
+sr_publish:
     mov qword ptr [rbx], r10               # publish: stores before it are visible first (x86 TSO)
     mov qword ptr [rbx + 8], 0
 sr_ret:
@@ -433,6 +507,14 @@ slow_hit:
     lock cmpxchg qword ptr [rdi], rcx      # claim the slot for this thread
     pop rax
     jne sh_taken
+    cmp qword ptr [rax + {OFF_RING}], 0    # events name their thread: learn its id once
+    je sh_owned
+    push r11
+    mov eax, 186                           # gettid
+    syscall
+    pop r11
+    mov dword ptr [rdi + {OWNER_TID}], eax
+sh_owned:
     mov rdx, qword ptr [rdi + 8]
     add qword ptr [rdx + rsi], 1
     pop rdi
@@ -445,4 +527,207 @@ sh_shared:
     add rdx, qword ptr [rax + {OFF_COUNTERS}]
     add rdx, rax
     lock add qword ptr [rdx + rsi], 1
+    ret
+
+# Pairs the TSC with CLOCK_MONOTONIC twice, 2 ms apart, for readers to turn
+# ticks into nanoseconds (an invariant TSC is assumed). r10 = region.
+calibrate_clock:
+    call clock_pair
+    mov r14, rax                           # ticks
+    mov r15, rdx                           # ns
+cc_wait:
+    call clock_pair
+    mov rcx, rdx
+    sub rcx, r15
+    cmp rcx, 2000000
+    jb cc_wait
+    mov qword ptr [r10 + {OFF_CLOCK_REF_TICKS}], rax
+    mov qword ptr [r10 + {OFF_CLOCK_REF_NS}], rdx
+    sub rax, r14                           # ticks elapsed
+    mov r14, rcx                           # ns elapsed
+    mov ecx, 1000000000
+    mul rcx
+    div r14
+    mov qword ptr [r10 + {OFF_CLOCK_HZ}], rax
+    mov dword ptr [r10 + {OFF_CLOCK_KIND}], {CLOCK_KIND}
+    ret
+
+# -> rax = TSC, rdx = CLOCK_MONOTONIC in ns
+clock_pair:
+    sub rsp, 16
+    mov edi, 1                             # CLOCK_MONOTONIC
+    mov rsi, rsp
+    mov eax, 228                           # clock_gettime
+    syscall
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    mov rcx, rax
+    imul rdx, qword ptr [rsp], 1000000000
+    add rdx, qword ptr [rsp + 8]
+    mov rax, rcx
+    add rsp, 16
+    ret
+
+# One event into the ring. rdi = the site's registers (frame slots, see
+# trampoline.py), esi = probe, rdx = argument descriptors, rcx = the site's rsp.
+# May clobber every register but rsp: the trampoline restores them.
+trace_event:
+    mov r12, rdi
+    mov r13d, esi
+    mov r14, rdx
+    mov r15, rcx
+    call load_state
+    mov r8, qword ptr [rbx]                # region
+    mov r9, qword ptr [r8 + {OFF_RING}]
+    add r9, r8                             # ring
+    mov eax, 1
+    lock xadd qword ptr [r9 + {RING_HEAD}], rax
+    mov ecx, dword ptr [r8 + {OFF_RING_ENTRIES}]
+    dec ecx
+    mov r10, rax
+    and r10, rcx
+    shl r10, {RECORD_SHIFT}
+    lea r10, [r9 + r10 + {RING_RECORDS}]   # the record
+    lea r11, [rax*2 + 1]                   # its sequence while written; + 1 when done
+te_claim:
+    mov rax, qword ptr [r10 + {REC_SEQ}]
+    test al, 1
+    jnz te_drop                            # another writer is in it (the ring lapped)
+    cmp rax, r11
+    jae te_drop                            # a newer event already took it
+    lock cmpxchg qword ptr [r10 + {REC_SEQ}], r11
+    jne te_claim
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    mov qword ptr [r10 + {REC_TICKS}], rax
+    mov dword ptr [r10 + {REC_PROBE}], r13d
+    # the thread id learnt when this thread claimed its row (0 in the shared row)
+    xor esi, esi
+    .byte 0x64, 0x48, 0x8b, 0x0c, 0x25, 0, 0, 0, 0   # mov rcx, fs:[0] (Keystone makes it RIP-relative)
+    movabs rdx, {FIBONACCI}
+    imul rdx, rcx
+    shr rdx, {SLOT_SHIFT}
+    and edx, {SLOT_MASK}
+    add rdx, qword ptr [r8 + {OFF_OWNERS}]
+    cmp qword ptr [r8 + rdx], rcx
+    jne te_tid
+    mov esi, dword ptr [r8 + rdx + {OWNER_TID}]
+te_tid:
+    mov dword ptr [r10 + {REC_TID}], esi
+    mov rcx, qword ptr [r14]               # argument count
+    mov dword ptr [r10 + {REC_NARGS}], ecx
+    lea rsi, [r14 + 8]
+    lea rdi, [r10 + {REC_ARGS}]
+te_arg:
+    test rcx, rcx
+    jz te_done
+    push rcx
+    call argument_value
+    pop rcx
+    mov qword ptr [rdi], rax
+    add rdi, 8
+    add rsi, 16
+    dec rcx
+    jmp te_arg
+te_done:
+    lea rax, [r11 + 1]
+    mov qword ptr [r10 + {REC_SEQ}], rax   # complete (a release store on x86)
+    ret
+te_drop:
+    lock inc qword ptr [r9 + {RING_DROPPED}]
+    ret
+
+# rsi = descriptor (u8 kind, size, signed, base, index, scale; i64 value),
+# r12 = frame, r15 = site rsp, r8 = region -> rax. Clobbers rax, rcx, rdx.
+argument_value:
+    movzx ecx, byte ptr [rsi]
+    cmp ecx, 3
+    je av_constant
+    cmp ecx, 1
+    je av_register
+    # memory: base + index * scale + displacement (kind 4: + load bias)
+    movzx ecx, byte ptr [rsi + 3]
+    call frame_register
+    mov rdx, rax
+    movzx ecx, byte ptr [rsi + 4]
+    call frame_register
+    movzx ecx, byte ptr [rsi + 5]
+    imul rax, rcx
+    add rax, rdx
+    add rax, qword ptr [rsi + 8]
+    cmp byte ptr [rsi], 4
+    jne av_load
+    add rax, qword ptr [r8 + {OFF_LOAD_BIAS}]
+av_load:
+    movzx ecx, byte ptr [rsi + 1]
+    cmp ecx, 8
+    je av_load8
+    cmp ecx, 4
+    je av_load4
+    cmp ecx, 2
+    je av_load2
+    movzx eax, byte ptr [rax]
+    jmp av_extend
+av_load2:
+    movzx eax, word ptr [rax]
+    jmp av_extend
+av_load4:
+    mov eax, dword ptr [rax]
+    jmp av_extend
+av_load8:
+    mov rax, qword ptr [rax]
+    ret
+av_constant:
+    mov rax, qword ptr [rsi + 8]
+    ret
+av_register:
+    movzx ecx, byte ptr [rsi + 3]
+    call frame_register
+av_extend:
+    movzx ecx, byte ptr [rsi + 1]
+    cmp byte ptr [rsi + 2], 0
+    je av_unsigned
+    cmp ecx, 4
+    je av_s4
+    cmp ecx, 2
+    je av_s2
+    cmp ecx, 1
+    jne av_done
+    movsx rax, al
+    ret
+av_s2:
+    movsx rax, ax
+    ret
+av_s4:
+    movsxd rax, eax
+    ret
+av_unsigned:
+    cmp ecx, 4
+    je av_u4
+    cmp ecx, 2
+    je av_u2
+    cmp ecx, 1
+    jne av_done
+    movzx eax, al
+    ret
+av_u2:
+    movzx eax, ax
+    ret
+av_u4:
+    mov eax, eax
+av_done:
+    ret
+
+# ecx = frame slot -> rax: the site's register (15 = rsp, 16 = none: 0)
+frame_register:
+    xor eax, eax
+    cmp ecx, 16
+    je fr_done
+    mov rax, r15
+    cmp ecx, 15
+    je fr_done
+    mov rax, qword ptr [r12 + rcx*8]
+fr_done:
     ret

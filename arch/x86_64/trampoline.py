@@ -12,7 +12,8 @@
             jne  slow                   this thread has no slot of its own yet
             rdx = owner[rdx].counters
             add  qword [rdx + 8 * probe], 1     plain add: the row belongs to this thread
-    counted: pop rdx, rcx, rax; [lea rsp,+128]
+    counted: when tracing: jmp trace (saves all registers, calls trace_event per probe)
+    traced: pop rdx, rcx, rax; [lea rsp,+128]
     resume: [popfq; lea rsp,+128]
             displaced instructions from the probe point on, relocated
             jmp  back
@@ -24,10 +25,13 @@ from __future__ import annotations
 
 from urewrite.arch.base import RuntimeRefs, Window
 from urewrite.arch.x86_64 import relocator
+from urewrite.arch.x86_64.arguments import TRACE_PUSHES
 from urewrite.arch.x86_64.writer import Writer
 from urewrite.trampolines import region
+from urewrite.trampolines.arguments import encode
 
 RED_ZONE = 128
+TRACING = 16  # state page: 1 when the region has an event ring
 FIBONACCI = 0x9E3779B97F4A7C15  # multiplicative hash of the thread pointer
 
 # The top bits of the hash pick an owner entry: (hash >> SHIFT) & MASK is the
@@ -40,7 +44,7 @@ SLOT_MASK = (region.SLOT_COUNT - 1) * region.OWNER_ENTRY_SIZE
 
 
 def build(address: int, probe_indexes, window: Window, flags_live: bool,
-          refs: RuntimeRefs) -> bytes:
+          refs: RuntimeRefs, arguments=()) -> bytes:
     """Displaced instructions before the probe point, the counting block, the rest."""
     before = [i for i in window.insns if i.address < window.probe_address]
     after = [i for i in window.insns if i.address >= window.probe_address]
@@ -55,6 +59,7 @@ def build(address: int, probe_indexes, window: Window, flags_live: bool,
     if falls_through:
         w.jmp(window.end)
     _out_of_line(w, probe_indexes, flags_live, refs)
+    _trace_path(w, probe_indexes, flags_live, refs, arguments)
     return w.bytes()
 
 
@@ -85,6 +90,9 @@ def _counting_block(w: Writer, probe_indexes, flags_live: bool, refs: RuntimeRef
     for index in probe_indexes:
         w.inc_rdx_disp(8 * index)
     w.label("counted")
+    w.cmp_rip_byte_imm8(refs.state + TRACING, 0)
+    w.jcc("ne", "trace")
+    w.label("traced")
     for reg in ("rdx", "rcx", "rax"):
         w.pop(reg)
     if not flags_live:
@@ -97,6 +105,7 @@ def _counting_block(w: Writer, probe_indexes, flags_live: bool, refs: RuntimeRef
     if dry_run:  # only the size is wanted: give the out-of-line labels a place
         w.label("slow")
         w.label("setup")
+        w.label("trace")
         return w.bytes()
     return None
 
@@ -126,3 +135,27 @@ def _out_of_line(w: Writer, probe_indexes, flags_live: bool, refs: RuntimeRefs) 
     w.cmp_rip_qword_imm8(refs.state, 1)
     w.jcc("a", "armed")
     w.jmp("resume")
+
+
+def _trace_path(w: Writer, probe_indexes, flags_live: bool, refs: RuntimeRefs,
+                arguments) -> None:
+    """Save every register as the frame trace_event reads arguments from; one event
+    per probe at this site."""
+    w.label("trace")
+    for n in TRACE_PUSHES:
+        w.push_r(n)
+    frame_size = 8 * (len(TRACE_PUSHES) + 3)  # and rax, rcx, rdx, pushed first
+    site_rsp = frame_size + (8 if flags_live else 0) + RED_ZONE
+    for k, index in enumerate(probe_indexes):
+        w.mov_rdi_rsp()
+        w.lea_rcx_rsp(site_rsp)
+        w.mov_esi_imm(index)
+        w.lea_reg_rip("rdx", f"arguments{k}")
+        w.call(refs.trace_event)
+    for n in reversed(TRACE_PUSHES):
+        w.pop_r(n)
+    w.jmp("traced")
+    w.align(8)
+    for k, _ in enumerate(probe_indexes):
+        w.label(f"arguments{k}")
+        w.raw(arguments[k] if k < len(arguments) else encode(()))

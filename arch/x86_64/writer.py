@@ -140,3 +140,26 @@ class Writer:
     def mov_rsp_disp_rax(self, disp: int) -> None:
         """mov qword ptr [rsp + disp8], rax"""
         self.code += b"\x48\x89\x44\x24" + struct.pack("<b", disp)
+
+    # -- the trace path --------------------------------------------------------
+    def push_r(self, n: int) -> None:
+        """push r<n>, for any of the 16 registers (rax = 0 ... r15 = 15)."""
+        self.code += (b"\x41" if n >= 8 else b"") + bytes((0x50 + (n & 7),))
+
+    def pop_r(self, n: int) -> None:
+        self.code += (b"\x41" if n >= 8 else b"") + bytes((0x58 + (n & 7),))
+
+    def mov_rdi_rsp(self) -> None:
+        self.code += b"\x48\x89\xe7"
+
+    def lea_rcx_rsp(self, disp: int) -> None:
+        """lea rcx, [rsp + disp32]"""
+        self.code += b"\x48\x8d\x8c\x24" + struct.pack("<i", disp)
+
+    def cmp_rip_byte_imm8(self, target, imm: int) -> None:
+        """cmp byte ptr [rip + target], imm8"""
+        self.code += b"\x80\x3d"
+        self._rel32_to(target, struct.pack("<B", imm))
+
+    def align(self, to: int) -> None:
+        self.code += bytes(-len(self.code) % to)

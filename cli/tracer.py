@@ -1,0 +1,72 @@
+"""Runs a command with event tracing on, and streams its probes' events."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Tuple
+
+from urewrite.errors import UrewriteError
+from urewrite.runner import exit_status
+from urewrite.trampolines.region import ENV_VAR, FILE_SUFFIX, TRACE_ENV_VAR
+from urewrite.trampolines.ring import Event, RingReader, open_ring
+
+POLL_SECONDS = 0.01
+
+
+@dataclass
+class RingSummary:
+    object: str
+    pid: int
+    events: int  # written by the process
+    lost: int  # of those, not delivered: the ring was full
+
+
+def run_and_trace(command: List[str], ring_entries: int,
+                  on_events: Callable[[List[Event]], None]) -> Tuple[int, List[RingSummary]]:
+    """Run `command`; pass each batch of events, in time order, to `on_events` while
+    it runs and once more after it exits. Returns its exit status and a summary per
+    ring."""
+    directory = tempfile.mkdtemp(prefix="urewrite-")
+    readers: Dict[str, RingReader] = {}
+
+    def sweep(final: bool) -> None:
+        for name in sorted(os.listdir(directory)):
+            if name.endswith(FILE_SUFFIX) and name not in readers:
+                reader = open_ring(os.path.join(directory, name))
+                if reader is not None and reader.has_ring:
+                    readers[name] = reader
+                elif reader is not None:
+                    reader.close()
+        batch = [e for r in readers.values() for e in r.poll(final=final)]
+        if batch:
+            on_events(sorted(batch, key=lambda e: e.ts_ns))
+
+    try:
+        env = dict(os.environ, **{ENV_VAR: directory, TRACE_ENV_VAR: str(ring_entries)})
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            try:
+                process = subprocess.Popen(command, env=env,
+                                           preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                            signal.SIG_DFL))
+            except OSError as e:
+                raise UrewriteError(f"cannot run {command[0]}: {e.strerror}")
+            while process.poll() is None:
+                sweep(final=False)
+                time.sleep(POLL_SECONDS)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        sweep(final=True)
+        summaries = [RingSummary(r.info.object, r.info.pid, r.head(), r.lost())
+                     for r in readers.values()]
+        return exit_status(process.returncode), summaries
+    finally:
+        for reader in readers.values():
+            reader.close()
+        shutil.rmtree(directory, ignore_errors=True)
