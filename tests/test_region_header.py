@@ -48,6 +48,13 @@ HEADER_FIELDS = {
     "flags": region.OFF_FLAGS,
     "build_id": region.OFF_BUILD_ID,
     "object": region.OFF_OBJECT,
+    "ring_offset": region.OFF_RING,
+    "ring_entries": region.OFF_RING_ENTRIES,
+    "record_size": region.OFF_RECORD_SIZE,
+    "clock_ref_ticks": region.OFF_CLOCK_REF_TICKS,
+    "clock_ref_ns": region.OFF_CLOCK_REF_NS,
+    "clock_hz": region.OFF_CLOCK_HZ,
+    "clock_kind": region.OFF_CLOCK_KIND,
 }
 
 
@@ -271,7 +278,7 @@ def test_reader_refuses_bad_files(read_region, tmp_path):
         "not a region": variant("text.ure", b"hello, world\n" * 100),
         "zero magic": variant("zero.ure", bytes(len(data))),  # created, not yet filled in
         "truncated": variant("short.ure", data[:len(data) // 2]),
-        "version 2": variant("v2.ure", patched(region.OFF_VERSION, "<I", 2)),
+        "version 3": variant("v3.ure", patched(region.OFF_VERSION, "<I", 3)),
         "probes out of range": variant("probes.ure", patched(region.OFF_PROBE_COUNT, "<I", 1 << 28)),
         "counters out of range": variant("rows.ure", patched(region.OFF_SLOT_COUNT, "<I", 1 << 30)),
         "name out of range": variant("name.ure", patched(region.HEADER_SIZE + 12, "<I", 1 << 30)),
@@ -283,7 +290,7 @@ def test_reader_refuses_bad_files(read_region, tmp_path):
         assert (code, rows) == (1, []), why
         assert err.startswith("read_region: "), why
     # a bad file among good ones: the good ones are still printed
-    code, rows, _ = _run_reader(read_region, [good, bad["version 2"], good])
+    code, rows, _ = _run_reader(read_region, [good, bad["version 3"], good])
     assert code == 1 and len(rows) == 2 * len(PROBES)
 
 

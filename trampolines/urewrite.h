@@ -52,7 +52,7 @@
 
 #define UREWRITE_MAGIC "UREWRITE" /* the first 8 bytes, no NUL */
 #define UREWRITE_MAGIC_SIZE 8
-#define UREWRITE_VERSION 1
+#define UREWRITE_VERSION 2
 #define UREWRITE_HEADER_SIZE 512
 #define UREWRITE_BUILD_ID_MAX 32
 #define UREWRITE_OBJECT_MAX 256 /* object name, NUL included */
@@ -88,10 +88,43 @@ struct urewrite_header {
     uint32_t machine;          /* ELF e_machine of the object (62 = x86_64) */
     int64_t load_bias;         /* run-time address minus link-time address */
     uint32_t build_id_size;    /* bytes used in build_id; 0 when none */
-    uint32_t flags;            /* 0; no flags are defined in version 1 */
+    uint32_t flags;            /* 0; no flags are defined yet */
     uint8_t build_id[32];      /* GNU build ID of the original object */
     char object[256];          /* file name of the rewritten object, NUL-terminated */
-    uint8_t reserved[128];     /* zero; later compatible fields go here */
+    /* version 2: the event ring, present under `urewrite trace` (ring_offset 0: none) */
+    uint64_t ring_offset;      /* struct urewrite_ring, then ring_entries records */
+    uint32_t ring_entries;     /* a power of two */
+    uint32_t record_size;      /* sizeof(struct urewrite_record) */
+    uint64_t clock_ref_ticks;  /* ticks and CLOCK_MONOTONIC ns read together at set-up */
+    uint64_t clock_ref_ns;
+    uint64_t clock_hz;         /* ticks per second; ns = ref_ns + (t - ref_ticks) * 1e9 / hz */
+    uint32_t clock_kind;       /* UREWRITE_CLOCK_* */
+    uint8_t reserved[84];      /* zero; later compatible fields go here */
+};
+
+#define UREWRITE_CLOCK_TSC 1    /* x86_64 rdtsc */
+#define UREWRITE_CLOCK_CNTVCT 2 /* AArch64 cntvct_el0 */
+
+/* The ring's control line. Writers take a position with an atomic add on head;
+ * `dropped` counts events a writer gave up because its record was busy. */
+struct urewrite_ring {
+    uint64_t head;
+    uint64_t dropped;
+    uint8_t reserved[48];
+};
+
+/* Record `pos` lives at index pos % ring_entries. Its sequence is 2*pos+1 while
+ * being written and 2*pos+2 when complete: read it before and after copying
+ * the record, and keep the copy only if both read 2*pos+2. */
+struct urewrite_record {
+    uint64_t sequence;
+    uint64_t ticks;
+    uint32_t probe;       /* index in the probe table */
+    uint32_t tid;         /* kernel thread id; 0 for threads in the shared row */
+    uint32_t arg_count;
+    uint32_t reserved;
+    int64_t args[6];
+    uint8_t pad[48];
 };
 
 struct urewrite_probe {
@@ -101,9 +134,13 @@ struct urewrite_probe {
 };
 
 struct urewrite_slot_owner {
-    uint64_t thread;   /* thread pointer (x86_64 fs:[0]) of the row's owner, 0 = free */
+    uint64_t thread;   /* thread pointer (x86_64 fs:[0], AArch64 tpidr_el0) of the
+                          row's owner, 0 = free */
     uint64_t counters; /* the row's address in the writer's address space: use
                           counters_offset + slot * slot_stride instead */
+    uint32_t tid;      /* the owner's kernel thread id, when tracing; else 0 */
+    uint32_t reserved32;
+    uint64_t reserved;
 };
 
 /* The layout is fixed by offsets, not by a compiler: fail the build if this
@@ -137,7 +174,21 @@ UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, build_id_siz
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, flags) == 92, "flags");
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, build_id) == 96, "build_id");
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, object) == 128, "object");
-UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, reserved) == 384, "reserved");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, ring_offset) == 384, "ring_offset");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, ring_entries) == 392, "ring_entries");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, record_size) == 396, "record_size");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, clock_ref_ticks) == 400, "clock_ref_ticks");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, clock_ref_ns) == 408, "clock_ref_ns");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, clock_hz) == 416, "clock_hz");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, clock_kind) == 424, "clock_kind");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, reserved) == 428, "reserved");
+UREWRITE_EXTENSION_ _Static_assert(sizeof(struct urewrite_ring) == 64, "ring control size");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_record, ticks) == 8, "record ticks");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_record, probe) == 16, "record probe");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_record, tid) == 20, "record tid");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_record, arg_count) == 24, "record arg_count");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_record, args) == 32, "record args");
+UREWRITE_EXTENSION_ _Static_assert(sizeof(struct urewrite_record) == 128, "record size");
 UREWRITE_EXTENSION_ _Static_assert(sizeof(struct urewrite_header) == UREWRITE_HEADER_SIZE, "header size");
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_probe, address) == 0, "probe address");
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_probe, kind) == 8, "probe kind");
@@ -145,7 +196,8 @@ UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_probe, name_offset) 
 UREWRITE_EXTENSION_ _Static_assert(sizeof(struct urewrite_probe) == 16, "probe size");
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_slot_owner, thread) == 0, "owner thread");
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_slot_owner, counters) == 8, "owner counters");
-UREWRITE_EXTENSION_ _Static_assert(sizeof(struct urewrite_slot_owner) == 16, "owner size");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_slot_owner, tid) == 16, "owner tid");
+UREWRITE_EXTENSION_ _Static_assert(sizeof(struct urewrite_slot_owner) == 32, "owner size");
 
 #ifdef UREWRITE_UNDEF_STATIC_ASSERT_
 #undef _Static_assert
