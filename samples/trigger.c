@@ -1,12 +1,14 @@
 /* Benchmark target, shaped like the kernel's uprobe trigger bench: small
  * noinline functions called in a tight loop.
  *
- *   trigger FUNCTION ITERATIONS      FUNCTION: nop | push | ret
+ *   trigger FUNCTION ITERATIONS      FUNCTION: nop | push | ret | usdt
  *
- * Prints the nanoseconds per call on stdout. */
+ * "usdt" fires a USDT probe with 2 arguments in the loop instead of calling a
+ * function. Prints the nanoseconds per iteration on stdout. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sdt.h>
 #include <time.h>
 
 __attribute__((noinline)) void trigger_nop(void) { __asm__ volatile("nop"); }
@@ -27,8 +29,13 @@ int main(int argc, char **argv) {
                      : !strcmp(which, "ret")  ? trigger_ret : trigger_nop;
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
-    for (long i = 0; i < n; i++)
-        fn();
+    if (!strcmp(which, "usdt")) {
+        for (long i = 0; i < n; i++)
+            DTRACE_PROBE2(trigger, usdt, i, n - i);
+    } else {
+        for (long i = 0; i < n; i++)
+            fn();
+    }
     clock_gettime(CLOCK_MONOTONIC, &b);
     double ns = (b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec);
     printf("%.3f\n", ns / n);

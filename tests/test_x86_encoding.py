@@ -31,6 +31,28 @@ def keystone_bytes(text: str, address: int = BASE) -> bytes:
     (lambda w: w.mov_rdx_rax_rdx_disp(0x1248), "mov rdx, qword ptr [rax + rdx + 0x1248]"),
     (lambda w: w.mov_esi_imm(0x88), "mov esi, 0x88"),
     (lambda w: w.mov_rsp_disp_rax(8), "mov qword ptr [rsp + 8], rax"),
+    (lambda w: w.lea_rcx_rcx(-1), "lea rcx, [rcx - 1]"),
+    (lambda w: w.lea_rdx_rcx(1), "lea rdx, [rcx + 1]"),
+    (lambda w: w.seto_al(), "seto al"),
+    (lambda w: w.lahf(), "lahf"),
+    (lambda w: w.sahf(), "sahf"),
+    (lambda w: w.add_al_7f(), "add al, 0x7f"),
+    (lambda w: w.test_rdx_rdx(), "test rdx, rdx"),
+    (lambda w: w.cmp_rdx_imm8(1), "cmp rdx, 1"),
+    (lambda w: w.movabs_rsi(0x9E3779B97F4A7C15), "movabs rsi, 0x9E3779B97F4A7C15"),
+    (lambda w: w.imul_rsi_rcx(), "imul rsi, rcx"),
+    (lambda w: w.shr_rsi(51), "shr rsi, 51"),
+    (lambda w: w.and_esi(0x1FE0), "and esi, 0x1fe0"),
+    (lambda w: w.cmp_rdx_rsi_disp_rcx(0x1240), "cmp qword ptr [rdx + rsi + 0x1240], rcx"),
+    (lambda w: w.mov_rsi_rdx_rsi_disp(0x1248), "mov rsi, qword ptr [rdx + rsi + 0x1248]"),
+    (lambda w: w.inc_rsi_disp(0x18), "add qword ptr [rsi + 0x18], 1"),
+    (lambda w: w.mov_rax_rdx(), "mov rax, rdx"),
+    (lambda w: w.mov_rdx_rsi(), "mov rdx, rsi"),
+    (lambda w: w.push_r(12), "push r12"),
+    (lambda w: w.pop_r(9), "pop r9"),
+    (lambda w: w.push_r(3), "push rbx"),
+    (lambda w: w.mov_rdi_rsp(), "mov rdi, rsp"),
+    (lambda w: w.lea_rcx_rsp(0x100), "lea rcx, [rsp + 0x100]"),
 ])
 def test_fixed_encodings_match_keystone(emit, text):
     w = Writer(BASE)
@@ -51,6 +73,14 @@ def test_thread_pointer_load():
     md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
     (insn,) = md.disasm(w.bytes(), BASE)
     assert (insn.mnemonic, insn.op_str) == ("mov", "rcx, qword ptr fs:[0]")
+
+
+def test_flag_free_disarmed_branch():
+    w = Writer(BASE)
+    w.jrcxz_short(5)
+    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    (insn,) = md.disasm(w.bytes(), BASE)
+    assert (insn.mnemonic, int(insn.op_str, 16)) == ("jrcxz", BASE + 7)
 
 
 def test_add_one_to_thread_row():

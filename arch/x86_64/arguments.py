@@ -1,7 +1,8 @@
 """x86_64 argument specs: sdt.h operands (AT&T syntax) and the SysV integer arguments.
 
-Frame slots are where the trampoline's trace path saved each register (see
-trampoline.py): r15 at slot 0 ... r8 at 7, then rdi, rsi, rbp, rbx, rdx, rcx, rax.
+Frame slots are where the trampoline saved each register (see trampoline.py):
+r15 at slot 0 ... r8 at 7, then rdi, rbp, rbx, rsi, rdx, rax, rcx; 15 is the
+stack pointer at the site.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from urewrite.trampolines.arguments import (CONSTANT, LINKED_MEMORY, MEMORY, REG
                                             split_sdt)
 
 SLOT = {"r15": 0, "r14": 1, "r13": 2, "r12": 3, "r11": 4, "r10": 5, "r9": 6, "r8": 7,
-        "rdi": 8, "rsi": 9, "rbp": 10, "rbx": 11, "rdx": 12, "rcx": 13, "rax": 14, "rsp": 15}
-# Save order of the trace path: these are pushed after rax, rcx, rdx, last one at slot 0.
-TRACE_PUSHES = (3, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)  # rbx rbp rsi rdi r8 ... r15
+        "rdi": 8, "rbp": 9, "rbx": 10, "rsi": 11, "rdx": 12, "rax": 13, "rcx": 14, "rsp": 15}
+# Pushed by the trace path after rcx, rax, rdx, rsi; the last one lands at slot 0.
+TRACE_PUSHES = (3, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15)  # rbx rbp rdi r8 ... r15
 
 _LEGACY = {"ax": "rax", "bx": "rbx", "cx": "rcx", "dx": "rdx", "si": "rsi", "di": "rdi",
            "bp": "rbp", "sp": "rsp"}

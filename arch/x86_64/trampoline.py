@@ -1,24 +1,26 @@
 """The code one x86_64 site jumps to.
 
     displaced instructions before the probe point, relocated (none at a function entry)
-    [lea rsp,-128; pushfq]          only where flags may be live (not a function entry)
-    check:  cmp qword [state], 1
-            je   resume                 disarmed: one load, one branch
-            jb   setup                  not set up in this process yet
-    armed:  [lea rsp,-128]              keep out of the red zone
-            push rax, rcx, rdx
-            rax = region; rcx = thread pointer (fs:[0]); rdx = hash(rcx) * 16
-            cmp  owner[rdx].thread, rcx
-            jne  slow                   this thread has no slot of its own yet
-            rdx = owner[rdx].counters
-            add  qword [rdx + 8 * probe], 1     plain add: the row belongs to this thread
-    counted: when tracing: jmp trace (saves all registers, calls trace_event per probe)
-    traced: pop rdx, rcx, rax; [lea rsp,+128]
-    resume: [popfq; lea rsp,+128]
+    check, at a function entry (flags carry nothing there, SysV ABI):
+            cmp qword [state], 1 ; je resume ; jb setup ; jmp armed
+    check, inside a function (flags may be live; none of this touches them):
+            lea rsp,[rsp-128] ; push rcx      keep out of the red zone
+            rcx = state - 1 ; jrcxz resume    disarmed
+            jmp armed
+    resume: [pop rcx ; lea rsp,[rsp+128]]
             displaced instructions from the probe point on, relocated
-            jmp  back
-    slow:   push rsi; mov esi, 8 * probe; call slow_hit; pop rsi; jmp counted
-    setup:  call lazy_init; if armed now: jmp armed, else jmp resume
+            jmp back
+    armed (out of line):
+            [lea rsp,-128 ; push rcx] push rax [seto al ; lahf: flags into rax]
+            push rdx, rsi ; rdx = region (0: set up first)
+            rcx = thread pointer (fs:[0]) ; rsi = hash(rcx) * entry size
+            cmp owner[rsi].thread, rcx ; jne slow   this thread has no row of its own yet
+            rsi = owner[rsi].row ; add qword [rsi + 8 * probe], 1   plain add: the row is this thread's
+    counted: when tracing: jmp trace (saves every register, calls trace_event per probe)
+    traced: pop rsi, rdx ; [add al,0x7f ; sahf] pop rax ... jmp resume
+
+The registers stand on the stack as rcx, rax, rdx, rsi (then, when tracing,
+rbx, rbp, rdi, r8 ... r15): arguments.py's frame slots.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from urewrite.trampolines.arguments import encode
 RED_ZONE = 128
 TRACING = 16  # state page: 1 when the region has an event ring
 FIBONACCI = 0x9E3779B97F4A7C15  # multiplicative hash of the thread pointer
+SAVED = 4  # rcx, rax, rdx, rsi
 
 # The top bits of the hash pick an owner entry: (hash >> SHIFT) & MASK is the
 # entry's byte offset, for power-of-two slot counts and entry sizes.
@@ -45,107 +48,136 @@ SLOT_MASK = (region.SLOT_COUNT - 1) * region.OWNER_ENTRY_SIZE
 
 def build(address: int, probe_indexes, window: Window, flags_live: bool,
           refs: RuntimeRefs, arguments=()) -> bytes:
-    """Displaced instructions before the probe point, the counting block, the rest."""
+    """Displaced instructions before the probe point, the check, the rest; then the
+    out-of-line parts."""
     before = [i for i in window.insns if i.address < window.probe_address]
     after = [i for i in window.insns if i.address >= window.probe_address]
-    block_size = len(_counting_block(Writer(address), probe_indexes, flags_live, refs,
-                                     dry_run=True))
+    block_size = len(_check(Writer(address), flags_live, refs, dry_run=True))
     where = relocator.layout(window.insns, address, window.probe_address if before else None,
                              block_size)
     w = Writer(address)
     relocator.emit(w, before, where)
-    _counting_block(w, probe_indexes, flags_live, refs)
+    _check(w, flags_live, refs)
     falls_through = relocator.emit(w, after, where) if after else True
     if falls_through:
         w.jmp(window.end)
-    _out_of_line(w, probe_indexes, flags_live, refs)
-    _trace_path(w, probe_indexes, flags_live, refs, arguments)
+    _armed(w, probe_indexes, flags_live, refs)
+    _trace_path(w, probe_indexes, refs, arguments)
     return w.bytes()
 
 
-def _counting_block(w: Writer, probe_indexes, flags_live: bool, refs: RuntimeRefs,
-                    dry_run: bool = False):
+def _check(w: Writer, flags_live: bool, refs: RuntimeRefs, dry_run: bool = False):
     if flags_live:
         w.lea_rsp(-RED_ZONE)
-        w.pushfq()
-    w.label("check")
-    w.cmp_rip_qword_imm8(refs.state, 1)
-    w.jcc("e", "resume")
-    w.jcc("b", "setup")
-
-    w.label("armed")
-    if not flags_live:
-        w.lea_rsp(-RED_ZONE)
-    for reg in ("rax", "rcx", "rdx"):
-        w.push(reg)
-    w.mov_reg_rip("rax", refs.state)
-    w.mov_rcx_fs0()
-    w.movabs_rdx(FIBONACCI)
-    w.imul_rdx_rcx()
-    w.shr_rdx(SLOT_SHIFT)
-    w.and_edx(SLOT_MASK)
-    w.cmp_rax_rdx_disp_rcx(refs.owners_offset)
-    w.jcc("ne", "slow")
-    w.mov_rdx_rax_rdx_disp(refs.owners_offset + 8)
-    for index in probe_indexes:
-        w.inc_rdx_disp(8 * index)
-    w.label("counted")
-    w.cmp_rip_byte_imm8(refs.state + TRACING, 0)
-    w.jcc("ne", "trace")
-    w.label("traced")
-    for reg in ("rdx", "rcx", "rax"):
-        w.pop(reg)
-    if not flags_live:
+        w.push("rcx")
+        w.mov_reg_rip("rcx", refs.state)
+        w.lea_rcx_rcx(-1)
+        w.jrcxz_short(5)  # over the jmp below
+        w.jmp("armed")
+        w.label("resume")
+        w.pop("rcx")
         w.lea_rsp(RED_ZONE)
-
-    w.label("resume")
-    if flags_live:
-        w.popfq()
-        w.lea_rsp(RED_ZONE)
+    else:
+        w.cmp_rip_qword_imm8(refs.state, 1)
+        w.jcc("e", "resume")
+        w.jcc("b", "set_up_first")
+        w.jmp("armed")
+        w.label("resume")
     if dry_run:  # only the size is wanted: give the out-of-line labels a place
-        w.label("slow")
-        w.label("setup")
-        w.label("trace")
+        w.label("armed")
+        w.label("set_up_first")
         return w.bytes()
     return None
 
 
-def _out_of_line(w: Writer, probe_indexes, flags_live: bool, refs: RuntimeRefs) -> None:
-    w.label("slow")
-    w.push("rsi")
-    for index in probe_indexes:
-        w.mov_esi_imm(8 * index)
-        w.call(refs.slow_hit)
-        if index != probe_indexes[-1]:  # slow_hit clobbers rax, rcx, rdx: set them again
-            w.mov_reg_rip("rax", refs.state)
-            w.mov_rcx_fs0()
-            w.movabs_rdx(FIBONACCI)
-            w.imul_rdx_rcx()
-            w.shr_rdx(SLOT_SHIFT)
-            w.and_edx(SLOT_MASK)
-    w.pop("rsi")
-    w.jmp("counted")
-
-    w.label("setup")
-    if not flags_live:
+def _armed(w: Writer, probe_indexes, flags_live: bool, refs: RuntimeRefs) -> None:
+    w.label("armed")
+    if flags_live:
+        w.push("rax")
+        w.seto_al()
+        w.lahf()
+        w.push("rdx")
+        w.push("rsi")
+        w.lea_rdx_rcx(1)  # rcx held state - 1
+        w.test_rdx_rdx()
+        w.jcc("e", "set_up")
+    else:
         w.lea_rsp(-RED_ZONE)
-    w.call(refs.lazy_init)
-    if not flags_live:
+        for reg in ("rcx", "rax", "rdx", "rsi"):
+            w.push(reg)
+        w.mov_reg_rip("rdx", refs.state)
+    w.label("count")
+    _owner_entry(w)
+    w.cmp_rdx_rsi_disp_rcx(refs.owners_offset)
+    w.jcc("ne", "slow")
+    w.mov_rsi_rdx_rsi_disp(refs.owners_offset + 8)
+    for index in probe_indexes:
+        w.inc_rsi_disp(8 * index)
+    w.label("counted")
+    w.cmp_rip_byte_imm8(refs.state + TRACING, 0)
+    w.jcc("ne", "trace")
+    w.label("traced")
+    w.pop("rsi")
+    w.pop("rdx")
+    if flags_live:
+        w.add_al_7f()
+        w.sahf()
+        w.pop("rax")
+    else:
+        w.pop("rax")
+        w.pop("rcx")
         w.lea_rsp(RED_ZONE)
-    w.cmp_rip_qword_imm8(refs.state, 1)
-    w.jcc("a", "armed")
     w.jmp("resume")
 
+    # The thread has no row of its own (yet): slow_hit claims one or counts in the
+    # shared row. It takes rax = region, rcx = thread pointer, rdx = owner entry
+    # offset, rsi = probe offset, and clobbers those four.
+    w.label("slow")
+    w.push("rax")
+    for k, index in enumerate(probe_indexes):
+        if k:
+            w.mov_reg_rip("rdx", refs.state)
+            _owner_entry(w)
+        w.mov_rax_rdx()
+        w.mov_rdx_rsi()
+        w.mov_esi_imm(8 * index)
+        w.call(refs.slow_hit)
+    w.pop("rax")
+    w.jmp("counted")
 
-def _trace_path(w: Writer, probe_indexes, flags_live: bool, refs: RuntimeRefs,
-                arguments) -> None:
+    if flags_live:  # first hit in this process (or in a forked child): set up, then count
+        w.label("set_up")
+        w.call(refs.lazy_init)
+        w.mov_reg_rip("rdx", refs.state)
+        w.cmp_rdx_imm8(1)
+        w.jcc("a", "count")
+        w.jmp("traced")  # still not armed: this hit goes uncounted
+    else:
+        w.label("set_up_first")
+        w.lea_rsp(-RED_ZONE)
+        w.call(refs.lazy_init)
+        w.lea_rsp(RED_ZONE)
+        w.cmp_rip_qword_imm8(refs.state, 1)
+        w.jcc("a", "armed")
+        w.jmp("resume")
+
+
+def _owner_entry(w: Writer) -> None:
+    """rcx = thread pointer, rsi = offset of its owner entry (rdx = region)."""
+    w.mov_rcx_fs0()
+    w.movabs_rsi(FIBONACCI)
+    w.imul_rsi_rcx()
+    w.shr_rsi(SLOT_SHIFT)
+    w.and_esi(SLOT_MASK)
+
+
+def _trace_path(w: Writer, probe_indexes, refs: RuntimeRefs, arguments) -> None:
     """Save every register as the frame trace_event reads arguments from; one event
     per probe at this site."""
     w.label("trace")
     for n in TRACE_PUSHES:
         w.push_r(n)
-    frame_size = 8 * (len(TRACE_PUSHES) + 3)  # and rax, rcx, rdx, pushed first
-    site_rsp = frame_size + (8 if flags_live else 0) + RED_ZONE
+    site_rsp = 8 * (len(TRACE_PUSHES) + SAVED) + RED_ZONE
     for k, index in enumerate(probe_indexes):
         w.mov_rdi_rsp()
         w.lea_rcx_rsp(site_rsp)

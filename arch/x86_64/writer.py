@@ -163,3 +163,65 @@ class Writer:
 
     def align(self, to: int) -> None:
         self.code += bytes(-len(self.code) % to)
+
+    # -- the flags-preserving hit path -------------------------------------------
+    def lea_rcx_rcx(self, disp: int) -> None:
+        """lea rcx, [rcx + disp8]: arithmetic that leaves the flags alone"""
+        self.code += b"\x48\x8d\x49" + struct.pack("<b", disp)
+
+    def lea_rdx_rcx(self, disp: int) -> None:
+        """lea rdx, [rcx + disp8]"""
+        self.code += b"\x48\x8d\x51" + struct.pack("<b", disp)
+
+    def jrcxz_short(self, disp: int) -> None:
+        """jrcxz .+2+disp: a branch that reads no flags"""
+        self.code += b"\xe3" + struct.pack("<b", disp)
+
+    def seto_al(self) -> None:
+        self.code += b"\x0f\x90\xc0"
+
+    def lahf(self) -> None:
+        self.code.append(0x9F)
+
+    def sahf(self) -> None:
+        self.code.append(0x9E)
+
+    def add_al_7f(self) -> None:
+        """add al, 0x7f: sets OF exactly when al (saved by seto) is 1"""
+        self.code += b"\x04\x7f"
+
+    def test_rdx_rdx(self) -> None:
+        self.code += b"\x48\x85\xd2"
+
+    def cmp_rdx_imm8(self, imm: int) -> None:
+        self.code += b"\x48\x83\xfa" + struct.pack("<b", imm)
+
+    def movabs_rsi(self, value: int) -> None:
+        self.code += b"\x48\xbe" + struct.pack("<Q", value)
+
+    def imul_rsi_rcx(self) -> None:
+        self.code += b"\x48\x0f\xaf\xf1"
+
+    def shr_rsi(self, count: int) -> None:
+        self.code += b"\x48\xc1\xee" + bytes((count,))
+
+    def and_esi(self, mask: int) -> None:
+        self.code += b"\x81\xe6" + struct.pack("<I", mask)
+
+    def cmp_rdx_rsi_disp_rcx(self, disp: int) -> None:
+        """cmp qword ptr [rdx + rsi + disp32], rcx"""
+        self.code += b"\x48\x39\x8c\x32" + struct.pack("<i", disp)
+
+    def mov_rsi_rdx_rsi_disp(self, disp: int) -> None:
+        """mov rsi, qword ptr [rdx + rsi + disp32]"""
+        self.code += b"\x48\x8b\xb4\x32" + struct.pack("<i", disp)
+
+    def inc_rsi_disp(self, disp: int) -> None:
+        """add qword ptr [rsi + disp32], 1"""
+        self.code += b"\x48\x83\x86" + struct.pack("<i", disp) + b"\x01"
+
+    def mov_rax_rdx(self) -> None:
+        self.code += b"\x48\x89\xd0"
+
+    def mov_rdx_rsi(self) -> None:
+        self.code += b"\x48\x89\xf2"

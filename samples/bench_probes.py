@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Measures what an entry probe costs, and how long a rewrite takes. Prints figures.
+"""Measures what probes cost, and how long a rewrite takes. Prints figures.
 
-    python3 samples/bench_entry.py [--iterations N] [--repeat R] [--functions F] [--json]
+    python3 samples/bench_probes.py [--iterations N] [--repeat R] [--functions F] [--json]
 
-1. Hit cost: samples/trigger.c's trigger functions called in a tight loop, in
-   one run: the plain binary, the rewritten one with probes disarmed, armed
-   (counting), and a kernel uprobe on the plain binary (root and tracefs only).
+1. Hit cost: samples/trigger.c's trigger functions (entry probes) and its USDT
+   site (2 arguments) in a tight loop, in one run: the plain binary, the
+   rewritten one with probes disarmed, armed (counting), traced (USDT only:
+   `urewrite trace` recording every event with its arguments while it reads
+   the ring), and a kernel uprobe on the plain binary (root and tracefs only).
    The median of R runs is shown with the spread (min..max); armed counts are
    checked to be exact.
 2. Rewrite time and peak memory: a generated program with F functions,
@@ -26,7 +28,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TRIGGERS = ("nop", "push", "ret")
+TRIGGERS = ("nop", "push", "ret", "usdt")
+TRACED_EVENTS = 2_000_000  # ring large enough that no event is dropped
 TRACEFS = "/sys/kernel/tracing"
 
 
@@ -64,16 +67,26 @@ def tracefs_write(path: str, line: str) -> None:
         os.close(fd)
 
 
+def site_address(plain: str, trigger: str) -> int:
+    if trigger == "usdt":
+        from urewrite.rewriter.elf_file import ElfFile
+        from urewrite.rewriter.usdt import discover
+        return next(u.pc for u in discover(ElfFile.open(plain)) if u.name == "usdt")
+    import lief
+    lief.logging.disable()
+    binary = lief.parse(plain)  # keep it alive: its symbols point into it
+    return next(s.value for s in binary.symtab_symbols if s.name == f"trigger_{trigger}")
+
+
 def kernel_uprobe(plain: str, trigger: str, iterations: int, repeat: int):
-    """The same loop with a kernel uprobe on the function, or None without tracefs."""
+    """The same loop with a kernel uprobe on the site, or None without tracefs."""
     events = os.path.join(TRACEFS, "uprobe_events")
     if not os.access(events, os.W_OK):
         return None
     import lief
     lief.logging.disable()
     binary = lief.parse(plain)
-    address = next(s.value for s in binary.symtab_symbols if s.name == f"trigger_{trigger}")
-    offset = binary.virtual_address_to_offset(address)
+    offset = binary.virtual_address_to_offset(site_address(plain, trigger))
     group = f"urwbench{os.getpid()}"
     event = f"{group}/{trigger}"
     enable = os.path.join(TRACEFS, "events", group, trigger, "enable")
@@ -90,7 +103,8 @@ def hit_cost(work: str, iterations: int, repeat: int):
     plain = os.path.join(work, "trigger")
     probed = plain + ".probed"
     sh("gcc", "-O2", os.path.join(HERE, "trigger.c"), "-o", plain)
-    urewrite(plain, "-q", *[a for t in TRIGGERS for a in ("-p", f"trigger_{t}")], "-o", probed)
+    urewrite(plain, "-q", *[a for t in TRIGGERS[:3] for a in ("-p", f"trigger_{t}")],
+             "-p", "usdt:trigger:usdt", "-o", probed)
     regions = os.path.join(work, "regions")
     os.mkdir(regions)
     armed_env = dict(os.environ, UREWRITE_DIR=regions)
@@ -100,8 +114,8 @@ def hit_cost(work: str, iterations: int, repeat: int):
         plain_runs = [ns_per_call(plain, trigger, iterations) for _ in range(repeat)]
         disarmed = [ns_per_call(probed, trigger, iterations) for _ in range(repeat)]
         armed = [ns_per_call(probed, trigger, iterations, armed_env) for _ in range(repeat)]
-        hits = sum(p.hits for r in read_regions(regions) for p in r.probes
-                   if p.name == f"trigger_{trigger}")
+        name = "trigger:usdt" if trigger == "usdt" else f"trigger_{trigger}"
+        hits = sum(p.hits for r in read_regions(regions) for p in r.probes if p.name == name)
         for name in os.listdir(regions):
             os.unlink(os.path.join(regions, name))
         if hits != iterations * repeat:
@@ -110,6 +124,8 @@ def hit_cost(work: str, iterations: int, repeat: int):
         group = [measure("usermode (no probe)", plain_runs),
                  measure("urewrite, disarmed", disarmed),
                  measure("urewrite, counting", armed)]
+        if trigger == "usdt":
+            group.append(measure("urewrite, traced", [traced(probed) for _ in range(repeat)]))
         kernel = kernel_uprobe(plain, trigger, max(iterations // 100, 10000), repeat)
         group.append(measure("kernel uprobe", kernel) if kernel else
                      {"row": "kernel uprobe", "skipped": "needs root and tracefs"})
@@ -120,6 +136,16 @@ def hit_cost(work: str, iterations: int, repeat: int):
                 row["mhits_per_s"] = 1e3 / row["ns_per_hit"]
         rows += group
     return rows
+
+
+def traced(probed: str) -> float:
+    """ns per iteration while `urewrite trace` records and reads every event."""
+    out = subprocess.run([sys.executable, "-m", "urewrite", "trace", "--ring",
+                          str(1 << 21), "-o", os.devnull, "--", probed, "usdt",
+                          str(TRACED_EVENTS)], capture_output=True, text=True, check=True)
+    if "lost" in out.stderr:
+        raise SystemExit(f"events were lost: {out.stderr.strip()}")
+    return float(out.stdout.split()[0])
 
 
 def generated_program(work: str, functions: int) -> str:
