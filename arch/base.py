@@ -37,22 +37,31 @@ class Window:
 
     `insns` are the displaced instructions, re-executed from the trampoline.
     `size` may exceed their total size when the window borrows alignment
-    padding after a short function. A window may start before its site (when
-    a branch target follows the site): the probe then fires at `probe_at`.
+    padding after a short function.
     """
 
     address: int
     size: int
     insns: tuple
-    probe_at: Optional[int] = None  # the displaced instruction the probe fires before
 
     @property
     def end(self) -> int:
         return self.address + self.size
 
-    @property
-    def probe_address(self) -> int:
-        return self.address if self.probe_at is None else self.probe_at
+
+@dataclass(frozen=True)
+class CountPoint:
+    """Where, inside a window's displaced instructions, probes fire.
+
+    A window may start before its site (when a branch target follows a USDT
+    site), and may hold several points (an entry probe and a return probe of a
+    short function): each fires before the displaced instruction at `address`.
+    """
+
+    address: int
+    probes: tuple  # indexes of the probes counted here
+    flags_live: bool  # whether the condition flags may carry a value here
+    arguments: tuple = ()  # per probe: encoded argument descriptors for its events
 
 
 @dataclass(frozen=True)
@@ -123,6 +132,16 @@ class Backend(ABC):
         """
 
     @abstractmethod
+    def exit_kind(self, insn: Insn, inside) -> tuple:
+        """(leaves, problem): whether `insn` leaves its function for good (a return,
+        a tail call), or a reason it may leave in a way no probe can follow.
+        `inside(address)` tells whether an address belongs to the function."""
+
+    @abstractmethod
+    def return_value(self) -> list:
+        """ArgSpecs of the return value register, for return events."""
+
+    @abstractmethod
     def is_padding(self, insn: Insn) -> bool:
         """Alignment filler a window may borrow (nop, int3)."""
 
@@ -141,11 +160,11 @@ class Backend(ABC):
         """The bytes that replace the window: a jump to the trampoline, then filler."""
 
     @abstractmethod
-    def trampoline(self, address: int, probe_indexes: Sequence[int], window: Window,
-                   flags_live: bool, refs: RuntimeRefs, arguments: Sequence[bytes]) -> bytes:
-        """The code one site jumps to: count the hit in each probe (and, when tracing,
-        record an event with the probe's encoded `arguments`), run the displaced
-        code, jump back."""
+    def trampoline(self, address: int, window: Window, points: Sequence[CountPoint],
+                   refs: RuntimeRefs) -> bytes:
+        """The code a window jumps to: its displaced instructions, with each point's
+        probes counted (and, when tracing, an event recorded) before the
+        instruction at the point; then back."""
 
     @abstractmethod
     def sdt_arguments(self, text: str, symbol) -> list:

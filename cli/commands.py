@@ -67,6 +67,9 @@ def main():
               help="Function name, glob ('parse_*') or address (0x401136) to probe at entry, "
                    "or a USDT probe: usdt:PROVIDER:NAME (globs allowed). Repeatable.")
 @click.option("-o", "--output", metavar="OUT", help="Output file [default: IN.probed].")
+@click.option("-r", "--return", "returns", multiple=True, metavar="FUNC",
+              help="Function name or glob to probe at every return (and tail call); return "
+                   "events carry the return value. Repeatable.")
 @click.option("--args", "arg_count", type=click.IntRange(0, 6), default=0, metavar="N",
               help="Record the first N integer arguments of function-entry probes in events "
                    "(urewrite trace). USDT probes record their own arguments.")
@@ -74,7 +77,7 @@ def main():
               help="Skip sites that cannot be patched safely even when named exactly.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
-def rewrite(input_file, probes, output, arg_count, keep_going, as_json, quiet):
+def rewrite(input_file, probes, returns, output, arg_count, keep_going, as_json, quiet):
     """Write a copy of IN with probes at the given sites.
 
     A site that cannot be patched safely is refused with the reason: an error
@@ -82,12 +85,13 @@ def rewrite(input_file, probes, output, arg_count, keep_going, as_json, quiet):
     """
     from urewrite.rewriter.pipeline import rewrite as run_rewrite
 
-    if not probes:
-        raise click.UsageError("give at least one probe with -p")
+    if not probes and not returns:
+        raise click.UsageError("give at least one probe with -p or -r")
     output = output or input_file + ".probed"
     try:
         result = run_rewrite(input_file, output, list(probes), keep_going=keep_going,
-                             entry_args=arg_count, on_plan=_progress_bar)
+                             entry_args=arg_count, return_specs=list(returns),
+                             on_plan=_progress_bar)
     except UrewriteError as e:
         _fail(str(e))
     if as_json:
@@ -95,6 +99,7 @@ def rewrite(input_file, probes, output, arg_count, keep_going, as_json, quiet):
             "output": result.output,
             "probes": [{"name": site.name, "kind": _kind(site.kind), "address": site.address,
                         "displaced": p.window.size} for p in result.plans for site in p.sites],
+            # (a return probe lists one entry per exit it patched, at the exit's address)
             "refused": [{"name": r.site.name, "address": r.site.address, "reason": r.reason}
                         for r in result.refusals],
         }, indent=2))

@@ -17,7 +17,7 @@ from urewrite.rewriter.usdt import UsdtSite
 from urewrite.rewriter.planner import Plan, Planner, Refusal
 from urewrite.rewriter.selectors import Site, select
 from urewrite.trampolines import arguments, segment
-from urewrite.trampolines.region import KIND_ENTRY, KIND_USDT
+from urewrite.trampolines.region import KIND_ENTRY, KIND_RETURN, KIND_USDT
 
 
 @dataclass
@@ -76,14 +76,14 @@ def _dt_init(elf: ElfFile) -> Optional[tuple]:
 
 
 def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bool = False,
-            entry_args: int = 0, progress: Optional[Callable[[int], None]] = None,
+            entry_args: int = 0, return_specs: List[str] = (), progress: Optional[Callable[[int], None]] = None,
             on_plan: Optional[Callable[[int], Callable[[int], None]]] = None) -> RewriteResult:
     if _same_file(input_path, output_path) if os.path.exists(output_path) else \
             os.path.realpath(input_path) == os.path.realpath(output_path):
         raise UrewriteError("the output must not be the input file")
     a = analyse(input_path)
     elf, backend = a.elf, a.planner.backend
-    sites = select(specs, a.functions, a.planner.boundaries, a.usdt)
+    sites = select(specs, a.functions, a.planner.boundaries, a.usdt, return_specs)
     outcomes = a.planner.plan(sites)
     plans = [o for o in outcomes if isinstance(o, Plan)]
     refusals = [o for o in outcomes if isinstance(o, Refusal)]
@@ -145,6 +145,8 @@ def _argument_encoder(a: Analysis, backend, entry_args: int, warnings: List[str]
             try:
                 if site.kind == KIND_USDT:
                     specs = backend.sdt_arguments(site.arguments, symbol)
+                elif site.kind == KIND_RETURN:
+                    specs = backend.return_value()
                 else:
                     specs = backend.abi_arguments(entry_args) if entry_args else []
             except ValueError as e:

@@ -22,20 +22,38 @@ from urewrite.rewriter import taken_addresses
 from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.functions import Function
 from urewrite.rewriter.selectors import Site
+from urewrite.trampolines.region import KIND_RETURN
 
 NEAR_BRANCH_REACH = 130  # farthest a rel8 branch reaches, with its own size
 
 
 @dataclass(frozen=True)
-class Plan:
-    site: Site
-    window: Window
+class ProbePoint:
+    address: int  # the displaced instruction the sites' probes fire before
+    sites: tuple
     flags_live: bool
-    others: tuple = ()  # more sites at the same address: one trampoline counts them all
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A window, and the points in it where probes fire (one trampoline)."""
+    window: Window
+    points: tuple
+
+    @property
+    def site(self) -> Site:
+        return self.points[0].sites[0]
 
     @property
     def sites(self) -> tuple:
-        return (self.site,) + self.others
+        return tuple(site for point in self.points for site in point.sites)
+
+    def without(self, keys) -> "Plan":
+        """This plan less the sites whose probe key is in `keys` (None if none is left)."""
+        points = tuple(replace(p, sites=tuple(s for s in p.sites if s.probe_key not in keys))
+                       for p in self.points)
+        points = tuple(p for p in points if p.sites)
+        return replace(self, points=points) if points else None
 
 
 @dataclass(frozen=True)
@@ -75,34 +93,122 @@ class Planner:
 
     # -- planning ----------------------------------------------------------------
     def plan(self, sites: List[Site]) -> List[Outcome]:
-        """A plan per address (with every site there), or a refusal per site."""
+        """A plan per address (with every site there), or a refusal per site.
+
+        A return probe becomes one site per exit of its function; it is refused
+        as a whole unless every exit can be patched.
+        """
+        returns = {s.probe_key: s for s in sites if s.kind == KIND_RETURN}
+        expanded, refused = [], []
+        for site in sites:
+            if site.kind != KIND_RETURN:
+                expanded.append(site)
+                continue
+            try:
+                expanded.extend(self._exit_sites(site))
+            except _Refused as why:
+                refused.append(Refusal(site, str(why)))
+        outcomes = self._plan_sites(expanded)
+        # a return probe missing one exit would miss returns: drop it whole
+        failed = {}
+        for o in outcomes:
+            if isinstance(o, Refusal) and o.site.kind == KIND_RETURN:
+                failed.setdefault(o.site.probe_key, f"its exit at {o.site.address:#x}: {o.reason}")
+        kept = []
+        for o in outcomes:
+            if isinstance(o, Refusal):
+                if o.site.kind != KIND_RETURN:
+                    kept.append(o)
+                continue
+            remaining = o.without(failed)
+            if remaining:
+                kept.append(remaining)
+        refused += [Refusal(returns[key], reason) for key, reason in failed.items()]
+        return kept + refused
+
+    def _exit_sites(self, site: Site) -> List[Site]:
+        """One site per instruction that leaves the function for good."""
+        fn = site.function
+        if not fn.size:
+            raise _Refused("its size is unknown (no symbol size and no .eh_frame entry)")
+        parts = [fn] + [f for f in self.functions if f.name.startswith(fn.name + ".cold")]
+
+        def inside(address: int) -> bool:
+            return any(p.address <= address < p.end for p in parts)
+
+        exits = []
+        for part in parts:
+            for insn in self.instructions(part):
+                leaves, problem = self.backend.exit_kind(insn, inside)
+                if problem:
+                    raise _Refused(f"a return probe cannot see every exit: {problem}")
+                if leaves:
+                    exits.append(replace(site, address=insn.address))
+        if not exits:
+            raise _Refused("it has no exit: it never returns")
+        return exits
+
+    def _plan_sites(self, sites: List[Site]) -> List[Outcome]:
         by_address: Dict[int, List[Site]] = {}
         for site in sites:
             by_address.setdefault(site.address, []).append(site)
         tentative = []
-        for group in by_address.values():
+        for _, group in sorted(by_address.items()):
             # a site inside a function follows the stricter rules (flags live)
             primary = next((s for s in group if not s.at_entry), group[0])
-            others = tuple(s for s in group if s is not primary)
             try:
-                tentative.append(replace(self._window(primary), others=others))
+                plan = self._window(primary)
             except _Refused as why:
                 tentative.extend(Refusal(s, str(why)) for s in group)
+                continue
+            point = plan.points[0]
+            tentative.append(replace(plan, points=(replace(point, sites=tuple(
+                [primary] + [s for s in group if s is not primary])),)))
         windows = [o for o in tentative if isinstance(o, Plan)]
         taken = self._taken_addresses(windows)
         outcomes = []
-        taken_until = -1
+        previous = None  # the last plan kept
+        tentative.sort(key=lambda o: o.window.address if isinstance(o, Plan) else o.site.address)
         for outcome in tentative:
             if isinstance(outcome, Plan):
                 reason = self._branch_into(outcome, taken)
-                if reason is None and outcome.window.address < taken_until:
+                if reason is None and previous and outcome.window.address < previous.window.end:
+                    merged = self._merge(previous, outcome)
+                    if merged:
+                        outcomes[outcomes.index(previous)] = previous = merged
+                        continue
                     reason = "its window overlaps the window of the site before it"
                 if reason:
                     outcomes.extend(Refusal(s, reason) for s in outcome.sites)
                     continue
-                taken_until = outcome.window.end
+                previous = outcome
             outcomes.append(outcome)
         return outcomes
+
+    def _merge(self, a: Plan, b: Plan) -> Optional[Plan]:
+        """One window for two overlapping ones (an entry and a return probe of a short
+        function), when the union is whole instructions and nothing branches into it."""
+        if b.window.end <= a.window.end:
+            insns = a.window.insns
+        elif a.window.end == a.window.insns[-1].end:
+            insns = a.window.insns + tuple(i for i in b.window.insns if i.address >= a.window.end)
+        else:
+            return None  # a borrowed padding that b's instructions would follow
+        window = Window(a.window.address, max(a.window.end, b.window.end) - a.window.address,
+                        insns)
+        targets = self._near_targets(self._holding(a.site))
+        if any(window.address < t < window.end for t in targets):
+            return None
+        if taken_addresses.find(self.elf, self.backend, {b.window.address}):
+            return None  # b's first byte is no longer a window start
+        points = {}
+        for point in a.points + b.points:
+            if point.address in points:
+                old = points[point.address]
+                point = replace(old, sites=old.sites + point.sites,
+                                flags_live=old.flags_live or point.flags_live)
+            points[point.address] = point
+        return Plan(window, tuple(points[k] for k in sorted(points)))
 
     def _window(self, site: Site) -> Plan:
         if not site.at_entry:
@@ -143,7 +249,7 @@ class Planner:
                 raise _Refused(f"cannot relocate {problem}")
         window = Window(start, covered - start, tuple(detailed))
         flags_live = not site.at_entry or self.backend.flags_live_at_entry()
-        return Plan(site, window, flags_live)
+        return Plan(window, (ProbePoint(start, (site,), flags_live),))
 
     MAX_LOOK_BACK = 24  # bytes a window may start before an inner site
 
@@ -154,7 +260,7 @@ class Planner:
         each time. Windows with a known branch target inside, or an instruction
         that cannot move, are skipped; the first that fits wins.
         """
-        fn = site.function
+        fn = self._holding(site)
         if not fn.size:
             raise _Refused("it lies in no function of known size")
         insns = self.instructions(fn)
@@ -170,24 +276,39 @@ class Planner:
             last = index  # the window always holds the site's own instruction
             while last < len(insns) and insns[last].end - start < self.backend.patch_size:
                 last += 1
-            if last == len(insns):
-                continue
-            end = insns[last].end
+            if last < len(insns):
+                end = insns[last].end
+            else:  # the function ends first: borrow the padding after it, if any
+                last = len(insns) - 1
+                try:
+                    end = self._borrow_padding(fn, start, insns[last].end)
+                except _Refused as why:
+                    reason = str(why)
+                    continue
             inside = [t for t in targets if start < t < end]
             if inside:
                 reason = f"a branch lands at {inside[0]:#x}, inside every window around it"
                 continue
-            detailed = self.backend.decode(self.elf.read(start, end - start), start, detail=True)
+            code_end = insns[last].end
+            detailed = self.backend.decode(self.elf.read(start, code_end - start), start,
+                                           detail=True)
             problem = next((p for k, insn in enumerate(detailed)
                             if (p := self.backend.relocation_problem(
                                 insn, k == len(detailed) - 1, self._shadow_stack))), None)
             if problem:
                 reason = f"cannot relocate {problem}"
                 continue
-            window = Window(start, end - start, tuple(detailed),
-                            probe_at=None if start == site.address else site.address)
-            return Plan(site, window, flags_live=True)
+            window = Window(start, end - start, tuple(detailed))
+            # at a return or tail call the flags carry nothing (SysV ABI), as at an entry
+            return Plan(window, (ProbePoint(site.address, (site,), site.kind != KIND_RETURN),))
         raise _Refused(reason)
+
+    def _holding(self, site: Site) -> Function:
+        """The function (or .cold part) whose code holds the site."""
+        k = bisect.bisect_right(self._starts, site.address) - 1
+        if k >= 0 and self.functions[k].address <= site.address < self.functions[k].end:
+            return self.functions[k]
+        return site.function
 
     def _near_targets(self, fn: Function) -> Set[int]:
         targets = set()

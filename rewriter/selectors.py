@@ -11,7 +11,7 @@ from typing import List
 from urewrite.errors import UrewriteError
 from urewrite.rewriter.functions import Function
 from urewrite.rewriter.usdt import UsdtSite
-from urewrite.trampolines.region import KIND_ADDRESS, KIND_ENTRY, KIND_USDT
+from urewrite.trampolines.region import KIND_ADDRESS, KIND_ENTRY, KIND_RETURN, KIND_USDT
 
 
 @dataclass(frozen=True)
@@ -27,12 +27,22 @@ class Site:
 
     @property
     def at_entry(self) -> bool:
-        return self.kind != KIND_USDT and self.address == self.function.address
+        return self.kind in (KIND_ENTRY, KIND_ADDRESS) and self.address == self.function.address
 
     @property
     def probe_key(self):
-        """Sites with one key count into one probe: all sites of a USDT probe name."""
-        return self.name if self.kind == KIND_USDT else self.address
+        """Sites with one key count into one probe: all sites of a USDT probe name,
+        all exits of a return probe."""
+        if self.kind == KIND_USDT:
+            return self.name
+        if self.kind == KIND_RETURN:
+            return ("return", self.function.address)
+        return self.address
+
+    @property
+    def probe_address(self) -> int:
+        """The address the probe is known by: a return probe's is its function's."""
+        return self.function.address if self.kind == KIND_RETURN else self.address
 
 
 def _is_glob(spec: str) -> bool:
@@ -43,10 +53,12 @@ USDT_PREFIX = "usdt:"
 
 
 def select(specs: List[str], functions: List[Function], boundaries,
-           usdt_sites: List[UsdtSite] = ()) -> List[Site]:
+           usdt_sites: List[UsdtSite] = (), return_specs: List[str] = ()) -> List[Site]:
     """Sites for the specs, in address order; one address may carry several probes.
 
-    `boundaries(function)` gives the instruction start addresses of a function.
+    `boundaries(function)` gives the instruction start addresses of a function. A
+    return probe (from `return_specs`: names or globs) is one site at its
+    function's address; the planner finds its exits.
     """
     by_name = {}
     for fn in functions:
@@ -63,22 +75,29 @@ def select(specs: List[str], functions: List[Function], boundaries,
             site = _address_site(spec, functions, starts, boundaries)
             sites.setdefault((site.address, site.probe_key), site)
             continue
-        if _is_glob(spec):
-            matched = [fn for name, fns in by_name.items() if fnmatch.fnmatchcase(name, spec)
-                       for fn in fns]
-            if not matched:
-                raise UrewriteError(f"no function matches '{spec}'")
-        else:
-            matched = by_name.get(spec)
-            if not matched:
-                close = difflib.get_close_matches(spec, list(by_name), n=5, cutoff=0.6)
-                hint = f" (close matches: {', '.join(close)})" if close else ""
-                raise UrewriteError(f"no function named '{spec}'{hint}")
-        for fn in matched:
+        for fn in _functions_named(spec, by_name):
             sites.setdefault((fn.address, fn.address),
                              Site(fn, fn.address, KIND_ENTRY, fn.name, spec,
                                   exact=not _is_glob(spec)))
+    for spec in return_specs:
+        for fn in _functions_named(spec, by_name):
+            site = Site(fn, fn.address, KIND_RETURN, fn.name, spec, exact=not _is_glob(spec))
+            sites.setdefault((fn.address, site.probe_key), site)
     return [sites[k] for k in sorted(sites, key=lambda k: (k[0], str(k[1])))]
+
+
+def _functions_named(spec: str, by_name) -> List[Function]:
+    if _is_glob(spec):
+        matched = [fn for name, fns in by_name.items() if fnmatch.fnmatchcase(name, spec)
+                   for fn in fns]
+        if not matched:
+            raise UrewriteError(f"no function matches '{spec}'")
+        return matched
+    if spec not in by_name:
+        close = difflib.get_close_matches(spec, list(by_name), n=5, cutoff=0.6)
+        hint = f" (close matches: {', '.join(close)})" if close else ""
+        raise UrewriteError(f"no function named '{spec}'{hint}")
+    return by_name[spec]
 
 
 def _usdt_sites(spec: str, usdt_sites: List[UsdtSite], functions, starts) -> List[Site]:

@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
-from urewrite.arch.base import Backend, RuntimeRefs, RuntimeSpec
+from urewrite.arch.base import Backend, CountPoint, RuntimeRefs, RuntimeSpec
 from urewrite.errors import UrewriteError
 from urewrite.rewriter.layout import Placement, align_up
 from urewrite.trampolines import arguments, region
@@ -43,7 +43,7 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
     for site in (site for p in plans for site in p.sites):
         if site.probe_key not in index_of:
             index_of[site.probe_key] = len(probes)
-            probes.append(region.ProbeInfo(site.name, site.kind, site.address))
+            probes.append(region.ProbeInfo(site.name, site.kind, site.probe_address))
             if site.semaphore and site.semaphore not in semaphores:
                 semaphores.append(site.semaphore)
     template, layout = region.build_template(probes, object_name, build_id, backend.elf_machine)
@@ -74,10 +74,13 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
         at = base + align_up(len(code), CODE_ALIGN)
         code += bytes(at - base - len(code))
         try:
-            per_probe = {index_of[site.probe_key]: site for site in plan.sites}
-            indexes = sorted(per_probe)
-            code += backend.trampoline(at, indexes, plan.window, plan.flags_live, refs,
-                                       [arguments_of(per_probe[i]) for i in indexes])
+            points = []
+            for point in plan.points:
+                per_probe = {index_of[site.probe_key]: site for site in point.sites}
+                indexes = tuple(sorted(per_probe))
+                points.append(CountPoint(point.address, indexes, point.flags_live,
+                                         tuple(arguments_of(per_probe[i]) for i in indexes)))
+            code += backend.trampoline(at, plan.window, points, refs)
             patches.append((plan.window.address, backend.site_patch(plan.window, at)))
         except OverflowError:
             raise UrewriteError(f"{plan.site.name}: the trampoline at {at:#x} is out of branch "

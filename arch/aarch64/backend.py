@@ -53,6 +53,22 @@ class AArch64Backend(Backend):
         # start, so nothing can be aimed there.
         return ()
 
+    def exit_kind(self, insn: Insn, inside) -> tuple:
+        word = int.from_bytes(insn.raw, "little")
+        if word & 0xFFFFFBFF == 0xD65F0BFF or word & 0xFFFFFC1F == 0xD65F0000:
+            return True, None  # ret, retaa, retab
+        if word & 0xFE9FFC1F == 0xD61F0000 or word & 0xFEFFF800 == 0xD61F0800:
+            return False, f"the indirect branch at {insn.address:#x} may leave it"
+        target = self.direct_branch_target(insn)
+        if target is None or inside(target) or insn.mnemonic == "bl":
+            return False, None
+        if insn.mnemonic == "b":
+            return True, None  # a tail call
+        return False, f"the conditional branch at {insn.address:#x} leaves it"
+
+    def return_value(self) -> list:
+        raise ValueError("recording return values is not supported on AArch64 yet")
+
     def is_padding(self, insn: Insn) -> bool:
         return int.from_bytes(insn.raw, "little") in _PADDING
 
@@ -69,9 +85,8 @@ class AArch64Backend(Backend):
     def site_patch(self, window: Window, trampoline_address: int) -> bytes:
         return b_imm(window.address, trampoline_address).to_bytes(4, "little")
 
-    def trampoline(self, address: int, probe_indexes, window: Window,
-                   flags_live: bool, refs: RuntimeRefs, arguments=()) -> bytes:
-        return trampoline.build(address, probe_indexes, window, flags_live, refs, arguments)
+    def trampoline(self, address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
+        return trampoline.build(address, window, points, refs)
 
     def sdt_arguments(self, text: str, symbol) -> list:
         raise ValueError("recording arguments is not supported on AArch64 yet")

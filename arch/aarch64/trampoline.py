@@ -42,11 +42,12 @@ def _load_state(w: Writer, state: int) -> None:
     w.ldr(X16, X16, state & 0xFFF)
 
 
-def build(address: int, probe_indexes, window: Window, flags_live: bool,
-          refs: RuntimeRefs, arguments=()) -> bytes:
-    # events (tracing) are not recorded on AArch64 yet: `arguments` go unused
-    # a window is the one instruction at the site: the probe fires before it
-    assert window.probe_at is None or window.probe_at == window.address
+def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
+    # A window is the one instruction at its site, so it has one point, before it.
+    # Events (tracing) are not recorded on AArch64 yet: the points' arguments go unused.
+    (point,) = points
+    assert point.address == window.address
+    probe_indexes = point.probes
     w = Writer(address)
     w.stp_pre(X16, X17, SP, -FRAME)
     _load_state(w, refs.state)

@@ -73,3 +73,7 @@ def _operand(size: int, signed: bool, operand: str, symbol) -> ArgSpec:
 
 def abi_arguments(count: int) -> List[ArgSpec]:
     return [ArgSpec(REGISTER, 8, True, base=SLOT[r]) for r in _ABI[:count]]
+
+
+def abi_return() -> List[ArgSpec]:
+    return [ArgSpec(REGISTER, 8, True, base=SLOT["rax"])]

@@ -71,6 +71,24 @@ class X86_64Backend(Backend):
             if target in wanted:
                 yield target
 
+    def exit_kind(self, insn: Insn, inside) -> tuple:
+        mnemonic = insn.mnemonic.split()[-1]  # drop prefixes such as "bnd", "notrack"
+        if mnemonic in ("ret", "retq"):
+            return True, None
+        if mnemonic in _BRANCH_MNEMONICS and mnemonic != "call":
+            target = self.direct_branch_target(insn)
+            if target is None:
+                return False, f"the indirect jump at {insn.address:#x} may leave it"
+            if inside(target):
+                return False, None
+            if mnemonic == "jmp":
+                return True, None  # a tail call
+            return False, f"the conditional jump at {insn.address:#x} leaves it"
+        return False, None
+
+    def return_value(self) -> list:
+        return arguments.abi_return()
+
     def is_padding(self, insn: Insn) -> bool:
         return insn.mnemonic in ("nop", "int3") or insn.mnemonic.endswith(" nop")
 
@@ -88,9 +106,8 @@ class X86_64Backend(Backend):
         jump = jmp_rel32(window.address, trampoline_address)
         return jump + bytes([INT3]) * (window.size - len(jump))
 
-    def trampoline(self, address: int, probe_indexes, window: Window,
-                   flags_live: bool, refs: RuntimeRefs, arguments=()) -> bytes:
-        return trampoline.build(address, probe_indexes, window, flags_live, refs, arguments)
+    def trampoline(self, address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
+        return trampoline.build(address, window, points, refs)
 
     def sdt_arguments(self, text: str, symbol) -> list:
         return arguments.sdt_arguments(text, symbol)

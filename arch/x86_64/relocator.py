@@ -96,19 +96,21 @@ def _prefixes(insn: Insn) -> bytes:
     return bytes(b for b in insn.raw[:insn.size - 2] if b == 0x67)
 
 
-def layout(insns, new_address: int, gap_at=None, gap_size: int = 0) -> dict:
-    """Where each displaced instruction goes, with `gap_size` bytes kept free before
-    the one at `gap_at` (the probe): a branch to `gap_at` goes to the gap."""
+def layout(insns, new_address: int, gaps: dict = None) -> dict:
+    """Where each displaced instruction goes, with gaps[a] bytes kept free before the
+    instruction at address a (a probe point): a branch to a goes to its gap."""
+    gaps = gaps or {}
     where = {}
     at = new_address
     for insn in insns:
-        if insn.address == gap_at:
-            at += gap_size
         where[insn.address] = at
-        at += relocated_size(insn)
-    if gap_at is not None:
-        where[gap_at] -= gap_size
+        at += gaps.get(insn.address, 0) + relocated_size(insn)
     return where
+
+
+def emit_one(w: Writer, insn: Insn, where: dict) -> bool:
+    """Write one relocated instruction at w.pc; False when it never falls through."""
+    return _emit(w, insn, where)
 
 
 def emit(w: Writer, insns, where: dict) -> bool:

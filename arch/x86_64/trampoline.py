@@ -46,52 +46,64 @@ SLOT_SHIFT = 64 - _SLOT_BITS - _ENTRY_BITS
 SLOT_MASK = (region.SLOT_COUNT - 1) * region.OWNER_ENTRY_SIZE
 
 
-def build(address: int, probe_indexes, window: Window, flags_live: bool,
-          refs: RuntimeRefs, arguments=()) -> bytes:
-    """Displaced instructions before the probe point, the check, the rest; then the
-    out-of-line parts."""
-    before = [i for i in window.insns if i.address < window.probe_address]
-    after = [i for i in window.insns if i.address >= window.probe_address]
-    block_size = len(_check(Writer(address), flags_live, refs, dry_run=True))
-    where = relocator.layout(window.insns, address, window.probe_address if before else None,
-                             block_size)
+def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
+    """The displaced instructions with each point's check before its instruction; then
+    the out-of-line parts of each point."""
+    gaps = {p.address: len(_check(Writer(address), _Labels(k), p.flags_live, refs, dry_run=True))
+            for k, p in enumerate(points)}
+    where = relocator.layout(window.insns, address, gaps)
+    by_address = {p.address: (k, p) for k, p in enumerate(points)}
     w = Writer(address)
-    relocator.emit(w, before, where)
-    _check(w, flags_live, refs)
-    falls_through = relocator.emit(w, after, where) if after else True
+    falls_through = True
+    for insn in window.insns:
+        if insn.address in by_address:
+            k, point = by_address[insn.address]
+            _check(w, _Labels(k), point.flags_live, refs)
+        falls_through = relocator.emit_one(w, insn, where)
     if falls_through:
         w.jmp(window.end)
-    _armed(w, probe_indexes, flags_live, refs)
-    _trace_path(w, probe_indexes, refs, arguments)
+    for k, point in enumerate(points):
+        _armed(w, _Labels(k), point.probes, point.flags_live, refs)
+        _trace_path(w, _Labels(k), point.probes, refs, point.arguments)
     return w.bytes()
 
 
-def _check(w: Writer, flags_live: bool, refs: RuntimeRefs, dry_run: bool = False):
+class _Labels:
+    """Label names of one point: every point has its own check and out-of-line parts."""
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def __getattr__(self, name: str) -> str:
+        return f"p{self.k}_{name}"
+
+
+def _check(w: Writer, L: _Labels, flags_live: bool, refs: RuntimeRefs, dry_run: bool = False):
     if flags_live:
         w.lea_rsp(-RED_ZONE)
         w.push("rcx")
         w.mov_reg_rip("rcx", refs.state)
         w.lea_rcx_rcx(-1)
         w.jrcxz_short(5)  # over the jmp below
-        w.jmp("armed")
-        w.label("resume")
+        w.jmp(L.armed)
+        w.label(L.resume)
         w.pop("rcx")
         w.lea_rsp(RED_ZONE)
     else:
         w.cmp_rip_qword_imm8(refs.state, 1)
-        w.jcc("e", "resume")
-        w.jcc("b", "set_up_first")
-        w.jmp("armed")
-        w.label("resume")
+        w.jcc("e", L.resume)
+        w.jcc("b", L.set_up_first)
+        w.jmp(L.armed)
+        w.label(L.resume)
     if dry_run:  # only the size is wanted: give the out-of-line labels a place
-        w.label("armed")
-        w.label("set_up_first")
+        w.label(L.armed)
+        w.label(L.set_up_first)
         return w.bytes()
     return None
 
 
-def _armed(w: Writer, probe_indexes, flags_live: bool, refs: RuntimeRefs) -> None:
-    w.label("armed")
+def _armed(w: Writer, L: _Labels, probe_indexes, flags_live: bool, refs: RuntimeRefs) -> None:
+    w.label(L.armed)
     if flags_live:
         w.push("rax")
         w.seto_al()
@@ -100,23 +112,23 @@ def _armed(w: Writer, probe_indexes, flags_live: bool, refs: RuntimeRefs) -> Non
         w.push("rsi")
         w.lea_rdx_rcx(1)  # rcx held state - 1
         w.test_rdx_rdx()
-        w.jcc("e", "set_up")
+        w.jcc("e", L.set_up)
     else:
         w.lea_rsp(-RED_ZONE)
         for reg in ("rcx", "rax", "rdx", "rsi"):
             w.push(reg)
         w.mov_reg_rip("rdx", refs.state)
-    w.label("count")
+    w.label(L.count)
     _owner_entry(w)
     w.cmp_rdx_rsi_disp_rcx(refs.owners_offset)
-    w.jcc("ne", "slow")
+    w.jcc("ne", L.slow)
     w.mov_rsi_rdx_rsi_disp(refs.owners_offset + 8)
     for index in probe_indexes:
         w.inc_rsi_disp(8 * index)
-    w.label("counted")
+    w.label(L.counted)
     w.cmp_rip_byte_imm8(refs.state + TRACING, 0)
-    w.jcc("ne", "trace")
-    w.label("traced")
+    w.jcc("ne", L.trace)
+    w.label(L.traced)
     w.pop("rsi")
     w.pop("rdx")
     if flags_live:
@@ -127,12 +139,12 @@ def _armed(w: Writer, probe_indexes, flags_live: bool, refs: RuntimeRefs) -> Non
         w.pop("rax")
         w.pop("rcx")
         w.lea_rsp(RED_ZONE)
-    w.jmp("resume")
+    w.jmp(L.resume)
 
     # The thread has no row of its own (yet): slow_hit claims one or counts in the
     # shared row. It takes rax = region, rcx = thread pointer, rdx = owner entry
     # offset, rsi = probe offset, and clobbers those four.
-    w.label("slow")
+    w.label(L.slow)
     w.push("rax")
     for k, index in enumerate(probe_indexes):
         if k:
@@ -143,23 +155,23 @@ def _armed(w: Writer, probe_indexes, flags_live: bool, refs: RuntimeRefs) -> Non
         w.mov_esi_imm(8 * index)
         w.call(refs.slow_hit)
     w.pop("rax")
-    w.jmp("counted")
+    w.jmp(L.counted)
 
     if flags_live:  # first hit in this process (or in a forked child): set up, then count
-        w.label("set_up")
+        w.label(L.set_up)
         w.call(refs.lazy_init)
         w.mov_reg_rip("rdx", refs.state)
         w.cmp_rdx_imm8(1)
-        w.jcc("a", "count")
-        w.jmp("traced")  # still not armed: this hit goes uncounted
+        w.jcc("a", L.count)
+        w.jmp(L.traced)  # still not armed: this hit goes uncounted
     else:
-        w.label("set_up_first")
+        w.label(L.set_up_first)
         w.lea_rsp(-RED_ZONE)
         w.call(refs.lazy_init)
         w.lea_rsp(RED_ZONE)
         w.cmp_rip_qword_imm8(refs.state, 1)
-        w.jcc("a", "armed")
-        w.jmp("resume")
+        w.jcc("a", L.armed)
+        w.jmp(L.resume)
 
 
 def _owner_entry(w: Writer) -> None:
@@ -171,10 +183,10 @@ def _owner_entry(w: Writer) -> None:
     w.and_esi(SLOT_MASK)
 
 
-def _trace_path(w: Writer, probe_indexes, refs: RuntimeRefs, arguments) -> None:
+def _trace_path(w: Writer, L: _Labels, probe_indexes, refs: RuntimeRefs, arguments) -> None:
     """Save every register as the frame trace_event reads arguments from; one event
-    per probe at this site."""
-    w.label("trace")
+    per probe at this point."""
+    w.label(L.trace)
     for n in TRACE_PUSHES:
         w.push_r(n)
     site_rsp = 8 * (len(TRACE_PUSHES) + SAVED) + RED_ZONE
@@ -182,12 +194,12 @@ def _trace_path(w: Writer, probe_indexes, refs: RuntimeRefs, arguments) -> None:
         w.mov_rdi_rsp()
         w.lea_rcx_rsp(site_rsp)
         w.mov_esi_imm(index)
-        w.lea_reg_rip("rdx", f"arguments{k}")
+        w.lea_reg_rip("rdx", f"{L.arguments}{k}")
         w.call(refs.trace_event)
     for n in reversed(TRACE_PUSHES):
         w.pop_r(n)
-    w.jmp("traced")
+    w.jmp(L.traced)
     w.align(8)
     for k, _ in enumerate(probe_indexes):
-        w.label(f"arguments{k}")
+        w.label(f"{L.arguments}{k}")
         w.raw(arguments[k] if k < len(arguments) else encode(()))
