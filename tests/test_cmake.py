@@ -22,10 +22,12 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "samples" / "cmake"
 TIMEOUT = 300
 N = 10  # requests; see samples/cmake/server.c for the counts
+# beyond entry probes: a return probe and a USDT probe (samples/cmake/server.c)
+OTHER_COUNTS = {"parse_header (return)": N, "server:request": N}
 SERVER_COUNTS = {"handle_request": N, "parse_header": N, "parse_body": N // 2,
-                 "parse_trailer": (N + 2) // 3}
+                 "parse_trailer": (N + 2) // 3, **OTHER_COUNTS}
 DEMO_COUNTS = {"demo_add": N, "demo_mul": 2 * N}
-PROBES_LINE = 'urewrite_instrument(server PROBES handle_request "parse_*" OUTPUT server.probed)'
+PROBES_LINE = 'urewrite_instrument(server PROBES handle_request "parse_*" RETURN parse_header'
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("cmake") and shutil.which("ninja") and shutil.which("gcc")),
@@ -63,7 +65,8 @@ def stat(cmd, tmp: Path, extra_env=None):
     proc = urewrite("stat", "--json", "-o", report, "--", *cmd, extra_env=extra_env)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(report.read_text())
-    return {p["name"]: p["hits"] for p in data["probes"]}, proc.stdout
+    return {p["name"] if p["kind"] in ("entry", "usdt") else f'{p["name"]} ({p["kind"]})':
+            p["hits"] for p in data["probes"]}, proc.stdout
 
 
 class Project:
@@ -192,7 +195,7 @@ def test_probe_list_change_reruns(tmp_path):
     log = p.built()
     assert rewrites(log) == ["server"], log
     hits, _ = stat([p.probed, N], tmp_path)
-    assert hits == {"handle_request": N, "parse_body": N // 2}
+    assert hits == {"handle_request": N, "parse_body": N // 2, **OTHER_COUNTS}
     log = p.built()
     assert not rewrites(log), log
 
@@ -228,7 +231,7 @@ def test_makefiles(tmp_path):
     log = p.built()
     assert rewrites(log) == ["server"], log
     hits, _ = stat([p.probed, N], tmp_path)
-    assert hits == {"handle_request": N, "parse_trailer": (N + 2) // 3}
+    assert hits == {"handle_request": N, "parse_trailer": (N + 2) // 3, **OTHER_COUNTS}
 
 
 def _configure_only(tmp: Path, body: str, *defs: str):

@@ -1,9 +1,11 @@
 /* A stand-in server for the build-system samples (CMake and Bazel): handles N requests (argument 1, default 10).
  * Request i calls parse_header once, parse_body when i is odd, parse_trailer when i % 3 == 0,
- * so hits are exactly: handle_request N, parse_header N, parse_body N/2, parse_trailer (N+2)/3.
+ * so hits are exactly: handle_request N, parse_header N, parse_body N/2, parse_trailer (N+2)/3;
+ * parse_header returns N times; the USDT probe server:request fires N times.
  * noinline/noclone keep each function a symbol of its own at any optimisation level. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/sdt.h>
 
 #define PROBED __attribute__((noinline, noclone))
 
@@ -31,6 +33,7 @@ PROBED unsigned long parse_trailer(unsigned long i) {
 }
 
 PROBED unsigned long handle_request(unsigned long i) {
+    DTRACE_PROBE1(server, request, i);
     unsigned long r = parse_header(i);
     if (i % 2)
         r += parse_body(i);

@@ -74,11 +74,10 @@ def _attrs(executable):
             doc = "Entry probes: function names, globs ('parse_*') or addresses (urewrite -p).",
         ),
         "returns": attr.string_list(
-            doc = "Return probes (urewrite -r): waiting for urewrite's command line to accept -r.",
+            doc = "Functions to probe at every return (urewrite -r).",
         ),
         "usdt": attr.string_list(
-            doc = "USDT probes as provider:name (urewrite -p usdt:provider:name): waiting for " +
-                  "urewrite's command line to accept them.",
+            doc = "USDT probes as provider:name (urewrite -p usdt:provider:name).",
         ),
         "keep_going": attr.bool(
             default = False,

@@ -5,8 +5,8 @@
 #
 #     urewrite_instrument(<target>
 #         [PROBES spec...]        function names, globs ("parse_*") or addresses: urewrite -p
-#         [RETURN function...]    return probes: urewrite -r (waits for the command line to have -r)
-#         [USDT provider:name...] USDT probes: urewrite -p usdt:provider:name (likewise)
+#         [RETURN function...]    return probes: urewrite -r
+#         [USDT provider:name...] USDT probes: urewrite -p usdt:provider:name
 #         [OUTPUT file]           default <target>.probed, beside the target's own file;
 #                                 a relative path is taken from the target's output folder
 #         [TARGET name]           the new target, default <target>_probed
