@@ -62,6 +62,8 @@ class CountPoint:
     probes: tuple  # indexes of the probes counted here
     flags_live: bool  # whether the condition flags may carry a value here
     arguments: tuple = ()  # per probe: encoded argument descriptors for its events
+    enters: bool = False  # a function measured for latency is entered here
+    leaves: tuple = ()  # histograms of the measured functions that return here
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,8 @@ class RuntimeRefs:
     slow_hit: int  # runtime routine: count a hit without an owned thread slot
     lazy_init: int  # runtime routine: one-time set-up (after fork, or before start-up ran)
     trace_event: int  # runtime routine: write one event into the ring
+    lat_enter: int  # runtime routine: a latency-measured call begins
+    lat_exit: int  # runtime routine: it returns: add its duration to a histogram
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,8 @@ class Runtime:
     slow_hit: int
     lazy_init: int
     trace_event: int
+    lat_enter: int
+    lat_exit: int
 
 
 class Backend(ABC):

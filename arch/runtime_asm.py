@@ -22,8 +22,8 @@ import keystone
 from urewrite.arch.base import Runtime, RuntimeSpec
 from urewrite.trampolines import region
 
-EXPORTS = ("exe_start", "dso_start", "slow_hit", "lazy_init", "trace_event", "exe_tail",
-           "dso_tail")
+EXPORTS = ("exe_start", "dso_start", "slow_hit", "lazy_init", "trace_event", "lat_enter",
+           "lat_exit", "exe_tail", "dso_tail")
 
 
 def common_fields(spec: RuntimeSpec) -> dict:
@@ -47,6 +47,10 @@ def common_fields(spec: RuntimeSpec) -> dict:
         "RECORD_SHIFT": region.RECORD_SIZE.bit_length() - 1,
         "REC_SEQ": region.REC_SEQ, "REC_TICKS": region.REC_TICKS, "REC_PROBE": region.REC_PROBE,
         "REC_TID": region.REC_TID, "REC_NARGS": region.REC_NARGS, "REC_ARGS": region.REC_ARGS,
+        "OFF_PROBE_COUNT": region.OFF_PROBE_COUNT, "OFF_LATENCY_COUNT": region.OFF_LATENCY_COUNT,
+        "OFF_NS_MULT": region.OFF_NS_MULT, "LATENCY_DEPTH": region.LATENCY_DEPTH,
+        "LATENCY_BUCKETS_MAX": region.LATENCY_BUCKETS - 1,
+        "HISTOGRAM_SHIFT": (8 * region.LATENCY_BUCKETS).bit_length() - 1,
     }
 
 
@@ -72,4 +76,5 @@ def assemble(package: str, filename: str, ks_arch: int, ks_mode: int, spec: Runt
     struct.pack_into("<5q", code, 0, link, spec.state - link, spec.template - link,
                      spec.template_size, spec.region_size)
     return Runtime(bytes(code), entry["exe_start"], entry["dso_start"], entry["slow_hit"],
-                   entry["lazy_init"], entry["trace_event"])
+                   entry["lazy_init"], entry["trace_event"], entry["lat_enter"],
+                   entry["lat_exit"])

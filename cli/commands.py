@@ -281,14 +281,30 @@ def trace(as_json, output, ring_entries, command):
     sys.exit(exit_code)
 
 
+def _bucket_range(k: int) -> tuple:
+    """Latency bucket k holds [lo, hi) ns: 0 is under 1 ns, k is [2^(k-1), 2^k)."""
+    return (0, 1) if k == 0 else (1 << (k - 1), 1 << k)
+
+
 def _stat_report(exit_code: int, regions, as_json: bool) -> str:
-    totals = {}
+    totals, histograms = {}, {}
     for region in regions:
         for p in region.probes:
             key = (region.object, p.name, p.kind, p.address)
             totals[key] = totals.get(key, 0) + p.hits
-    probes = [{"object": k[0], "name": k[1], "kind": k[2], "address": k[3], "hits": hits}
-              for k, hits in totals.items()]
+            if p.histogram is not None:
+                old = histograms.get(key, [0] * len(p.histogram))
+                histograms[key] = [a + b for a, b in zip(old, p.histogram)]
+    probes = []
+    for k, hits in totals.items():
+        probe = {"object": k[0], "name": k[1], "kind": k[2], "address": k[3], "hits": hits}
+        if k in histograms:
+            counts = histograms[k]
+            used = [i for i, c in enumerate(counts) if c]
+            probe["histogram"] = [
+                {"lo_ns": _bucket_range(i)[0], "hi_ns": _bucket_range(i)[1], "count": counts[i]}
+                for i in (range(used[0], used[-1] + 1) if used else ())]
+        probes.append(probe)
     if as_json:
         return json.dumps({"exit_code": exit_code, "processes": len(regions),
                            "probes": probes}, indent=2) + "\n"
@@ -300,7 +316,22 @@ def _stat_report(exit_code: int, regions, as_json: bool) -> str:
     for p in probes:
         lines.append(f"{p['object']:<{wo}}  {p['name']:<{wn}}  {p['kind']:<7} "
                      f"{p['address']:#018x} {p['hits']:>12}")
+    for p in probes:
+        if p.get("histogram"):
+            lines += ["", f"{p['object']}: {p['name']}: latency from entry to return"]
+            lines += _histogram_lines(p["histogram"])
     return "\n".join(lines) + "\n"
+
+
+def _histogram_lines(buckets, width: int = 40) -> list:
+    """A log2 histogram drawn as bcc's funclatency does."""
+    top = max(b["count"] for b in buckets)
+    lines = [f"{'nsecs':>22} : {'count':<10} distribution"]
+    for b in buckets:
+        bar = "*" * round(width * b["count"] / top) if top else ""
+        lines.append(f"{b['lo_ns']:>10} -> {b['hi_ns'] - 1:<10} : {b['count']:<10} "
+                     f"|{bar:<{width}}|")
+    return lines
 
 
 if __name__ == "__main__":

@@ -42,7 +42,8 @@ def returns(request, tmp_path_factory):
     plain, probed = work / "returns", work / "returns.probed"
     subprocess.run(["gcc", request.param, "-pthread", os.path.join(SAMPLES, "returns.c"),
                     "-o", plain], check=True)
-    args = [a for name in PROBED for a in ("-r", name)] + ["-p", "depth", "-p", "work"]
+    args = [a for name in PROBED for a in ("-r", name)] + ["-p", "depth", "-p", "work",
+                                                           "-p", "maybe_jump"]
     out = urewrite(plain, *args, "--keep-going", "--json", "-o", probed)
     assert out.returncode == 0, out.stderr
     refused = {r["name"] for r in json.loads(out.stdout)["refused"]}
@@ -60,10 +61,18 @@ def test_returns_are_counted_exactly(returns, case):
     for name, count in expected_returns(original.stdout).items():
         if name not in refused:
             assert hits[(name, "return")] == count, name
+    samples = {p["name"]: sum(b["count"] for b in p["histogram"])
+               for p in report["probes"] if "histogram" in p}
+    # Latency is measured from a thread's second hit on (the first claims its row),
+    # for at most LATENCY_DEPTH open calls a thread.
     if case == "recursion" and "depth" not in refused:  # every entry has its return
         assert hits[("depth", "entry")] == hits[("depth", "return")] == 10001
+        assert samples["depth"] == 126  # the outermost open calls, after the first
     if case == "threads":
         assert hits[("work", "entry")] == hits[("work", "return")] == 1000000
+        assert samples["work"] == 1000000 - 4
+    if case == "longjmp":  # frames left by longjmp give no sample, the others one each
+        assert samples["maybe_jump"] == hits[("maybe_jump", "return")] == 75
 
 
 def test_disarmed_behaviour_is_unchanged(returns):
@@ -72,6 +81,14 @@ def test_disarmed_behaviour_is_unchanged(returns):
         a = subprocess.run([plain, case], capture_output=True, text=True)
         b = subprocess.run([probed, case], capture_output=True, text=True)
         assert (a.returncode, a.stdout) == (b.returncode, b.stdout)
+
+
+def test_latency_histogram_report(returns):
+    _, probed, _ = returns
+    out = urewrite("stat", "--", probed, "threads")
+    assert "returns.probed: work: latency from entry to return" in out.stdout
+    bars = [l for l in out.stdout.splitlines() if re.match(r"\s+\d+ -> \d+\s+: \d+", l)]
+    assert sum(int(l.split(":")[1].split()[0]) for l in bars) == 1000000 - 4
 
 
 def test_return_events_carry_the_return_value(returns):

@@ -64,7 +64,17 @@ OFF_CLOCK_REF_TICKS = 400
 OFF_CLOCK_REF_NS = 408
 OFF_CLOCK_HZ = 416
 OFF_CLOCK_KIND = 424
+OFF_LATENCY_COUNT = 428  # histograms per row (functions probed at entry and return)
+OFF_NS_MULT = 432  # nanoseconds per clock tick, 32.32 fixed point
 CLOCK_TSC, CLOCK_CNTVCT = 1, 2
+
+# Latency: in each row, after the counters, LATENCY_BUCKETS u64 per histogram
+# (bucket 0: under 1 ns; bucket k: [2^(k-1), 2^k) ns), then the thread's stack of
+# open calls: u64 depth, then LATENCY_DEPTH entries of {u64 site rsp, u64 ticks}.
+LATENCY_BUCKETS = 64
+LATENCY_DEPTH = 126
+LATENCY_STACK_SIZE = 8 + 8 + 16 * LATENCY_DEPTH  # depth, pad, entries
+KIND_MASK = 0xFF  # a probe's kind field: kind in the low byte, histogram + 1 in bits 16-31
 
 # owner entry: thread pointer, counter row address, kernel thread id
 OWNER_TID = 16
@@ -76,8 +86,8 @@ REC_SEQ, REC_TICKS, REC_PROBE, REC_TID, REC_NARGS, REC_ARGS = 0, 8, 16, 20, 24, 
 MAX_ARGS = 6
 RING_MIN, RING_MAX, RING_DEFAULT = 16, 1 << 22, 1 << 16
 
-_HEADER = struct.Struct("<8sIIQIIQQQQQiIqII32s256sQIIQQQI")
-assert _HEADER.size == 428
+_HEADER = struct.Struct("<8sIIQIIQQQQQiIqII32s256sQIIQQQIIQ")
+assert _HEADER.size == 440
 
 
 def _align(value: int, to: int) -> int:
@@ -89,6 +99,7 @@ class ProbeInfo:
     name: str
     kind: int
     address: int
+    histogram: int = -1  # a return probe's latency histogram, -1 when none
 
 
 @dataclass(frozen=True)
@@ -103,13 +114,25 @@ class Layout:
     slot_count: int = SLOT_COUNT
 
 
+def histograms(probes: List[ProbeInfo]) -> int:
+    return sum(1 for p in probes if p.histogram >= 0)
+
+
+def row_bytes(probe_count: int, histogram_count: int) -> int:
+    """Counters, then histograms and the stack of open calls when there are any."""
+    size = 8 * probe_count
+    if histogram_count:
+        size += 8 * LATENCY_BUCKETS * histogram_count + LATENCY_STACK_SIZE
+    return size
+
+
 def layout_for(probes: List[ProbeInfo]) -> Layout:
     names_size = sum(len(p.name.encode()) + 1 for p in probes)
     probes_offset = HEADER_SIZE
     strings_offset = probes_offset + PROBE_ENTRY_SIZE * len(probes)
     owners_offset = _align(strings_offset + names_size, 64)
     counters_offset = _align(owners_offset + OWNER_ENTRY_SIZE * SLOT_COUNT, 64)
-    stride = _align(max(8 * len(probes), 8), 64)
+    stride = _align(max(row_bytes(len(probes), histograms(probes)), 8), 64)
     size = _align(counters_offset + stride * (SLOT_COUNT + 1), 4096)
     return Layout(len(probes), probes_offset, strings_offset, owners_offset,
                   counters_offset, stride, size)
@@ -124,11 +147,12 @@ def build_template(probes: List[ProbeInfo], object_name: str, build_id: bytes,
                           SLOT_COUNT, layout.probes_offset, layout.strings_offset,
                           layout.owners_offset, layout.counters_offset, layout.slot_stride,
                           0, machine, 0, len(build_id[:32]), 0, build_id[:32], name,
-                          0, 0, RECORD_SIZE, 0, 0, 0, 0)
+                          0, 0, RECORD_SIZE, 0, 0, 0, 0, histograms(probes), 0)
     out = bytearray(header.ljust(HEADER_SIZE, b"\0"))
     names = bytearray()
     for probe in probes:
-        out += struct.pack("<QII", probe.address, probe.kind, len(names))
+        kind = probe.kind | ((probe.histogram + 1) << 16 if probe.histogram >= 0 else 0)
+        out += struct.pack("<QII", probe.address, kind, len(names))
         names += probe.name.encode() + b"\0"
     out += names
     return bytes(out), layout
@@ -140,6 +164,7 @@ class ProbeCount:
     kind: str
     address: int
     hits: int
+    histogram: Optional[List[int]] = None  # latency: count per log2 bucket of ns
 
 
 @dataclass
@@ -172,11 +197,13 @@ def read_region(path: str) -> Region:
 
 def _parse(path: str, data: bytes) -> Region:
     (_, version, _, size, count, slots, probes_off, strings_off, owners_off, counters_off,
-     stride, pid, machine, bias, bid_size, _, bid, obj, *_) = _HEADER.unpack_from(data)
+     stride, pid, machine, bias, bid_size, _, bid, obj, *_, latency_count,
+     _) = _HEADER.unpack_from(data)
     if version != VERSION:
         raise RegionError(f"{path}: region version {version}, this reader knows {VERSION}")
     if len(data) < size or counters_off + (slots + 1) * stride > len(data) \
-            or probes_off + count * PROBE_ENTRY_SIZE > len(data) or 8 * count > stride:
+            or probes_off + count * PROBE_ENTRY_SIZE > len(data) \
+            or row_bytes(count, latency_count) > stride:
         raise RegionError(f"{path}: truncated or inconsistent region")
     region = Region(path, pid, obj.split(b"\0")[0].decode(errors="replace"),
                     bid[:min(bid_size, 32)].hex(), bias, machine)
@@ -187,11 +214,22 @@ def _parse(path: str, data: bytes) -> Region:
         totals = [a + b for a, b in zip(totals, values)]
     region.threads = sum(1 for s in range(slots)
                          if struct.unpack_from("<Q", data, owners_off + s * OWNER_ENTRY_SIZE)[0])
+    buckets = LATENCY_BUCKETS
     for i in range(count):
         address, kind, name_off = struct.unpack_from("<QII", data, probes_off + i * PROBE_ENTRY_SIZE)
         start = strings_off + name_off
         name = data[start:data.index(b"\0", start, owners_off)].decode(errors="replace")
-        region.probes.append(ProbeCount(name, KIND_NAMES.get(kind, str(kind)), address, totals[i]))
+        histogram = None
+        if kind >> 16:
+            base = 8 * count + 8 * buckets * ((kind >> 16) - 1)
+            histogram = [0] * buckets
+            for slot in range(slots + 1):
+                row = counters_off + slot * stride + base
+                histogram = [a + b for a, b in
+                             zip(histogram, struct.unpack_from(f"<{buckets}Q", data, row))]
+        kind &= KIND_MASK
+        region.probes.append(ProbeCount(name, KIND_NAMES.get(kind, str(kind)), address, totals[i],
+                                        histogram))
     return region
 
 

@@ -40,10 +40,20 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
     """`arguments_of(site)`: the encoded argument descriptors its events record."""
     # one probe per key: every site of a USDT probe name counts into the same one
     index_of, probes, semaphores = {}, [], []
-    for site in (site for p in plans for site in p.sites):
+    all_sites = [site for p in plans for site in p.sites]
+    # a function probed at entry and at return gets a latency histogram
+    keys = {site.probe_key for site in all_sites}
+    histogram_of = {}
+    for site in all_sites:
+        if site.kind == region.KIND_RETURN and site.function.address in keys \
+                and site.probe_key not in histogram_of:
+            histogram_of[site.probe_key] = len(histogram_of)
+    measured = {key[1] for key in histogram_of}  # their entry probes' keys
+    for site in all_sites:
         if site.probe_key not in index_of:
             index_of[site.probe_key] = len(probes)
-            probes.append(region.ProbeInfo(site.name, site.kind, site.probe_address))
+            probes.append(region.ProbeInfo(site.name, site.kind, site.probe_address,
+                                           histogram_of.get(site.probe_key, -1)))
             if site.semaphore and site.semaphore not in semaphores:
                 semaphores.append(site.semaphore)
     template, layout = region.build_template(probes, object_name, build_id, backend.elf_machine)
@@ -63,7 +73,8 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
         slot_count=layout.slot_count, file_tag=file_tag.encode(), exe_entry=exe_entry,
         dso_init=dso_init))
     refs = RuntimeRefs(placement.state_vaddr, layout.owners_offset, runtime.slow_hit,
-                       runtime.lazy_init, runtime.trace_event)
+                       runtime.lazy_init, runtime.trace_event, runtime.lat_enter,
+                       runtime.lat_exit)
 
     code = bytearray(template_at - base)
     code += template
@@ -78,8 +89,13 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
             for point in plan.points:
                 per_probe = {index_of[site.probe_key]: site for site in point.sites}
                 indexes = tuple(sorted(per_probe))
+                enters = any(s.kind != region.KIND_RETURN and s.probe_key in measured
+                             for s in point.sites)
+                leaves = tuple(sorted({histogram_of[s.probe_key] for s in point.sites
+                                       if s.probe_key in histogram_of}))
                 points.append(CountPoint(point.address, indexes, point.flags_live,
-                                         tuple(arguments_of(per_probe[i]) for i in indexes)))
+                                         tuple(arguments_of(per_probe[i]) for i in indexes),
+                                         enters, leaves))
             code += backend.trampoline(at, plan.window, points, refs)
             patches.append((plan.window.address, backend.site_patch(plan.window, at)))
         except OverflowError:

@@ -438,6 +438,10 @@ sh_retry:
     add sp, sp, #32
     ret
 
-// Events are not recorded on AArch64 yet: the trampolines never call this.
+// Events and latencies are not recorded on AArch64 yet: the trampolines never call these.
 trace_event:
+    ret
+lat_enter:
+    ret
+lat_exit:
     ret

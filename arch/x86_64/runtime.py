@@ -31,4 +31,5 @@ def build(spec: RuntimeSpec) -> Runtime:
             "PS_ENVBUF": PS_ENVBUF, "ENVBUF_SIZE": ENVBUF_SIZE, "PS_TRACE": PS_TRACE,
             "FIBONACCI": trampoline.FIBONACCI, "SLOT_SHIFT": trampoline.SLOT_SHIFT,
             "SLOT_MASK": trampoline.SLOT_MASK, "CLOCK_KIND": region.CLOCK_TSC,
+            "RED_ZONE": trampoline.RED_ZONE,
         }, jmp_rel32)

@@ -438,12 +438,17 @@ sr_owner:
     jnz sr_owner
     mov qword ptr [r10 + {OFF_REGION_SIZE}], r13
     test r12, r12
-    jz sr_publish
+    jz sr_untraced
     mov rax, qword ptr [rip + lt_rsize]
     mov qword ptr [r10 + {OFF_RING}], rax
     mov dword ptr [r10 + {OFF_RING_ENTRIES}], r12d
-    call calibrate_clock
     mov qword ptr [rbx + 16], 1            # tracing
+    jmp sr_calibrate
+sr_untraced:
+    cmp dword ptr [r10 + {OFF_LATENCY_COUNT}], 0
+    je sr_publish
+sr_calibrate:                              # events and latencies need the clock
+    call calibrate_clock
 sr_publish:
     mov qword ptr [rbx], r10               # publish: stores before it are visible first (x86 TSO)
     mov qword ptr [rbx + 8], 0
@@ -550,6 +555,12 @@ cc_wait:
     div r14
     mov qword ptr [r10 + {OFF_CLOCK_HZ}], rax
     mov dword ptr [r10 + {OFF_CLOCK_KIND}], {CLOCK_KIND}
+    mov rcx, rax                           # ns per tick, 32.32 fixed point
+    mov rax, 1000000000
+    shl rax, 32
+    xor edx, edx
+    div rcx
+    mov qword ptr [r10 + {OFF_NS_MULT}], rax
     ret
 
 # -> rax = TSC, rdx = CLOCK_MONOTONIC in ns
@@ -730,4 +741,112 @@ frame_register:
     je fr_done
     mov rax, qword ptr [r12 + rcx*8]
 fr_done:
+    ret
+
+# A function probed at entry and return was entered: remember when, and at which
+# stack pointer (its frame), on this thread's stack of open calls.
+# rsi = this thread's row, rdx = region. Preserves everything but rcx and flags.
+lat_enter:
+    push rax
+    push rdi
+    push rdx
+    push rsi
+    mov edi, dword ptr [rdx + {OFF_PROBE_COUNT}]
+    mov eax, dword ptr [rdx + {OFF_LATENCY_COUNT}]
+    shl rax, {HISTOGRAM_SHIFT}
+    lea rdi, [rdi*8 + rax]
+    add rsi, rdi                           # the stack: depth, then {{rsp, ticks}} entries
+    lea rdi, [rsp + 40 + 32 + {RED_ZONE}]  # the site's rsp: past our 4 pushes, the return
+                                           # address, the trampoline's 4 and the red zone
+le_drop:                                   # open calls at or below this frame have ended
+    mov rcx, qword ptr [rsi]               # without returning (longjmp): forget them
+    test rcx, rcx
+    jz le_push
+    shl rcx, 4
+    cmp qword ptr [rsi + rcx], rdi         # the innermost entry's rsp (at 16 + 16 * (depth - 1))
+    ja le_push
+    dec qword ptr [rsi]
+    jmp le_drop
+le_push:
+    mov rcx, qword ptr [rsi]
+    cmp rcx, {LATENCY_DEPTH}
+    jae le_done                            # full: this call goes unmeasured
+    shl rcx, 4
+    lea rcx, [rsi + rcx + 16]
+    mov qword ptr [rcx], rdi
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    mov qword ptr [rcx + 8], rax
+    inc qword ptr [rsi]
+le_done:
+    pop rsi
+    pop rdx
+    pop rdi
+    pop rax
+    ret
+
+# The function returns: drop calls left without a return (their frames lie below
+# ours: longjmp, exceptions), and if the innermost open call is ours, add how long
+# it took to histogram ecx. rsi = row, rdx = region. Preserves all but rcx and flags.
+lat_exit:
+    push rax
+    push rdi
+    push rdx
+    push rsi
+    push r8
+    push r9
+    push r10
+    mov r8d, ecx
+    mov r9, qword ptr [rdx + {OFF_NS_MULT}]
+    mov r10d, dword ptr [rdx + {OFF_PROBE_COUNT}]
+    shl r10, 3                             # the histograms follow the counters
+    mov eax, dword ptr [rdx + {OFF_LATENCY_COUNT}]
+    shl rax, {HISTOGRAM_SHIFT}
+    add rax, r10
+    lea rcx, [rsi + rax]                   # the stack
+    lea rdx, [rsp + 64 + 32 + {RED_ZONE}]  # the site's rsp (7 pushes and the return address)
+lx_pop:
+    mov rax, qword ptr [rcx]
+    test rax, rax
+    jz lx_done
+    dec rax
+    shl rax, 4
+    cmp qword ptr [rcx + rax + 16], rdx
+    jae lx_ours
+    shr rax, 4                             # below ours: never returned; forget it
+    mov qword ptr [rcx], rax
+    jmp lx_pop
+lx_ours:
+    jne lx_done                            # above ours: our entry was not recorded
+    mov rdi, qword ptr [rcx + rax + 24]    # ticks at entry
+    shr rax, 4
+    mov qword ptr [rcx], rax
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    sub rax, rdi
+    mul r9
+    shrd rax, rdx, 32                      # nanoseconds
+    xor edi, edi                           # bucket 0: under 1 ns; k: [2^(k-1), 2^k)
+    test rax, rax
+    jz lx_bucket
+    bsr rdi, rax
+    inc edi
+    cmp edi, {LATENCY_BUCKETS_MAX}
+    jbe lx_bucket
+    mov edi, {LATENCY_BUCKETS_MAX}
+lx_bucket:
+    shl r8, {HISTOGRAM_SHIFT}
+    add r8, r10
+    lea r8, [r8 + rdi*8]
+    add qword ptr [rsi + r8], 1            # the row is this thread's: a plain add
+lx_done:
+    pop r10
+    pop r9
+    pop r8
+    pop rsi
+    pop rdx
+    pop rdi
+    pop rax
     ret

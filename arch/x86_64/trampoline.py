@@ -16,6 +16,7 @@
             rcx = thread pointer (fs:[0]) ; rsi = hash(rcx) * entry size
             cmp owner[rsi].thread, rcx ; jne slow   this thread has no row of its own yet
             rsi = owner[rsi].row ; add qword [rsi + 8 * probe], 1   plain add: the row is this thread's
+            [call lat_enter | lat_exit: a function measured for latency enters | returns]
     counted: when tracing: jmp trace (saves every register, calls trace_event per probe)
     traced: pop rsi, rdx ; [add al,0x7f ; sahf] pop rax ... jmp resume
 
@@ -63,7 +64,7 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
     if falls_through:
         w.jmp(window.end)
     for k, point in enumerate(points):
-        _armed(w, _Labels(k), point.probes, point.flags_live, refs)
+        _armed(w, _Labels(k), point, refs)
         _trace_path(w, _Labels(k), point.probes, refs, point.arguments)
     return w.bytes()
 
@@ -102,7 +103,8 @@ def _check(w: Writer, L: _Labels, flags_live: bool, refs: RuntimeRefs, dry_run: 
     return None
 
 
-def _armed(w: Writer, L: _Labels, probe_indexes, flags_live: bool, refs: RuntimeRefs) -> None:
+def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
+    probe_indexes, flags_live = point.probes, point.flags_live
     w.label(L.armed)
     if flags_live:
         w.push("rax")
@@ -125,6 +127,13 @@ def _armed(w: Writer, L: _Labels, probe_indexes, flags_live: bool, refs: Runtime
     w.mov_rsi_rdx_rsi_disp(refs.owners_offset + 8)
     for index in probe_indexes:
         w.inc_rsi_disp(8 * index)
+    # latency: only on this fast path (rsi = the thread's own row); a thread's first
+    # hit, or one in the shared row, goes unmeasured
+    if point.enters:
+        w.call(refs.lat_enter)
+    for histogram in point.leaves:
+        w.mov_ecx_imm(histogram)
+        w.call(refs.lat_exit)
     w.label(L.counted)
     w.cmp_rip_byte_imm8(refs.state + TRACING, 0)
     w.jcc("ne", L.trace)

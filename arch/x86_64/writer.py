@@ -225,3 +225,6 @@ class Writer:
 
     def mov_rdx_rsi(self) -> None:
         self.code += b"\x48\x89\xf2"
+
+    def mov_ecx_imm(self, value: int) -> None:
+        self.code += b"\xb9" + struct.pack("<I", value)
