@@ -65,7 +65,8 @@ static int print_region(const char *path)
                        urewrite_probe_name(hdr, i), kind, p->address, urewrite_hits(hdr, i));
             else /* a kind added after this reader: print its number */
                 printf("%s %s %" PRIu32 " 0x%" PRIx64 " %" PRIu64 "\n", hdr->object,
-                       urewrite_probe_name(hdr, i), p->kind, p->address, urewrite_hits(hdr, i));
+                       urewrite_probe_name(hdr, i), p->kind & UREWRITE_KIND_MASK, p->address,
+                       urewrite_hits(hdr, i));
         }
     }
     munmap(base, size);

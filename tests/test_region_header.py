@@ -55,6 +55,8 @@ HEADER_FIELDS = {
     "clock_ref_ns": region.OFF_CLOCK_REF_NS,
     "clock_hz": region.OFF_CLOCK_HZ,
     "clock_kind": region.OFF_CLOCK_KIND,
+    "latency_count": region.OFF_LATENCY_COUNT,
+    "ns_mult": region.OFF_NS_MULT,
 }
 
 

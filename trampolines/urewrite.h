@@ -99,8 +99,17 @@ struct urewrite_header {
     uint64_t clock_ref_ns;
     uint64_t clock_hz;         /* ticks per second; ns = ref_ns + (t - ref_ticks) * 1e9 / hz */
     uint32_t clock_kind;       /* UREWRITE_CLOCK_* */
-    uint8_t reserved[84];      /* zero; later compatible fields go here */
+    uint32_t latency_count;    /* latency histograms per row (entry+return probed functions) */
+    uint64_t ns_mult;          /* ns per clock tick, 32.32 fixed point */
+    uint8_t reserved[72];      /* zero; later compatible fields go here */
 };
+
+/* Latency: in every counter row, after probe_count counters, latency_count
+ * histograms of UREWRITE_LATENCY_BUCKETS uint64_t (bucket 0: under 1 ns; bucket k:
+ * [2^(k-1), 2^k) ns), then the owner thread's stack of open calls. A return
+ * probe with a histogram has (histogram index + 1) in bits 16-31 of its kind. */
+#define UREWRITE_LATENCY_BUCKETS 64
+#define UREWRITE_KIND_MASK 0xff
 
 #define UREWRITE_CLOCK_TSC 1    /* x86_64 rdtsc */
 #define UREWRITE_CLOCK_CNTVCT 2 /* AArch64 cntvct_el0 */
@@ -129,7 +138,7 @@ struct urewrite_record {
 
 struct urewrite_probe {
     uint64_t address;     /* link-time address; add load_bias for the run-time one */
-    uint32_t kind;        /* UREWRITE_KIND_* */
+    uint32_t kind;        /* UREWRITE_KIND_* in the low byte; bits 16-31: histogram + 1 */
     uint32_t name_offset; /* from strings_offset */
 };
 
@@ -181,7 +190,9 @@ UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, clock_ref_ti
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, clock_ref_ns) == 408, "clock_ref_ns");
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, clock_hz) == 416, "clock_hz");
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, clock_kind) == 424, "clock_kind");
-UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, reserved) == 428, "reserved");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, latency_count) == 428, "latency_count");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, ns_mult) == 432, "ns_mult");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, reserved) == 440, "reserved");
 UREWRITE_EXTENSION_ _Static_assert(sizeof(struct urewrite_ring) == 64, "ring control size");
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_record, ticks) == 8, "record ticks");
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_record, probe) == 16, "record probe");
@@ -275,7 +286,7 @@ static inline const char *urewrite_check_message(int result)
 /* "entry", "return", "usdt", "address", or NULL for a kind added later. */
 static inline const char *urewrite_kind_name(uint32_t kind)
 {
-    switch (kind) {
+    switch (kind & UREWRITE_KIND_MASK) { /* the high bits name a latency histogram */
     case UREWRITE_KIND_ENTRY: return "entry";
     case UREWRITE_KIND_RETURN: return "return";
     case UREWRITE_KIND_USDT: return "usdt";
