@@ -146,16 +146,26 @@ def list_command(input_file, as_json, patchable):
     displaces) or why not."""
     from urewrite.rewriter.pipeline import list_sites
     from urewrite.rewriter.planner import Plan
-    from urewrite.trampolines.region import KIND_USDT
+    from urewrite.trampolines.region import KIND_RETURN, KIND_USDT
 
     try:
         analysis, outcomes = list_sites(input_file)
     except UrewriteError as e:
         _fail(str(e))
+    # return probes: patched at every exit, or refused with the reason
+    exits, return_refusals = {}, {}
+    for o in outcomes:
+        for site in (o.sites if isinstance(o, Plan) else (o.site,)):
+            if site.kind != KIND_RETURN:
+                continue
+            if isinstance(o, Plan):
+                exits[site.function.address] = exits.get(site.function.address, 0) + 1
+            else:
+                return_refusals[site.function.address] = o.reason
     functions, probes = [], []
     for o in outcomes:
         ok = isinstance(o, Plan)
-        if patchable and not ok:
+        if o.site.kind == KIND_RETURN or (patchable and not ok):
             continue
         status = {"patchable": ok, "displaced": o.window.size if ok else None,
                   "reason": None if ok else o.reason}
@@ -168,15 +178,23 @@ def list_command(input_file, as_json, patchable):
         else:
             fn = site.function
             functions.append({"name": fn.name, "aliases": list(fn.aliases), "address": fn.address,
-                              "size": fn.size, "origin": fn.origin, **status})
+                              "size": fn.size, "origin": fn.origin, **status,
+                              "return": {"mechanism": "exit sites" if fn.address in exits
+                                         else None,
+                                         "exits": exits.get(fn.address, 0),
+                                         "reason": return_refusals.get(fn.address)}})
     if as_json:
         click.echo(json.dumps({"file": input_file, "functions": functions, "usdt": probes},
                               indent=2))
         return
     width = max([len(r["name"]) for r in functions] + [8])
-    click.echo(f"{'ADDRESS':<18} {'SIZE':>6}  {'FUNCTION':<{width}}  PROBE")
+    click.echo(f"{'ADDRESS':<18} {'SIZE':>6}  {'FUNCTION':<{width}}  ENTRY PROBE; RETURN PROBE")
     for r in functions:
-        click.echo(f"{r['address']:#018x} {r['size']:>6}  {r['name']:<{width}}  {_status(r)}")
+        ret = r["return"]
+        returns = (f"patches {ret['exits']} exit{'s' if ret['exits'] != 1 else ''}"
+                   if ret["mechanism"] else f"no: {ret['reason']}")
+        click.echo(f"{r['address']:#018x} {r['size']:>6}  {r['name']:<{width}}  {_status(r)}; "
+                   f"return: {returns}")
     if probes:
         width = max(len(f"{p['provider']}:{p['name']}") for p in probes)
         click.echo(f"\n{'ADDRESS':<18} {'USDT':<{width}}  {'SEMAPHORE':<18}  PROBE  ARGUMENTS")

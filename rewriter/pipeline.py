@@ -50,7 +50,10 @@ def list_sites(path: str):
     entries = [Site(fn, fn.address, KIND_ENTRY, fn.name, fn.name, exact=False)
                for fn in a.functions]
     usdt_sites = select(["usdt:*:*"], a.functions, a.planner.boundaries, a.usdt) if a.usdt else []
-    outcomes = a.planner.plan(entries) + a.planner.plan(usdt_sites)
+    returns = [Site(fn, fn.address, KIND_RETURN, fn.name, fn.name, exact=False)
+               for fn in a.functions]
+    outcomes = (a.planner.plan(entries) + a.planner.plan(usdt_sites)
+                + a.planner.plan(returns))
     return a, outcomes
 
 

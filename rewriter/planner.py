@@ -78,7 +78,12 @@ class Planner:
         self.functions = functions
         self._starts = [f.address for f in functions]
         self._decoded: Dict[int, list] = {}
+        self._targets: Dict[int, Dict[int, int]] = {}
         self._shadow_stack = elf.shadow_stack
+        self._cold_parts: Dict[str, List[Function]] = {}  # "f" -> f.cold, f.cold.1, ...
+        for f in functions:
+            if ".cold" in f.name:
+                self._cold_parts.setdefault(f.name.split(".cold")[0], []).append(f)
 
     # -- decoding, cached --------------------------------------------------------
     def instructions(self, fn: Function) -> list:
@@ -90,6 +95,17 @@ class Planner:
 
     def boundaries(self, fn: Function) -> Set[int]:
         return {i.address for i in self.instructions(fn)}
+
+    def branch_targets(self, fn: Function) -> Dict[int, int]:
+        """Direct branch targets in a function: target -> address of a branch to it."""
+        if fn.address not in self._targets:
+            targets = {}
+            for insn in self.instructions(fn):
+                target = self.backend.direct_branch_target(insn)
+                if target is not None:
+                    targets.setdefault(target, insn.address)
+            self._targets[fn.address] = targets
+        return self._targets[fn.address]
 
     # -- planning ----------------------------------------------------------------
     def plan(self, sites: List[Site]) -> List[Outcome]:
@@ -131,7 +147,7 @@ class Planner:
         fn = site.function
         if not fn.size:
             raise _Refused("its size is unknown (no symbol size and no .eh_frame entry)")
-        parts = [fn] + [f for f in self.functions if f.name.startswith(fn.name + ".cold")]
+        parts = [fn] + self._cold_parts.get(fn.name, [])
 
         def inside(address: int) -> bool:
             return any(p.address <= address < p.end for p in parts)
@@ -173,7 +189,7 @@ class Planner:
             if isinstance(outcome, Plan):
                 reason = self._branch_into(outcome, taken)
                 if reason is None and previous and outcome.window.address < previous.window.end:
-                    merged = self._merge(previous, outcome)
+                    merged = self._merge(previous, outcome, taken)
                     if merged:
                         outcomes[outcomes.index(previous)] = previous = merged
                         continue
@@ -185,7 +201,7 @@ class Planner:
             outcomes.append(outcome)
         return outcomes
 
-    def _merge(self, a: Plan, b: Plan) -> Optional[Plan]:
+    def _merge(self, a: Plan, b: Plan, taken: Dict[int, str]) -> Optional[Plan]:
         """One window for two overlapping ones (an entry and a return probe of a short
         function), when the union is whole instructions and nothing branches into it."""
         if b.window.end <= a.window.end:
@@ -199,7 +215,7 @@ class Planner:
         targets = self._near_targets(self._holding(a.site))
         if any(window.address < t < window.end for t in targets):
             return None
-        if taken_addresses.find(self.elf, self.backend, {b.window.address}):
+        if b.window.address in taken:
             return None  # b's first byte is no longer a window start
         points = {}
         for point in a.points + b.points:
@@ -313,10 +329,7 @@ class Planner:
     def _near_targets(self, fn: Function) -> Set[int]:
         targets = set()
         for near in self._near_functions(Window(fn.address, fn.size, ())):
-            for insn in self.instructions(near):
-                target = self.backend.direct_branch_target(insn)
-                if target is not None:
-                    targets.add(target)
+            targets.update(self.branch_targets(near))
         return targets
 
     def _borrow_padding(self, fn: Function, start: int, fn_end: int) -> int:
@@ -349,8 +362,9 @@ class Planner:
 
     # -- branch targets ------------------------------------------------------------
     def _taken_addresses(self, plans: List[Plan]) -> Dict[int, str]:
-        interior = {a for p in plans for a in range(p.window.address + 1, p.window.end)}
-        return taken_addresses.find(self.elf, self.backend, interior)
+        # window interiors, and window starts (for when two windows merge into one)
+        wanted = {a for p in plans for a in range(p.window.address, p.window.end)}
+        return taken_addresses.find(self.elf, self.backend, wanted)
 
     def _near_functions(self, window: Window) -> List[Function]:
         lo = bisect.bisect_left(self._starts, window.address - NEAR_BRANCH_REACH - 4096)
@@ -368,9 +382,8 @@ class Planner:
             if target in taken:
                 return (f"{taken[target]} may lead to {target:#x}, inside the displaced bytes")
         for fn in self._near_functions(plan.window):
-            for insn in self.instructions(fn):
-                target = self.backend.direct_branch_target(insn)
-                if target is not None and lo <= target < hi:
-                    return (f"the branch at {insn.address:#x} lands at {target:#x}, "
+            for target, source in self.branch_targets(fn).items():
+                if lo <= target < hi:
+                    return (f"the branch at {source:#x} lands at {target:#x}, "
                             f"inside the displaced bytes")
         return None
