@@ -179,8 +179,8 @@ def list_command(input_file, as_json, patchable):
             fn = site.function
             functions.append({"name": fn.name, "aliases": list(fn.aliases), "address": fn.address,
                               "size": fn.size, "origin": fn.origin, **status,
-                              "return": {"mechanism": "exit sites" if fn.address in exits
-                                         else None,
+                              "return": {"mechanism": "exit sites"
+                                         if fn.address not in return_refusals else None,
                                          "exits": exits.get(fn.address, 0),
                                          "reason": return_refusals.get(fn.address)}})
     if as_json:
@@ -192,7 +192,7 @@ def list_command(input_file, as_json, patchable):
     for r in functions:
         ret = r["return"]
         returns = (f"patches {ret['exits']} exit{'s' if ret['exits'] != 1 else ''}"
-                   if ret["mechanism"] else f"no: {ret['reason']}")
+                   if ret["mechanism"] or not ret["reason"] else f"no: {ret['reason']}")
         click.echo(f"{r['address']:#018x} {r['size']:>6}  {r['name']:<{width}}  {_status(r)}; "
                    f"return: {returns}")
     if probes:

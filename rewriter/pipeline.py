@@ -95,7 +95,7 @@ def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: boo
         r = exact[0]
         more = f" (and {len(exact) - 1} more)" if len(exact) > 1 else ""
         raise UrewriteError(f"cannot probe {r.site.name}: {r.reason}{more}")
-    if not plans:
+    if not plans and not a.planner.siteless:
         why = f": {refusals[0].site.name}: {refusals[0].reason}" if refusals else ""
         raise UrewriteError(f"no patchable site{why}")
 
@@ -111,7 +111,7 @@ def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: boo
         return segment.build(backend, plans, placement, os.path.basename(output_path),
                              elf.build_id, _file_tag(output_path, elf, plans), exe_entry,
                              dt_init[1] if dt_init else None, arguments_of=arguments_of,
-                             progress=progress)
+                             progress=progress, siteless=a.planner.siteless)
 
     # The state memory follows the code, whose size is known once it is built; a
     # trampoline's size does not depend on where the state is, so the second build

@@ -79,6 +79,7 @@ class Planner:
         self._starts = [f.address for f in functions]
         self._decoded: Dict[int, list] = {}
         self._targets: Dict[int, Dict[int, int]] = {}
+        self.siteless: List[Site] = []  # return probes of functions without an exit
         self._shadow_stack = elf.shadow_stack
         self._cold_parts: Dict[str, List[Function]] = {}  # "f" -> f.cold, f.cold.1, ...
         for f in functions:
@@ -160,8 +161,8 @@ class Planner:
                     raise _Refused(f"a return probe cannot see every exit: {problem}")
                 if leaves:
                     exits.append(replace(site, address=insn.address))
-        if not exits:
-            raise _Refused("it has no exit: it never returns")
+        if not exits:  # it never returns: its probe exists, with no site to patch
+            self.siteless.append(site)
         return exits
 
     def _plan_sites(self, sites: List[Site]) -> List[Outcome]:

@@ -10,12 +10,13 @@ import sys
 import pytest
 
 SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "samples")
-LEVELS = ["-O0", "-O2", "-O3"]
+LEVELS = ["-O0", "-O2", "-O3", "-O2 -no-pie", "-O2 -static", "-O2 -fcf-protection=full",
+          "-O0 -fcf-protection=full", "-O3 -fcf-protection=none"]
 PROBED = ["depth", "work", "maybe_jump", "nested", "tail", "callee"]
 # At -O0 an early return jumps to the `leave` just before `ret`, and the next
 # function follows without padding: no window around that `ret` is safe, so
 # these return probes are refused (exit-site patching only, for now).
-REFUSED = {"-O0": {"depth", "tail"}, "-O2": set(), "-O3": set()}
+REFUSED = {level: {"depth", "tail"} if level.startswith("-O0") else set() for level in LEVELS}
 
 pytestmark = pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc")
 
@@ -38,10 +39,10 @@ def expected_returns(program_output: str) -> dict:
 
 @pytest.fixture(scope="module", params=LEVELS)
 def returns(request, tmp_path_factory):
-    work = tmp_path_factory.mktemp("returns" + request.param)
+    work = tmp_path_factory.mktemp("returns")
     plain, probed = work / "returns", work / "returns.probed"
-    subprocess.run(["gcc", request.param, "-pthread", os.path.join(SAMPLES, "returns.c"),
-                    "-o", plain], check=True)
+    subprocess.run(["gcc", *request.param.split(), "-pthread",
+                    os.path.join(SAMPLES, "returns.c"), "-o", plain], check=True)
     args = [a for name in PROBED for a in ("-r", name)] + ["-p", "depth", "-p", "work",
                                                            "-p", "maybe_jump"]
     out = urewrite(plain, *args, "--keep-going", "--json", "-o", probed)
@@ -118,14 +119,54 @@ def test_cxx_exceptions_pass_through_probed_frames(tmp_path, level):
     assert hits[("_Z7throweri", "entry")] == 100
 
 
-def test_a_function_that_never_returns_is_refused_with_the_reason(tmp_path):
+def test_a_function_that_never_returns_reports_no_return(tmp_path):
     plain = tmp_path / "noreturn"
     subprocess.run(["gcc", "-O2", os.path.join(SAMPLES, "noreturn.c"), "-o", plain], check=True)
-    out = urewrite(plain, "-r", "die", "-o", tmp_path / "out")
-    assert out.returncode == 1 and "never returns" in out.stderr
-    assert not (tmp_path / "out").exists()
-    out = urewrite(plain, "-r", "die", "-p", "die", "--keep-going", "-o", tmp_path / "out")
+    out = urewrite(plain, "-r", "die", "-p", "die", "-o", tmp_path / "out")
     assert out.returncode == 0, out.stderr
-    code, program, report = stat([tmp_path / "out", "x"])
-    assert code == 4 and program == "dying 4\n"
-    assert [(p["name"], p["kind"], p["hits"]) for p in report["probes"]] == [("die", "entry", 1)]
+    for args, code, output in (([], 0, "alive\n"), (["x"], 4, "dying 4\n")):
+        original = subprocess.run([plain, *args], capture_output=True, text=True)
+        assert (original.returncode, original.stdout) == (code, output)
+        code, program, report = stat([tmp_path / "out", *args])
+        assert (code, program) == (original.returncode, original.stdout)
+        hits = {(p["name"], p["kind"]): p["hits"] for p in report["probes"]}
+        assert hits == {("die", "entry"): len(args), ("die", "return"): 0}
+
+
+LIBRARY = r"""
+__attribute__((noipa)) int lib_twice(int x) { return 2 * x; }
+__attribute__((noipa)) int lib_sum(int n) { int s = 0; for (int i = 0; i < n; i++) s += lib_twice(i); return s; }
+"""
+PROGRAM = r"""
+#include <stdio.h>
+int lib_sum(int);
+int main(void) { long t = 0; for (int i = 0; i < 50; i++) t += lib_sum(i % 7); printf("%ld\n", t); return 0; }
+"""
+
+
+def test_return_probes_in_a_shared_object(tmp_path):
+    (tmp_path / "lib.c").write_text(LIBRARY)
+    (tmp_path / "main.c").write_text(PROGRAM)
+    probed_dir = tmp_path / "probed"
+    probed_dir.mkdir()
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", tmp_path / "lib.c", "-o",
+                    tmp_path / "libret.so"], check=True)
+    subprocess.run(["gcc", "-O2", tmp_path / "main.c", "-L", tmp_path, "-lret", "-o",
+                    tmp_path / "main"], check=True)
+    out = urewrite(tmp_path / "libret.so", "-r", "lib_*", "-p", "lib_sum",
+                   "-o", probed_dir / "libret.so")
+    assert out.returncode == 0, out.stderr
+    original = subprocess.run([tmp_path / "main"], capture_output=True, text=True,
+                              env=dict(os.environ, LD_LIBRARY_PATH=str(tmp_path)))
+    env = dict(os.environ, LD_LIBRARY_PATH=str(probed_dir))
+    out = subprocess.run([sys.executable, "-m", "urewrite", "stat", "--json", "--",
+                          tmp_path / "main"], capture_output=True, text=True, env=env)
+    start = out.stdout.index('{\n  "exit_code"')
+    assert out.stdout[:start] == original.stdout
+    report = json.loads(out.stdout[start:])
+    hits = {(p["name"], p["kind"]): p["hits"] for p in report["probes"]}
+    calls = sum(i % 7 for i in range(50))
+    assert hits == {("lib_sum", "entry"): 50, ("lib_sum", "return"): 50,
+                    ("lib_twice", "return"): calls}
+    lib_sum = next(p for p in report["probes"] if p["name"] == "lib_sum" and p["kind"] == "return")
+    assert sum(b["count"] for b in lib_sum["histogram"]) == 49  # all but the first call

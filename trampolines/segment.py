@@ -36,11 +36,14 @@ class SegmentImage:
 
 def build(backend: Backend, plans, placement: Placement, object_name: str, build_id: bytes,
           file_tag: str, exe_entry: Optional[int], dso_init: Optional[int],
-          arguments_of=lambda site: arguments.encode(()), progress=None) -> SegmentImage:
-    """`arguments_of(site)`: the encoded argument descriptors its events record."""
+          arguments_of=lambda site: arguments.encode(()), progress=None,
+          siteless=()) -> SegmentImage:
+    """`arguments_of(site)`: the encoded argument descriptors its events record.
+    `siteless`: probes with nothing to patch (return probes of functions that never
+    return), listed in the region so that they report their 0 hits."""
     # one probe per key: every site of a USDT probe name counts into the same one
     index_of, probes, semaphores = {}, [], []
-    all_sites = [site for p in plans for site in p.sites]
+    all_sites = [site for p in plans for site in p.sites] + list(siteless)
     # a function probed at entry and at return gets a latency histogram
     keys = {site.probe_key for site in all_sites}
     histogram_of = {}
