@@ -113,6 +113,7 @@ class Backend(ABC):
     name: str
     elf_machine: int  # e_machine value
     patch_size: int  # bytes the site jump needs
+    insn_alignment: int  # every instruction starts at a multiple of this
     branch_reach: int  # how far the site jump reaches, in bytes, either way
     state_size: int  # bytes of process-state memory the runtime needs
 

@@ -363,8 +363,10 @@ class Planner:
 
     # -- branch targets ------------------------------------------------------------
     def _taken_addresses(self, plans: List[Plan]) -> Dict[int, str]:
-        # window interiors, and window starts (for when two windows merge into one)
-        wanted = {a for p in plans for a in range(p.window.address, p.window.end)}
+        # window interiors, and window starts (for when two windows merge into one);
+        # only where an instruction could start: nothing can be aimed anywhere else
+        step = self.backend.insn_alignment
+        wanted = {a for p in plans for a in range(p.window.address, p.window.end, step)}
         return taken_addresses.find(self.elf, self.backend, wanted)
 
     def _near_functions(self, window: Window) -> List[Function]:

@@ -20,6 +20,7 @@ class AArch64Backend(Backend):
     name = "aarch64"
     elf_machine = 183
     patch_size = 4  # one b
+    insn_alignment = 4
     branch_reach = (1 << 27) - 4  # b: +-128 MiB
     state_size = runtime.STATE_SIZE
 

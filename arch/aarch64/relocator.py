@@ -2,7 +2,7 @@
 
 A site displaces exactly one 4-byte instruction. PC-relative ones become
 equivalent sequences at the new address:
-    ADR / ADRP            -> adrp (+ add) of the same address
+    ADR / ADRP            -> adrp (+ add) of the same address (nop into xzr)
     LDR/LDRSW literal     -> adrp + add into the destination, then a plain load
     LDR S/D/Q literal     -> the same through x16, saved around it
     PRFM literal          -> nop (a prefetch changes no state)
@@ -59,8 +59,8 @@ def _emit(w: Writer, insn: Insn) -> bool:
             w.address_of(LR, pc + 4)
         w.b(target)
         return False
-    if _is(word, 0xFF000010, 0x54000000) or _is(word, 0x7E000000, 0x34000000):
-        # B.cond, CBZ/CBNZ (imm19 at bit 5)
+    if _is(word, 0xFF000000, 0x54000000) or _is(word, 0x7E000000, 0x34000000):
+        # B.cond and BC.cond (bit 4), CBZ/CBNZ (imm19 at bit 5)
         target = pc + 4 * _sext(word >> 5 & 0x7FFFF, 19)
         w.word(word & ~(0x7FFFF << 5) | 2 << 5)
         w.b(pc + 4)
@@ -74,6 +74,9 @@ def _emit(w: Writer, insn: Insn) -> bool:
         return False
     if _is(word, 0x1F000000, 0x10000000):  # ADR / ADRP
         rd = word & 31
+        if rd == 31:  # xzr: the result goes nowhere (and "add x31" would mean sp)
+            w.word(NOP)
+            return True
         imm = _sext((word >> 5 & 0x7FFFF) << 2 | (word >> 29 & 3), 21)
         if word >> 31:
             w.adrp(rd, (pc & ~0xFFF) + (imm << 12))
@@ -98,12 +101,14 @@ _FP_LOAD = {0: 0xBD400000, 1: 0xFD400000, 2: 0x3DC00000}  # ldr st / dt / qt, [x
 def _emit_literal_load(w: Writer, word: int, pc: int) -> bool:
     opc, vector, rt = word >> 30, word >> 26 & 1, word & 31
     target = pc + 4 * _sext(word >> 5 & 0x7FFFF, 19)
-    if not vector and opc == 3:  # PRFM: a hint, dropping it changes nothing
+    if not vector and (opc == 3 or rt == 31):
+        # PRFM is a hint; a load into xzr/wzr reads the file's own literal pool,
+        # which cannot fault: dropping either changes nothing
         w.word(NOP)
     elif not vector:
         w.address_of(rt, target)
         w.word(_GP_LOAD[opc] | rt << 5 | rt)
-    else:
+    else:  # SIMD/FP destination: through x16, saved around it
         w.stp_pre(X16, X17, SP, -16)
         w.address_of(X16, target)
         w.word(_FP_LOAD[opc] | X16 << 5 | rt)

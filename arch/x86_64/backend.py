@@ -28,6 +28,7 @@ class X86_64Backend(Backend):
     name = "x86_64"
     elf_machine = 62
     patch_size = 5  # jmp rel32
+    insn_alignment = 1
     branch_reach = (1 << 31) - 1
     state_size = runtime.STATE_SIZE
 
