@@ -299,6 +299,65 @@ def trace(as_json, output, ring_entries, command):
     sys.exit(exit_code)
 
 
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on stdout.")
+@click.option("--threads", "threads", default="1", metavar="LIST", show_default=True,
+              help="Thread counts for scaling rows, e.g. 1,2,4: every row again with that "
+                   "many threads hitting the same probe.")
+@click.option("--no-kernel", is_flag=True,
+              help="Skip the rows that need root and tracefs (kernel uprobes, bpftrace).")
+@click.option("--iterations", type=click.IntRange(1), default=100_000_000, metavar="N",
+              show_default=True, help="Calls per run (kernel and BPF rows: N/100, at least "
+                                      "10000).")
+@click.option("--repeat", type=click.IntRange(1), default=5, metavar="R", show_default=True,
+              help="Runs per row; the median is shown with the spread.")
+@click.option("--redis", is_flag=True,
+              help="Also benchmark redis-server under redis-benchmark on 127.0.0.1.")
+@click.option("--redis-requests", type=click.IntRange(1), default=100_000, metavar="N",
+              show_default=True, help="Requests per redis-benchmark test.")
+@click.option("--rewrite-scaling", is_flag=True,
+              help="Also time rewrites of a generated program with more and more probes.")
+@click.option("--functions", type=click.IntRange(1), default=10_000, metavar="N",
+              show_default=True, help="Functions in the generated program of --rewrite-scaling.")
+@click.option("--no-trigger", is_flag=True,
+              help="Skip the trigger bench (with --redis or --rewrite-scaling).")
+@click.option("--plot", metavar="FILE", help="Draw M hits/s per row into FILE (PNG; needs "
+                                             "matplotlib).")
+def bench(as_json, threads, no_kernel, iterations, repeat, redis, redis_requests,
+          rewrite_scaling, functions, no_trigger, plot):
+    """Measure what a probe costs here: urewrite against kernel uprobes.
+
+    \b
+      urewrite bench                   build a trigger program, measure, print a table
+      urewrite bench --threads 1,2     scaling rows
+      urewrite bench --no-kernel       skip the rows that need root and tracefs
+    Kernel uprobe events made by the bench are removed on exit, on error and on
+    Ctrl-C; no other event is touched.
+    """
+    from urewrite import bench as bench_module
+
+    try:
+        thread_counts = bench_module.parse_threads(threads)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--threads")
+    if no_trigger and plot:
+        raise click.UsageError("--plot draws the trigger bench: drop --no-trigger")
+    try:
+        result = bench_module.run(iterations, repeat, thread_counts, not no_kernel, redis,
+                                  redis_requests, rewrite_scaling, functions, not no_trigger)
+        if plot:
+            bench_module.plot(result, plot)
+    except UrewriteError as e:
+        _fail(str(e))
+    except KeyboardInterrupt:
+        click.echo("urewrite: bench interrupted", err=True)
+        sys.exit(130)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+    else:
+        click.echo(bench_module.format_report(result), nl=False)
+
+
 def _bucket_range(k: int) -> tuple:
     """Latency bucket k holds [lo, hi) ns: 0 is under 1 ns, k is [2^(k-1), 2^k)."""
     return (0, 1) if k == 0 else (1 << (k - 1), 1 << k)

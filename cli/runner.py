@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from contextlib import contextmanager
 from typing import List, Tuple
 
 from urewrite.errors import UrewriteError
@@ -16,6 +17,21 @@ from urewrite.trampolines.region import ENV_VAR, Region, read_regions
 def exit_status(returncode: int) -> int:
     """A shell-style exit status: 128+N for a command ended by signal N."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+@contextmanager
+def interrupts_to(command: List[str], env: dict):
+    """Start `command`; while it runs, Ctrl-C is its to handle (it is in our process
+    group), and we wait for it rather than die first."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        try:
+            yield subprocess.Popen(command, env=env, preexec_fn=lambda: signal.signal(
+                signal.SIGINT, signal.SIG_DFL))
+        except OSError as e:
+            raise UrewriteError(f"cannot run {command[0]}: {e.strerror}")
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run_and_collect(command: List[str]) -> Tuple[int, List[Region], List[str]]:
@@ -29,18 +45,8 @@ def run_and_collect(command: List[str]) -> Tuple[int, List[Region], List[str]]:
     """
     directory = tempfile.mkdtemp(prefix="urewrite-")
     try:
-        env = dict(os.environ, **{ENV_VAR: directory})
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
-            try:
-                process = subprocess.Popen(command, env=env,
-                                           preexec_fn=lambda: signal.signal(signal.SIGINT,
-                                                                            signal.SIG_DFL))
-            except OSError as e:
-                raise UrewriteError(f"cannot run {command[0]}: {e.strerror}")
+        with interrupts_to(command, dict(os.environ, **{ENV_VAR: directory})) as process:
             returncode = process.wait()
-        finally:
-            signal.signal(signal.SIGINT, previous)
         problems: List[str] = []
         regions = read_regions(directory, problems)
         return exit_status(returncode), regions, problems

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Tuple
 
-from urewrite.errors import UrewriteError
-from urewrite.runner import exit_status
+from urewrite.runner import exit_status, interrupts_to
 from urewrite.trampolines.region import ENV_VAR, FILE_SUFFIX, TRACE_ENV_VAR
 from urewrite.trampolines.ring import Event, RingReader, open_ring
 
@@ -49,19 +46,10 @@ def run_and_trace(command: List[str], ring_entries: int,
 
     try:
         env = dict(os.environ, **{ENV_VAR: directory, TRACE_ENV_VAR: str(ring_entries)})
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
-            try:
-                process = subprocess.Popen(command, env=env,
-                                           preexec_fn=lambda: signal.signal(signal.SIGINT,
-                                                                            signal.SIG_DFL))
-            except OSError as e:
-                raise UrewriteError(f"cannot run {command[0]}: {e.strerror}")
+        with interrupts_to(command, env) as process:
             while process.poll() is None:
                 sweep(final=False)
                 time.sleep(POLL_SECONDS)
-        finally:
-            signal.signal(signal.SIGINT, previous)
         sweep(final=True)
         summaries = [RingSummary(r.info.object, r.info.pid, r.head(), r.lost())
                      for r in readers.values()]

@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -166,7 +165,7 @@ def generated_program(work: str, functions: int) -> str:
 def rewrite_cost(work: str, functions: int):
     binary = generated_program(work, functions)
     rows = []
-    for label, specs in (("1 probe", ["-p", "f0"]), (f"every function", ["-p", "*"])):
+    for label, specs in (("1 probe", ["-p", "f0"]), ("every function", ["-p", "*"])):
         seconds, rss = urewrite(binary, *specs, "-q", "-o", binary + ".probed")
         rows.append({"rewrite": label, "functions": functions, "seconds": seconds,
                      "peak_rss_mib": rss})

@@ -7,7 +7,6 @@ import struct
 from typing import Iterable, Optional, Set
 
 import capstone
-from capstone import x86_const as X
 
 from urewrite.arch.base import Backend, Insn, Runtime, RuntimeRefs, RuntimeSpec, Window
 from urewrite.arch.x86_64 import arguments, relocator, runtime, trampoline

@@ -22,10 +22,17 @@ PS_ENVBUF = 12288
 ENVBUF_SIZE = 1 << 20  # untouched pages cost nothing; a larger environment is read in part
 STATE_SIZE = PS_ENVBUF + ENVBUF_SIZE
 
+# Registers the runtime's entry points save (every one a syscall or our code may touch).
+SAVED = ("rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11", "rbx",
+         "r12", "r13", "r14", "r15")
+
 
 def build(spec: RuntimeSpec) -> Runtime:
     return runtime_asm.assemble(
         "urewrite.arch.x86_64", "runtime.s", keystone.KS_ARCH_X86, keystone.KS_MODE_64, spec, {
+            "SAVE_ALL": "\n".join(f"    push {r}" for r in SAVED),
+            "RESTORE_ALL": "\n".join(f"    pop {r}" for r in reversed(SAVED)),
+            "SAVED_BYTES": 8 * len(SAVED),
             "PS_STARTED": PS_STARTED, "PS_DIR_TOO_LONG": PS_DIR_TOO_LONG, "PS_TCB": PS_TCB,
             "PS_DIR": PS_DIR, "DIR_MAX": DIR_MAX, "PS_NAME": PS_NAME,
             "PS_ENVBUF": PS_ENVBUF, "ENVBUF_SIZE": ENVBUF_SIZE, "PS_TRACE": PS_TRACE,

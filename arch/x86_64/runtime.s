@@ -34,40 +34,14 @@ load_state:
 # Start-up hook for executables (the new e_entry): [rsp] = argc, then argv, envp.
 exe_start:
     .byte 0xf3, 0x0f, 0x1e, 0xfa          # endbr64
-    push rax
-    push rcx
-    push rdx
-    push rsi
-    push rdi
-    push r8
-    push r9
-    push r10
-    push r11
-    push rbx
-    push r12
-    push r13
-    push r14
-    push r15
+{SAVE_ALL}
     call load_state
-    mov rax, qword ptr [rsp + 112]         # argc, above the 14 saved registers
-    lea rdi, [rsp + rax*8 + 128]           # envp = &argv[argc + 1]
+    mov rax, qword ptr [rsp + {SAVED_BYTES}]       # argc, above the saved registers
+    lea rdi, [rsp + rax*8 + {SAVED_BYTES} + 16]    # envp = &argv[argc + 1]
     call capture_env_vector
     call ensure_thread_pointer
     call setup_region
-    pop r15
-    pop r14
-    pop r13
-    pop r12
-    pop rbx
-    pop r11
-    pop r10
-    pop r9
-    pop r8
-    pop rdi
-    pop rsi
-    pop rdx
-    pop rcx
-    pop rax
+{RESTORE_ALL}
 exe_tail:
     .byte 0xcc, 0xcc, 0xcc, 0xcc, 0xcc     # becomes: jmp <original entry point>
 
@@ -80,40 +54,14 @@ dso_tail:
 
 # Set-up from a trampoline (or dso_start): every register is preserved.
 lazy_init:
-    push rax
-    push rcx
-    push rdx
-    push rsi
-    push rdi
-    push r8
-    push r9
-    push r10
-    push r11
-    push rbx
-    push r12
-    push r13
-    push r14
-    push r15
+{SAVE_ALL}
     call load_state
     cmp qword ptr [rbx + {PS_STARTED}], 0
     jne lazy_have_env
     call capture_env_proc
 lazy_have_env:
     call setup_region
-    pop r15
-    pop r14
-    pop r13
-    pop r12
-    pop rbx
-    pop r11
-    pop r10
-    pop r9
-    pop r8
-    pop rdi
-    pop rsi
-    pop rdx
-    pop rcx
-    pop rax
+{RESTORE_ALL}
     ret
 
 # rdi = envp array: records our variables from it.
