@@ -307,7 +307,7 @@ def trace(as_json, output, ring_entries, command):
 @click.option("--no-kernel", is_flag=True,
               help="Skip the rows that need root and tracefs (kernel uprobes, bpftrace).")
 @click.option("--iterations", type=click.IntRange(1), default=100_000_000, metavar="N",
-              show_default=True, help="Calls per run (kernel and BPF rows: N/100, at least "
+              show_default=True, help="Calls per run (kernel and BPF rows: N/1000, at least "
                                       "10000).")
 @click.option("--repeat", type=click.IntRange(1), default=5, metavar="R", show_default=True,
               help="Runs per row; the median is shown with the spread.")
@@ -383,7 +383,7 @@ def _stat_report(exit_code: int, regions, as_json: bool) -> str:
                 for i in (range(used[0], used[-1] + 1) if used else ())]
         probes.append(probe)
     if as_json:
-        return json.dumps({"exit_code": exit_code, "processes": len(regions),
+        return json.dumps({"exit_code": exit_code, "processes": len({r.pid for r in regions}),
                            "probes": probes}, indent=2) + "\n"
     if not probes:
         return ""

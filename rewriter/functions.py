@@ -49,11 +49,14 @@ def discover(elf: ElfFile) -> List[Function]:
         for sym in symbols:
             if sym.type != lief.ELF.Symbol.TYPE.FUNC or sym.shndx == 0 or not sym.value:
                 continue
-            if not in_code(sym.value) or not sym.name:
+            name = sym.name
+            if isinstance(name, bytes):  # LIEF's answer for a name that is not UTF-8
+                name = name.decode("utf-8", "replace")
+            if not in_code(sym.value) or not name:
                 continue
             entry = by_address.setdefault(sym.value, {"names": [], "size": 0, "origin": origin})
-            if sym.name not in entry["names"]:
-                entry["names"].append(sym.name)
+            if name not in entry["names"]:
+                entry["names"].append(name)
             entry["size"] = entry["size"] or sym.size
     for fn in binary.functions:  # includes one entry per .eh_frame FDE
         if not in_code(fn.address) or not fn.size:

@@ -69,12 +69,20 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
     base = placement.code_vaddr
     template_at = base + align_up(placement.phdr_size, CODE_ALIGN)
     runtime_at = align_up(template_at + len(template), CODE_ALIGN)
-    runtime = backend.runtime(RuntimeSpec(
+    spec = RuntimeSpec(
         base=runtime_at, state=placement.state_vaddr, state_size=placement.state_size,
         template=template_at, template_size=copied,
         region_size=layout.region_size,
         slot_count=layout.slot_count, file_tag=file_tag.encode(), exe_entry=exe_entry,
-        dso_init=dso_init))
+        dso_init=dso_init)
+    try:
+        runtime = backend.runtime(spec)
+    except OverflowError:
+        raise UrewriteError(f"the entry point ({exe_entry:#x}) or DT_INIT ({dso_init:#x}) is out "
+                            f"of branch reach of the new code at {base:#x}"
+                            if exe_entry is not None and dso_init is not None else
+                            f"the entry point or DT_INIT is out of branch reach of the new code "
+                            f"at {base:#x}")
     refs = RuntimeRefs(placement.state_vaddr, layout.owners_offset, runtime.slow_hit,
                        runtime.lazy_init, runtime.trace_event, runtime.lat_enter,
                        runtime.lat_exit)

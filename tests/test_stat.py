@@ -1,0 +1,200 @@
+"""`urewrite stat`: exit status, signals, missing commands, where the report goes, its schema."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat as stat_module
+
+import pytest
+
+from conftest import ENV_VAR, rewrite, run, stat, urewrite
+from variants import COUNTS_EXPECTED
+
+
+@pytest.fixture(scope="module")
+def counts(builder):
+    """counts.c at -O2 (PIE), its rewritten copy with every function probed, its output."""
+    built = builder.build("counts", ["counts.c"], ["-O2"], [], subdir="stat-counts")
+    probed = built.dir / "counts.probed"
+    rewrite(built.path, probed, "*")
+    original = run([built.path])
+    assert original.returncode == 3
+    return built, probed, original
+
+
+@pytest.fixture(scope="module")
+def signals(builder):
+    built = builder.build("signals", ["signals.c"], ["-O2"], [], subdir="stat-signals")
+    probed = built.dir / "signals.probed"
+    rewrite(built.path, probed, "*")
+    return built, probed
+
+
+def _table(text: str):
+    """Rows of a stat table: dicts keyed by the header's column names."""
+    lines = text.splitlines()
+    header = lines[0].split()
+    assert header[:5] == ["OBJECT", "PROBE", "KIND", "ADDRESS", "HITS"]
+    return [dict(zip(header, line.split())) for line in lines[1:]]
+
+
+def test_table_follows_program_output_and_exit_status_passes_through(counts):
+    built, probed, original = counts
+    proc = urewrite("stat", "--", str(probed))
+    assert proc.returncode == 3
+    assert proc.stdout.startswith(original.stdout)
+    rows = {r["PROBE"]: r for r in _table(proc.stdout[len(original.stdout):])}
+    for name, hits in COUNTS_EXPECTED.items():
+        assert rows[name]["OBJECT"] == "counts.probed"
+        assert rows[name]["KIND"] == "entry"
+        assert int(rows[name]["HITS"]) == hits, name
+        assert re.fullmatch(r"0x[0-9a-f]{16}", rows[name]["ADDRESS"])
+    assert proc.stderr == original.stderr
+
+
+def test_report_to_a_file_leaves_stdout_alone(counts, tmp_path):
+    built, probed, original = counts
+    report = tmp_path / "report.txt"
+    proc = urewrite("stat", "-o", str(report), "--", str(probed))
+    assert proc.returncode == 3
+    assert proc.stdout == original.stdout
+    rows = {r["PROBE"]: int(r["HITS"]) for r in _table(report.read_text())}
+    assert rows["fib"] == 1973
+
+
+def test_json_report_to_a_file(counts, tmp_path):
+    built, probed, original = counts
+    report = tmp_path / "report.json"
+    proc = urewrite("stat", "--json", "-o", str(report), "--", str(probed))
+    assert proc.returncode == 3
+    assert proc.stdout == original.stdout
+    data = json.loads(report.read_text())
+    assert data["exit_code"] == 3
+
+
+def test_json_schema(counts, tmp_path):
+    built, probed, original = counts
+    st = stat([probed], tmp_path)
+    data = st.report
+    assert {"exit_code", "processes", "probes"} <= set(data)
+    assert data["exit_code"] == 3 and data["processes"] == 1
+    assert isinstance(data["probes"], list) and data["probes"]
+    for p in data["probes"]:
+        assert {"object", "name", "kind", "address", "hits"} <= set(p)
+        assert isinstance(p["object"], str) and isinstance(p["name"], str)
+        assert p["kind"] in ("entry", "address")
+        assert isinstance(p["address"], int) and isinstance(p["hits"], int) and p["hits"] >= 0
+    names = [p["name"] for p in data["probes"]]
+    assert len(names) == len(set(names))
+    syms = {n: a for n, a in built.own_functions.items()}
+    for p in data["probes"]:
+        if p["name"] in syms:
+            assert p["address"] == syms[p["name"]]
+
+
+def test_signal_exit_status(signals, tmp_path):
+    built, probed = signals
+    original = run([built.path])
+    assert original.returncode == -15  # SIGTERM
+    st = stat([probed], tmp_path)
+    assert st.proc.returncode == 143
+    assert st.report["exit_code"] == 143
+    assert st.proc.stdout == original.stdout == "sum=18 handled=5\n"
+    # hits before the signal, and from a signal handler, are counted
+    assert st.hits("before_signal") == 4
+    assert st.hits("on_usr1") == 5
+    assert st.hits("in_handler") == 5
+    assert st.hits("main") == 1
+
+
+def test_signal_exit_status_of_an_unprobed_program(signals):
+    built, _ = signals
+    proc = urewrite("stat", "--", str(built.path))
+    assert proc.returncode == 143
+    assert "urewrite: no probe" in proc.stderr
+
+
+@pytest.mark.parametrize("command", ["/nonexistent/program", "urewrite-no-such-command-here"])
+def test_command_not_found(command, tmp_path):
+    report = tmp_path / "r"
+    proc = urewrite("stat", "-o", str(report), "--", command, "arg")
+    assert proc.returncode == 127
+    assert proc.stdout == ""
+    assert proc.stderr.startswith("urewrite: ") and proc.stderr.count("\n") == 1
+    assert command in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_command_not_executable(counts, tmp_path):
+    built, probed, _ = counts
+    copy = tmp_path / "noexec"
+    copy.write_bytes(probed.read_bytes())
+    os.chmod(copy, stat_module.S_IRUSR | stat_module.S_IWUSR)
+    proc = urewrite("stat", "--", str(copy))
+    assert proc.returncode == 127
+    assert "Traceback" not in proc.stderr
+
+
+def test_unprobed_command(counts, tmp_path):
+    built, _, original = counts
+    st = stat([built.path], tmp_path)
+    assert st.proc.returncode == 3
+    assert st.proc.stdout == original.stdout
+    assert (st.report["exit_code"], st.report["processes"], st.report["probes"]) == (3, 0, [])
+    assert "urewrite: no probe" in st.proc.stderr
+
+
+def test_options_after_the_command_belong_to_it(tmp_path):
+    proc = urewrite("stat", "--json", "--", "sh", "-c", "echo -o --json; exit 7")
+    assert proc.returncode == 7
+    assert proc.stdout.startswith("-o --json\n")
+    assert json.loads(proc.stdout[len("-o --json\n"):])["exit_code"] == 7
+
+
+def test_shell_script_running_a_probed_program_twice(counts, tmp_path):
+    built, probed, original = counts
+    script = f"'{probed}' > /dev/null; '{probed}'"
+    st = stat(["sh", "-c", script], tmp_path)
+    assert st.proc.returncode == 3
+    assert st.proc.stdout == original.stdout
+    assert st.report["processes"] == 2
+    assert st.hits("fib") == 2 * 1973
+    assert st.hits("main") == 2
+
+
+@pytest.mark.parametrize("value", ["", "/nonexistent/urewrite-dir", "relative-dir"])
+def test_unusable_region_directory_leaves_probes_disarmed(counts, tmp_path, value):
+    built, probed, original = counts
+    proc = run([probed], env={ENV_VAR: value}, cwd=tmp_path)
+    assert proc.returncode == 3
+    assert proc.stdout == original.stdout
+    assert proc.stderr == original.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_region_files_when_the_variable_is_set_by_hand(counts, tmp_path):
+    built, probed, original = counts
+    proc = run([probed], env={ENV_VAR: str(tmp_path)})
+    assert proc.returncode == 3 and proc.stdout == original.stdout
+    files = os.listdir(tmp_path)
+    assert len(files) == 1 and "counts.probed" in files[0] and files[0].endswith(".ure")
+    from urewrite.trampolines.region import read_regions
+    (region,) = read_regions(str(tmp_path))
+    assert region.object == "counts.probed"
+    hits = {p.name: p.hits for p in region.probes}
+    assert hits["fib"] == 1973 and hits["main"] == 1
+
+
+def test_disarmed_run_writes_nothing(counts, tmp_path):
+    built, probed, original = counts
+    proc = run([probed], cwd=tmp_path)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (3, original.stdout, original.stderr)
+    assert os.listdir(tmp_path) == []
+
+
+def test_stat_requires_a_command():
+    proc = urewrite("stat")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
