@@ -145,10 +145,6 @@ class Backend(ABC):
         `inside(address)` tells whether an address belongs to the function."""
 
     @abstractmethod
-    def return_value(self) -> list:
-        """ArgSpecs of the return value register, for return events."""
-
-    @abstractmethod
     def is_padding(self, insn: Insn) -> bool:
         """Alignment filler a window may borrow (nop, int3)."""
 
@@ -181,6 +177,10 @@ class Backend(ABC):
     @abstractmethod
     def abi_arguments(self, count: int) -> list:
         """ArgSpecs for the first `count` integer arguments at a function entry."""
+
+    @abstractmethod
+    def return_value(self) -> list:
+        """ArgSpecs of the return value register, for return events."""
 
     @abstractmethod
     def runtime(self, spec: RuntimeSpec) -> Runtime:
