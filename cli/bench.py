@@ -1,7 +1,8 @@
 """`urewrite bench`: what a probe costs here, against kernel uprobes, on this machine.
 
     urewrite bench [--json] [--threads 1,2] [--no-kernel] [--iterations N] [--repeat R]
-                   [--redis] [--rewrite-scaling [--functions N]] [--plot FILE]
+                   [--redis [--redis-requests N]] [--rewrite-scaling [--functions N]]
+                   [--no-trigger] [--plot FILE]
 
 1. Trigger bench: a target built now from the trigger source shipped in the
    package (share/bench/trigger.c: `nop; ret`, `push %rbp ...`, a bare `ret`,
@@ -79,7 +80,7 @@ def parse_threads(text: str) -> List[int]:
     return sorted(set(counts))
 
 
-# -- the target ---------------------------------------------------------------------
+# -- the target ----------------------------------------------------------------------------
 
 def build_target(work: str, cc: str = "gcc") -> str:
     """Compile the shipped trigger source; the path of the program."""
@@ -149,7 +150,7 @@ def run_trigger(binary: str, trigger: str, iterations: int, threads: int = 1,
     return float(proc.stdout.split()[0])
 
 
-# -- kernel uprobes through tracefs -----------------------------------------------------
+# -- kernel uprobes through tracefs --------------------------------------------------------
 
 def tracefs_write(path: str, line: str) -> None:
     """Append to a tracefs file. Not open(path, "a"): Python seeks to the end, which
@@ -225,10 +226,15 @@ class KernelEvents:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) or name in self.created:
             raise ValueError(f"bad or duplicate event name {name!r}")
         path = os.path.realpath(path)
-        tracefs_write(self.events_file,
-                      f"{'r' if ret else 'p'}:{self.group}/{name} {path}:{offset:#x}\n")
-        self.created.append(name)
+        self.created.append(name)  # first: an interrupt after the write still removes it
         self.paths[name] = path
+        try:
+            tracefs_write(self.events_file,
+                          f"{'r' if ret else 'p'}:{self.group}/{name} {path}:{offset:#x}\n")
+        except OSError as e:
+            self.created.remove(name)
+            raise BenchError(f"cannot add uprobe event {self.group}/{name} at {path}:"
+                             f"{offset:#x}: {e.strerror}")
         return name
 
     def _enable_file(self, name: str) -> str:
@@ -298,7 +304,7 @@ class KernelEvents:
                 f"with: echo '-:GROUP/NAME' >> {self.events_file}")
 
 
-# -- bpftrace -----------------------------------------------------------------------------
+# -- bpftrace ------------------------------------------------------------------------------
 
 def bpftrace_unavailable() -> Optional[str]:
     if shutil.which("bpftrace") is None:
@@ -344,7 +350,7 @@ def run_bpftrace(probe: str, command: Sequence[str]) -> tuple:
     return "\n".join(program), int(count.group(1)) if count else 0
 
 
-# -- rows ------------------------------------------------------------------------------------
+# -- rows ----------------------------------------------------------------------------------
 
 @dataclass
 class Row:
@@ -485,7 +491,7 @@ def measure_rows(rows: List[Row], repeat: int, label: str = "") -> None:
                 row.skipped, row.runs = str(e), []  # bpftrace could not attach: say why
 
 
-# -- summary ------------------------------------------------------------------------------
+# -- summary -------------------------------------------------------------------------------
 
 def reference_name(row: Row, tool: str) -> Optional[str]:
     """The row of `tool` (kernel or bpftrace) that a urewrite row is compared with."""
@@ -569,13 +575,14 @@ def targets(result: dict) -> List[dict]:
     return out
 
 
-# -- the trigger bench, start to end ----------------------------------------------------------
+# -- the trigger bench, start to end -------------------------------------------------------
 
 def trigger_bench(work: str, iterations: int, repeat: int, thread_counts: Sequence[int],
                   kernel: bool = True, kernel_iterations: Optional[int] = None) -> dict:
     """Build, rewrite, measure. Kernel events live only inside this call."""
     if kernel_iterations is None:
-        kernel_iterations = min(iterations, max(iterations // 100, 10000))
+        # a trap costs microseconds: 1/1000 of the calls is plenty for a stable median
+        kernel_iterations = min(iterations, max(iterations // 1000, 10000))
     log("building the target")
     plain = build_target(work)
     probed = rewrite_targets(plain, work)
@@ -605,7 +612,7 @@ def trigger_bench(work: str, iterations: int, repeat: int, thread_counts: Sequen
             "rows": summarize(all_rows)}
 
 
-# -- rewrite-time scaling ---------------------------------------------------------------------
+# -- rewrite-time scaling ------------------------------------------------------------------
 
 def generated_program(work: str, functions: int, cc: str = "gcc") -> str:
     """A C program with `functions` small noinline functions, all called from main."""
@@ -671,11 +678,11 @@ def rewrite_scaling(work: str, functions: int = 10000) -> dict:
         args = [binary, "--json", "-o", out] + [a for name in names for a in ("-p", name)]
         rows.append(_scaling_row(n, names, args))
     rows.append(_scaling_row(None, ["*"], [binary, "--json", "-o", out, "-p", "*"]))
-    for a, b in zip(rows, rows[1:]):
-        extra = b["probes"] - a["probes"]
-        b["marginal_ms_per_probe"] = (1e3 * (b["seconds"] - a["seconds"]) / extra
-                                      if extra > 0 else None)
-    rows[0]["marginal_ms_per_probe"] = None
+    # what each further probe cost, between one count and the next ('*' is not one of them)
+    rows[0]["marginal_ms_per_probe"] = rows[-1]["marginal_ms_per_probe"] = None
+    for a, b in zip(rows[:-2], rows[1:-1]):
+        b["marginal_ms_per_probe"] = 1e3 * (b["seconds"] - a["seconds"]) / (b["probes"]
+                                                                          - a["probes"])
     with contextlib.suppress(OSError):
         os.unlink(out)
     return {"functions": functions, "file_bytes": os.path.getsize(binary), "rows": rows}
@@ -689,7 +696,7 @@ def _scaling_row(n: Optional[int], names: List[str], args: List[str]) -> dict:
             "peak_rss_mib": rss}
 
 
-# -- redis --------------------------------------------------------------------------------------
+# -- redis ---------------------------------------------------------------------------------
 
 REDIS_FUNCTIONS = ("readQueryFromClient", "processCommand", "call")
 REDIS_TESTS = ("set", "get")
@@ -741,9 +748,16 @@ def _parent_of(pid: int) -> Optional[int]:
     return None
 
 
+@dataclass
+class RedisServer:
+    port: int
+    pid: int
+
+
 @contextlib.contextmanager
-def redis_server(server: str, work: str, under_stat: Optional[str] = None) -> Iterator[int]:
-    """A redis-server on 127.0.0.1 and a free port: yields the port. Stopped with SIGTERM by
+def redis_server(server: str, work: str,
+                 under_stat: Optional[str] = None) -> Iterator[RedisServer]:
+    """A redis-server on 127.0.0.1 and a free port: yields its port and PID. Stopped with SIGTERM by
     its PID (read from its pidfile) when the block ends, however it ends; SIGKILL if it
     does not stop within 30 s. `under_stat`: run it under `urewrite stat --json -o FILE`."""
     port = free_port()
@@ -754,13 +768,18 @@ def redis_server(server: str, work: str, under_stat: Optional[str] = None) -> It
     if under_stat:
         command = [sys.executable, "-m", "urewrite", "stat", "--json", "-o", under_stat,
                    "--"] + command
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    errors = open(os.path.join(work, f"redis-{port}.stderr"), "w+")
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors,
                             env=_clean_env())
     pid = None
     try:
-        _wait_for_port(port, lambda: proc.poll() is None)
+        try:
+            _wait_for_port(port, lambda: proc.poll() is None)
+        except BenchError as e:
+            errors.seek(0)
+            raise BenchError(f"{e}: {errors.read().strip()[-300:]}")
         pid = _read_pid(pidfile, proc.pid)
-        yield port
+        yield RedisServer(port, pid)
     finally:
         if pid is None and proc.poll() is None:
             with contextlib.suppress(BenchError):
@@ -776,8 +795,7 @@ def redis_server(server: str, work: str, under_stat: Optional[str] = None) -> It
                     os.kill(pid, signal.SIGKILL)
             proc.kill()
             proc.wait()
-        if proc.stderr:
-            proc.stderr.close()
+        errors.close()
 
 
 def redis_benchmark(port: int, requests: int, clients: int) -> Dict[str, float]:
@@ -820,6 +838,7 @@ def redis_bench(work: str, requests: int = 100000, repeat: int = 3, kernel: bool
     configs = ["no probe", "kernel uprobes", "urewrite"]
     rps: Dict[str, Dict[str, List[float]]] = {c: {t: [] for t in REDIS_TESTS} for c in configs}
     counts: Dict[str, Dict[str, int]] = {}
+    cpu: Dict[str, List[float]] = {c: [] for c in configs}
     with (KernelEvents(tracefs) if tracefs else contextlib.nullcontext()) as events:
         if events:
             offsets = function_offsets(plain, REDIS_FUNCTIONS)
@@ -830,10 +849,14 @@ def redis_bench(work: str, requests: int = 100000, repeat: int = 3, kernel: bool
             for config in configs:
                 if config == "kernel uprobes" and kernel_skip:
                     continue
-                got, hits = _redis_run(config, plain, probed, work, events, requests, clients)
+                got, hits, cpu_us = _redis_run(config, plain, probed, work, events, requests,
+                                               clients)
                 for t in REDIS_TESTS:
                     rps[config][t].append(got[t])
-                counts[config] = hits
+                if cpu_us is not None:
+                    cpu[config].append(cpu_us)
+                if hits:
+                    counts[config] = hits
     medians = {c: {t: statistics.median(v) for t, v in tests.items() if v}
                for c, tests in rps.items()}
 
@@ -849,42 +872,65 @@ def redis_bench(work: str, requests: int = 100000, repeat: int = 3, kernel: bool
             "tests": list(REDIS_TESTS), "functions": list(REDIS_FUNCTIONS),
             "rps": {c: rps[c] for c in configs}, "median_rps": medians,
             "kernel_rps_ratio": ratio("kernel uprobes"), "urewrite_rps_ratio": ratio("urewrite"),
+            "cpu_us_per_request": cpu,
+            "median_cpu_us_per_request": {c: statistics.median(v) if v else None
+                                          for c, v in cpu.items()},
             "counts": counts, "counts_agree": agree, "kernel_skipped": kernel_skip}
 
 
 def _redis_run(config: str, plain: str, probed: str, work: str,
                events: Optional[KernelEvents], requests: int, clients: int) -> tuple:
-    """One server, one redis-benchmark run: (rps per test, probe counts or {})."""
-    if config == "kernel uprobes":
-        names = [f"redis_{i}" for i in range(len(REDIS_FUNCTIONS))]
-        before = {n: events.hits(n) for n in names}
-        for n in names:
-            events.enable(n)
-        try:
-            with redis_server(plain, work) as port:
-                got = redis_benchmark(port, requests, clients)
-        finally:
-            for n in names:
-                events.disable(n)
-        return got, {fn: events.hits(n) - before[n] for fn, n in zip(REDIS_FUNCTIONS, names)}
-    if config == "urewrite":
-        report = os.path.join(work, "redis-stat.json")
+    """One server, one redis-benchmark run: (rps per test, probe counts or {}, the
+    server's CPU time per request in µs, user + system: kernel probe handling counts
+    as the server's system time)."""
+    names = [f"redis_{i}" for i in range(len(REDIS_FUNCTIONS))]
+    report = os.path.join(work, "redis-stat.json") if config == "urewrite" else None
+    if report:
         with contextlib.suppress(OSError):
             os.unlink(report)
-        with redis_server(probed, work, under_stat=report) as port:
-            got = redis_benchmark(port, requests, clients)
+    kernel = config == "kernel uprobes"
+    before = {n: events.hits(n) for n in names} if kernel else {}
+    try:
+        for n in names if kernel else ():
+            events.enable(n)
+        with redis_server(probed if report else plain, work, under_stat=report) as server:
+            got = redis_benchmark(server.port, requests, clients)
+            cpu = _cpu_seconds(server.pid)
+    finally:
+        for n in names if kernel else ():
+            events.disable(n)
+    cpu_us = 1e6 * cpu / (requests * len(REDIS_TESTS)) if cpu is not None else None
+    if kernel:
+        return got, {fn: events.hits(n) - before[n] for fn, n in zip(REDIS_FUNCTIONS, names)}, \
+            cpu_us
+    if report:
         try:
             with open(report) as f:
                 probes = json.load(f)["probes"]
         except (OSError, ValueError, KeyError):
             raise BenchError("urewrite stat wrote no report for redis-server")
         hits = {fn: sum(p["hits"] for p in probes if p["name"] == fn) for fn in REDIS_FUNCTIONS}
-        return got, hits
-    with redis_server(plain, work) as port:
-        return redis_benchmark(port, requests, clients), {}
+        return got, hits, cpu_us
+    return got, {}, cpu_us
 
 
-# -- formatting -------------------------------------------------------------------------------------
+def _cpu_seconds(pid: int) -> Optional[float]:
+    """User + system CPU time of a live process: the sum over its threads of
+    /proc/PID/task/TID/schedstat (ns), else /proc/PID/stat (clock ticks)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        total = 0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        return total / 1e9
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return None
+
+
+# -- formatting ----------------------------------------------------------------------------
 
 def _f(value, spec: str, none: str = "-") -> str:
     return none if value is None else format(value, spec)
@@ -956,26 +1002,36 @@ def format_rewrite_table(scaling: dict) -> str:
 def format_redis_table(redis: dict) -> str:
     if redis.get("skipped"):
         return f"redis: skipped: {redis['skipped']}"
+    tests = redis["tests"]
     lines = [f"redis: {redis['version'].split(' sha=')[0]}; redis-benchmark -n "
-             f"{redis['requests']:,} -c {redis['clients']} -t {','.join(redis['tests'])} on "
-             f"127.0.0.1, median of {redis['repeat']} runs; probes on "
+             f"{redis['requests']:,} -c {redis['clients']} -t {','.join(tests)} on "
+             f"127.0.0.1, median of {redis['repeat']} runs (min..max); probes on "
              f"{', '.join(redis['functions'])}",
-             f"{'CONFIGURATION':<16}" + "".join(f" {t.upper() + ' rps':>12}"
-                                                 for t in redis["tests"]) + "  vs no probe"]
+             f"{'CONFIGURATION':<15}" + "".join(f" {t.upper() + ' rps':>26}" for t in tests)
+             + f" {'vs no probe':>12} {'server CPU us/request':>22}"]
+    base_cpu = redis["median_cpu_us_per_request"].get("no probe")
     for config, med in redis["median_rps"].items():
         if not med:
-            lines.append(f"{config:<16} skipped: {redis['kernel_skipped']}")
+            lines.append(f"{config:<15} skipped: {redis['kernel_skipped']}")
             continue
+        cells = []
+        for t in tests:
+            runs = redis["rps"][config][t]
+            cells.append(f" {f'{med[t]:,.0f} ({min(runs):,.0f}..{max(runs):,.0f})':>26}")
         ratio = {"kernel uprobes": redis["kernel_rps_ratio"],
                  "urewrite": redis["urewrite_rps_ratio"]}.get(config)
-        lines.append(f"{config:<16}" + "".join(f" {med[t]:>12,.0f}" for t in redis["tests"])
-                     + (f"  {100 * ratio:.1f}% (worst test)" if ratio is not None else ""))
+        cpu = redis["median_cpu_us_per_request"].get(config)
+        added = (f" ({cpu - base_cpu:+.2f})" if cpu is not None and base_cpu is not None
+                 and config != "no probe" else "")
+        lines.append(f"{config:<15}" + "".join(cells)
+                     + f" {_f(ratio and 100 * ratio, '.1f') + ('%' if ratio else ''):>12}"
+                     + f" {_f(cpu, '.2f') + added:>22}")
+    lines.append("(vs no probe: the worse of the tests' median RPS ratios)")
     if redis["counts"]:
-        lines.append(f"{'probe counts':<16}" + "".join(f" {fn:>20}" for fn in redis["functions"]))
+        lines.append(f"{'probe counts':<15}" + "".join(f" {fn:>20}" for fn in redis["functions"]))
         for config, hits in redis["counts"].items():
-            if hits:
-                lines.append(f"{config:<16}" + "".join(f" {hits[fn]:>20,}"
-                                                        for fn in redis["functions"]))
+            lines.append(f"{config:<15}" + "".join(f" {hits[fn]:>20,}"
+                                                   for fn in redis["functions"]))
         if redis["counts_agree"] is not None:
             lines.append(f"counts agree: {'yes' if redis['counts_agree'] else 'NO'}")
     return "\n".join(lines)
@@ -1029,7 +1085,13 @@ def plot(result: dict, path: str) -> None:
     ax.set_title(f"urewrite bench: {m['cpu']}, Linux {m['kernel']}, {m['date'].split()[0]}",
                  fontsize=9)
     for y, v in enumerate(values):
-        ax.text(v, y, f" {v:.3g}", va="center", fontsize=7)
+        ax.text(v, y, f" {v:,.0f}" if v >= 100 else f" {v:.3g}", va="center", fontsize=7)
+    from matplotlib.patches import Patch
+    labels = {"usermode": "no probe", "kernel": "kernel uprobe (tracefs)",
+              "bpftrace": "kernel uprobe (bpftrace)", "urewrite": "urewrite"}
+    tools = [t for t in labels if any(r["tool"] == t for r in rows)]
+    ax.legend([Patch(color=colours[t]) for t in tools], [labels[t] for t in tools],
+              loc="lower right", fontsize=8)
     ax.set_xlim(right=max(values) * 8)
     ax.tick_params(axis="y", labelsize=8)
     fig.tight_layout()
@@ -1037,7 +1099,7 @@ def plot(result: dict, path: str) -> None:
     plt.close(fig)
 
 
-# -- the command -------------------------------------------------------------------------------------
+# -- the command ---------------------------------------------------------------------------
 
 @contextlib.contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
