@@ -113,13 +113,14 @@ def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: boo
                              dt_init[1] if dt_init else None, arguments_of=arguments_of,
                              progress=progress, siteless=a.planner.siteless)
 
-    # The state memory follows the code, whose size is known once it is built; a
-    # trampoline's size does not depend on where the state is, so the second build
-    # only changes addresses.
-    draft = layout.place(elf, 0, backend.state_size)
-    image = build(draft, progress=on_plan(len(plans)) if on_plan else None)
-    placement = layout.place(elf, len(image.code), backend.state_size)
-    image = build(placement)
+    # The state memory follows the code: place it after a bound on the code's size
+    # (a gap there costs address space, no file bytes) and build once; should the
+    # bound ever fall short, build again with the state right after the code.
+    placement = layout.place(elf, segment.size_bound(plans), backend.state_size)
+    image = build(placement, progress=on_plan(len(plans)) if on_plan else None)
+    if placement.code_vaddr + len(image.code) > placement.state_vaddr:
+        placement = layout.place(elf, len(image.code), backend.state_size)
+        image = build(placement)
     data = elf_writer.render(elf, placement, image,
                              image.exe_start if exe_entry is not None else None,
                              dt_init[0] if dt_init else None)

@@ -14,6 +14,7 @@ backend's patch size) with a jump. That is safe only when:
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Set, Union
 
@@ -77,6 +78,7 @@ class Planner:
         self.backend = backend
         self.functions = functions
         self._starts = [f.address for f in functions]
+        self._ends_so_far = list(itertools.accumulate((f.end for f in functions), max))
         self._decoded: Dict[int, list] = {}
         self._targets: Dict[int, Dict[int, int]] = {}
         self.siteless: List[Site] = []  # return probes of functions without an exit
@@ -370,13 +372,18 @@ class Planner:
         return taken_addresses.find(self.elf, self.backend, wanted)
 
     def _near_functions(self, window: Window) -> List[Function]:
-        lo = bisect.bisect_left(self._starts, window.address - NEAR_BRANCH_REACH - 4096)
+        """Functions with code within rel8 reach of the window. Ranges may overlap (one
+        symbol inside another's), so the search starts at the first function whose end,
+        or an earlier one's, reaches that far."""
+        k = bisect.bisect_left(self._ends_so_far, window.address - NEAR_BRANCH_REACH)
         near = []
-        for fn in self.functions[lo:]:
+        while k < len(self.functions):
+            fn = self.functions[k]
             if fn.address > window.end + NEAR_BRANCH_REACH:
                 break
             if fn.end + NEAR_BRANCH_REACH >= window.address:
                 near.append(fn)
+            k += 1
         return near
 
     def _branch_into(self, plan: Plan, taken: Dict[int, str]) -> Optional[str]:

@@ -34,6 +34,16 @@ class SegmentImage:
     probes: List[region.ProbeInfo] = field(default_factory=list)
 
 
+def size_bound(plans) -> int:
+    """More bytes than build() will need for `plans` (a generous estimate)."""
+    bound = 64 * 1024  # program headers, runtime, and slack
+    for plan in plans:
+        sites = len(plan.sites)
+        bound += 512 + 64 * len(plan.window.insns) + 512 * len(plan.points) + 256 * sites
+        bound += 40 * sites + 600  # the region template's share: probe entry, name, semaphores
+    return bound
+
+
 def build(backend: Backend, plans, placement: Placement, object_name: str, build_id: bytes,
           file_tag: str, exe_entry: Optional[int], dso_init: Optional[int],
           arguments_of=lambda site: arguments.encode(()), progress=None,
