@@ -11,20 +11,19 @@ inputs with genrules calling gcc: Bazel 4.2's cc_binary downloads rules_cc.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from build_systems import check, run, stat
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "samples" / "bazel"
 RULES = ROOT / "cli" / "share" / "bazel"
-TIMEOUT = 300
 N = 10  # requests; see samples/bazel/server.c for the counts
 # beyond entry probes: a return probe and a USDT probe (samples/cmake/server.c)
 OTHER_COUNTS = {"parse_header (return)": N, "server:request": N}
@@ -39,39 +38,6 @@ SERVER_PROBES = '''    probes = [
 needs_bazel = pytest.mark.skipif(
     not (shutil.which("bazel") and shutil.which("gcc")),
     reason="needs bazel and gcc (apt-get install bazel-bootstrap gcc)")
-
-
-def env():
-    """Probes disarmed; the interpreter running the tests first on PATH, where the rules'
-    actions look for python3 (Bazel passes PATH on to actions that use the default shell env)."""
-    e = {k: v for k, v in os.environ.items() if k != "UREWRITE_DIR"}
-    e["PATH"] = os.path.dirname(sys.executable) + os.pathsep + e.get("PATH", "")
-    return e
-
-
-def run(cmd, cwd=None, extra_env=None):
-    e = env()
-    e.update(extra_env or {})
-    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, errors="replace",
-                          cwd=cwd, env=e, timeout=TIMEOUT)
-
-
-def check(cmd, **kw):
-    proc = run(cmd, **kw)
-    assert proc.returncode == 0, (f"{' '.join(map(str, cmd))} exited with {proc.returncode}\n"
-                                  f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
-    return proc
-
-
-def stat(cmd, tmp: Path, extra_env=None):
-    """Hits per probe name of `cmd` under `urewrite stat --json`, and the program's stdout."""
-    report = tmp / "report.json"
-    proc = run([sys.executable, "-m", "urewrite", "stat", "--json", "-o", report, "--", *cmd],
-               extra_env=extra_env)
-    assert proc.returncode == 0, proc.stderr
-    data = json.loads(report.read_text())
-    return {p["name"] if p["kind"] in ("entry", "usdt") else f'{p["name"]} ({p["kind"]})':
-            p["hits"] for p in data["probes"]}, proc.stdout
 
 
 def digest(path: Path) -> str:

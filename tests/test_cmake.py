@@ -12,15 +12,15 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from build_systems import check, run, stat, urewrite
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "samples" / "cmake"
-TIMEOUT = 300
 N = 10  # requests; see samples/cmake/server.c for the counts
 # beyond entry probes: a return probe and a USDT probe (samples/cmake/server.c)
 OTHER_COUNTS = {"parse_header (return)": N, "server:request": N}
@@ -32,41 +32,6 @@ PROBES_LINE = 'urewrite_instrument(server PROBES handle_request "parse_*" RETURN
 pytestmark = pytest.mark.skipif(
     not (shutil.which("cmake") and shutil.which("ninja") and shutil.which("gcc")),
     reason="needs cmake, ninja and gcc (apt-get install cmake ninja-build gcc)")
-
-
-def env():
-    """Probes disarmed; the interpreter running the tests first on PATH."""
-    e = {k: v for k, v in os.environ.items() if k != "UREWRITE_DIR"}
-    e["PATH"] = os.path.dirname(sys.executable) + os.pathsep + e.get("PATH", "")
-    return e
-
-
-def run(cmd, cwd=None, extra_env=None):
-    e = env()
-    e.update(extra_env or {})
-    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, errors="replace",
-                          cwd=cwd, env=e, timeout=TIMEOUT)
-
-
-def check(cmd, **kw):
-    proc = run(cmd, **kw)
-    assert proc.returncode == 0, (f"{' '.join(map(str, cmd))} exited with {proc.returncode}\n"
-                                  f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
-    return proc
-
-
-def urewrite(*args, **kw):
-    return run([sys.executable, "-m", "urewrite", *args], **kw)
-
-
-def stat(cmd, tmp: Path, extra_env=None):
-    """Hits per probe name of `cmd` under `urewrite stat --json`, and the program's stdout."""
-    report = tmp / "report.json"
-    proc = urewrite("stat", "--json", "-o", report, "--", *cmd, extra_env=extra_env)
-    assert proc.returncode == 0, proc.stderr
-    data = json.loads(report.read_text())
-    return {p["name"] if p["kind"] in ("entry", "usdt") else f'{p["name"]} ({p["kind"]})':
-            p["hits"] for p in data["probes"]}, proc.stdout
 
 
 class Project:
