@@ -87,7 +87,9 @@ def rewrite(input_file, probes, returns, output, arg_count, keep_going, as_json,
 
     if not probes and not returns:
         raise click.UsageError("give at least one probe with -p or -r")
-    output = output or input_file + ".probed"
+    if output == "":
+        raise click.BadParameter("must name a file", param_hint="-o")
+    output = output if output is not None else input_file + ".probed"
     try:
         result = run_rewrite(input_file, output, list(probes), keep_going=keep_going,
                              entry_args=arg_count, return_specs=list(returns),
