@@ -52,12 +52,15 @@ def _print_share_dir(kind: str):
               callback=_print_share_dir("bazel"),
               help="Print the folder of urewrite's Bazel rules (a local_repository) and exit.")
 def main():
-    """Pre-instrument ELF programs and libraries with trap-free probes.
+    """Pre-instrument ELF programs and libraries (x86_64, arm64) with trap-free probes.
 
     \b
       urewrite list app                       what can be probed, and how
-      urewrite app -p handle_request -o app.probed
-      urewrite stat -- ./app.probed ARGS      run it, print hits per probe
+      urewrite app -p handle_request -r parse -p usdt:app:query -o app.probed
+      urewrite stat -- ./app.probed ARGS      run it, print hits per probe (and latencies)
+      urewrite trace -- ./app.probed ARGS     run it, print every hit with its arguments
+    Exit status: 0 success, 1 bad input or a probe that cannot be placed, 2 bad usage;
+    stat and trace pass on the command's own.
     """
 
 
