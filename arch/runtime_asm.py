@@ -51,6 +51,8 @@ def common_fields(spec: RuntimeSpec) -> dict:
         "OFF_NS_MULT": region.OFF_NS_MULT, "LATENCY_DEPTH": region.LATENCY_DEPTH,
         "LATENCY_BUCKETS_MAX": region.LATENCY_BUCKETS - 1,
         "HISTOGRAM_SHIFT": (8 * region.LATENCY_BUCKETS).bit_length() - 1,
+        "HASH_MULTIPLIER": f"{region.HASH_MULTIPLIER:#x}", "SLOT_SHIFT": region.SLOT_SHIFT,
+        "SLOT_MASK": region.SLOT_MASK,
     }
 
 

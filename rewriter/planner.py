@@ -238,9 +238,7 @@ class Planner:
         insns = self.instructions(fn)
         if not insns:
             raise _Refused("its first instruction cannot be decoded")
-        start = site.address
-        if site.at_entry:
-            start += self.backend.landing_pad_size(insns[0])
+        start = site.address + self.backend.landing_pad_size(insns[0])
         chosen = []
         for insn in insns:
             if insn.address < start:
@@ -257,18 +255,23 @@ class Planner:
             if covered < fn.end:
                 raise _Refused(f"its instructions cannot be decoded past {covered:#x}")
             covered = self._borrow_padding(fn, start, covered)
-        detailed = self.backend.decode(self.elf.read(start, chosen[-1].end - start), start,
+        window = Window(start, covered - start, self._displaced(chosen))
+        return Plan(window, (ProbePoint(start, (site,), self.backend.flags_live_at_entry()),))
+
+    def _displaced(self, insns) -> tuple:
+        """`insns` (from the quick sweep) decoded in detail, once every one is known to
+        run from a trampoline; else the reason it cannot."""
+        start = insns[0].address
+        detailed = self.backend.decode(self.elf.read(start, insns[-1].end - start), start,
                                        detail=True)
-        if [i.address for i in detailed] != [i.address for i in chosen]:
+        if [i.address for i in detailed] != [i.address for i in insns]:
             raise _Refused("its instructions decode differently in detail")
         for k, insn in enumerate(detailed):
             problem = self.backend.relocation_problem(insn, k == len(detailed) - 1,
                                                       self._shadow_stack)
             if problem:
                 raise _Refused(f"cannot relocate {problem}")
-        window = Window(start, covered - start, tuple(detailed))
-        flags_live = not site.at_entry or self.backend.flags_live_at_entry()
-        return Plan(window, (ProbePoint(start, (site,), flags_live),))
+        return tuple(detailed)
 
     MAX_LOOK_BACK = 24  # bytes a window may start before an inner site
 
@@ -308,16 +311,12 @@ class Planner:
             if inside:
                 reason = f"a branch lands at {inside[0]:#x}, inside every window around it"
                 continue
-            code_end = insns[last].end
-            detailed = self.backend.decode(self.elf.read(start, code_end - start), start,
-                                           detail=True)
-            problem = next((p for k, insn in enumerate(detailed)
-                            if (p := self.backend.relocation_problem(
-                                insn, k == len(detailed) - 1, self._shadow_stack))), None)
-            if problem:
-                reason = f"cannot relocate {problem}"
+            try:
+                displaced = self._displaced(insns[first:last + 1])
+            except _Refused as why:
+                reason = str(why)
                 continue
-            window = Window(start, end - start, tuple(detailed))
+            window = Window(start, end - start, displaced)
             # at a return or tail call the flags carry nothing (SysV ABI), as at an entry
             return Plan(window, (ProbePoint(site.address, (site,), site.kind != KIND_RETURN),))
         raise _Refused(reason)

@@ -79,6 +79,16 @@ KIND_MASK = 0xFF  # a probe's kind field: kind in the low byte, histogram + 1 in
 # owner entry: thread pointer, counter row address, kernel thread id
 OWNER_TID = 16
 
+# A thread's owner entry: its thread pointer times HASH_MULTIPLIER (mod 2^64),
+# (>> SLOT_SHIFT) & SLOT_MASK, is the entry's byte offset in the owner table: the
+# top bits of the product pick one of SLOT_COUNT entries of OWNER_ENTRY_SIZE bytes.
+HASH_MULTIPLIER = 0x9E3779B97F4A7C15
+_SLOT_BITS = SLOT_COUNT.bit_length() - 1
+_ENTRY_BITS = OWNER_ENTRY_SIZE.bit_length() - 1
+assert 1 << _SLOT_BITS == SLOT_COUNT and 1 << _ENTRY_BITS == OWNER_ENTRY_SIZE
+SLOT_SHIFT = 64 - _SLOT_BITS - _ENTRY_BITS
+SLOT_MASK = (SLOT_COUNT - 1) * OWNER_ENTRY_SIZE
+
 # the ring: a control line, then records
 RING_HEAD, RING_DROPPED, RING_RECORDS = 0, 8, 64
 RECORD_SIZE = 128

@@ -5,7 +5,6 @@ from __future__ import annotations
 import keystone
 
 from urewrite.arch import runtime_asm
-from urewrite.arch.aarch64 import trampoline
 from urewrite.arch.aarch64.writer import b_imm
 from urewrite.arch.base import Runtime, RuntimeSpec
 
@@ -46,5 +45,4 @@ def build(spec: RuntimeSpec) -> Runtime:
             "FRAME": FRAME, "FRAME_PLUS_8": FRAME + 8,
             "PS_STARTED": PS_STARTED, "PS_TOO_LONG": PS_TOO_LONG, "PS_TCB": PS_TCB,
             "PS_DIR": PS_DIR, "DIR_MAX": DIR_MAX, "ENVBUF_PAGES": ENVBUF_PAGES,
-            "SLOT_SHIFT": trampoline.SLOT_SHIFT, "SLOT_MASK": trampoline.SLOT_MASK,
         }, lambda source, target: b_imm(source, target).to_bytes(4, "little"))

@@ -18,7 +18,7 @@ lt_state:    .quad 0          // state memory - link_table
 lt_template: .quad 0          // region template - link_table
 lt_tsize:    .quad 0          // template size
 lt_rsize:    .quad 0          // region size
-hash_k:      .quad 0x9E3779B97F4A7C15
+hash_k:      .quad {HASH_MULTIPLIER}
 file_tag:    .byte {TAG_BYTES}
 var_name:    .ascii "{ENV_VAR}="
 proc_environ: .ascii "/proc/self/environ"

@@ -29,12 +29,6 @@ from urewrite.trampolines import region
 
 X0, X1, X16, X17 = 0, 1, 16, 17
 FRAME = 48  # x16, x17 | x0, x1 | x30, pad
-FIBONACCI = 0x9E3779B97F4A7C15
-
-_SLOT_BITS = region.SLOT_COUNT.bit_length() - 1
-_ENTRY_BITS = region.OWNER_ENTRY_SIZE.bit_length() - 1
-SLOT_SHIFT = 64 - _SLOT_BITS - _ENTRY_BITS
-SLOT_MASK = (region.SLOT_COUNT - 1) * region.OWNER_ENTRY_SIZE
 
 
 def _load_state(w: Writer, state: int) -> None:
@@ -60,8 +54,8 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
     w.mrs_tpidr_el0(X17)
     w.ldr_literal(X0, "hash")
     w.mul(X0, X17, X0)
-    w.lsr(X0, X0, SLOT_SHIFT)
-    w.and_mask(X0, X0, SLOT_MASK)
+    w.lsr(X0, X0, region.SLOT_SHIFT)
+    w.and_mask(X0, X0, region.SLOT_MASK)
     w.add_reg(X0, X0, X16)
     w.add_imm(X0, X0, refs.owners_offset)
     w.ldp(X1, X0, X0)
@@ -110,5 +104,5 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
     if w.pc % 8:
         w.word(relocator.NOP)
     w.label("hash")
-    w.quad(FIBONACCI)
+    w.quad(region.HASH_MULTIPLIER)
     return w.bytes()

@@ -36,7 +36,6 @@ def build(spec: RuntimeSpec) -> Runtime:
             "PS_STARTED": PS_STARTED, "PS_DIR_TOO_LONG": PS_DIR_TOO_LONG, "PS_TCB": PS_TCB,
             "PS_DIR": PS_DIR, "DIR_MAX": DIR_MAX, "PS_NAME": PS_NAME,
             "PS_ENVBUF": PS_ENVBUF, "ENVBUF_SIZE": ENVBUF_SIZE, "PS_TRACE": PS_TRACE,
-            "FIBONACCI": trampoline.FIBONACCI, "SLOT_SHIFT": trampoline.SLOT_SHIFT,
-            "SLOT_MASK": trampoline.SLOT_MASK, "CLOCK_KIND": region.CLOCK_TSC,
+            "CLOCK_KIND": region.CLOCK_TSC,
             "RED_ZONE": trampoline.RED_ZONE,
         }, jmp_rel32)

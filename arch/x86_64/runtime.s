@@ -565,7 +565,7 @@ te_claim:
     # the thread id learnt when this thread claimed its row (0 in the shared row)
     xor esi, esi
     .byte 0x64, 0x48, 0x8b, 0x0c, 0x25, 0, 0, 0, 0   # mov rcx, fs:[0] (Keystone makes it RIP-relative)
-    movabs rdx, {FIBONACCI}
+    movabs rdx, {HASH_MULTIPLIER}
     imul rdx, rcx
     shr rdx, {SLOT_SHIFT}
     and edx, {SLOT_MASK}

@@ -35,16 +35,7 @@ from urewrite.trampolines.arguments import encode
 
 RED_ZONE = 128
 TRACING = 16  # state page: 1 when the region has an event ring
-FIBONACCI = 0x9E3779B97F4A7C15  # multiplicative hash of the thread pointer
 SAVED = 4  # rcx, rax, rdx, rsi
-
-# The top bits of the hash pick an owner entry: (hash >> SHIFT) & MASK is the
-# entry's byte offset, for power-of-two slot counts and entry sizes.
-_SLOT_BITS = region.SLOT_COUNT.bit_length() - 1
-_ENTRY_BITS = region.OWNER_ENTRY_SIZE.bit_length() - 1
-assert 1 << _SLOT_BITS == region.SLOT_COUNT and 1 << _ENTRY_BITS == region.OWNER_ENTRY_SIZE
-SLOT_SHIFT = 64 - _SLOT_BITS - _ENTRY_BITS
-SLOT_MASK = (region.SLOT_COUNT - 1) * region.OWNER_ENTRY_SIZE
 
 
 def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
@@ -186,10 +177,10 @@ def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
 def _owner_entry(w: Writer) -> None:
     """rcx = thread pointer, rsi = offset of its owner entry (rdx = region)."""
     w.mov_rcx_fs0()
-    w.movabs_rsi(FIBONACCI)
+    w.movabs_rsi(region.HASH_MULTIPLIER)
     w.imul_rsi_rcx()
-    w.shr_rsi(SLOT_SHIFT)
-    w.and_esi(SLOT_MASK)
+    w.shr_rsi(region.SLOT_SHIFT)
+    w.and_esi(region.SLOT_MASK)
 
 
 def _trace_path(w: Writer, L: _Labels, probe_indexes, refs: RuntimeRefs, arguments) -> None:
