@@ -396,8 +396,9 @@ def urewrite_row(binary: str, trigger: str, kind: str, iterations: int, threads:
     row = Row(name, "urewrite", kind, trigger, threads, iterations)
 
     def measure() -> float:
+        from urewrite.runner import region_directory
         from urewrite.trampolines.region import read_regions
-        regions = tempfile.mkdtemp(prefix="regions-", dir=work)
+        regions = region_directory()
         try:
             ns = run_trigger(binary, trigger, iterations, threads,
                              _clean_env({ENV_VAR: regions}))

@@ -34,6 +34,18 @@ def interrupts_to(command: List[str], env: dict):
         signal.signal(signal.SIGINT, previous)
 
 
+def region_directory() -> str:
+    """A fresh directory for region files: in /dev/shm where it is a writable tmpfs.
+
+    Regions are shared file mappings written on every hit. On a disk file system the
+    kernel writes dirty pages back and write-protects them again, so hits would
+    fault every few seconds; tmpfs pages never go to disk.
+    """
+    shm = "/dev/shm"
+    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
+    return tempfile.mkdtemp(prefix="urewrite-", dir=base)
+
+
 def run_and_collect(command: List[str]) -> Tuple[int, List[Region], List[str]]:
     """Run `command` with a fresh region directory.
 
@@ -43,7 +55,7 @@ def run_and_collect(command: List[str]) -> Tuple[int, List[Region], List[str]]:
     Every rewritten object in every process of the command writes one region
     file there. Ctrl-C reaches the command (same process group); we wait for it.
     """
-    directory = tempfile.mkdtemp(prefix="urewrite-")
+    directory = region_directory()
     try:
         with interrupts_to(command, dict(os.environ, **{ENV_VAR: directory})) as process:
             returncode = process.wait()

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Tuple
 
-from urewrite.runner import exit_status, interrupts_to
+from urewrite.runner import exit_status, interrupts_to, region_directory
 from urewrite.trampolines.region import ENV_VAR, FILE_SUFFIX, TRACE_ENV_VAR
 from urewrite.trampolines.ring import Event, RingReader, open_ring
 
@@ -29,7 +28,7 @@ def run_and_trace(command: List[str], ring_entries: int,
     """Run `command`; pass each batch of events, in time order, to `on_events` while
     it runs and once more after it exits. Returns its exit status and a summary per
     ring."""
-    directory = tempfile.mkdtemp(prefix="urewrite-")
+    directory = region_directory()
     readers: Dict[str, RingReader] = {}
 
     def sweep(final: bool) -> None:
