@@ -73,7 +73,9 @@ int main(int argc, char **argv) {
         }
         printf("result %ld\nreturns work %d\n", s, 4 * 250000);
     } else if (!strcmp(c, "longjmp")) {
-        int returned = 0, jumped = 0;
+        /* volatile: changed between setjmp and longjmp, else indeterminate after it
+         * (arm64 gcc -O2 moves returned++ before the call) */
+        volatile int returned = 0, jumped = 0;
         for (volatile int i = 0; i < 100; i++) {
             if (setjmp(jb) == 0) {
                 maybe_jump(i);
