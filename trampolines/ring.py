@@ -19,7 +19,9 @@ from typing import List, Optional
 
 from urewrite.trampolines import region as R
 
-_RECORD = struct.Struct("<QQIII")
+# sequence, ticks, probe, tid, argument count, then the arguments
+_RECORD = struct.Struct(f"<QQIII4x{R.MAX_ARGS}q{R.RECORD_SIZE - R.REC_ARGS - 8 * R.MAX_ARGS}x")
+_WORDS_PER_RECORD = R.RECORD_SIZE // 8
 
 
 @dataclass
@@ -45,6 +47,7 @@ class RingReader:
             self.map = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
         finally:
             os.close(fd)
+        self._words = memoryview(self.map)[:len(self.map) // 8 * 8].cast("Q")
         self.info = R.read_region(path)
         hdr = self.map
         self.ring = struct.unpack_from("<Q", hdr, R.OFF_RING)[0]
@@ -81,37 +84,55 @@ class RingReader:
         every position not complete by now counts as lost."""
         if not self.has_ring:
             return []
-        events = []
+        events: List[Event] = []
         head = self.head()
         while self.next < head:
-            pos = self.next
-            if head - pos > self.entries:  # lapped: overwritten before we came
+            if head - self.next > self.entries:  # lapped: overwritten before we came
                 self.next = head - self.entries
-                continue
-            at = self.ring + R.RING_RECORDS + (pos % self.entries) * R.RECORD_SIZE
-            want = 2 * pos + 2
-            seq, ticks, probe, tid, nargs = _RECORD.unpack_from(self.map, at)
-            if seq != want:
-                if seq > want or final or self._waiting >= self.STALE_POLLS:
-                    self.next += 1  # overwritten, dropped, or never finished: lost
-                    self._waiting = 0
-                    continue
-                self._waiting += 1  # still being written: look again next poll
+            if not self._read_span(head, final, events):
                 break
-            args = list(struct.unpack_from(f"<{min(nargs, R.MAX_ARGS)}q", self.map,
-                                           at + R.REC_ARGS))
-            if struct.unpack_from("<Q", self.map, at)[0] != want:
-                self.next += 1  # overwritten while we copied it: lost, not torn
-                continue
-            self._waiting = 0
-            self.next += 1
-            self.delivered += 1
-            p = self.info.probes[probe] if probe < len(self.info.probes) else None
-            events.append(Event(self.info.pid, self.info.object, p.name if p else str(probe),
-                                p.kind if p else "?", self._ns(ticks), tid, args))
         return events
 
+    def _read_span(self, head: int, final: bool, events: List[Event]) -> bool:
+        """Deliver positions from `next` up to `head` or the ring's end, whichever
+        comes first. False when a record still being written stops us.
+
+        A batched seqlock: every sequence is read before the records are copied
+        and again after. A record is delivered only when both reads show it
+        complete for this position; sequences only grow, so nothing wrote it in
+        between, and the copy is neither torn nor a later lap's event."""
+        pos = self.next
+        index = pos % self.entries
+        count = min(head - pos, self.entries - index)
+        first = (self.ring + R.RING_RECORDS + index * R.RECORD_SIZE) // 8
+        sequences = self._words[first:first + count * _WORDS_PER_RECORD:_WORDS_PER_RECORD]
+        before = sequences.tolist()
+        copy = self._words[first:first + count * _WORDS_PER_RECORD].tobytes()
+        after = sequences.tolist()
+        sequences.release()
+        probes = self.info.probes
+        for i, record in enumerate(_RECORD.iter_unpack(copy)):
+            want = 2 * (pos + i) + 2
+            if before[i] != want or after[i] != want:
+                if before[i] < want and after[i] < want and not final \
+                        and self._waiting < self.STALE_POLLS:
+                    self._waiting += 1  # still being written: look again next poll
+                    self.next = pos + i
+                    return False
+                self._waiting = 0  # overwritten, dropped, or never finished: lost
+                continue
+            self._waiting = 0
+            _, ticks, probe, tid, nargs = record[:5]
+            p = probes[probe] if probe < len(probes) else None
+            events.append(Event(self.info.pid, self.info.object, p.name if p else str(probe),
+                                p.kind if p else "?", self._ns(ticks), tid,
+                                list(record[5:5 + min(nargs, R.MAX_ARGS)])))
+            self.delivered += 1
+        self.next = pos + count
+        return True
+
     def close(self) -> None:
+        self._words.release()
         self.map.close()
 
 
