@@ -198,3 +198,17 @@ def test_stat_requires_a_command():
     proc = urewrite("stat")
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(not os.access("/dev/shm", os.W_OK), reason="needs a writable /dev/shm")
+def test_regions_go_to_tmpfs_where_there_is_one(counts, tmp_path):
+    # a region on a disk file system is written back and faults again on the hit path
+    script = tmp_path / "where.sh"
+    _, probed, _ = counts
+    script.write_text(f'#!/bin/sh\necho "$UREWRITE_DIR"\nexec {probed}\n')
+    script.chmod(0o755)
+    result = stat([script], tmp_path)
+    assert result.proc.returncode == 3
+    directory = result.proc.stdout.splitlines()[0]
+    assert directory.startswith("/dev/shm/urewrite-"), directory
+    assert not os.path.exists(directory)  # removed afterwards
