@@ -6,7 +6,7 @@ from typing import Iterable, Optional, Set
 
 import capstone
 
-from urewrite.arch.aarch64 import relocator, runtime, trampoline
+from urewrite.arch.aarch64 import arguments, relocator, runtime, trampoline
 from urewrite.arch.aarch64.writer import b_imm
 from urewrite.arch.base import Backend, Insn, Runtime, RuntimeRefs, RuntimeSpec, Window
 
@@ -68,7 +68,7 @@ class AArch64Backend(Backend):
         return False, f"the conditional branch at {insn.address:#x} leaves it"
 
     def return_value(self) -> list:
-        raise ValueError("recording return values is not supported on AArch64 yet")
+        return arguments.abi_return()
 
     def is_padding(self, insn: Insn) -> bool:
         return int.from_bytes(insn.raw, "little") in _PADDING
@@ -90,10 +90,10 @@ class AArch64Backend(Backend):
         return trampoline.build(address, window, points, refs)
 
     def sdt_arguments(self, text: str, symbol) -> list:
-        raise ValueError("recording arguments is not supported on AArch64 yet")
+        return arguments.sdt_arguments(text, symbol)
 
     def abi_arguments(self, count: int) -> list:
-        raise ValueError("recording arguments is not supported on AArch64 yet")
+        return arguments.abi_arguments(count)
 
     def runtime(self, spec: RuntimeSpec) -> Runtime:
         return runtime.build(spec)

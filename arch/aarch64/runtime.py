@@ -5,13 +5,16 @@ from __future__ import annotations
 import keystone
 
 from urewrite.arch import runtime_asm
+from urewrite.arch.aarch64 import arguments, trampoline
 from urewrite.arch.aarch64.writer import b_imm
 from urewrite.arch.base import Runtime, RuntimeSpec
+from urewrite.trampolines import region
 
 # Layout of the process-state memory (see runtime.s): page 0 is cleared in a
 # forked child; offsets below are from page 1 (x20).
 PS_STARTED = 0
 PS_TOO_LONG = 8
+PS_TRACE = 16  # ring entries asked for by UREWRITE_TRACE
 PS_TCB = 64
 PS_DIR = 256
 DIR_MAX = 4096 - 256 - 1
@@ -45,4 +48,8 @@ def build(spec: RuntimeSpec) -> Runtime:
             "FRAME": FRAME, "FRAME_PLUS_8": FRAME + 8,
             "PS_STARTED": PS_STARTED, "PS_TOO_LONG": PS_TOO_LONG, "PS_TCB": PS_TCB,
             "PS_DIR": PS_DIR, "DIR_MAX": DIR_MAX, "ENVBUF_PAGES": ENVBUF_PAGES,
+            "PS_TRACE": PS_TRACE, "CLOCK_KIND": region.CLOCK_CNTVCT,
+            "TRAMPOLINE_FRAME": trampoline.FRAME, "TF_X16": trampoline.FRAME_X16,
+            "TF_X0": trampoline.FRAME_X0, "TF_LR": trampoline.FRAME_LR,
+            "NO_REGISTER": arguments.NONE,
         }, lambda source, target: b_imm(source, target).to_bytes(4, "little"))

@@ -8,9 +8,9 @@
 //   [x19] region address, or 1 = disarmed, 0 = not set up;
 //   [x19 + 8] set-up in progress: thread pointer of the thread doing it.
 // x20 = x19 + 4096, the state that survives fork: PS_STARTED, PS_TOO_LONG,
-// PS_TCB (a stand-in thread control block before libc sets one), PS_DIR (the
-// variable's value); x20 + 4096: the region file name; x20 + 8192: a buffer
-// for /proc/self/environ.
+// PS_TRACE (ring entries asked for by the trace variable), PS_TCB (a stand-in
+// thread control block before libc sets one), PS_DIR (the variable's value);
+// x20 + 4096: the region file name; x20 + 8192: a buffer for /proc/self/environ.
 
 link_table:
 lt_self:     .quad 0          // link-time address of link_table
@@ -21,6 +21,7 @@ lt_rsize:    .quad 0          // region size
 hash_k:      .quad {HASH_MULTIPLIER}
 file_tag:    .byte {TAG_BYTES}
 var_name:    .ascii "{ENV_VAR}="
+trace_var_name: .ascii "{TRACE_VAR}="
 proc_environ: .ascii "/proc/self/environ"
              .byte 0
              .p2align 2
@@ -79,9 +80,8 @@ capture_env_vector:
 cev_next:
     ldr x1, [x12], #8
     cbz x1, cev_done
-    bl match_var
-    cbz x1, cev_next
-    bl copy_dir
+    bl consider_var
+    b cev_next
 cev_done:
     ldr x30, [sp], #16
     ret
@@ -123,10 +123,7 @@ cep_scan:
     cmp x24, x22
     b.hs cep_done
     mov x1, x24
-    bl match_var
-    cbz x1, cep_skip
-    bl copy_dir
-    b cep_done
+    bl consider_var
 cep_skip:
     ldrb w9, [x24], #1
     cbnz w9, cep_skip
@@ -135,10 +132,43 @@ cep_done:
     ldr x30, [sp], #16
     ret
 
-// x1 = "NAME=value" candidate -> x1 = value, or 0 when it is another variable
-match_var:
+// x1 = "NAME=value": records the value if NAME is one of ours.
+// Clobbers x1, x9-x11, x13-x15.
+consider_var:
+    str x30, [sp, #-16]!
+    mov x14, x1
     adr x9, var_name
     mov x10, #{ENV_VAR_LEN}
+    bl match_prefix
+    cbz x1, cv_trace
+    bl copy_dir
+    b cv_done
+cv_trace:
+    mov x1, x14
+    adr x9, trace_var_name
+    mov x10, #{TRACE_VAR_LEN}
+    bl match_prefix
+    cbz x1, cv_done
+    mov x9, #0                             // the ring size, in decimal, at most {RING_MAX}
+    mov x13, #10
+    mov x15, #{RING_MAX}
+cv_digit:
+    ldrb w11, [x1], #1
+    sub w11, w11, #0x30
+    cmp w11, #9
+    b.hi cv_number
+    madd x9, x9, x13, x11
+    cmp x9, x15
+    b.ls cv_digit
+    mov x9, x15
+cv_number:
+    str x9, [x20, #{PS_TRACE}]
+cv_done:
+    ldr x30, [sp], #16
+    ret
+
+// x1 = candidate, x9 = prefix, x10 = its length -> x1 = what follows it, or 0
+match_prefix:
 mv_loop:
     ldrb w11, [x1]
     ldrb w13, [x9]
@@ -280,12 +310,30 @@ sr_suffix:
 sr_opened:
     tbnz x0, #63, sr_disarm
     mov x23, x0                            // fd
-    ldr x1, lt_rsize
+    // under `urewrite trace`, an event ring follows the counters: its entries,
+    // a power of two in [{RING_MIN}, {RING_MAX}], go to x25
+    mov x25, #0
+    ldr x9, [x20, #{PS_TRACE}]
+    cbz x9, sr_size
+    mov x25, #{RING_MIN}
+sr_ring_round:
+    cmp x25, x9
+    b.hs sr_size
+    lsl x25, x25, #1
+    b sr_ring_round
+sr_size:
+    ldr x22, lt_rsize                      // x22 = region size
+    cbz x25, sr_truncate
+    add x22, x22, x25, lsl #{RECORD_SHIFT}
+    add x22, x22, #{RING_RECORDS}
+sr_truncate:
+    mov x0, x23
+    mov x1, x22
     mov x8, #46                            // ftruncate
     svc #0
     tbnz x0, #63, sr_close_disarm
     mov x0, #0
-    ldr x1, lt_rsize
+    mov x1, x22
     mov x2, #3                             // PROT_READ | PROT_WRITE
     mov x3, #1                             // MAP_SHARED
     mov x4, x23
@@ -348,6 +396,25 @@ sr_owner:
     add x10, x10, x12
     subs w11, w11, #1
     b.ne sr_owner
+    str x22, [x24, #{OFF_REGION_SIZE}]
+    cbz x25, sr_untraced
+    ldr x9, lt_rsize
+    str x9, [x24, #{OFF_RING}]
+    str w25, [x24, #{OFF_RING_ENTRIES}]
+    // fault the ring's pages in now, not one per 32 events on the hit path
+    // (MADV_POPULATE_WRITE, Linux 5.14; older kernels and qemu refuse it, harmlessly)
+    add x0, x24, x9
+    sub x1, x22, x9
+    mov x2, #23
+    mov x8, #233                           // madvise
+    svc #0
+    b sr_calibrate
+sr_untraced:
+    ldr w9, [x24, #{OFF_LATENCY_COUNT}]
+    cbz w9, sr_publish
+sr_calibrate:                              // events and latencies need the clock
+    bl calibrate_clock
+sr_publish:
     stlr x24, [x19]                        // publish: a release store orders the set-up before it
     str xzr, [x19, #8]
 sr_ret:
@@ -414,6 +481,16 @@ sh_claim:
     cbnz x2, sh_taken
     stlxr w3, x17, [x1]                    // claim the slot for this thread
     cbnz w3, sh_claim
+    ldr x2, [x16, #{OFF_RING}]             // events name their thread: learn its id once
+    cbz x2, sh_owned
+    mov x2, x0
+    mov x3, x8
+    mov x8, #178                           // gettid
+    svc #0
+    str w0, [x1, #{OWNER_TID}]
+    mov x0, x2
+    mov x8, x3
+sh_owned:
     ldr x1, [x1, #8]
     b sh_add
 sh_taken:
@@ -438,10 +515,348 @@ sh_retry:
     add sp, sp, #32
     ret
 
-// Events and latencies are not recorded on AArch64 yet: the trampolines never call these.
+// Reads the counter's frequency and pairs its ticks with CLOCK_MONOTONIC, for
+// readers to turn ticks into nanoseconds. x24 = region. Clobbers x0-x2, x8-x11, x21.
+calibrate_clock:
+    sub sp, sp, #16
+    isb
+    mrs x21, cntvct_el0
+    mov x0, #1                             // CLOCK_MONOTONIC
+    mov x1, sp
+    mov x8, #113                           // clock_gettime
+    svc #0
+    isb
+    mrs x9, cntvct_el0
+    sub x9, x9, x21
+    add x21, x21, x9, lsr #1               // ticks halfway through the call
+    ldp x9, x10, [sp]
+    movz x11, #0xca00
+    movk x11, #0x3b9a, lsl #16             // 1000000000
+    madd x9, x9, x11, x10
+    str x21, [x24, #{OFF_CLOCK_REF_TICKS}]
+    str x9, [x24, #{OFF_CLOCK_REF_NS}]
+    mrs x9, cntfrq_el0
+    str x9, [x24, #{OFF_CLOCK_HZ}]
+    mov w10, #{CLOCK_KIND}
+    str w10, [x24, #{OFF_CLOCK_KIND}]
+    lsl x11, x11, #32
+    udiv x10, x11, x9                      // ns per tick, 32.32 fixed point (0 if no frequency)
+    str x10, [x24, #{OFF_NS_MULT}]
+    add sp, sp, #16
+    ret
+
+// The events of one probe point, into the ring. x16 = the point's event table:
+// u64 count, then per event u64 probe index and its argument descriptors
+// (u64 n, n x 16 bytes). sp = the trampoline's frame: the site's x16, x17 at
+// [sp + {TF_X16}], x0, x1 at [sp + {TF_X0}], x30 at [sp + {TF_LR}]; the site's
+// sp is sp + {TRAMPOLINE_FRAME}. Preserves every register but x0, x1, x16, x17
+// (the trampoline restores those) and the flags.
 trace_event:
+    sub sp, sp, #272                       // slots 0-30: x0-x30, 31: sp; nzcv, return
+    stp x2, x3, [sp, #16]
+    stp x4, x5, [sp, #32]
+    stp x6, x7, [sp, #48]
+    stp x8, x9, [sp, #64]
+    stp x10, x11, [sp, #80]
+    stp x12, x13, [sp, #96]
+    stp x14, x15, [sp, #112]
+    stp x18, x19, [sp, #144]
+    stp x20, x21, [sp, #160]
+    stp x22, x23, [sp, #176]
+    stp x24, x25, [sp, #192]
+    stp x26, x27, [sp, #208]
+    stp x28, x29, [sp, #224]
+    mrs x9, nzcv
+    stp x9, x30, [sp, #256]
+    add x9, sp, #272                       // the trampoline's frame
+    ldp x10, x11, [x9, #{TF_X16}]
+    stp x10, x11, [sp, #128]
+    ldp x10, x11, [x9, #{TF_X0}]
+    stp x10, x11, [sp]
+    ldr x10, [x9, #{TF_LR}]
+    add x11, x9, #{TRAMPOLINE_FRAME}
+    stp x10, x11, [sp, #240]
+    mov x21, sp                            // x21 = the frame
+    ldr x22, [x16], #8                     // x22 = events left
+    mov x23, x16                           // x23 = the next event's description
+    bl load_state
+    ldr x24, [x19]                         // x24 = region
+    ldr x26, [x24, #{OFF_RING}]
+    add x26, x24, x26                      // x26 = ring
+    ldr w9, [x24, #{OFF_RING_ENTRIES}]
+    sub x9, x9, #1                         // x9 = position mask
+te_event:
+    cbz x22, te_return
+    sub x22, x22, #1
+    ldr x25, [x23], #8                     // probe index; x23 = its descriptors
+te_head:
+    ldxr x10, [x26]                        // take a position: head += 1 ({RING_HEAD} = 0)
+    add x11, x10, #1
+    stxr w12, x11, [x26]
+    cbnz w12, te_head
+    and x11, x10, x9
+    add x27, x26, x11, lsl #{RECORD_SHIFT}
+    add x27, x27, #{RING_RECORDS}          // x27 = the record
+    lsl x28, x10, #1
+    add x28, x28, #1                       // x28 = its sequence while written; + 1 when done
+te_claim:
+    ldxr x10, [x27]                        // the sequence ({REC_SEQ} = 0)
+    tbnz x10, #0, te_busy                  // another writer is in it (the ring lapped)
+    cmp x10, x28
+    b.hs te_busy                           // a newer event already took it
+    stxr w12, x28, [x27]
+    cbnz w12, te_claim
+    dmb ishst                              // the odd sequence is seen before the contents
+    mrs x10, cntvct_el0
+    str x10, [x27, #{REC_TICKS}]
+    str w25, [x27, #{REC_PROBE}]
+    // the thread id learnt when this thread claimed its row (0 in the shared row)
+    mov w13, #0
+    mrs x10, tpidr_el0
+    ldr x11, hash_k
+    mul x11, x10, x11
+    lsr x11, x11, #{SLOT_SHIFT}
+    and x11, x11, #{SLOT_MASK}
+    ldr x12, [x24, #{OFF_OWNERS}]
+    add x11, x11, x12
+    add x11, x24, x11                      // this thread's owner entry
+    ldr x12, [x11]
+    cmp x12, x10
+    b.ne te_tid
+    ldr w13, [x11, #{OWNER_TID}]
+te_tid:
+    str w13, [x27, #{REC_TID}]
+    ldr x14, [x23], #8                     // argument count; x23 = the first descriptor
+    str w14, [x27, #{REC_NARGS}]
+    add x15, x27, #{REC_ARGS}
+te_arg:
+    cbz x14, te_publish
+    bl argument_value
+    str x0, [x15], #8
+    add x23, x23, #16
+    sub x14, x14, #1
+    b te_arg
+te_publish:
+    add x10, x28, #1
+    stlr x10, [x27]                        // complete: a release store orders the contents first
+    b te_event
+te_busy:
+    clrex
+    ldr x14, [x23], #8                     // skip its descriptors
+    add x23, x23, x14, lsl #4
+    add x11, x26, #{RING_DROPPED}
+te_drop:
+    ldxr x10, [x11]
+    add x10, x10, #1
+    stxr w12, x10, [x11]
+    cbnz w12, te_drop
+    b te_event
+te_return:
+    ldp x9, x30, [sp, #256]
+    msr nzcv, x9
+    ldp x2, x3, [sp, #16]
+    ldp x4, x5, [sp, #32]
+    ldp x6, x7, [sp, #48]
+    ldp x8, x9, [sp, #64]
+    ldp x10, x11, [sp, #80]
+    ldp x12, x13, [sp, #96]
+    ldp x14, x15, [sp, #112]
+    ldp x18, x19, [sp, #144]
+    ldp x20, x21, [sp, #160]
+    ldp x22, x23, [sp, #176]
+    ldp x24, x25, [sp, #192]
+    ldp x26, x27, [sp, #208]
+    ldp x28, x29, [sp, #224]
+    add sp, sp, #272
     ret
+
+// x23 = descriptor (u8 kind, size, signed, base, index, scale; i64 value),
+// x21 = frame (slot n at 8 * n; slot {NO_REGISTER} and above: none, reads 0),
+// x24 = region -> x0. Clobbers x9-x13 and the flags.
+argument_value:
+    ldrb w9, [x23]                         // kind
+    ldr x0, [x23, #8]                      // value
+    cmp w9, #3
+    b.eq av_done                           // a constant
+    ldrb w10, [x23, #3]
+    mov x11, #0
+    cmp w10, #{NO_REGISTER}
+    b.hs av_base
+    ldr x11, [x21, x10, lsl #3]
+av_base:
+    cmp w9, #1
+    b.ne av_memory
+    mov x0, x11                            // a register
+    b av_extend
+av_memory:                                 // base + index * scale + displacement
+    ldrb w10, [x23, #4]
+    mov x12, #0
+    cmp w10, #{NO_REGISTER}
+    b.hs av_index
+    ldr x12, [x21, x10, lsl #3]
+av_index:
+    ldrb w10, [x23, #5]
+    madd x11, x12, x10, x11
+    add x0, x0, x11
+    cmp w9, #4
+    b.ne av_load
+    ldr x10, [x24, #{OFF_LOAD_BIAS}]       // a link-time address
+    add x0, x0, x10
+av_load:
+    ldrb w10, [x23, #1]
+    cmp w10, #8
+    b.eq av_load8
+    cmp w10, #4
+    b.eq av_load4
+    cmp w10, #2
+    b.eq av_load2
+    ldrb w0, [x0]
+    b av_extend
+av_load2:
+    ldrh w0, [x0]
+    b av_extend
+av_load4:
+    ldr w0, [x0]
+    b av_extend
+av_load8:
+    ldr x0, [x0]
+    ret
+av_extend:
+    ldrb w10, [x23, #1]
+    ldrb w11, [x23, #2]
+    cbz w11, av_unsigned
+    cmp w10, #4
+    b.eq av_s4
+    cmp w10, #2
+    b.eq av_s2
+    cmp w10, #1
+    b.ne av_done
+    sxtb x0, w0
+    ret
+av_s2:
+    sxth x0, w0
+    ret
+av_s4:
+    sxtw x0, w0
+    ret
+av_unsigned:
+    cmp w10, #4
+    b.eq av_u4
+    cmp w10, #2
+    b.eq av_u2
+    cmp w10, #1
+    b.ne av_done
+    and x0, x0, #0xff
+    ret
+av_u2:
+    and x0, x0, #0xffff
+    ret
+av_u4:
+    mov w0, w0
+av_done:
+    ret
+
+// A function probed at entry and return was entered: remember when, and at which
+// stack pointer (its frame), on this thread's stack of open calls.
+// x0 = this thread's row, x16 = region, x17 = the site's sp. Preserves every
+// register but x17, and the flags.
 lat_enter:
+    sub sp, sp, #48
+    stp x9, x10, [sp]
+    stp x11, x12, [sp, #16]
+    mrs x9, nzcv
+    str x9, [sp, #32]
+    ldr w9, [x16, #{OFF_PROBE_COUNT}]
+    ldr w10, [x16, #{OFF_LATENCY_COUNT}]
+    lsl x10, x10, #{HISTOGRAM_SHIFT}
+    add x10, x10, x9, lsl #3
+    add x9, x0, x10                        // the stack: depth, pad, then {{sp, ticks}} entries
+le_drop:                                   // open calls at or below this frame have ended
+    ldr x10, [x9]                          // without returning (longjmp): forget them
+    cbz x10, le_push
+    add x11, x9, x10, lsl #4               // the innermost entry (at 16 * depth)
+    ldr x11, [x11]
+    cmp x11, x17
+    b.hi le_push
+    sub x10, x10, #1
+    str x10, [x9]
+    b le_drop
+le_push:
+    cmp x10, #{LATENCY_DEPTH}
+    b.hs le_done                           // full: this call goes unmeasured
+    add x11, x9, x10, lsl #4
+    mrs x12, cntvct_el0
+    stp x17, x12, [x11, #16]
+    add x10, x10, #1
+    str x10, [x9]
+le_done:
+    ldr x9, [sp, #32]
+    msr nzcv, x9
+    ldp x11, x12, [sp, #16]
+    ldp x9, x10, [sp]
+    add sp, sp, #48
     ret
+
+// The function returns: drop calls left without a return (their frames lie below
+// ours: longjmp, exceptions), and if the innermost open call is ours, add how long
+// it took to histogram x1. x0 = row, x16 = region, x17 = the site's sp.
+// Preserves every register but x17, and the flags.
 lat_exit:
+    sub sp, sp, #64
+    stp x9, x10, [sp]
+    stp x11, x12, [sp, #16]
+    stp x13, x14, [sp, #32]
+    mrs x9, nzcv
+    str x9, [sp, #48]
+    ldr w9, [x16, #{OFF_PROBE_COUNT}]
+    lsl x9, x9, #3                         // the histograms follow the counters
+    ldr w10, [x16, #{OFF_LATENCY_COUNT}]
+    lsl x10, x10, #{HISTOGRAM_SHIFT}
+    add x10, x10, x9
+    add x10, x0, x10                       // the stack
+lx_pop:
+    ldr x11, [x10]
+    cbz x11, lx_done
+    add x12, x10, x11, lsl #4              // the innermost entry
+    ldr x13, [x12]
+    cmp x13, x17
+    b.hs lx_ours
+    sub x11, x11, #1                       // below ours: never returned; forget it
+    str x11, [x10]
+    b lx_pop
+lx_ours:
+    b.ne lx_done                           // above ours: our entry was not recorded
+    ldr x13, [x12, #8]                     // ticks at entry
+    sub x11, x11, #1
+    str x11, [x10]
+    mrs x12, cntvct_el0
+    sub x12, x12, x13
+    ldr x13, [x16, #{OFF_NS_MULT}]
+    mul x14, x12, x13
+    umulh x12, x12, x13
+    extr x12, x12, x14, #32                // nanoseconds
+    mov x13, #0                            // bucket 0: under 1 ns; k: [2^(k-1), 2^k)
+    cbz x12, lx_bucket
+    clz x13, x12
+    mov x14, #64
+    sub x13, x14, x13
+    mov x14, #{LATENCY_BUCKETS_MAX}
+    cmp x13, x14
+    csel x13, x13, x14, ls
+lx_bucket:
+    add x9, x9, x1, lsl #{HISTOGRAM_SHIFT}
+    add x9, x9, x13, lsl #3
+    add x9, x0, x9
+lx_add:                                    // exclusive, as the counters: a signal handler
+    ldxr x12, [x9]                         // returning here meanwhile makes it retry
+    add x12, x12, #1
+    stxr w13, x12, [x9]
+    cbnz w13, lx_add
+lx_done:
+    ldr x9, [sp, #48]
+    msr nzcv, x9
+    ldp x13, x14, [sp, #32]
+    ldp x11, x12, [sp, #16]
+    ldp x9, x10, [sp]
+    add sp, sp, #64
     ret

@@ -1,10 +1,10 @@
 """The code one AArch64 site branches to.
 
 There is no red zone on arm64 Linux: the trampoline moves sp before storing.
-Nothing on the hit path sets the condition flags (cbz/cbnz only), so they need
-no saving even at a site inside a function.
+Nothing on the hit path sets the condition flags (cbz/cbnz only; the runtime
+routines it calls save them), so they need no saving even inside a function.
 
-            stp  x16, x17, [sp, #-48]!
+            stp  x16, x17, [sp, #-48]!   frame: x16, x17 | x0, x1 | x30, pad
     check:  x16 = state                 0 = not set up, 1 = disarmed, else region
             cbz  x16 - 1 -> resume       disarmed: one load, one branch
             cbz  x16 -> setup
@@ -14,10 +14,16 @@ no saving even at a site inside a function.
             cbnz x1 - x17 -> slow
             ldxr/add/stxr on row[probe]  exclusive: a signal handler hitting the same
                                          probe mid-increment makes it retry, not lose
-    counted: ldp x0, x1, [sp, #16]
+            [bl lat_enter | lat_exit]    a function measured for latency enters | returns
+    counted: x17 = region.ring ; cbnz x17 -> trace   (x16 = region)
+    traced: ldp  x0, x1, [sp, #16]
     resume: ldp  x16, x17, [sp], #48
             displaced instruction, relocated
             b    back
+    trace:  x16 = this point's event table ; bl trace_event ; b traced
+
+trace_event and lat_enter/lat_exit read the frame above: runtime.py passes
+these offsets to runtime.s.
 """
 
 from __future__ import annotations
@@ -26,9 +32,13 @@ from urewrite.arch.aarch64 import relocator
 from urewrite.arch.aarch64.writer import LR, SP, Writer
 from urewrite.arch.base import RuntimeRefs, Window
 from urewrite.trampolines import region
+from urewrite.trampolines.arguments import encode
 
 X0, X1, X16, X17 = 0, 1, 16, 17
-FRAME = 48  # x16, x17 | x0, x1 | x30, pad
+FRAME = 48  # the site's sp is sp + FRAME while the trampoline runs
+FRAME_X16 = 0  # the site's x16, x17
+FRAME_X0 = 16  # the site's x0, x1 (stored once armed)
+FRAME_LR = 32  # x30 while the trampoline calls the runtime
 
 
 def _load_state(w: Writer, state: int) -> None:
@@ -36,9 +46,19 @@ def _load_state(w: Writer, state: int) -> None:
     w.ldr(X16, X16, state & 0xFFF)
 
 
+def _sub_imm(w: Writer, rd: int, rn: int, imm: int) -> None:
+    """rd = rn - imm, for imm < 2**24 (Writer.sub_imm takes 12 bits)."""
+    if imm >> 24:
+        raise OverflowError(f"immediate {imm:#x} too large")
+    if imm >> 12:
+        w.word(0xD1400000 | (imm >> 12) << 10 | rn << 5 | rd)
+        rn = rd
+    if imm & 0xFFF or rn != rd:
+        w.word(0xD1000000 | (imm & 0xFFF) << 10 | rn << 5 | rd)
+
+
 def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
     # A window is the one instruction at its site, so it has one point, before it.
-    # Events (tracing) are not recorded on AArch64 yet: the points' arguments go unused.
     (point,) = points
     assert point.address == window.address
     probe_indexes = point.probes
@@ -50,7 +70,7 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
     w.cbz(X16, "setup")
 
     w.label("armed")
-    w.stp(X0, X1, SP, 16)
+    w.stp(X0, X1, SP, FRAME_X0)
     w.mrs_tpidr_el0(X17)
     w.ldr_literal(X0, "hash")
     w.mul(X0, X17, X0)
@@ -71,8 +91,24 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
         w.add_imm(X1, X1, 1)
         w.stxr(X17, X1, X0)
         w.cbnz(X17, f"retry{index}", wide=False)
-    w.label("counted")
-    w.ldp(X0, X1, SP, 16)
+    if point.enters or point.leaves:
+        # latency: only on this fast path (the thread's own row); a thread's first
+        # hit, or one in the shared row, goes unmeasured
+        if offset:
+            _sub_imm(w, X0, X0, offset)  # x0 = the row
+        w.str_(LR, SP, FRAME_LR)
+        w.add_imm(X17, SP, FRAME)  # the site's sp: which call this is
+        if point.enters:
+            w.bl(refs.lat_enter)
+        for histogram in point.leaves:
+            w.mov_imm(X1, histogram)
+            w.bl(refs.lat_exit)
+        w.ldr(LR, SP, FRAME_LR)
+    w.label("counted")  # x16 = region
+    w.ldr(X17, X16, region.OFF_RING)
+    w.cbnz(X17, "trace")
+    w.label("traced")
+    w.ldp(X0, X1, SP, FRAME_X0)
     w.label("resume")
     w.ldp_post(X16, X17, SP, FRAME)
     code, falls_through = relocator.relocate(window.insns, w.pc)
@@ -81,28 +117,43 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
         w.b(window.end)
 
     w.label("slow")
-    w.str_(LR, SP, 32)
+    w.str_(LR, SP, FRAME_LR)
     for index in probe_indexes:
         # slow_hit clobbers x16, x17: set them again for the next one
         _load_state(w, refs.state)
         w.mrs_tpidr_el0(X17)
         w.mov_imm(X0, 8 * index)
         w.bl(refs.slow_hit)
-    w.ldr(LR, SP, 32)
+    w.ldr(LR, SP, FRAME_LR)
+    _load_state(w, refs.state)
     w.b("counted")
 
     w.label("setup")
-    w.str_(LR, SP, 32)
+    w.str_(LR, SP, FRAME_LR)
     w.bl(refs.lazy_init)
-    w.ldr(LR, SP, 32)
+    w.ldr(LR, SP, FRAME_LR)
     _load_state(w, refs.state)
     w.sub_imm(X17, X16, 1)
     w.cbz(X17, "resume")
     w.cbz(X16, "resume")  # still not set up (no thread pointer yet): skip this hit
     w.b("armed")
 
+    # tracing: trace_event saves every register as the frame it reads arguments from
+    w.label("trace")
+    w.str_(LR, SP, FRAME_LR)
+    w.adr(X16, "events")
+    w.bl(refs.trace_event)
+    w.ldr(LR, SP, FRAME_LR)
+    w.b("traced")
+
     if w.pc % 8:
         w.word(relocator.NOP)
     w.label("hash")
     w.quad(region.HASH_MULTIPLIER)
+    # the point's events: u64 count, then per probe u64 index and its descriptors
+    w.label("events")
+    w.quad(len(probe_indexes))
+    for k, index in enumerate(probe_indexes):
+        w.quad(index)
+        w.raw(point.arguments[k] if k < len(point.arguments) else encode(()))
     return w.bytes()
