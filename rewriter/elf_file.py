@@ -1,8 +1,8 @@
 """Reads an ELF file: checks it, and exposes the headers the writer changes.
 
 Headers, segments, sections and the dynamic table are read here with `struct`,
-because the writer rewrites them byte for byte; symbols and .eh_frame come from
-LIEF (see functions.py). Anything malformed becomes a UrewriteError.
+because the writer rewrites them byte for byte; symbols and .eh_frame are read
+by elf_symbols.py and eh_frame.py. Anything malformed becomes a UrewriteError.
 """
 
 from __future__ import annotations

@@ -2,18 +2,20 @@
 
 A stripped executable still has an FDE per function in .eh_frame; those get the
 name fn_<address>. PLT stubs have FDEs too but are not functions of the file.
+Both tables are read by our own readers (elf_symbols.py, eh_frame.py): LIEF's
+import alone costs more than a one-probe rewrite. LIEF still reads an .eh_frame
+whose pointer encodings ours does not know.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
-import lief
-
+from urewrite.rewriter import eh_frame
 from urewrite.rewriter.elf_file import ElfFile
-
-lief.logging.disable()
+from urewrite.rewriter.elf_symbols import SHN_UNDEF, STT_FUNC, symbols
 
 
 @dataclass(frozen=True)
@@ -35,37 +37,55 @@ class Function:
 
 def discover(elf: ElfFile) -> List[Function]:
     """Functions sorted by address; symbols at one address merge into one function."""
+    in_code = _code_ranges(elf)
+    by_address: Dict[int, dict] = {}
+    for sym in symbols(elf):
+        if sym.type != STT_FUNC or sym.shndx == SHN_UNDEF or not sym.value:
+            continue
+        if not sym.name or not in_code(sym.value):
+            continue
+        entry = by_address.setdefault(sym.value, {"names": [], "size": 0, "origin": sym.table})
+        if sym.name not in entry["names"]:
+            entry["names"].append(sym.name)
+        entry["size"] = entry["size"] or sym.size
+    for address, size in _fde_ranges(elf):
+        if not size or not in_code(address):
+            continue
+        entry = by_address.get(address)
+        if entry is None:
+            by_address[address] = {"names": [f"fn_{address:x}"], "size": size,
+                                    "origin": "eh_frame"}
+        elif not entry["size"]:
+            entry["size"] = size
+    return [Function(e["names"][0], address, e["size"], e["origin"], tuple(e["names"][1:]))
+            for address, e in sorted(by_address.items())]
+
+
+def _code_ranges(elf: ElfFile):
+    """address -> whether it lies in an executable section other than the PLT's."""
+    ranges = sorted((s.addr, s.end) for s in elf.executable_sections()
+                    if s.size and not s.name.startswith(".plt"))
+    starts = [start for start, _ in ranges]
+
+    def in_code(address: int) -> bool:
+        # sections do not overlap, so only the last one starting at or before it can hold it
+        i = bisect.bisect_right(starts, address) - 1
+        return i >= 0 and address < ranges[i][1]
+    return in_code
+
+
+def _fde_ranges(elf: ElfFile) -> List[Tuple[int, int]]:
+    try:
+        return eh_frame.fde_ranges(elf)
+    except eh_frame.UnsupportedEncoding:
+        return _fde_ranges_by_lief(elf)
+
+
+def _fde_ranges_by_lief(elf: ElfFile) -> List[Tuple[int, int]]:
+    import lief  # 0.3 s to import: only for the rare file our reader does not know
+    lief.logging.disable()
     binary = lief.parse(elf.path)
     if binary is None:
         from urewrite.errors import UrewriteError
         raise UrewriteError(f"{elf.path}: corrupt ELF (LIEF could not parse it)")
-    code_sections = [s for s in elf.executable_sections() if not s.name.startswith(".plt")]
-
-    def in_code(address: int) -> bool:
-        return any(s.addr <= address < s.end for s in code_sections)
-
-    by_address: Dict[int, dict] = {}
-    for origin, symbols in (("symtab", binary.symtab_symbols), ("dynsym", binary.dynamic_symbols)):
-        for sym in symbols:
-            if sym.type != lief.ELF.Symbol.TYPE.FUNC or sym.shndx == 0 or not sym.value:
-                continue
-            name = sym.name
-            if isinstance(name, bytes):  # LIEF's answer for a name that is not UTF-8
-                name = name.decode("utf-8", "replace")
-            if not in_code(sym.value) or not name:
-                continue
-            entry = by_address.setdefault(sym.value, {"names": [], "size": 0, "origin": origin})
-            if name not in entry["names"]:
-                entry["names"].append(name)
-            entry["size"] = entry["size"] or sym.size
-    for fn in binary.functions:  # includes one entry per .eh_frame FDE
-        if not in_code(fn.address) or not fn.size:
-            continue
-        entry = by_address.get(fn.address)
-        if entry is None:
-            by_address[fn.address] = {"names": [f"fn_{fn.address:x}"], "size": fn.size,
-                                      "origin": "eh_frame"}
-        elif not entry["size"]:
-            entry["size"] = fn.size
-    return [Function(e["names"][0], address, e["size"], e["origin"], tuple(e["names"][1:]))
-            for address, e in sorted(by_address.items())]
+    return [(fn.address, fn.size) for fn in binary.functions]

@@ -10,7 +10,7 @@ from typing import Callable, List, Optional
 
 from urewrite.arch import backend_for
 from urewrite.errors import UrewriteError
-from urewrite.rewriter import elf_writer, layout, usdt
+from urewrite.rewriter import elf_symbols, elf_writer, layout, usdt
 from urewrite.rewriter.elf_file import DT_INIT, ElfFile
 from urewrite.rewriter.functions import Function, discover
 from urewrite.rewriter.usdt import UsdtSite
@@ -134,9 +134,7 @@ def _argument_encoder(a: Analysis, backend, entry_args: int, warnings: List[str]
 
     def symbol(name: str) -> Optional[int]:
         if not symbols:
-            import lief
-            binary = lief.parse(a.elf.path)
-            for sym in list(binary.symtab_symbols) + list(binary.dynamic_symbols):
+            for sym in elf_symbols.symbols(a.elf):
                 if sym.value and sym.name:
                     symbols.setdefault(sym.name, sym.value)
             symbols.setdefault("", None)

@@ -1,0 +1,206 @@
+"""Our symbol-table and .eh_frame readers against independent readers: readelf and LIEF.
+
+The rewrite path reads both tables itself (LIEF's import costs more than a
+one-probe rewrite), so these check it on real files of both architectures:
+C and C++ (personality and LSDA in the CIE), PIE, non-PIE, static, stripped,
+shared, and the system's own libraries.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from urewrite.rewriter import eh_frame, elf_symbols, functions
+from urewrite.rewriter.elf_file import ElfFile
+
+C_SOURCE = """
+#include <stdio.h>
+static int counter;
+__attribute__((constructor)) static void setup(void) { counter = 1; }
+__attribute__((noinline)) int twice(int x) { return 2 * x + counter; }
+int main(int argc, char **argv) { printf("%d\\n", twice(argc)); return 0; }
+"""
+CXX_SOURCE = """
+#include <cstdio>
+#include <stdexcept>
+__attribute__((noinline)) int risky(int x) { if (x > 5) throw std::runtime_error("big"); return x; }
+int main(int argc, char **) {
+    try { return risky(argc); } catch (const std::exception &e) { std::puts(e.what()); }
+    return 1;
+}
+"""
+VARIANTS = {  # name: (compiler, source, flags)
+    "c-pie": ("gcc", C_SOURCE, ["-O2"]),
+    "c-nopie": ("gcc", C_SOURCE, ["-O2", "-no-pie"]),
+    "c-static": ("gcc", C_SOURCE, ["-O2", "-static"]),
+    "c-stripped": ("gcc", C_SOURCE, ["-O2", "-s"]),
+    "c-shared": ("gcc", C_SOURCE, ["-O2", "-shared", "-fPIC"]),
+    "cxx": ("g++", CXX_SOURCE, ["-O2"]),
+    "arm64-c": ("aarch64-linux-gnu-gcc", C_SOURCE, ["-O2"]),
+    "arm64-cxx-stripped": ("aarch64-linux-gnu-g++", CXX_SOURCE, ["-O2", "-s"]),
+}
+SYSTEM_FILES = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
+                "/usr/aarch64-linux-gnu/lib/libc.so.6"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("elf-tables")
+    out = {}
+    for name, (compiler, source, flags) in VARIANTS.items():
+        if shutil.which(compiler) is None:
+            continue
+        src = root / (name + (".cc" if "++" in compiler else ".c"))
+        src.write_text(source)
+        binary = root / name
+        subprocess.run([compiler, *flags, str(src), "-o", str(binary)], check=True)
+        out[name] = binary
+    return out
+
+
+def _files(built):
+    return list(built.values()) + [Path(p) for p in SYSTEM_FILES if Path(p).exists()]
+
+
+def _readelf_fdes(path: Path):
+    text = subprocess.run(["readelf", "--debug-dump=frames", str(path)], capture_output=True,
+                          text=True).stdout  # (exits 1 when it misses debug links)
+    section, out = None, []
+    for line in text.splitlines():
+        if line.startswith("Contents of the "):
+            section = line.split()[3]
+        m = re.search(r"FDE cie=\S+ pc=([0-9a-f]+)\.\.([0-9a-f]+)", line)
+        if m and section == ".eh_frame":
+            out.append((int(m[1], 16), int(m[2], 16) - int(m[1], 16)))
+    return out
+
+
+def test_fde_ranges_match_readelf(built):
+    for path in _files(built):
+        fdes = eh_frame.fde_ranges(ElfFile.open(str(path)))
+        assert fdes, path
+        assert fdes == _readelf_fdes(path), path
+
+
+def test_symbols_match_lief(built):
+    lief = pytest.importorskip("lief")
+    lief.logging.disable()
+    for path in _files(built):
+        binary = lief.parse(str(path))
+        theirs = [(s.name, int(s.type), s.shndx, s.value, s.size)
+                  for table in (binary.symtab_symbols, binary.dynamic_symbols)
+                  for s in list(table)[1:]]  # LIEF keeps each table's null symbol
+        ours = [(s.name, s.type, s.shndx, s.value, s.size)
+                for s in elf_symbols.symbols(ElfFile.open(str(path)))]
+        assert ours == theirs, path
+
+
+def test_discover_finds_stripped_functions_by_their_fdes(built):
+    for name in ("c-stripped", "arm64-cxx-stripped"):
+        if name not in built:
+            continue
+        found = functions.discover(ElfFile.open(str(built[name])))
+        assert found and all(f.origin == "eh_frame" and f.size for f in found)
+        assert all(f.name == f"fn_{f.address:x}" for f in found)
+
+
+def test_discover_merges_symbols_and_fdes(built):
+    found = {f.name: f for f in functions.discover(ElfFile.open(str(built["c-pie"])))}
+    assert found["twice"].size and found["twice"].origin == "symtab"
+    assert "setup" in found and "main" in found
+    assert not any(n.startswith("fn_") for n in found)  # every FDE has its symbol here
+
+
+def test_lief_reads_an_eh_frame_we_do_not(built, monkeypatch):
+    """An unknown pointer encoding hands the whole .eh_frame to LIEF, with the same result."""
+    pytest.importorskip("lief")
+    elf = ElfFile.open(str(built["c-stripped"]))
+    expected = functions.discover(elf)
+
+    def unsupported(_elf):
+        raise eh_frame.UnsupportedEncoding("test")
+    monkeypatch.setattr(eh_frame, "fde_ranges", unsupported)
+    via_lief = functions.discover(elf)
+    # LIEF loses an FDE at a constructor's address (its .init_array entry, size 0, wins)
+    tors = _init_fini_entries(elf)
+    assert [f for f in expected if f.address not in tors] == via_lief
+
+
+def _init_fini_entries(elf: ElfFile) -> set:
+    out = set()
+    for name in (".init_array", ".fini_array"):
+        sec = elf.section_named(name)
+        if sec is not None:
+            out |= {v for (v,) in struct.iter_unpack("<Q", elf.data[sec.offset:sec.offset + sec.size])}
+    return out
+
+
+# -- the walker on hand-made bytes ------------------------------------------------
+
+def _entry(body: bytes) -> bytes:
+    return struct.pack("<I", len(body)) + body
+
+
+def _cie(augmentation: bytes, data: bytes = b"", version: int = 1) -> bytes:
+    body = struct.pack("<IB", 0, version) + augmentation + b"\0" + b"\x01\x78\x10"
+    if augmentation.startswith(b"z"):
+        body += bytes([len(data)]) + data
+    return _entry(body)
+
+
+def _fde(at: int, cie_at: int, pointers: bytes) -> bytes:
+    return _entry(struct.pack("<I", at + 4 - cie_at) + pointers + b"\0")
+
+
+def test_walker_pc_relative_and_absolute():
+    cie = _cie(b"zR", b"\x1b")  # pcrel | sdata4
+    fde = _fde(len(cie), 0, struct.pack("<ii", -0x100, 0x20))
+    abs_cie = _cie(b"")  # no 'z': absolute 8-byte pointers
+    at = len(cie) + len(fde)
+    abs_fde = _fde(at + len(abs_cie), at, struct.pack("<QQ", 0x401000, 0x30))
+    data = cie + fde + abs_cie + abs_fde + b"\0\0\0\0"
+    base = 0x2000
+    field = base + len(cie) + 8  # where the FDE's initial location is stored
+    assert eh_frame._Walker(data, base).fdes() == [(field - 0x100, 0x20), (0x401000, 0x30)]
+
+
+def test_walker_skips_personality_and_lsda():
+    # zPLR: personality indirect|pcrel|sdata4, LSDA pcrel|sdata4, FDEs pcrel|sdata4
+    cie = _cie(b"zPLR", b"\x9b" + struct.pack("<i", 0x40) + b"\x1b\x1b")
+    fde = _entry(struct.pack("<I", len(cie) + 4) + struct.pack("<ii", 0x10, 8) + b"\x04" + b"\0" * 4)
+    assert eh_frame._Walker(cie + fde, 0).fdes() == [(len(cie) + 8 + 0x10, 8)]
+
+
+def test_walker_unknown_encoding_is_reported():
+    cie = _cie(b"zR", b"\x3b")  # datarel
+    fde = _fde(len(cie), 0, struct.pack("<ii", 0, 4))
+    with pytest.raises(eh_frame.UnsupportedEncoding):
+        eh_frame._Walker(cie + fde, 0).fdes()
+
+
+def test_walker_stops_at_truncation_with_what_it_read():
+    cie = _cie(b"zR", b"\x1b")
+    fde = _fde(len(cie), 0, struct.pack("<ii", 0, 4))
+    data = cie + fde + cie[:6]  # a last entry cut short
+    assert len(eh_frame._Walker(data, 0).fdes()) == 1
+    orphan = _fde(len(cie) + len(fde), len(cie), struct.pack("<ii", 0, 4))  # its "CIE" is an FDE
+    assert len(eh_frame._Walker(cie + fde + orphan + fde, 0).fdes()) == 1
+
+
+def test_rewrite_does_not_import_lief(built, tmp_path):
+    """The one-probe rewrite path must not pay LIEF's import."""
+    code = ("import sys\nfrom urewrite.commands import main\n"
+            "try:\n    main(sys.argv[1:], prog_name='urewrite')\nexcept SystemExit as e:\n"
+            "    assert not e.code, e.code\n"
+            "print(' '.join(m for m in ('lief', 'click') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code, str(built["c-pie"]), "-p", "twice", "-q",
+                          "-o", str(tmp_path / "out")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["click"]
