@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import keystone
-
 from urewrite.arch import runtime_asm
 from urewrite.arch.aarch64 import arguments, trampoline
 from urewrite.arch.aarch64.writer import b_imm
@@ -42,7 +40,7 @@ def _restore_all() -> str:
 
 def build(spec: RuntimeSpec) -> Runtime:
     return runtime_asm.assemble(
-        "urewrite.arch.aarch64", "runtime.s", keystone.KS_ARCH_ARM64, keystone.KS_MODE_LITTLE_ENDIAN,
+        "urewrite.arch.aarch64", "runtime.s", "KS_ARCH_ARM64", "KS_MODE_LITTLE_ENDIAN",
         spec, {
             "SAVE_ALL": _save_all(), "RESTORE_ALL": _restore_all(),
             "FRAME": FRAME, "FRAME_PLUS_8": FRAME + 8,

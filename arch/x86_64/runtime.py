@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import keystone
-
 from urewrite.arch import runtime_asm
 from urewrite.arch.x86_64 import trampoline
 from urewrite.trampolines import region
@@ -29,7 +27,7 @@ SAVED = ("rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11", "rbx",
 
 def build(spec: RuntimeSpec) -> Runtime:
     return runtime_asm.assemble(
-        "urewrite.arch.x86_64", "runtime.s", keystone.KS_ARCH_X86, keystone.KS_MODE_64, spec, {
+        "urewrite.arch.x86_64", "runtime.s", "KS_ARCH_X86", "KS_MODE_64", spec, {
             "SAVE_ALL": "\n".join(f"    push {r}" for r in SAVED),
             "RESTORE_ALL": "\n".join(f"    pop {r}" for r in reversed(SAVED)),
             "SAVED_BYTES": 8 * len(SAVED),
