@@ -15,6 +15,7 @@ import click
 
 from urewrite import __version__
 from urewrite.errors import UrewriteError
+from urewrite.long_options import LongOptionsCommand
 
 EXIT_ERROR = 1
 
@@ -64,7 +65,7 @@ def main():
     """
 
 
-@main.command()
+@main.command(cls=LongOptionsCommand)
 @click.argument("input_file", metavar="IN", type=click.Path(dir_okay=False))
 @click.option("-p", "--probe", "probes", multiple=True, metavar="SPEC",
               help="Function name, glob ('parse_*') or address (0x401136) to probe at entry, "
