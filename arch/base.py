@@ -64,6 +64,9 @@ class CountPoint:
     arguments: tuple = ()  # per probe: encoded argument descriptors for its events
     enters: bool = False  # a function measured for latency is entered here
     leaves: tuple = ()  # histograms of the measured functions that return here
+    # a function entry whose return address is redirected: the CountPoint its
+    # return stub counts (the return probe), else None
+    redirect: Optional["CountPoint"] = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,8 @@ class RuntimeRefs:
     trace_event: int  # runtime routine: write one event into the ring
     lat_enter: int  # runtime routine: a latency-measured call begins
     lat_exit: int  # runtime routine: it returns: add its duration to a histogram
+    shadow_push: int = 0  # runtime routine: redirect a return address (0: not available)
+    shadow_pop: int = 0  # runtime routine: a redirected return: the original address back
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,8 @@ class Runtime:
     trace_event: int
     lat_enter: int
     lat_exit: int
+    shadow_push: int = 0  # return-address redirection, for backends that have it
+    shadow_pop: int = 0
 
 
 class Backend(ABC):
@@ -143,6 +150,12 @@ class Backend(ABC):
         """(leaves, problem): whether `insn` leaves its function for good (a return,
         a tail call), or a reason it may leave in a way no probe can follow.
         `inside(address)` tells whether an address belongs to the function."""
+
+    def return_redirect_problem(self, code: bytes, address: int) -> Optional[str]:
+        """Why the return address of the function whose code is `code` may not be
+        redirected to a return stub (it reads it, say), or None. Backends without
+        redirection keep this refusal."""
+        return f"return-address redirection is not implemented for {self.name}"
 
     @abstractmethod
     def is_padding(self, insn: Insn) -> bool:

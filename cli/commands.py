@@ -158,13 +158,15 @@ def list_command(input_file, as_json, patchable):
         analysis, outcomes = list_sites(input_file)
     except UrewriteError as e:
         _fail(str(e))
-    # return probes: patched at every exit, or refused with the reason
-    exits, return_refusals = {}, {}
+    # return probes: patched at every exit, or redirected at the entry, or refused
+    exits, redirected, return_refusals = {}, set(), {}
     for o in outcomes:
         for site in (o.sites if isinstance(o, Plan) else (o.site,)):
             if site.kind != KIND_RETURN:
                 continue
-            if isinstance(o, Plan):
+            if isinstance(o, Plan) and site.redirect:
+                redirected.add(site.function.address)
+            elif isinstance(o, Plan):
                 exits[site.function.address] = exits.get(site.function.address, 0) + 1
             else:
                 return_refusals[site.function.address] = o.reason
@@ -185,10 +187,13 @@ def list_command(input_file, as_json, patchable):
             fn = site.function
             functions.append({"name": fn.name, "aliases": list(fn.aliases), "address": fn.address,
                               "size": fn.size, "origin": fn.origin, **status,
-                              "return": {"mechanism": "exit sites"
-                                         if fn.address not in return_refusals else None,
+                              "return": {"mechanism": _return_mechanism(
+                                             fn.address, redirected, return_refusals),
                                          "exits": exits.get(fn.address, 0),
-                                         "reason": return_refusals.get(fn.address)}})
+                                         "reason": return_refusals.get(
+                                             fn.address,
+                                             analysis.planner.redirected_because.get(
+                                                 fn.address))}})
     if as_json:
         click.echo(json.dumps({"file": input_file, "functions": functions, "usdt": probes},
                               indent=2))
@@ -197,8 +202,10 @@ def list_command(input_file, as_json, patchable):
     click.echo(f"{'ADDRESS':<18} {'SIZE':>6}  {'FUNCTION':<{width}}  ENTRY PROBE; RETURN PROBE")
     for r in functions:
         ret = r["return"]
-        returns = (f"patches {ret['exits']} exit{'s' if ret['exits'] != 1 else ''}"
-                   if ret["mechanism"] or not ret["reason"] else f"no: {ret['reason']}")
+        returns = (f"redirects its return address ({ret['reason']})"
+                   if ret["mechanism"] == "redirection" else
+                   f"patches {ret['exits']} exit{'s' if ret['exits'] != 1 else ''}"
+                   if ret["mechanism"] else f"no: {ret['reason']}")
         click.echo(f"{r['address']:#018x} {r['size']:>6}  {r['name']:<{width}}  {_status(r)}; "
                    f"return: {returns}")
     if probes:
@@ -212,6 +219,13 @@ def list_command(input_file, as_json, patchable):
     usdt_ok = sum(p["patchable"] for p in probes)
     click.echo(f"{len(functions)} functions, {ok} patchable; {len(probes)} USDT sites, "
                f"{usdt_ok} patchable", err=True)
+
+
+def _return_mechanism(address: int, redirected: set, refusals: dict):
+    """How a return probe of the function at `address` would work: None when refused."""
+    if address in redirected:
+        return "redirection"
+    return None if address in refusals else "exit sites"
 
 
 def _status(row) -> str:
@@ -247,6 +261,11 @@ def stat(as_json, output, command):
         sys.stdout.flush()
     if not regions:
         click.echo("urewrite: no probe region was written: is the command rewritten by urewrite (and not set-user-ID)?", err=True)
+    for region in regions:
+        if region.returns_missed:
+            click.echo(f"urewrite: {region.object} (pid {region.pid}): {region.returns_missed} "
+                       f"calls could not redirect their return address: their returns are "
+                       f"not counted", err=True)
     sys.exit(exit_code)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Set, Union
 
 from urewrite.arch.base import Backend, Window
-from urewrite.rewriter import taken_addresses
+from urewrite.rewriter import redirection, taken_addresses
 from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.functions import Function
 from urewrite.rewriter.selectors import Site
@@ -83,6 +83,8 @@ class Planner:
         self._targets: Dict[int, Dict[int, int]] = {}
         self.siteless: List[Site] = []  # return probes of functions without an exit
         self._shadow_stack = elf.shadow_stack
+        self._redirect_file_problem: Optional[str] = None  # computed when first needed
+        self.redirected_because: Dict[int, str] = {}  # function -> why its exits are not patched
         self._cold_parts: Dict[str, List[Function]] = {}  # "f" -> f.cold, f.cold.1, ...
         for f in functions:
             if ".cold" in f.name:
@@ -114,11 +116,13 @@ class Planner:
     def plan(self, sites: List[Site]) -> List[Outcome]:
         """A plan per address (with every site there), or a refusal per site.
 
-        A return probe becomes one site per exit of its function; it is refused
-        as a whole unless every exit can be patched.
+        A return probe becomes one site per exit of its function, planned as a
+        whole: when some exit cannot be patched, it becomes one site at the entry
+        that redirects the return address instead, when that is allowed
+        (redirection.py); else it is refused with both reasons.
         """
         returns = {s.probe_key: s for s in sites if s.kind == KIND_RETURN}
-        expanded, refused = [], []
+        expanded, unpatched = [], {}  # return probe key -> why its exits cannot be patched
         for site in sites:
             if site.kind != KIND_RETURN:
                 expanded.append(site)
@@ -126,13 +130,38 @@ class Planner:
             try:
                 expanded.extend(self._exit_sites(site))
             except _Refused as why:
-                refused.append(Refusal(site, str(why)))
-        outcomes = self._plan_sites(expanded)
-        # a return probe missing one exit would miss returns: drop it whole
+                unpatched[site.probe_key] = str(why)
+        kept, failed = self._whole_returns(self._plan_sites(expanded))
+        unpatched.update(failed)
+        # the fallback: redirect the return address at the entry (docs/design.md)
+        redirects, refused = [], []
+        for key, reason in unpatched.items():
+            problem = self._redirect_problem(returns[key].function)
+            if problem:
+                refused.append(Refusal(returns[key], f"{reason}; and its return address "
+                                                     f"cannot be redirected: {problem}"))
+            else:
+                redirects.append(replace(returns[key], address=returns[key].function.address,
+                                         redirect=True))
+                self.redirected_because[returns[key].function.address] = reason
+        if redirects:
+            expanded = [s for s in expanded if s.probe_key not in unpatched] + redirects
+            kept, failed = self._whole_returns(self._plan_sites(expanded))
+            refused += [Refusal(returns[key], f"{unpatched.get(key, '')}; and its return "
+                                              f"address cannot be redirected: {reason}"
+                                if key in unpatched else reason)
+                        for key, reason in failed.items()]
+        return kept + refused
+
+    @staticmethod
+    def _whole_returns(outcomes: List[Outcome]) -> tuple:
+        """A return probe missing one exit (or its redirecting entry) would miss returns:
+        drop it whole. Returns (outcomes kept, {probe key: reason} of dropped ones)."""
         failed = {}
         for o in outcomes:
             if isinstance(o, Refusal) and o.site.kind == KIND_RETURN:
-                failed.setdefault(o.site.probe_key, f"its exit at {o.site.address:#x}: {o.reason}")
+                where = "its entry" if o.site.redirect else f"its exit at {o.site.address:#x}"
+                failed.setdefault(o.site.probe_key, f"{where}: {o.reason}")
         kept = []
         for o in outcomes:
             if isinstance(o, Refusal):
@@ -142,8 +171,13 @@ class Planner:
             remaining = o.without(failed)
             if remaining:
                 kept.append(remaining)
-        refused += [Refusal(returns[key], reason) for key, reason in failed.items()]
-        return kept + refused
+        return kept, failed
+
+    def _redirect_problem(self, fn: Function) -> Optional[str]:
+        if self._redirect_file_problem is None:
+            self._redirect_file_problem = redirection.file_problem(self.elf) or ""
+        return self._redirect_file_problem or redirection.function_problem(
+            self.elf, self.backend, fn)
 
     def _exit_sites(self, site: Site) -> List[Site]:
         """One site per instruction that leaves the function for good."""

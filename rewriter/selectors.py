@@ -24,10 +24,12 @@ class Site:
     exact: bool  # named exactly (a refusal is an error) rather than by a glob
     semaphore: int = 0  # USDT: address of the probe's semaphore, 0 if none
     arguments: str = ""  # USDT: sdt.h argument specs
+    redirect: bool = False  # return probe: counted by a stub its entry redirects the return to
 
     @property
     def at_entry(self) -> bool:
-        return self.kind in (KIND_ENTRY, KIND_ADDRESS) and self.address == self.function.address
+        return (self.kind in (KIND_ENTRY, KIND_ADDRESS) or self.redirect) \
+            and self.address == self.function.address
 
     @property
     def probe_key(self):

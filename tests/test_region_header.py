@@ -57,6 +57,7 @@ HEADER_FIELDS = {
     "clock_kind": region.OFF_CLOCK_KIND,
     "latency_count": region.OFF_LATENCY_COUNT,
     "ns_mult": region.OFF_NS_MULT,
+    "returns_missed": region.OFF_RETURNS_MISSED,
 }
 
 

@@ -9,14 +9,17 @@ import sys
 
 import pytest
 
+from urewrite.rewriter.elf_file import ElfFile
+
 SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "samples")
 LEVELS = ["-O0", "-O2", "-O3", "-O2 -no-pie", "-O2 -static", "-O2 -fcf-protection=full",
           "-O0 -fcf-protection=full", "-O3 -fcf-protection=none"]
 PROBED = ["depth", "work", "maybe_jump", "nested", "tail", "callee"]
 # At -O0 an early return jumps to the `leave` just before `ret`, and the next
 # function follows without padding: no window around that `ret` is safe, so
-# these return probes are refused (exit-site patching only, for now).
-REFUSED = {level: {"depth", "tail"} if level.startswith("-O0") else set() for level in LEVELS}
+# these return probes redirect the return address instead; under a CET shadow
+# stack (when the C runtime files carry the property) that is refused too.
+REDIRECTED = {level: {"depth", "tail"} if level.startswith("-O0") else set() for level in LEVELS}
 
 pytestmark = pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc")
 
@@ -48,7 +51,14 @@ def returns(request, tmp_path_factory):
     out = urewrite(plain, *args, "--keep-going", "--json", "-o", probed)
     assert out.returncode == 0, out.stderr
     refused = {r["name"] for r in json.loads(out.stdout)["refused"]}
-    assert refused == REFUSED[request.param]
+    listed = json.loads(urewrite("list", "--json", plain).stdout)["functions"]
+    mechanism = {f["name"]: f["return"]["mechanism"] for f in listed if f["name"] in PROBED}
+    if ElfFile.open(str(plain)).shadow_stack:
+        assert refused == REDIRECTED[request.param]
+        assert all(mechanism[name] is None for name in refused)
+    else:
+        assert refused == set()
+        assert {n for n, m in mechanism.items() if m == "redirection"} == REDIRECTED[request.param]
     return plain, probed, refused
 
 

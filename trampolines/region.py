@@ -66,6 +66,8 @@ OFF_CLOCK_HZ = 416
 OFF_CLOCK_KIND = 424
 OFF_LATENCY_COUNT = 428  # histograms per row (functions probed at entry and return)
 OFF_NS_MULT = 432  # nanoseconds per clock tick, 32.32 fixed point
+# calls whose return address could not be redirected: their returns went uncounted
+OFF_RETURNS_MISSED = 440
 CLOCK_TSC, CLOCK_CNTVCT = 1, 2
 
 # Latency: in each row, after the counters, LATENCY_BUCKETS u64 per histogram
@@ -96,8 +98,8 @@ REC_SEQ, REC_TICKS, REC_PROBE, REC_TID, REC_NARGS, REC_ARGS = 0, 8, 16, 20, 24, 
 MAX_ARGS = 6
 RING_MIN, RING_MAX, RING_DEFAULT = 16, 1 << 22, 1 << 16
 
-_HEADER = struct.Struct("<8sIIQIIQQQQQiIqII32s256sQIIQQQIIQ")
-assert _HEADER.size == 440
+_HEADER = struct.Struct("<8sIIQIIQQQQQiIqII32s256sQIIQQQIIQQ")
+assert _HEADER.size == 448
 
 
 def _align(value: int, to: int) -> int:
@@ -157,7 +159,7 @@ def build_template(probes: List[ProbeInfo], object_name: str, build_id: bytes,
                           SLOT_COUNT, layout.probes_offset, layout.strings_offset,
                           layout.owners_offset, layout.counters_offset, layout.slot_stride,
                           0, machine, 0, len(build_id[:32]), 0, build_id[:32], name,
-                          0, 0, RECORD_SIZE, 0, 0, 0, 0, histograms(probes), 0)
+                          0, 0, RECORD_SIZE, 0, 0, 0, 0, histograms(probes), 0, 0)
     out = bytearray(header.ljust(HEADER_SIZE, b"\0"))
     names = bytearray()
     for probe in probes:
@@ -187,6 +189,7 @@ class Region:
     machine: int
     probes: List[ProbeCount] = field(default_factory=list)
     threads: int = 0  # per-thread slots in use
+    returns_missed: int = 0  # calls not redirected: their returns went uncounted
 
 
 class RegionError(Exception):
@@ -208,7 +211,7 @@ def read_region(path: str) -> Region:
 def _parse(path: str, data: bytes) -> Region:
     (_, version, _, size, count, slots, probes_off, strings_off, owners_off, counters_off,
      stride, pid, machine, bias, bid_size, _, bid, obj, *_, latency_count,
-     _) = _HEADER.unpack_from(data)
+     _, returns_missed) = _HEADER.unpack_from(data)
     if version != VERSION:
         raise RegionError(f"{path}: region version {version}, this reader knows {VERSION}")
     if len(data) < size or counters_off + (slots + 1) * stride > len(data) \
@@ -216,7 +219,8 @@ def _parse(path: str, data: bytes) -> Region:
             or row_bytes(count, latency_count) > stride:
         raise RegionError(f"{path}: truncated or inconsistent region")
     region = Region(path, pid, obj.split(b"\0")[0].decode(errors="replace"),
-                    bid[:min(bid_size, 32)].hex(), bias, machine)
+                    bid[:min(bid_size, 32)].hex(), bias, machine,
+                    returns_missed=returns_missed)
     totals = [0] * count
     for slot in range(slots + 1):
         row = counters_off + slot * stride

@@ -95,7 +95,8 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
                             f"at {base:#x}")
     refs = RuntimeRefs(placement.state_vaddr, layout.owners_offset, runtime.slow_hit,
                        runtime.lazy_init, runtime.trace_event, runtime.lat_enter,
-                       runtime.lat_exit)
+                       runtime.lat_exit, shadow_push=runtime.shadow_push,
+                       shadow_pop=runtime.shadow_pop)
 
     code = bytearray(template_at - base)
     code += template
@@ -107,16 +108,24 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
         code += bytes(at - base - len(code))
         try:
             points = []
-            for point in plan.points:
-                per_probe = {index_of[site.probe_key]: site for site in point.sites}
+
+            def count_point(address, sites, flags_live, redirect=None):
+                per_probe = {index_of[site.probe_key]: site for site in sites}
                 indexes = tuple(sorted(per_probe))
                 enters = any(s.kind != region.KIND_RETURN and s.probe_key in measured
-                             for s in point.sites)
-                leaves = tuple(sorted({histogram_of[s.probe_key] for s in point.sites
+                             for s in sites)
+                leaves = tuple(sorted({histogram_of[s.probe_key] for s in sites
                                        if s.probe_key in histogram_of}))
-                points.append(CountPoint(point.address, indexes, point.flags_live,
-                                         tuple(arguments_of(per_probe[i]) for i in indexes),
-                                         enters, leaves))
+                return CountPoint(address, indexes, flags_live,
+                                  tuple(arguments_of(per_probe[i]) for i in indexes),
+                                  enters, leaves, redirect)
+
+            for point in plan.points:
+                # a redirected return probe is counted by its stub, not at the entry
+                redirected = [s for s in point.sites if s.redirect]
+                counted = [s for s in point.sites if not s.redirect]
+                redirect = count_point(point.address, redirected, False) if redirected else None
+                points.append(count_point(point.address, counted, point.flags_live, redirect))
             code += backend.trampoline(at, plan.window, points, refs)
             patches.append((plan.window.address, backend.site_patch(plan.window, at)))
         except OverflowError:

@@ -9,7 +9,7 @@ from typing import Iterable, Optional, Set
 import capstone
 
 from urewrite.arch.base import Backend, Insn, Runtime, RuntimeRefs, RuntimeSpec, Window
-from urewrite.arch.x86_64 import arguments, relocator, runtime, trampoline
+from urewrite.arch.x86_64 import arguments, relocator, return_address, runtime, trampoline
 from urewrite.arch.x86_64.writer import jmp_rel32
 
 ENDBR64 = b"\xf3\x0f\x1e\xfa"
@@ -85,6 +85,9 @@ class X86_64Backend(Backend):
                 return True, None  # a tail call
             return False, f"the conditional jump at {insn.address:#x} leaves it"
         return False, None
+
+    def return_redirect_problem(self, code: bytes, address: int) -> Optional[str]:
+        return return_address.problem(code, address)
 
     def return_value(self) -> list:
         return arguments.abi_return()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import struct
+
 from urewrite.arch import runtime_asm
 from urewrite.arch.x86_64 import trampoline
 from urewrite.trampolines import region
@@ -18,7 +21,14 @@ DIR_MAX = 4096 - 256 - 1
 PS_NAME = 8192
 PS_ENVBUF = 12288
 ENVBUF_SIZE = 1 << 20  # untouched pages cost nothing; a larger environment is read in part
-STATE_SIZE = PS_ENVBUF + ENVBUF_SIZE
+# Return-address redirection: the table of per-thread shadow stacks (entries of
+# {thread pointer, stack}) after the environment buffer, and each stack's size.
+PS_SHADOW = PS_ENVBUF + ENVBUF_SIZE
+SHADOW_THREADS = 1024  # threads (thread pointers) that can have a shadow stack
+SHADOW_DEPTH = 1 << 20  # open redirected calls per thread: more than an 8 MiB stack holds
+SHADOW_MAP_SIZE = 16 * (SHADOW_DEPTH + 1)  # depth and a reserved word, then the entries
+STATE_SIZE = PS_SHADOW + 16 * SHADOW_THREADS
+LOST_MESSAGE = "urewrite: a redirected return address was lost; stopping"
 
 # Registers the runtime's entry points save (every one a syscall or our code may touch).
 SAVED = ("rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11", "rbx",
@@ -26,7 +36,7 @@ SAVED = ("rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11", "rbx",
 
 
 def build(spec: RuntimeSpec) -> Runtime:
-    return runtime_asm.assemble(
+    runtime = runtime_asm.assemble(
         "urewrite.arch.x86_64", "runtime.s", "KS_ARCH_X86", "KS_MODE_64", spec, {
             "SAVE_ALL": "\n".join(f"    push {r}" for r in SAVED),
             "RESTORE_ALL": "\n".join(f"    pop {r}" for r in reversed(SAVED)),
@@ -36,4 +46,14 @@ def build(spec: RuntimeSpec) -> Runtime:
             "PS_ENVBUF": PS_ENVBUF, "ENVBUF_SIZE": ENVBUF_SIZE, "PS_TRACE": PS_TRACE,
             "CLOCK_KIND": region.CLOCK_TSC,
             "RED_ZONE": trampoline.RED_ZONE,
+            "PS_SHADOW": PS_SHADOW, "SHADOW_THREADS": SHADOW_THREADS,
+            "SHADOW_MASK": SHADOW_THREADS - 1,
+            "SHADOW_SHIFT": 64 - (SHADOW_THREADS.bit_length() - 1),
+            "SHADOW_DEPTH": SHADOW_DEPTH, "SHADOW_MAP_SIZE": SHADOW_MAP_SIZE,
+            "OFF_RETURNS_MISSED": region.OFF_RETURNS_MISSED,
+            "LOST_MESSAGE": LOST_MESSAGE, "LOST_MESSAGE_SIZE": len(LOST_MESSAGE) + 1,
         }, jmp_rel32)
+    # x86_exports: two quads just before the shared table of entry points at the end
+    at = len(runtime.code) - 8 * len(runtime_asm.EXPORTS) - 16
+    shadow_push, shadow_pop = struct.unpack_from("<2Q", runtime.code, at)
+    return dataclasses.replace(runtime, shadow_push=shadow_push, shadow_pop=shadow_pop)

@@ -806,3 +806,183 @@ lx_done:
     pop rdi
     pop rax
     ret
+
+# -- Return-address redirection (return probes of functions whose exits cannot be
+# patched). Each thread keeps a shadow stack in private memory, which a forked child
+# copies with the frames it still has to return from. A stack is u64 depth, u64
+# reserved, then entries {{u64 rsp, u64 return address}}: rsp is the slot the return
+# address was in, the key the return stub finds its entry by. The table of stacks,
+# {{u64 thread pointer, u64 stack}}, lives in the state memory (not cleared by fork).
+
+# -> rbx = this thread's shadow stack, or 0 (no thread pointer, the table is full,
+# or the stack could not be mapped). edi = 1: a thread without one claims a table
+# entry and maps its stack (the one system call, at its first redirected call).
+# Clobbers rax, rcx, rsi, rdi, r8 - r11.
+shadow_stack:
+    call load_state
+    lea r8, [rbx + {PS_SHADOW}]
+    xor ebx, ebx
+    .byte 0x64, 0x48, 0x8b, 0x0c, 0x25, 0, 0, 0, 0   # mov rcx, fs:[0]
+    test rcx, rcx
+    jz ss_done
+    movabs rax, {HASH_MULTIPLIER}
+    imul rax, rcx
+    shr rax, {SHADOW_SHIFT}                # the first entry to look at
+    mov r9d, {SHADOW_THREADS}
+ss_look:
+    mov r10, rax
+    shl r10, 4
+    add r10, r8                            # r10 = the entry {{thread, stack}}
+    cmp qword ptr [r10], rcx
+    je ss_mine
+    cmp qword ptr [r10], 0
+    je ss_free
+ss_next:
+    inc eax
+    and eax, {SHADOW_MASK}
+    dec r9d
+    jnz ss_look
+ss_done:
+    ret
+ss_mine:
+    mov rbx, qword ptr [r10 + 8]           # 0 while its owner maps it (a signal handler
+    ret                                    # on that thread then does not redirect)
+ss_free:
+    test edi, edi                          # entries are never freed: a thread that had
+    jz ss_done                             # one would have met it before a free one
+    mov r11, rax
+    xor eax, eax
+    lock cmpxchg qword ptr [r10], rcx
+    mov rax, r11
+    jne ss_next                            # another thread took it meanwhile
+    push rdx
+    push r10
+    xor edi, edi
+    mov esi, {SHADOW_MAP_SIZE}
+    mov edx, 3                             # PROT_READ | PROT_WRITE
+    mov r10d, 0x4022                       # MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE
+    mov r8, -1
+    xor r9d, r9d
+    mov eax, 9                             # mmap
+    syscall
+    pop r10
+    pop rdx
+    cmp rax, -4096
+    ja ss_done                             # no memory: this thread never redirects
+    mov qword ptr [r10 + 8], rax
+    mov rbx, rax
+    ret
+
+# rbx = a shadow stack, rdx = a return-address slot -> rax = the index of the
+# topmost entry for that slot, or -1. Clobbers rcx.
+shadow_find:
+    mov rax, qword ptr [rbx]
+sf_next:
+    dec rax
+    js sf_done
+    mov rcx, rax
+    shl rcx, 4
+    cmp qword ptr [rbx + rcx + 16], rdx
+    jne sf_next
+sf_done:
+    ret
+
+# A function whose return address is redirected was entered (from its trampoline's
+# armed path): rcx = the slot its return address is in, rsi = its return stub.
+# Keeps the return address on this thread's shadow stack and puts the stub in its
+# place. Preserves every register (flags: none at a function entry).
+shadow_push:
+    cmp qword ptr [rcx], rsi
+    je sp_ret                              # already its stub: it tail-called itself
+{SAVE_ALL}
+    mov rdx, rcx
+    mov r12, rsi
+    mov edi, 1
+    call shadow_stack
+    test rbx, rbx
+    jz sp_missed
+    mov rax, qword ptr [rbx]
+    cmp rax, {SHADOW_DEPTH}
+    jae sp_missed
+    lea rcx, [rax + 1]
+    mov qword ptr [rbx], rcx               # take the entry first: a signal handler's
+    shl rax, 4                             # calls meanwhile push above it
+    mov rcx, qword ptr [rdx]
+    mov qword ptr [rbx + rax + 16], rdx
+    mov qword ptr [rbx + rax + 24], rcx
+    mov qword ptr [rdx], r12               # it now returns to the stub
+    jmp sp_done
+sp_missed:                                 # not redirected: this return is not seen,
+    call load_state                        # so the region says how many were missed
+    mov rax, qword ptr [rbx]
+    cmp rax, 1
+    jbe sp_done
+    lock inc qword ptr [rax + {OFF_RETURNS_MISSED}]
+sp_done:
+{RESTORE_ALL}
+sp_ret:
+    ret
+
+# A redirected function returned into its stub, which calls us with rsp + 8 = the
+# slot its return address was in. Puts the original return address back there and
+# takes its entry off the shadow stack, with the entries above it (frames left by
+# longjmp or an exception: they never return). Preserves every register but flags.
+shadow_pop:
+{SAVE_ALL}
+    lea rdx, [rsp + {SAVED_BYTES} + 8]
+    xor edi, edi
+    call shadow_stack
+    test rbx, rbx
+    jz spop_elsewhere
+    call shadow_find
+    test rax, rax
+    js spop_elsewhere
+    shl rax, 4
+    mov rcx, qword ptr [rbx + rax + 24]    # read before the entry is given back
+    shr rax, 4
+    mov qword ptr [rbx], rax
+    mov qword ptr [rdx], rcx
+{RESTORE_ALL}
+    ret
+# Not on this thread's stack: its thread pointer changed since the call (a static
+# program's start-up hands the stand-in TCB over to libc's). Look on every stack,
+# and mark the entry taken (no slot address is odd) rather than move another
+# thread's depth.
+spop_elsewhere:
+    call load_state
+    lea r8, [rbx + {PS_SHADOW}]
+    mov r9d, {SHADOW_THREADS}
+spe_next:
+    mov rbx, qword ptr [r8 + 8]
+    test rbx, rbx
+    jz spe_skip
+    call shadow_find
+    test rax, rax
+    jns spe_found
+spe_skip:
+    add r8, 16
+    dec r9d
+    jnz spe_next
+    # Nowhere (a stack that moved between threads, say): the return address is
+    # lost. Stop with a message rather than run on.
+    mov edi, 2
+    lea rsi, [rip + lost_message]
+    mov edx, {LOST_MESSAGE_SIZE}
+    mov eax, 1                             # write
+    syscall
+    ud2
+spe_found:
+    shl rax, 4
+    mov rcx, qword ptr [rbx + rax + 24]
+    mov qword ptr [rbx + rax + 16], 1
+    mov qword ptr [rdx], rcx
+{RESTORE_ALL}
+    ret
+lost_message:
+    .ascii "{LOST_MESSAGE}"
+    .byte 10
+
+# this backend's own entry points, read back by runtime.py (the shared table follows)
+x86_exports:
+    .quad shadow_push
+    .quad shadow_pop

@@ -17,6 +17,8 @@
             cmp owner[rsi].thread, rcx ; jne slow   this thread has no row of its own yet
             rsi = owner[rsi].row ; add qword [rsi + 8 * probe], 1   plain add: the row is this thread's
             [call lat_enter | lat_exit: a function measured for latency enters | returns]
+            [call shadow_push: the return address of a function entered here is
+             redirected to its return stub, which follows the out-of-line parts]
     counted: when tracing: jmp trace (saves every register, calls trace_event per probe)
     traced: pop rsi, rdx ; [add al,0x7f ; sahf] pop rax ... jmp resume
 
@@ -57,7 +59,23 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
     for k, point in enumerate(points):
         _armed(w, _Labels(k), point, refs)
         _trace_path(w, _Labels(k), point.probes, refs, point.arguments)
+        if point.redirect:
+            _return_stub(w, _Labels(k), _Labels(f"r{k}"), point.redirect, refs)
     return w.bytes()
+
+
+def _return_stub(w: Writer, entry: _Labels, L: _Labels, point, refs: RuntimeRefs) -> None:
+    """Where a function whose return address was redirected returns to: the original
+    address goes back into its slot, and with rsp on that slot again the return
+    probe counts as at a `ret` of the function (flags carry nothing there); then
+    that `ret`. Every register the caller sees is as the function left it."""
+    w.label(entry.stub)
+    w.lea_rsp(-8)
+    w.call(refs.shadow_pop)
+    _check(w, L, False, refs)
+    w.raw(b"\xc3")  # ret
+    _armed(w, L, point, refs)
+    _trace_path(w, L, point.probes, refs, point.arguments)
 
 
 class _Labels:
@@ -126,6 +144,10 @@ def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
         w.mov_ecx_imm(histogram)
         w.call(refs.lat_exit)
     w.label(L.counted)
+    if point.redirect:  # armed at a function entry: its return goes through its stub
+        w.lea_rcx_rsp(8 * SAVED + RED_ZONE)  # the slot of the return address
+        w.lea_reg_rip("rsi", L.stub)
+        w.call(refs.shadow_push)
     w.cmp_rip_byte_imm8(refs.state + TRACING, 0)
     w.jcc("ne", L.trace)
     w.label(L.traced)

@@ -1,0 +1,88 @@
+"""Whether an x86_64 function reads its own return address (then it may not be redirected).
+
+A redirected function finds its return stub's address where its return address
+was. Code that reads that slot (setjmp-like helpers, __builtin_return_address)
+would see the stub. Found here:
+- along the paths from the entry (direct branches), with the stack depth followed
+  through push, pop, and rsp plus or minus a constant: a read of the slot, or a
+  pop of it;
+- in a function that starts with `push rbp; mov rbp, rsp`: any read of [rbp + 8].
+Reads through a copied pointer are not seen; docs/design.md says so.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import capstone
+from capstone import x86_const as X
+
+_decoder = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+_decoder.detail = True
+
+def problem(code: bytes, address: int) -> Optional[str]:
+    insns = list(_decoder.disasm(code, address))
+    body = insns[1:] if insns and insns[0].id == X.X86_INS_ENDBR64 else insns
+    framed = (len(body) >= 2 and body[0].id == X.X86_INS_PUSH and body[0].op_str == "rbp"
+              and body[1].id == X.X86_INS_MOV and body[1].op_str == "rbp, rsp")
+    if framed:
+        for insn in insns:
+            if any(op.type == X.X86_OP_MEM and op.mem.base == X.X86_REG_RBP
+                   and op.mem.index == 0 and op.mem.disp == 8 for op in insn.operands):
+                return _reads(insn)
+    # the stack depth (bytes pushed since the entry: the return address is at
+    # [rsp + depth]) along the paths from the entry, as far as it is known
+    at = {insn.address: insn for insn in insns}
+    depth_at = {address: 0} if insns else {}
+    pending = [address] if insns else []
+    while pending:
+        insn = at[pending.pop()]
+        depth = depth_at[insn.address]
+        if any(op.type == X.X86_OP_MEM and op.mem.base == X.X86_REG_RSP and op.mem.index == 0
+               and op.mem.disp == depth for op in insn.operands):
+            return _reads(insn)
+        if insn.id == X.X86_INS_POP and depth == 0:
+            return f"'{insn.mnemonic} {insn.op_str}' at {insn.address:#x} pops its return address"
+        change = _stack_change(insn)
+        if change is None:
+            continue  # rsp set some other way: the depth is unknown from here
+        for successor in _successors(insn):
+            if successor in at and successor not in depth_at:
+                depth_at[successor] = depth + change
+                pending.append(successor)
+    return None
+
+
+def _reads(insn) -> str:
+    return f"'{insn.mnemonic} {insn.op_str}' at {insn.address:#x} reads its return address"
+
+
+def _successors(insn) -> tuple:
+    following = insn.address + insn.size
+    if insn.group(X.X86_GRP_RET) or insn.group(X.X86_GRP_INT) or insn.group(X.X86_GRP_IRET):
+        return ()
+    if insn.group(X.X86_GRP_CALL):
+        return (following,)  # the callee pops what the call pushed
+    if insn.group(X.X86_GRP_JUMP):
+        ops = insn.operands
+        target = (ops[0].imm,) if len(ops) == 1 and ops[0].type == X.X86_OP_IMM else ()
+        return target if insn.id == X.X86_INS_JMP else target + (following,)
+    return (following,)
+
+
+def _stack_change(insn) -> Optional[int]:
+    """Bytes `insn` pushes (negative: pops), or None when rsp changes otherwise."""
+    if insn.id in (X.X86_INS_PUSH, X.X86_INS_PUSHFQ):
+        return 8
+    if insn.id in (X.X86_INS_POP, X.X86_INS_POPFQ):
+        return -8
+    ops = insn.operands
+    writes_rsp = ops and ops[0].type == X.X86_OP_REG and ops[0].reg == X.X86_REG_RSP \
+        and ops[0].access & capstone.CS_AC_WRITE
+    if not writes_rsp:
+        return 0
+    if insn.id in (X.X86_INS_SUB, X.X86_INS_ADD) and len(ops) == 2 and ops[1].type == X.X86_OP_IMM:
+        return ops[1].imm if insn.id == X.X86_INS_SUB else -ops[1].imm
+    if insn.id == X.X86_INS_LEA and ops[1].mem.base == X.X86_REG_RSP and ops[1].mem.index == 0:
+        return -ops[1].mem.disp
+    return None

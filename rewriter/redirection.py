@@ -1,0 +1,61 @@
+"""Whether a function's return address may be redirected: the return-probe fallback.
+
+When some exit of a function cannot be patched, its entry can instead replace the
+return address with a stub's, keeping the original on a per-thread shadow stack
+(docs/design.md). That is only sound where nothing but the function's own `ret`
+uses the return address, so redirection is refused:
+- in a file that enables the CET shadow stack: the hardware stack still holds the
+  original address, and a `ret` to the stub stops the process;
+- in a file that can throw C++ exceptions: an unwinder reads the stub's address as
+  the caller's and finds no frame there (std::terminate);
+- at the entry point (the kernel enters it with no return address), and in a
+  .cold part (entered by a jump from its function);
+- in a function that may return twice (setjmp, vfork, getcontext): the second
+  return would find no redirected address;
+- in a function that reads its return address, and on an instruction set without
+  redirection (the backend says).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from urewrite.arch.base import Backend
+from urewrite.rewriter.elf_file import ElfFile
+from urewrite.rewriter.functions import Function
+
+# Names whose presence among a file's symbols means C++ exceptions can be thrown in it.
+_THROWING = (b"__cxa_throw", b"__cxa_rethrow", b"__gxx_personality_v0")
+_RETURNS_TWICE = frozenset((
+    "setjmp", "_setjmp", "__setjmp", "sigsetjmp", "__sigsetjmp", "savectx", "vfork", "__vfork",
+    "__libc_vfork", "getcontext", "__getcontext", "swapcontext", "__swapcontext"))
+
+
+def file_problem(elf: ElfFile) -> Optional[str]:
+    """Why no function of this file may have its return address redirected, or None."""
+    if elf.shadow_stack:
+        return ("the file enables the CET shadow stack, which stops the process at a return "
+                "to a redirected address")
+    for name in (".dynstr", ".strtab"):
+        section = elf.section_named(name)
+        if section is None or section.type == 8:  # SHT_NOBITS
+            continue
+        strings = elf.data[section.offset:section.offset + section.size]
+        if any(b"\0" + symbol + b"\0" in strings for symbol in _THROWING):
+            return ("the file can throw C++ exceptions, and an unwinder cannot pass a "
+                    "redirected return address")
+    return None
+
+
+def function_problem(elf: ElfFile, backend: Backend, fn: Function) -> Optional[str]:
+    """Why this function's return address may not be redirected, or None."""
+    if elf.is_executable and fn.address == elf.entry:
+        return "it is the entry point, entered with no return address"
+    if ".cold" in fn.name:
+        return "it is a part of another function, entered by a jump"
+    twice = next((name for name in fn.names if name in _RETURNS_TWICE), None)
+    if twice:
+        return f"{twice} may return twice, and a second return would find no redirected address"
+    if not fn.size:
+        return "its size is unknown"
+    return backend.return_redirect_problem(elf.read(fn.address, fn.size), fn.address)
