@@ -84,6 +84,7 @@ class Planner:
         self.siteless: List[Site] = []  # return probes of functions without an exit
         self._shadow_stack = elf.shadow_stack
         self._redirect_file_problem: Optional[str] = None  # computed when first needed
+        self._fde_starts: Optional[frozenset] = None
         self.redirected_because: Dict[int, str] = {}  # function -> why its exits are not patched
         self._cold_parts: Dict[str, List[Function]] = {}  # "f" -> f.cold, f.cold.1, ...
         for f in functions:
@@ -176,8 +177,9 @@ class Planner:
     def _redirect_problem(self, fn: Function) -> Optional[str]:
         if self._redirect_file_problem is None:
             self._redirect_file_problem = redirection.file_problem(self.elf) or ""
+            self._fde_starts = redirection.fde_starts(self.elf)
         return self._redirect_file_problem or redirection.function_problem(
-            self.elf, self.backend, fn)
+            self.elf, self.backend, fn, self._fde_starts)
 
     def _exit_sites(self, site: Site) -> List[Site]:
         """One site per instruction that leaves the function for good."""

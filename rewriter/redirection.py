@@ -12,6 +12,9 @@ uses the return address, so redirection is refused:
   .cold part (entered by a jump from its function);
 - in a function that may return twice (setjmp, vfork, getcontext): the second
   return would find no redirected address;
+- in a function that no .eh_frame entry starts at: only a function with its own
+  FDE is known to be entered by a call (a symbol inside another function, or
+  hand-written code without CFI, may be reached with anything at [rsp]);
 - in a function that reads its return address, and on an instruction set without
   redirection (the backend says).
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 from typing import Optional
 
 from urewrite.arch.base import Backend
+from urewrite.rewriter import eh_frame
 from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.functions import Function
 
@@ -47,8 +51,22 @@ def file_problem(elf: ElfFile) -> Optional[str]:
     return None
 
 
-def function_problem(elf: ElfFile, backend: Backend, fn: Function) -> Optional[str]:
-    """Why this function's return address may not be redirected, or None."""
+def fde_starts(elf: ElfFile) -> Optional[frozenset]:
+    """Addresses where an .eh_frame entry starts; None when .eh_frame cannot be read."""
+    try:
+        return frozenset(start for start, _ in eh_frame.fde_ranges(elf))
+    except eh_frame.UnsupportedEncoding:
+        return None
+
+
+def function_problem(elf: ElfFile, backend: Backend, fn: Function,
+                     fdes: Optional[frozenset]) -> Optional[str]:
+    """Why this function's return address may not be redirected, or None. `fdes`:
+    fde_starts(elf)."""
+    if fdes is None:
+        return "the file's .eh_frame cannot be read, to show it is entered by a call"
+    if fn.address not in fdes:
+        return "no .eh_frame entry starts at it, to show it is entered by a call"
     if elf.is_executable and fn.address == elf.entry:
         return "it is the entry point, entered with no return address"
     if ".cold" in fn.name:

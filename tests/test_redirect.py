@@ -335,11 +335,23 @@ def test_functions_that_must_keep_their_return_address(tmp_path, flags):
     a = analyse(str(plain))
     by_name = {name: fn for fn in a.functions for name in fn.names}
 
+    fdes = redirection.fde_starts(a.elf)
+
     def problem(name):
-        return redirection.function_problem(a.elf, a.planner.backend, by_name[name])
+        return redirection.function_problem(a.elf, a.planner.backend, by_name[name], fdes)
     assert "reads its return address" in problem("whence")
     assert "entry point" in problem("_start")
     assert problem("main") is None
     if "-static" in flags:
         assert "may return twice" in problem("_setjmp")
         assert "may return twice" in problem("__sigsetjmp")
+
+
+def test_refused_without_unwind_info(tmp_path):
+    """Without an FDE of its own, nothing shows a function is entered by a call."""
+    plain = tmp_path / "bare"
+    subprocess.run(["gcc", "-O0", "-fno-asynchronous-unwind-tables", "-fno-unwind-tables",
+                    "-pthread", SOURCE, "-o", plain], check=True)
+    ret = mechanisms(plain)["depth"]
+    assert ret["mechanism"] is None
+    assert "no .eh_frame entry starts at it" in ret["reason"]

@@ -22,6 +22,12 @@
     counted: when tracing: jmp trace (saves every register, calls trace_event per probe)
     traced: pop rsi, rdx ; [add al,0x7f ; sahf] pop rax ... jmp resume
 
+A function entry whose return probe redirects the return address (docs/design.md)
+also gets its return stub, after the out-of-line parts:
+    stub:   lea rsp,[rsp-8] ; call shadow_pop     rsp on the slot, the original address in it
+            the check and out-of-line parts of the return point, as at a `ret`
+            ret
+
 The registers stand on the stack as rcx, rax, rdx, rsi (then, when tracing,
 rbx, rbp, rdi, r8 ... r15): arguments.py's frame slots.
 """
