@@ -66,7 +66,10 @@ def assemble(package: str, filename: str, ks_arch: str, ks_mode: str, spec: Runt
     def run_keystone() -> bytes:
         import keystone
         ks = keystone.Ks(getattr(keystone, ks_arch), getattr(keystone, ks_mode))
-        return bytes(ks.asm(text, spec.base)[0])
+        encoding = ks.asm(text, spec.base)[0]
+        if not encoding:  # Keystone's answer for a source that gave no code
+            raise AssertionError(f"{filename}: Keystone assembled no code")
+        return bytes(encoding)
     code = bytearray(runtime_cache.assembled(text, spec.base, ks_arch, ks_mode, run_keystone))
     entry = dict(zip(EXPORTS, struct.unpack_from(f"<{len(EXPORTS)}Q", code,
                                                   len(code) - 8 * len(EXPORTS))))
