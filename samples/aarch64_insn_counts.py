@@ -14,22 +14,24 @@ iteration, with start-up, exit and the first hit's set-up cancelled out.
 "+disarmed" and "+counting" are what the probe adds to one iteration (an
 entry+return row: both probes of one call).
 
-An entry+return row also measures the call's latency, and a call whose duration
-reads 0 ns (qemu's counter ticks coarsely: most of them here) skips the bucket
-search. Its "counting" figure is the path of a call that reads more, separated
-from the other by two runs whose shares of 0 ns calls differ (the histogram
-counts them exactly), one of them under -singlestep, which slows calls down.
-
 The counting is a QEMU TCG plugin: Debian's qemu-user 7.2 loads plugins but
-ships none, so a twenty-line one (an inline add per executed instruction) is
-built here with the host gcc against the few entry points of QEMU's plugin
-API version 1 it uses.
+ships none, so a small one (an inline add per executed instruction) is built
+here with the host gcc against the few entry points of QEMU's plugin API
+version 1 it uses.
+
+An entry+return row also measures the call's latency, and a call whose
+duration reads 0 ns skips the bucket search: under qemu-user the counter
+(cntvct_el0) follows the host's clock in whole microseconds, so most calls
+do. Its "counting" figure is the path of a call that reads more: N/5 and 2N/5
+iterations with the plugin holding every cntvct_el0 read back by 2 us (guest
+time only; the histogram must then show no call of 0 ns). The plain run's
+average is shown too, and what the 0 ns path skips.
 
 --cross-check counts a second way, on a -no-pie build: `-singlestep -d
 nochain,exec` logs one line per executed instruction with its address; the
 lines inside the program's own code (its .text and urewrite's trampolines),
 over 2N minus N small iterations, must equal the plugin's count of the same
-binary for every row. Exit status 1 when they differ or a count is not exact.
+binary for every row (a latency row's with the slowed clock, as above). Exit status 1 when they differ or a count is not exact.
 
 Needs aarch64-linux-gnu-gcc, qemu-aarch64, gcc and <sys/sdt.h>
 (Debian: gcc-aarch64-linux-gnu qemu-user gcc systemtap-sdt-dev).
@@ -63,6 +65,9 @@ PLUGIN_C = r"""
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 typedef uint64_t qemu_plugin_id_t;
 struct qemu_plugin_tb;
@@ -77,17 +82,45 @@ size_t qemu_plugin_tb_n_insns(const struct qemu_plugin_tb *);
 struct qemu_plugin_insn *qemu_plugin_tb_get_insn(const struct qemu_plugin_tb *, size_t);
 void qemu_plugin_register_vcpu_insn_exec_inline(struct qemu_plugin_insn *, enum qemu_plugin_op,
                                                 void *, uint64_t);
+const void *qemu_plugin_insn_data(const struct qemu_plugin_insn *);
+typedef void (*vcpu_udata_cb)(unsigned int, void *);
+void qemu_plugin_register_vcpu_insn_exec_cb(struct qemu_plugin_insn *, vcpu_udata_cb,
+                                            int /* QEMU_PLUGIN_CB_NO_REGS */, void *);
 void qemu_plugin_outs(const char *);
 
 __attribute__((visibility("default"))) int qemu_plugin_version = 1;
 static uint64_t executed; /* one thread runs the trigger loop: no atomics needed */
 
+static long spin_ns; /* spin_ns=N: hold each cntvct_el0 read back by N ns of host time */
+
+static long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000L + t.tv_nsec;
+}
+
+static void before_counter_read(unsigned int vcpu, void *unused) {
+    (void)vcpu, (void)unused;
+    for (long start = now_ns(); now_ns() - start < spin_ns;)
+        ;
+}
+
+static int reads_counter(struct qemu_plugin_insn *insn) {
+    uint32_t word;
+    memcpy(&word, qemu_plugin_insn_data(insn), 4);
+    return (word & ~31u) == 0xD53BE040u; /* mrs xN, cntvct_el0 */
+}
+
 /* per instruction, not per block: exact even when a block is left midway */
 static void on_translate(qemu_plugin_id_t id, struct qemu_plugin_tb *tb) {
     (void)id;
-    for (size_t i = 0, n = qemu_plugin_tb_n_insns(tb); i < n; i++)
-        qemu_plugin_register_vcpu_insn_exec_inline(qemu_plugin_tb_get_insn(tb, i),
-                                                   QEMU_PLUGIN_INLINE_ADD_U64, &executed, 1);
+    for (size_t i = 0, n = qemu_plugin_tb_n_insns(tb); i < n; i++) {
+        struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
+        qemu_plugin_register_vcpu_insn_exec_inline(insn, QEMU_PLUGIN_INLINE_ADD_U64,
+                                                   &executed, 1);
+        if (spin_ns && reads_counter(insn))
+            qemu_plugin_register_vcpu_insn_exec_cb(insn, before_counter_read, 0, NULL);
+    }
 }
 
 static void on_exit_(qemu_plugin_id_t id, void *unused) {
@@ -100,7 +133,10 @@ static void on_exit_(qemu_plugin_id_t id, void *unused) {
 __attribute__((visibility("default")))
 int qemu_plugin_install(qemu_plugin_id_t id, const struct qemu_info_t *info, int argc,
                         char **argv) {
-    (void)info, (void)argc, (void)argv;
+    (void)info;
+    for (int i = 0; i < argc; i++)
+        if (!strncmp(argv[i], "spin_ns=", 8))
+            spin_ns = atol(argv[i] + 8);
     qemu_plugin_register_vcpu_tb_trans_cb(id, on_translate);
     qemu_plugin_register_atexit_cb(id, on_exit_, NULL);
     return 0;
@@ -227,8 +263,8 @@ class Count:
         return Count(self.instructions - other.instructions, self.zero_ns - other.zero_ns)
 
 
-# how a run is counted: qemu options
-PLUGIN, PLUGIN_SINGLESTEP, EXEC_LOG = "plugin", "plugin, -singlestep", "exec log"
+PLUGIN, EXEC_LOG = "plugin", "exec log"  # how a run is counted
+SPIN_NS = 2000  # the slowed clock: over one tick of qemu-user's microsecond counter
 
 
 class Counter:
@@ -240,12 +276,17 @@ class Counter:
         self.serial += 1
         return os.path.join(self.work, f"{what}-{self.serial}")
 
+    def options(self, method: str, slow_clock: bool) -> List[str]:
+        plugin = self.plugin + (f",spin_ns={SPIN_NS}" if slow_clock else "")
+        if method == PLUGIN:
+            return ["-plugin", plugin, "-d", "plugin"]
+        return ["-singlestep", "-d", "nochain,exec"] + (["-plugin", plugin] if slow_clock else [])
+
     def count(self, method: str, program: str, trigger: str, iterations: int,
-              probes: Optional[Dict[Tuple[str, str], int]] = None) -> Count:
+              probes: Optional[Dict[Tuple[str, str], int]] = None,
+              slow_clock: bool = False) -> Count:
         """Run the loop under qemu, armed when `probes` are given (their hits are checked)."""
-        options = {PLUGIN: ["-plugin", self.plugin, "-d", "plugin"],
-                   PLUGIN_SINGLESTEP: ["-singlestep", "-plugin", self.plugin, "-d", "plugin"],
-                   EXEC_LOG: ["-singlestep", "-d", "nochain,exec"]}[method]
+        options = self.options(method, slow_clock)
         log, env = self._fresh("log"), disarmed_env()
         if probes is not None:
             env["UREWRITE_DIR"] = self._fresh("regions")
@@ -259,11 +300,20 @@ class Counter:
         return Count(instructions, zero_ns)
 
     def per_iteration(self, method: str, program: str, trigger: str, n: int,
-                      probes=None) -> Tuple[float, float]:
+                      probes=None, slow_clock: bool = False) -> Tuple[float, float]:
         """(instructions, calls read as 0 ns) per iteration: a 2N run minus an N run, over N."""
-        d = (self.count(method, program, trigger, 2 * n, probes)
-             - self.count(method, program, trigger, n, probes))
+        d = (self.count(method, program, trigger, 2 * n, probes, slow_clock)
+             - self.count(method, program, trigger, n, probes, slow_clock))
         return d.instructions / n, d.zero_ns / n
+
+    def slow_clock_per_iteration(self, method: str, program: str, row: "Row", n: int) -> float:
+        """Instructions per iteration of a latency row when no call reads 0 ns."""
+        instructions, zero_share = self.per_iteration(method, program, row.trigger, n,
+                                                      row.probes(), slow_clock=True)
+        if zero_share:
+            raise Failure(f"{row.name}: with the clock slowed, {zero_share:.2%} of the calls "
+                          f"still read 0 ns")
+        return instructions
 
 
 def plugin_count(log: str) -> int:
@@ -323,19 +373,15 @@ def code_ranges(path: str) -> List[Tuple[int, int]]:
 # -- the figures --------------------------------------------------------------------------
 
 def latency_paths(counter: Counter, program: str, row: Row, n: int) -> dict:
-    """A function probed at entry and return has its latency measured: a call whose
-    duration reads 0 ns (qemu's counter ticks coarsely) skips the bucket search. Its
-    instructions per call are `long - skipped * zero_ns_share`; two runs whose shares
-    differ (-singlestep makes calls slower) give both unknowns."""
-    fast, fast_zero = counter.per_iteration(PLUGIN, program, row.trigger, n, row.probes())
-    slow, slow_zero = counter.per_iteration(PLUGIN_SINGLESTEP, program, row.trigger, n,
-                                            row.probes())
-    if abs(fast_zero - slow_zero) < 0.05:
-        raise Failure(f"{row.name}: calls read 0 ns as often with -singlestep as without "
-                      f"({fast_zero:.3f}, {slow_zero:.3f}): cannot separate the two paths")
-    skipped = (slow - fast) / (fast_zero - slow_zero)
-    return {"counting": slow + skipped * slow_zero, "latency_skipped": skipped,
-            "counting_average": fast, "zero_ns_share": fast_zero}
+    """A function probed at entry and return has its latency measured, and a call whose
+    duration reads 0 ns skips the bucket search: the path of a call that reads more,
+    with the clock slowed; the plain run's average and share of 0 ns calls; and so
+    how many instructions the 0 ns path skips."""
+    counting = counter.slow_clock_per_iteration(PLUGIN, program, row, max(1, n // 5))
+    average, zero_share = counter.per_iteration(PLUGIN, program, row.trigger, n, row.probes())
+    skipped = (counting - average) / zero_share if zero_share > 0.05 else None
+    return {"counting": counting, "counting_average": average, "zero_ns_share": zero_share,
+            "latency_skipped": skipped}
 
 
 def measure(counter: Counter, subject: Subject, rows: List[Row], n: int) -> List[dict]:
@@ -360,21 +406,18 @@ def measure(counter: Counter, subject: Subject, rows: List[Row], n: int) -> List
 
 def cross_check(counter: Counter, subject: Subject, rows: List[Row], n: int,
                 plugin_n: int) -> List[dict]:
-    """Per row and mode: the plugin's count and the exec log's, on the same binary.
-
-    For a latency row, the plugin's two paths predict the exec log's count from the
-    share of its calls that read 0 ns."""
+    """Per row and mode: the plugin's count and the exec log's, on the same binary."""
     out = []
     for row in rows:
         program = subject.rewritten[row.kind]
         runs = [("plain", subject.plain, None), ("disarmed", program, None),
                 ("counting", program, row.probes())]
         for mode, path, probes in runs:
-            traced, zero_share = counter.per_iteration(EXEC_LOG, path, row.trigger, n, probes)
-            if mode == "counting" and row.latency:
-                paths = latency_paths(counter, path, row, plugin_n)
-                plugin = paths["counting"] - paths["latency_skipped"] * zero_share
+            if mode == "counting" and row.latency:  # both with the slowed clock
+                traced = counter.slow_clock_per_iteration(EXEC_LOG, path, row, n)
+                plugin = counter.slow_clock_per_iteration(PLUGIN, path, row, plugin_n // 5)
             else:
+                traced, _ = counter.per_iteration(EXEC_LOG, path, row.trigger, n, probes)
                 plugin, _ = counter.per_iteration(PLUGIN, path, row.trigger, plugin_n, probes)
             out.append({"row": row.name, "mode": mode, "plugin": plugin, "exec_log": traced})
     return out
@@ -389,10 +432,11 @@ def print_table(figures: List[dict], n: int, checks: Optional[List[dict]]) -> No
         print(f"{f['row']:<22}{f['plain']:>8.2f}{f['disarmed']:>10.2f}{f['counting']:>10.2f}"
               f"{f['added_disarmed']:>11.2f}{f['added_counting']:>11.2f}")
     for f in figures:
-        if "latency_skipped" in f:
-            print(f"{f['row']}: counting, a call whose latency reads 0 ns skips "
-                  f"{f['latency_skipped']:.2f}; here {f['zero_ns_share']:.1%} did, "
-                  f"{f['counting_average']:.2f} on average")
+        if "counting_average" in f:
+            skips = "" if f["latency_skipped"] is None else \
+                f", and skipped {f['latency_skipped']:.2f} instructions"
+            print(f"{f['row']}: counting, with the clock not slowed: {f['counting_average']:.2f} "
+                  f"on average; {f['zero_ns_share']:.1%} of the calls read 0 ns{skips}")
     if checks is not None:
         bad = [c for c in checks if not agrees(c)]
         print(f"cross-check (-no-pie build, exec log of -singlestep against the plugin): "
@@ -406,11 +450,9 @@ def agrees(check: dict) -> bool:
 
 
 def exact(figures: List[dict]) -> bool:
-    """A loop iteration is a fixed instruction sequence: every figure is a whole number
-    (to 0.01 for those derived from two runs)."""
-    return all(abs(f[k] - round(f[k])) < (0.01 if "latency_skipped" in f else 0.005)
-               for f in figures for k in ("plain", "disarmed", "counting", "latency_skipped")
-               if k in f)
+    """A loop iteration is a fixed instruction sequence: every figure is a whole number."""
+    return all(abs(f[k] - round(f[k])) < 0.005 for f in figures
+               for k in ("plain", "disarmed", "counting"))
 
 
 def main(argv=None) -> int:
