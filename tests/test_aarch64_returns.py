@@ -7,7 +7,7 @@ probed function, tail calls), samples/returns_cxx.cc (a C++ exception thrown
 through probed frames) and samples/noreturn.c are cross-compiled at
 -O0/-O2/-O3, as PIE, static, or a shared library loaded by a program; without
 pointer authentication, with -mbranch-protection=standard (`paciasp` ...
-`autiasp; ret`) and with it for armv8.3-a (`retaa`). Each build is rewritten
+`autiasp; ret`), with it for armv8.3-a (`retaa`) and with the B key (`retab`). Each build is rewritten
 once, then every case
 - runs with the same output and exit status as the original, disarmed and under
   `urewrite stat --json` (through the emulator);
@@ -41,7 +41,8 @@ from test_aarch64 import (BP, CC, LIB_INIT, LIB_INIT_C, QEMU, SYSROOT, check, em
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
 CXX = "aarch64-linux-gnu-g++"
-PAC_FLAGS = {"": [], "bp": [BP], "bp83": [BP, "-march=armv8.3-a"]}
+PAC_FLAGS = {"": [], "bp": [BP], "bp83": [BP, "-march=armv8.3-a"],
+             "bkey": ["-mbranch-protection=pac-ret+b-key", "-march=armv8.3-a"]}
 
 _MISSING = [tool for tool in (CC, CXX, QEMU) if shutil.which(tool) is None]
 pytestmark = pytest.mark.skipif(
@@ -97,7 +98,7 @@ class Variant:
     sample: str  # returns, cxx, noreturn
     opt: str
     link: str  # pie, static, shared (the sample as a library, main renamed, and a driver)
-    pac: str  # "", "bp", "bp83"
+    pac: str  # a key of PAC_FLAGS
 
     @property
     def id(self) -> str:
@@ -108,6 +109,7 @@ def _variants() -> List[Variant]:
     out = [Variant("returns", opt, link, pac)
            for opt in OPTS for link in ("pie", "static", "shared") for pac in ("", "bp")]
     out += [Variant("returns", "-O2", link, "bp83") for link in ("pie", "static", "shared")]
+    out += [Variant("returns", "-O3", "pie", "bkey"), Variant("cxx", "-O2", "pie", "bkey")]
     out += [Variant("cxx", opt, "pie", pac) for opt in OPTS for pac in ("", "bp")]
     out += [Variant("cxx", "-O2", "static", "bp"), Variant("cxx", "-O2", "shared", "bp"),
             Variant("cxx", "-O2", "pie", "bp83")]
