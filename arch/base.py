@@ -151,6 +151,8 @@ class Backend(ABC):
         a tail call), or a reason it may leave in a way no probe can follow.
         `inside(address)` tells whether an address belongs to the function."""
 
+    redirects_returns = False  # whether its trampolines can redirect a return address
+
     def return_redirect_problem(self, code: bytes, address: int) -> Optional[str]:
         """Why the return address of the function whose code is `code` may not be
         redirected to a return stub (it reads it, say), or None. Backends without

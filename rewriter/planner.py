@@ -176,7 +176,7 @@ class Planner:
 
     def _redirect_problem(self, fn: Function) -> Optional[str]:
         if self._redirect_file_problem is None:
-            self._redirect_file_problem = redirection.file_problem(self.elf) or ""
+            self._redirect_file_problem = redirection.file_problem(self.elf, self.backend) or ""
             self._fde_starts = redirection.fde_starts(self.elf)
         return self._redirect_file_problem or redirection.function_problem(
             self.elf, self.backend, fn, self._fde_starts)

@@ -35,8 +35,10 @@ _RETURNS_TWICE = frozenset((
     "__libc_vfork", "getcontext", "__getcontext", "swapcontext", "__swapcontext"))
 
 
-def file_problem(elf: ElfFile) -> Optional[str]:
+def file_problem(elf: ElfFile, backend: Backend) -> Optional[str]:
     """Why no function of this file may have its return address redirected, or None."""
+    if not backend.redirects_returns:
+        return backend.return_redirect_problem(b"", elf.entry)
     if elf.shadow_stack:
         return ("the file enables the CET shadow stack, which stops the process at a return "
                 "to a redirected address")

@@ -30,6 +30,7 @@ class X86_64Backend(Backend):
     insn_alignment = 1
     branch_reach = (1 << 31) - 1
     state_size = runtime.STATE_SIZE
+    redirects_returns = True
 
     def __init__(self):
         self._lite = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
