@@ -17,7 +17,6 @@ import struct
 from importlib import resources
 from typing import Callable
 
-from urewrite.arch import runtime_cache
 from urewrite.arch.base import Runtime, RuntimeSpec
 from urewrite.trampolines import region
 
@@ -57,20 +56,18 @@ def common_fields(spec: RuntimeSpec) -> dict:
 
 def assemble(package: str, filename: str, ks_arch: str, ks_mode: str, spec: RuntimeSpec,
              fields: dict, encode_jump: Callable[[int, int], bytes]) -> Runtime:
-    """ks_arch, ks_mode: names of Keystone constants ("KS_ARCH_X86"), so that a
-    runtime found in the cache costs no Keystone import."""
+    """ks_arch, ks_mode: names of Keystone constants ("KS_ARCH_X86"): Keystone is
+    imported only here, so commands that assemble nothing never load it."""
     source = resources.files(package).joinpath(filename).read_text()
     exports = "exports:\n" + "".join(f"    .quad {name}\n" for name in EXPORTS)
     text = source.format(**common_fields(spec), **fields) + exports
 
-    def run_keystone() -> bytes:
-        import keystone
-        ks = keystone.Ks(getattr(keystone, ks_arch), getattr(keystone, ks_mode))
-        encoding = ks.asm(text, spec.base)[0]
-        if not encoding:  # Keystone's answer for a source that gave no code
-            raise AssertionError(f"{filename}: Keystone assembled no code")
-        return bytes(encoding)
-    code = bytearray(runtime_cache.assembled(text, spec.base, ks_arch, ks_mode, run_keystone))
+    import keystone
+    ks = keystone.Ks(getattr(keystone, ks_arch), getattr(keystone, ks_mode))
+    encoding = ks.asm(text, spec.base)[0]
+    if not encoding:  # Keystone's answer for a source that gave no code
+        raise AssertionError(f"{filename}: Keystone assembled no code")
+    code = bytearray(encoding)
     entry = dict(zip(EXPORTS, struct.unpack_from(f"<{len(EXPORTS)}Q", code,
                                                   len(code) - 8 * len(EXPORTS))))
     # Keystone drops some directives without a word (.inst on arm64): two labels
