@@ -7,7 +7,8 @@ uses the return address, so redirection is refused:
 - in a file that enables the CET shadow stack: the hardware stack still holds the
   original address, and a `ret` to the stub stops the process;
 - in a file that can throw C++ exceptions: an unwinder reads the stub's address as
-  the caller's and finds no frame there (std::terminate);
+  the caller's and finds no frame there (std::terminate); in a file that switches
+  stacks (ucontext, Boost.Context): the shadow stack is per thread, not per stack;
 - at the entry point (the kernel enters it with no return address), and in a
   .cold part (entered by a jump from its function);
 - in a function that may return twice (setjmp, vfork, getcontext): the second
@@ -30,6 +31,10 @@ from urewrite.rewriter.functions import Function
 
 # Names whose presence among a file's symbols means C++ exceptions can be thrown in it.
 _THROWING = (b"__cxa_throw", b"__cxa_rethrow", b"__gxx_personality_v0")
+# ... or that it switches stacks (ucontext, Boost.Context): a frame suspended on one
+# stack while another returns below it would lose its entry.
+_SWITCHING = (b"swapcontext", b"setcontext", b"makecontext", b"jump_fcontext",
+              b"make_fcontext", b"ontop_fcontext")
 _RETURNS_TWICE = frozenset((
     "setjmp", "_setjmp", "__setjmp", "sigsetjmp", "__sigsetjmp", "savectx", "vfork", "__vfork",
     "__libc_vfork", "getcontext", "__getcontext", "swapcontext", "__swapcontext"))
@@ -50,6 +55,9 @@ def file_problem(elf: ElfFile, backend: Backend) -> Optional[str]:
         if any(b"\0" + symbol + b"\0" in strings for symbol in _THROWING):
             return ("the file can throw C++ exceptions, and an unwinder cannot pass a "
                     "redirected return address")
+        if any(b"\0" + symbol + b"\0" in strings for symbol in _SWITCHING):
+            return ("the file switches stacks (ucontext or Boost.Context), and a frame "
+                    "suspended on another stack could lose its redirected address")
     return None
 
 

@@ -355,3 +355,115 @@ def test_refused_without_unwind_info(tmp_path):
     ret = mechanisms(plain)["depth"]
     assert ret["mechanism"] is None
     assert "no .eh_frame entry starts at it" in ret["reason"]
+
+
+SET_TP = r"""
+#include <asm/prctl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+static unsigned long fake[64];
+static volatile int sink;
+/* returns with another thread pointer than it was called with, as a static
+   program's start-up does when libc replaces the stand-in TCB */
+__attribute__((noipa)) int set_tp(unsigned long tp) {
+    if (tp == 0)
+        return 0;
+    syscall(SYS_arch_prctl, ARCH_SET_FS, tp);
+    return 1 + sink;
+}
+int main(void) {
+    unsigned long old;
+    syscall(SYS_arch_prctl, ARCH_GET_FS, &old);
+    memcpy(fake, (void *)old, sizeof fake); /* the stack guard at fs:0x28 too */
+    fake[0] = (unsigned long)fake;          /* fs:[0] holds the thread pointer */
+    int n = 0;
+    for (int i = 0; i < 3; i++)
+        n += set_tp((unsigned long)fake) + set_tp(old);
+    printf("switched %d\n", n);
+    return 0;
+}
+"""
+
+
+def test_a_return_after_the_thread_pointer_changed(tmp_path):
+    """The stub finds the entry on the stack of the thread pointer the call was made with."""
+    (tmp_path / "tp.c").write_text(SET_TP)
+    plain, probed = tmp_path / "tp", tmp_path / "tp.probed"
+    subprocess.run(["gcc", "-O0", tmp_path / "tp.c", "-o", plain], check=True)
+    assert mechanisms(plain)["set_tp"]["mechanism"] == "redirection"
+    assert urewrite(plain, "-r", "set_tp", "-o", probed).returncode == 0
+    _, program, report = stat([probed])
+    assert program == "switched 6\n"
+    assert [(p["name"], p["hits"]) for p in report["probes"]] == [("set_tp", 6)]
+
+
+COROUTINES = r"""
+#include <ucontext.h>
+static ucontext_t main_ctx, co_ctx;
+static char co_stack[64 * 1024];
+static void (*body)(void);
+static void run(void) { body(); }
+void co_start(void (*f)(void)) {
+    body = f;
+    getcontext(&co_ctx);
+    co_ctx.uc_stack.ss_sp = co_stack;
+    co_ctx.uc_stack.ss_size = sizeof co_stack;
+    co_ctx.uc_link = &main_ctx;
+    makecontext(&co_ctx, run, 0);
+}
+void co_resume(void) { swapcontext(&main_ctx, &co_ctx); }
+void co_yield(void) { swapcontext(&co_ctx, &main_ctx); }
+"""
+COROUTINE_USER = r"""
+#include <stdio.h>
+void co_start(void (*)(void)), co_resume(void), co_yield(void);
+static volatile int sink;
+/* entered on the coroutine's stack, suspended there, resumed later */
+__attribute__((noipa)) int inner(int x) {
+    if (x < 0)
+        return 0;
+    co_yield();
+    return x + sink;
+}
+static void coroutine(void) { inner(1); }
+/* returns while inner, entered after it on this thread, is suspended */
+__attribute__((noipa)) int outer(int x) {
+    if (x < 0)
+        return 0;
+    co_resume();
+    return x + sink;
+}
+int main(void) {
+    co_start(coroutine);
+    outer(1);
+    co_resume();
+    puts("done");
+    return 0;
+}
+"""
+
+
+def test_stack_switching(tmp_path):
+    """A file that switches stacks itself is refused. Switching done elsewhere (here
+    in a library) can leave a suspended frame without its entry: the program then
+    stops with a message, never returns to a wrong address."""
+    (tmp_path / "co.c").write_text(COROUTINES)
+    (tmp_path / "user.c").write_text(COROUTINE_USER)
+    (tmp_path / "all.c").write_text(COROUTINES + COROUTINE_USER)
+    subprocess.run(["gcc", "-O0", tmp_path / "all.c", "-o", tmp_path / "all"], check=True)
+    ret = mechanisms(tmp_path / "all")["inner"]
+    assert ret["mechanism"] is None and "the file switches stacks" in ret["reason"]
+
+    subprocess.run(["gcc", "-O0", "-shared", "-fPIC", tmp_path / "co.c", "-o",
+                    tmp_path / "libco.so"], check=True)
+    plain, probed = tmp_path / "user", tmp_path / "user.probed"
+    subprocess.run(["gcc", "-O0", tmp_path / "user.c", "-L", tmp_path, "-lco",
+                    "-Wl,-rpath," + str(tmp_path), "-o", plain], check=True)
+    assert mechanisms(plain)["inner"]["mechanism"] == "redirection"
+    assert urewrite(plain, "-r", "inner", "-r", "outer", "-o", probed).returncode == 0
+    assert subprocess.run([plain], capture_output=True, text=True).stdout == "done\n"
+    out = urewrite("stat", "--", probed)
+    assert out.returncode == 128 + 4  # SIGILL: ud2
+    assert "urewrite: a redirected return address was lost; stopping" in out.stderr
