@@ -30,6 +30,10 @@ SHADOW_MAP_SIZE = 16 * (SHADOW_DEPTH + 1)  # depth and a reserved word, then the
 STATE_SIZE = PS_SHADOW + 16 * SHADOW_THREADS
 LOST_MESSAGE = "urewrite: a redirected return address was lost; stopping"
 
+# What shadow_push saves (the trampoline saved rax, rcx, rdx, rsi), and shadow_pop
+# (the registers it and shadow_stack touch when they do not map a stack).
+SAVED_PUSH = ("rbx", "rdi", "r8", "r9", "r10", "r11", "r12")
+SAVED_POP = ("rax", "rcx", "rdx", "rbx", "rdi", "r8", "r9", "r10", "r11")
 # Registers the runtime's entry points save (every one a syscall or our code may touch).
 SAVED = ("rax", "rcx", "rdx", "rsi", "rdi", "r8", "r9", "r10", "r11", "rbx",
          "r12", "r13", "r14", "r15")
@@ -46,6 +50,11 @@ def build(spec: RuntimeSpec) -> Runtime:
             "PS_ENVBUF": PS_ENVBUF, "ENVBUF_SIZE": ENVBUF_SIZE, "PS_TRACE": PS_TRACE,
             "CLOCK_KIND": region.CLOCK_TSC,
             "RED_ZONE": trampoline.RED_ZONE,
+            "SAVE_PUSH": "\n".join(f"    push {r}" for r in SAVED_PUSH),
+            "RESTORE_PUSH": "\n".join(f"    pop {r}" for r in reversed(SAVED_PUSH)),
+            "SAVE_POP": "\n".join(f"    push {r}" for r in SAVED_POP),
+            "RESTORE_POP": "\n".join(f"    pop {r}" for r in reversed(SAVED_POP)),
+            "SAVED_POP_BYTES": 8 * len(SAVED_POP),
             "PS_SHADOW": PS_SHADOW, "SHADOW_THREADS": SHADOW_THREADS,
             "SHADOW_MASK": SHADOW_THREADS - 1,
             "SHADOW_SHIFT": 64 - (SHADOW_THREADS.bit_length() - 1),

@@ -890,11 +890,12 @@ sf_done:
 # A function whose return address is redirected was entered (from its trampoline's
 # armed path): rcx = the slot its return address is in, rsi = its return stub.
 # Keeps the return address on this thread's shadow stack and puts the stub in its
-# place. Preserves every register (flags: none at a function entry).
+# place. Preserves every register but rax, rcx, rdx, rsi (the trampoline saved
+# them) and flags (none at a function entry).
 shadow_push:
     cmp qword ptr [rcx], rsi
     je sp_ret                              # already its stub: it tail-called itself
-{SAVE_ALL}
+{SAVE_PUSH}
     mov rdx, rcx
     mov r12, rsi
     mov edi, 1
@@ -919,7 +920,7 @@ sp_missed:                                 # not redirected: this return is not 
     jbe sp_done
     lock inc qword ptr [rax + {OFF_RETURNS_MISSED}]
 sp_done:
-{RESTORE_ALL}
+{RESTORE_PUSH}
 sp_ret:
     ret
 
@@ -928,8 +929,8 @@ sp_ret:
 # takes its entry off the shadow stack, with the entries above it (frames left by
 # longjmp or an exception: they never return). Preserves every register but flags.
 shadow_pop:
-{SAVE_ALL}
-    lea rdx, [rsp + {SAVED_BYTES} + 8]
+{SAVE_POP}
+    lea rdx, [rsp + {SAVED_POP_BYTES} + 8]
     xor edi, edi
     call shadow_stack
     test rbx, rbx
@@ -942,7 +943,7 @@ shadow_pop:
     shr rax, 4
     mov qword ptr [rbx], rax
     mov qword ptr [rdx], rcx
-{RESTORE_ALL}
+{RESTORE_POP}
     ret
 # Not on this thread's stack: its thread pointer changed since the call (a static
 # program's start-up hands the stand-in TCB over to libc's). Look on every stack,
@@ -976,7 +977,7 @@ spe_found:
     mov rcx, qword ptr [rbx + rax + 24]
     mov qword ptr [rbx + rax + 16], 1
     mov qword ptr [rdx], rcx
-{RESTORE_ALL}
+{RESTORE_POP}
     ret
 lost_message:
     .ascii "{LOST_MESSAGE}"
