@@ -402,12 +402,22 @@ sr_owner:
     str x9, [x24, #{OFF_RING}]
     str w25, [x24, #{OFF_RING_ENTRIES}]
     // fault the ring's pages in now, not one per 32 events on the hit path
-    // (MADV_POPULATE_WRITE, Linux 5.14; older kernels and qemu refuse it, harmlessly)
+    // (MADV_POPULATE_WRITE, Linux 5.14; where it is refused, as qemu does, touch each page)
     add x0, x24, x9
     sub x1, x22, x9
     mov x2, #23
     mov x8, #233                           // madvise
     svc #0
+    cbz x0, sr_ring_ready
+    add x0, x24, x9
+    sub x1, x22, x9
+sr_touch_ring:
+    ldrb w2, [x0]                          // a write that keeps the byte
+    strb w2, [x0]
+    add x0, x0, #4096
+    subs x1, x1, #4096
+    b.gt sr_touch_ring
+sr_ring_ready:
     b sr_calibrate
 sr_untraced:
     ldr w9, [x24, #{OFF_LATENCY_COUNT}]

@@ -391,13 +391,21 @@ sr_owner:
     mov qword ptr [r10 + {OFF_RING}], rax
     mov dword ptr [r10 + {OFF_RING_ENTRIES}], r12d
     # fault the ring's pages in now, not one per 32 events on the hit path
-    # (MADV_POPULATE_WRITE, Linux 5.14; older kernels refuse it, which is harmless)
+    # (MADV_POPULATE_WRITE, Linux 5.14; where it is refused, touch each page)
     lea rdi, [r10 + rax]
     mov rsi, r13
     sub rsi, rax
     mov edx, 23
     mov eax, 28                            # madvise
     syscall
+    test rax, rax
+    jz sr_ring_ready
+sr_touch_ring:
+    or byte ptr [rdi], 0                   # a write that keeps the byte
+    add rdi, 4096
+    sub rsi, 4096
+    ja sr_touch_ring
+sr_ring_ready:
     mov qword ptr [rbx + 16], 1            # tracing
     jmp sr_calibrate
 sr_untraced:
