@@ -90,6 +90,9 @@ _ENTRY_BITS = OWNER_ENTRY_SIZE.bit_length() - 1
 assert 1 << _SLOT_BITS == SLOT_COUNT and 1 << _ENTRY_BITS == OWNER_ENTRY_SIZE
 SLOT_SHIFT = 64 - _SLOT_BITS - _ENTRY_BITS
 SLOT_MASK = (SLOT_COUNT - 1) * OWNER_ENTRY_SIZE
+# A thread whose entry another thread owns looks at the next entries (wrapping),
+# this many in all, for its own or a free one; then it counts in the shared row.
+OWNER_PROBES = 8
 
 # the ring: a control line, then records
 RING_HEAD, RING_DROPPED, RING_RECORDS = 0, 8, 64
