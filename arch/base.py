@@ -75,7 +75,7 @@ class RuntimeRefs:
 
     state: int  # process state word: 0 = not set up, 1 = disarmed, else region address
     owners_offset: int  # offset of the per-thread owner table inside the region
-    slow_hit: int  # runtime routine: count a hit without an owned thread slot
+    slow_hit: int  # runtime routine: the row of a thread whose hashed slot is not its own
     lazy_init: int  # runtime routine: one-time set-up (after fork, or before start-up ran)
     trace_event: int  # runtime routine: write one event into the ring
     lat_enter: int  # runtime routine: a latency-measured call begins

@@ -51,6 +51,7 @@ def common_fields(spec: RuntimeSpec) -> dict:
         "HISTOGRAM_SHIFT": (8 * region.LATENCY_BUCKETS).bit_length() - 1,
         "HASH_MULTIPLIER": f"{region.HASH_MULTIPLIER:#x}", "SLOT_SHIFT": region.SLOT_SHIFT,
         "SLOT_MASK": region.SLOT_MASK,
+        "OWNER_PROBES": region.OWNER_PROBES,
     }
 
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
+import struct
 
 import pytest
 
-from conftest import ENV_VAR, check, rewrite, run, stat
+from conftest import ENV_VAR, check, rewrite, run, stat, urewrite
+from urewrite.trampolines import region as R
+from urewrite.trampolines.region import read_regions
 from variants import LIBDEMO_EXPECTED, USELIB_EXPECTED, USELIB_EXIT
 
 
@@ -44,6 +48,50 @@ def test_many_threads_sharing_counter_rows(builder, tmp_path, threads, calls):
     assert st.proc.stdout.startswith(f"threads={threads} calls={threads * calls} ")
     assert st.hits("work") == threads * calls
     assert st.hits("worker") == threads
+
+
+def test_threads_that_hash_alike_still_get_rows_of_their_own(builder, tmp_path):
+    """64 live threads with unevenly spaced thread pointers, hashed into 256 rows,
+    collide with near certainty (birthday odds above 99.9%); a thread whose row is
+    taken probes on for a free one. With rows of their own, every thread's events
+    name it and every call is measured."""
+    threads, calls = 64, 300
+    built = builder.build("threads", ["threads.c"], ["-O2", "-pthread"], ["-pthread", "-pie"])
+    probed = tmp_path / "threads.probed"
+    rewrite(built.path, probed, "work", extra=["-r", "work"])
+    regions = tmp_path / "regions"
+    regions.mkdir()
+    assert run([probed, threads, calls, 1], env={ENV_VAR: str(regions)}).returncode == 0
+    (region,) = read_regions(str(regions))
+    owners = owner_threads(region.path)
+    assert len(owners) == threads  # each has a row of its own
+    displaced = [slot for slot, tp in owners.items() if slot != home_slot(tp)]
+    assert displaced, "no two threads hashed alike: the test proves nothing"
+    work_return = next(p for p in region.probes if p.name == "work" and p.kind == "return")
+    assert sum(work_return.histogram) == threads * calls
+
+    events = tmp_path / "events.jsonl"
+    proc = urewrite("trace", "--json", "--ring", 1 << 16, "-o", events, "--", probed,
+                    threads, calls, 1)
+    assert proc.returncode == 0, proc.stderr
+    tids = [json.loads(line)["tid"] for line in events.read_text().splitlines()]
+    assert len(tids) == 2 * threads * calls
+    assert 0 not in tids  # 0: a thread counting in the shared row
+    assert len(set(tids)) == threads
+
+
+def home_slot(thread_pointer: int) -> int:
+    product = thread_pointer * R.HASH_MULTIPLIER % (1 << 64)
+    return ((product >> R.SLOT_SHIFT) & R.SLOT_MASK) // R.OWNER_ENTRY_SIZE
+
+
+def owner_threads(path: str) -> dict:
+    """slot -> thread pointer of each claimed owner entry of a region file."""
+    data = open(path, "rb").read()
+    owners = struct.unpack_from("<Q", data, R.OFF_OWNERS)[0]
+    entries = (struct.unpack_from("<Q", data, owners + slot * R.OWNER_ENTRY_SIZE)[0]
+               for slot in range(R.SLOT_COUNT))
+    return {slot: tp for slot, tp in enumerate(entries) if tp}
 
 
 def test_threads_every_function(builder, tmp_path):

@@ -74,14 +74,14 @@ def test_returns_are_counted_exactly(returns, case):
             assert hits[(name, "return")] == count, name
     samples = {p["name"]: sum(b["count"] for b in p["histogram"])
                for p in report["probes"] if "histogram" in p}
-    # Latency is measured from a thread's second hit on (the first claims its row),
-    # for at most LATENCY_DEPTH open calls a thread.
+    # Latency is measured for every call, a thread's first included (it claims its
+    # row on the way), for at most LATENCY_DEPTH open calls a thread.
     if case == "recursion" and "depth" not in refused:  # every entry has its return
         assert hits[("depth", "entry")] == hits[("depth", "return")] == 10001
-        assert samples["depth"] == 126  # the outermost open calls, after the first
+        assert samples["depth"] == 126  # the outermost open calls
     if case == "threads":
         assert hits[("work", "entry")] == hits[("work", "return")] == 1000000
-        assert samples["work"] == 1000000 - 4
+        assert samples["work"] == 1000000
     if case == "longjmp":  # frames left by longjmp give no sample, the others one each
         assert samples["maybe_jump"] == hits[("maybe_jump", "return")] == 75
 
@@ -99,7 +99,7 @@ def test_latency_histogram_report(returns):
     out = urewrite("stat", "--", probed, "threads")
     assert "returns.probed: work: latency from entry to return" in out.stdout
     bars = [l for l in out.stdout.splitlines() if re.match(r"\s+\d+ -> \d+\s+: \d+", l)]
-    assert sum(int(l.split(":")[1].split()[0]) for l in bars) == 1000000 - 4
+    assert sum(int(l.split(":")[1].split()[0]) for l in bars) == 1000000
 
 
 def test_return_events_carry_the_return_value(returns):
@@ -179,4 +179,4 @@ def test_return_probes_in_a_shared_object(tmp_path):
     assert hits == {("lib_sum", "entry"): 50, ("lib_sum", "return"): 50,
                     ("lib_twice", "return"): calls}
     lib_sum = next(p for p in report["probes"] if p["name"] == "lib_sum" and p["kind"] == "return")
-    assert sum(b["count"] for b in lib_sum["histogram"]) == 49  # all but the first call
+    assert sum(b["count"] for b in lib_sum["histogram"]) == 50  # the first call too

@@ -462,40 +462,59 @@ ad_out:
     jnz ad_out
     ret
 
-# A hit whose thread has no slot yet (or shares one): rax = region, rcx = thread
-# pointer, rdx = owner entry offset, rsi = probe offset in a counter row.
-# Clobbers rax, rcx, rdx, rsi and flags only.
+# The row of a thread whose hashed owner entry is not its own: rdx = region,
+# rcx = thread pointer, rsi = that entry's offset in the owner table. Looks at
+# {OWNER_PROBES} entries from there (wrapping) for the thread's own, else claims a
+# free one. -> rsi = the thread's row and ZF = 1, or rsi = the shared row and
+# ZF = 0 (all taken by other threads, or no thread pointer). Clobbers rsi and flags.
 slow_hit:
     test rcx, rcx
     jz sh_shared
-    push rdi
-    lea rdi, [rax + rdx]
-    add rdi, qword ptr [rax + {OFF_OWNERS}]
     push rax
-    xor eax, eax
-    lock cmpxchg qword ptr [rdi], rcx      # claim the slot for this thread
+    push rdi
+    push r8
+    mov r8d, {OWNER_PROBES}
+sh_entry:
+    lea rdi, [rdx + rsi]
+    add rdi, qword ptr [rdx + {OFF_OWNERS}]
+    mov rax, qword ptr [rdi]
+    cmp rax, rcx
+    je sh_own
+    test rax, rax
+    jnz sh_next
+    lock cmpxchg qword ptr [rdi], rcx      # free (rax = 0): claim it for this thread
+    je sh_claimed
+sh_next:                                   # another thread's: look at the next one
+    add esi, {OWNER_ENTRY_SIZE}
+    and esi, {SLOT_MASK}
+    dec r8d
+    jnz sh_entry
+    pop r8
+    pop rdi
     pop rax
-    jne sh_taken
-    cmp qword ptr [rax + {OFF_RING}], 0    # events name their thread: learn its id once
-    je sh_owned
+sh_shared:
+    mov esi, dword ptr [rdx + {OFF_SLOT_COUNT}]
+    imul rsi, qword ptr [rdx + {OFF_SLOT_STRIDE}]
+    add rsi, qword ptr [rdx + {OFF_COUNTERS}]
+    add rsi, rdx
+    test rsp, rsp                          # ZF = 0: the shared row
+    ret
+sh_claimed:
+    cmp qword ptr [rdx + {OFF_RING}], 0    # events name their thread: learn its id once
+    je sh_own
+    push rcx
     push r11
     mov eax, 186                           # gettid
     syscall
     pop r11
+    pop rcx
     mov dword ptr [rdi + {OWNER_TID}], eax
-sh_owned:
-    mov rdx, qword ptr [rdi + 8]
-    add qword ptr [rdx + rsi], 1
+sh_own:
+    mov rsi, qword ptr [rdi + 8]
+    pop r8
     pop rdi
-    ret
-sh_taken:
-    pop rdi
-sh_shared:
-    mov edx, dword ptr [rax + {OFF_SLOT_COUNT}]
-    imul rdx, qword ptr [rax + {OFF_SLOT_STRIDE}]
-    add rdx, qword ptr [rax + {OFF_COUNTERS}]
-    add rdx, rax
-    lock add qword ptr [rdx + rsi], 1
+    pop rax
+    cmp esi, esi                           # ZF = 1: the thread's own row
     ret
 
 # Pairs the TSC with CLOCK_MONOTONIC twice, 2 ms apart, for readers to turn
@@ -579,16 +598,26 @@ te_claim:
     mov qword ptr [r10 + {REC_TICKS}], rax
     mov dword ptr [r10 + {REC_PROBE}], r13d
     # the thread id learnt when this thread claimed its row (0 in the shared row)
+    # (looking where slow_hit does: from the hashed entry, {OWNER_PROBES} entries)
     xor esi, esi
     .byte 0x64, 0x48, 0x8b, 0x0c, 0x25, 0, 0, 0, 0   # mov rcx, fs:[0] (Keystone makes it RIP-relative)
     movabs rdx, {HASH_MULTIPLIER}
     imul rdx, rcx
     shr rdx, {SLOT_SHIFT}
     and edx, {SLOT_MASK}
-    add rdx, qword ptr [r8 + {OFF_OWNERS}]
-    cmp qword ptr [r8 + rdx], rcx
-    jne te_tid
-    mov esi, dword ptr [r8 + rdx + {OWNER_TID}]
+    mov rdi, qword ptr [r8 + {OFF_OWNERS}]
+    add rdi, r8                            # the owner table
+    mov eax, {OWNER_PROBES}
+te_owner:
+    cmp qword ptr [rdi + rdx], rcx
+    je te_owner_found
+    add edx, {OWNER_ENTRY_SIZE}
+    and edx, {SLOT_MASK}
+    dec eax
+    jnz te_owner
+    jmp te_tid
+te_owner_found:
+    mov esi, dword ptr [rdi + rdx + {OWNER_TID}]
 te_tid:
     mov dword ptr [r10 + {REC_TID}], esi
     mov rcx, qword ptr [r14]               # argument count

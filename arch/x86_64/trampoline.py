@@ -140,10 +140,11 @@ def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
     w.cmp_rdx_rsi_disp_rcx(refs.owners_offset)
     w.jcc("ne", L.slow)
     w.mov_rsi_rdx_rsi_disp(refs.owners_offset + 8)
+    w.label(L.own_row)
     for index in probe_indexes:
         w.inc_rsi_disp(8 * index)
-    # latency: only on this fast path (rsi = the thread's own row); a thread's first
-    # hit, or one in the shared row, goes unmeasured
+    # latency: rsi = the thread's own row (a thread counting in the shared row has
+    # no stack of open calls and goes unmeasured)
     if point.enters:
         w.call(refs.lat_enter)
     for histogram in point.leaves:
@@ -169,20 +170,15 @@ def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
         w.lea_rsp(RED_ZONE)
     w.jmp(L.resume)
 
-    # The thread has no row of its own (yet): slow_hit claims one or counts in the
-    # shared row. It takes rax = region, rcx = thread pointer, rdx = owner entry
-    # offset, rsi = probe offset, and clobbers those four.
+    # The hashed owner entry is not this thread's: slow_hit finds or claims one
+    # nearby (rdx = region, rcx = thread pointer, rsi = entry offset; it clobbers
+    # rsi and flags). Its own row counts as on the fast path; the shared row, owned
+    # by no thread, needs atomic adds.
     w.label(L.slow)
-    w.push("rax")
-    for k, index in enumerate(probe_indexes):
-        if k:
-            w.mov_reg_rip("rdx", refs.state)
-            _owner_entry(w)
-        w.mov_rax_rdx()
-        w.mov_rdx_rsi()
-        w.mov_esi_imm(8 * index)
-        w.call(refs.slow_hit)
-    w.pop("rax")
+    w.call(refs.slow_hit)
+    w.jcc("e", L.own_row)
+    for index in probe_indexes:
+        w.lock_inc_rsi_disp(8 * index)
     w.jmp(L.counted)
 
     if flags_live:  # first hit in this process (or in a forked child): set up, then count

@@ -220,6 +220,10 @@ class Writer:
         """add qword ptr [rsi + disp32], 1"""
         self.code += b"\x48\x83\x86" + struct.pack("<i", disp) + b"\x01"
 
+    def lock_inc_rsi_disp(self, disp: int) -> None:
+        """lock add qword ptr [rsi + disp32], 1"""
+        self.code += b"\xf0\x48\x83\x86" + struct.pack("<i", disp) + b"\x01"
+
     def mov_rax_rdx(self) -> None:
         self.code += b"\x48\x89\xd0"
 
