@@ -15,7 +15,10 @@ Cross-compiled with aarch64-linux-gnu-gcc at -O0/-O2/-O3 (and one static build):
   event times fall between the program's own CLOCK_MONOTONIC readings, and
   `stat` gives each function a latency histogram whose counts sum to its
   returned calls (the ones left by longjmp give none), a 3 ms sleep landing in
-  the millisecond buckets; three worker threads too.
+  the millisecond buckets; ten worker threads too, each in a row of its own even
+  where its thread pointer hashes to another thread's owner entry (under
+  qemu-aarch64 the fourth thread's hashes to the main thread's), so every thread's
+  events carry its own id and every call, a thread's first included, is measured.
 - samples/usdt_threads.c: many writers on a small ring never deliver a torn or
   duplicated event and count every loss; a large ring loses nothing.
 
@@ -28,6 +31,7 @@ import concurrent.futures
 import json
 import re
 import shutil
+import struct
 import time
 import traceback
 from collections import Counter
@@ -38,6 +42,8 @@ from typing import Dict, List, Optional, Tuple
 import pytest
 
 from test_aarch64 import CC, QEMU, SYSROOT, check, emulate, exit_status, run, urewrite
+from urewrite.trampolines import region as R
+from urewrite.trampolines.ring import RingReader
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
@@ -55,10 +61,9 @@ pytestmark = pytest.mark.skipif(
 OPTS = ["-O0", "-O2", "-O3"]
 USDT_ROUNDS = 12
 CALL_ROUNDS = 9
-# Three workers: under qemu-aarch64 the fourth one's thread pointer hashes to the main
-# thread's owner entry, so it would count in the shared row (exact, but with no thread
-# id and no latency), which the checks below do not expect.
-THREADS, PER_THREAD = 3, 1500
+# Ten workers: under qemu-aarch64 the fourth one's thread pointer hashes to the main
+# thread's owner entry, and it must find a row of its own nearby (docs/region.md).
+THREADS, PER_THREAD = 10, 1500
 # longjmp leaves every fourth call open: more than a thread's stack of open calls holds
 # (126) unless entries drop the ones their frame shows have ended
 LEAPS = 600
@@ -229,10 +234,98 @@ CALLS_PROBES = ["-p", "main", "-p", "worker", "-p", "mix", "-p", "depth", "-p", 
                 "-p", "leap", "-p", "work", "-r", "mix", "-r", "depth", "-r", "nap",
                 "-r", "leap", "-r", "work", "--args", "6"]
 
+# Threads whose thread pointers hash alike: each worker runs on a stack placed so that
+# its thread pointer hashes to the owner entry of its group's first thread.
+COLLIDE_C = r"""
+/* Threads whose thread pointers hash alike (docs/region.md): each worker runs on a
+ * stack placed so that its thread pointer hashes to the owner entry of a group's
+ * first thread. collide THREADS PER_THREAD SAME: groups of SAME threads, the main
+ * thread first in the first group. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#define STACK (128 * 1024)
+#define POOL (256L << 20)
+#define STEP 4096
+
+static volatile long sink;
+__attribute__((noipa)) long work(long t, long k) { return t * 1000003 + k * 7 + sink; }
+
+static long per_thread;
+__attribute__((noipa)) void *worker(void *arg) {
+    long s = 0;
+    for (long k = 0; k < per_thread; k++)
+        s += work((long)arg, k);
+    return (void *)s;
+}
+
+static void *where(void *arg) { (void)arg; return __builtin_thread_pointer(); }
+
+static unsigned slot_of(uintptr_t tp) { return (unsigned)((tp * 0x9E3779B97F4A7C15ull) >> 56); }
+
+static pthread_t start(char *stack, void *(*fn)(void *), void *arg) {
+    pthread_attr_t attr;
+    pthread_t th;
+    pthread_attr_init(&attr);
+    pthread_attr_setstack(&attr, stack, STACK);
+    if (pthread_create(&th, &attr, fn, arg) != 0) {
+        perror("pthread_create");
+        exit(3);
+    }
+    pthread_attr_destroy(&attr);
+    return th;
+}
+
+int main(int argc, char **argv) {
+    int threads = argc > 1 ? atoi(argv[1]) : 10;
+    per_thread = argc > 2 ? atol(argv[2]) : 1000;
+    int same = argc > 3 ? atoi(argv[3]) : 4;
+    char *pool = mmap(NULL, POOL, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (pool == MAP_FAILED || threads > 64) {
+        perror("mmap");
+        return 3;
+    }
+    /* where a thread's pointer lies on its stack: the same for every stack */
+    void *tp;
+    pthread_join(start(pool, where, NULL), &tp);
+    uintptr_t below_top = (uintptr_t)(pool + STACK) - (uintptr_t)tp;
+    unsigned home = slot_of((uintptr_t)__builtin_thread_pointer());
+    pthread_t th[64];
+    char *next = pool;
+    for (long t = 0; t < threads; t++) {
+        long group = (t + 1) / same;
+        unsigned target = (home + 40 * group) % 256;
+        while (slot_of((uintptr_t)(next + STACK) - below_top) != target) {
+            next += STEP;
+            if (next + STACK > pool + POOL) {
+                fprintf(stderr, "no stack for thread %ld\n", t);
+                return 3;
+            }
+        }
+        th[t] = start(next, worker, (void *)t);
+        next += STACK;
+    }
+    long total = 0;
+    for (int t = 0; t < threads; t++) {
+        void *s;
+        pthread_join(th[t], &s);
+        total += (long)s;
+    }
+    printf("total %ld\n", total);
+    return 0;
+}
+"""
+COLLIDE_PROBES = ["-p", "main", "-p", "worker", "-p", "work", "-r", "work", "--args", "2"]
+COLLIDERS = 10
+
 
 @dataclass
 class Build:
-    name: str  # usdt, threads, forms, calls
+    name: str  # usdt, threads, forms, calls, collide
     opt: str
     static: bool
     plain: Path
@@ -250,12 +343,15 @@ def _sources(root: Path) -> Dict[str, Tuple[Path, List[str], List[str], List[str
     """name -> (source, compiler flags, probe specs, arguments of the original run)."""
     (root / "forms.c").write_text(FORMS_C)
     (root / "calls.c").write_text(CALLS_C)
+    (root / "collide.c").write_text(COLLIDE_C)
     return {
         "usdt": (SAMPLES / "usdt.c", [], ["-p", "usdt:sample:*"], [str(USDT_ROUNDS)]),
         "threads": (SAMPLES / "usdt_threads.c", ["-pthread"], ["-p", "usdt:sample:tick"],
                     [str(THREADS), "100"]),
         "forms": (root / "forms.c", [], ["-p", "usdt:t:*"], []),
         "calls": (root / "calls.c", ["-pthread"], CALLS_PROBES, CALLS_ARGV),
+        "collide": (root / "collide.c", ["-pthread"], COLLIDE_PROBES,
+                    [str(COLLIDERS), str(PER_THREAD), "4"]),
     }
 
 
@@ -280,6 +376,9 @@ def _builds(root: Path) -> List[Build]:
         for opt in opts:
             out.append(Build(name, opt, False, root / f"{name}{opt}", root / f"{name}{opt}.probed"))
     out.append(Build("calls", "-O2", True, root / "calls-static", root / "calls-static.probed"))
+    out.append(Build("collide", "-O2", False, root / "collide-O2", root / "collide-O2.probed"))
+    out.append(Build("collide", "-O2", True, root / "collide-static",
+                     root / "collide-static.probed"))
     return out
 
 
@@ -493,7 +592,7 @@ def test_latency_histograms_count_every_returned_call(built, bid):
     histograms = {p["name"]: p["histogram"] for p in report["probes"] if "histogram" in p}
     assert set(histograms) == {"mix", "depth", "nap", "leap", "work"}
     for name, histogram in histograms.items():
-        # each thread's first hit (main, worker) claimed its row: every call is measured
+        # every thread has a row of its own: every call is measured, a thread's first too
         assert sum(bucket["count"] for bucket in histogram) == returned[name] \
             == hits[(name, "return")], name
     assert hits[("leap", "entry")] == LEAPS
@@ -502,6 +601,109 @@ def test_latency_histograms_count_every_returned_call(built, bid):
     naps = [bucket for bucket in histograms["nap"] if bucket["count"]]
     assert all(bucket["lo_ns"] >= 1 << 20 and bucket["hi_ns"] <= 1 << 26 for bucket in naps)
     assert all(bucket["hi_ns"] > NAP_US * 1000 for bucket in naps)
+
+
+# -- a row for every thread ----------------------------------------------------------------------------
+
+@dataclass
+class Rows:
+    """One run traced and measured at once: output, region, events, and the owner
+    table's claimed entries as {tid: entries past the one its thread pointer hashes to}."""
+    stdout: str
+    region: R.Region
+    events: list
+    claimed: Dict[int, int]
+
+
+def run_traced(b: Build, argv: List[str], directory: Path) -> Rows:
+    proc = run(emulate(b.probed) + argv,
+               env={R.ENV_VAR: str(directory), R.TRACE_ENV_VAR: str(1 << 17)})
+    assert (exit_status(proc.returncode), steady(proc.stdout)) \
+        == (b.original[0], steady(b.original[1])), proc.stderr
+    (path,) = directory.glob("*.ure")
+    ring = RingReader(str(path))
+    events = ring.poll(final=True)
+    assert ring.lost() == 0
+    ring.close()
+    data = path.read_bytes()
+    owners = struct.unpack_from("<Q", data, R.OFF_OWNERS)[0]
+    claimed = {}
+    for slot in range(R.SLOT_COUNT):
+        tp, _, tid = struct.unpack_from("<QQI", data, owners + slot * R.OWNER_ENTRY_SIZE)
+        if tp:
+            home = (tp * R.HASH_MULTIPLIER % (1 << 64) >> R.SLOT_SHIFT & R.SLOT_MASK) \
+                // R.OWNER_ENTRY_SIZE
+            assert tid and tid not in claimed
+            claimed[tid] = (slot - home) % R.SLOT_COUNT
+    return Rows(proc.stdout, R.read_region(str(path)), events, claimed)
+
+
+def worker_tids(rows: Rows) -> Dict[int, set]:
+    """{tid: the worker numbers its work() entries carry}, for threads other than main."""
+    out: Dict[int, set] = {}
+    for e in rows.events:
+        if e.tid != rows.region.pid:
+            assert e.probe in ("worker", "work"), e
+            if e.probe == "work" and e.kind == "entry":
+                out.setdefault(e.tid, set()).add(e.args[0])
+    return out
+
+
+@pytest.mark.parametrize("bid", CALL_BUILDS)
+def test_every_thread_gets_a_row_of_its_own(built, bid, tmp_path):
+    """The main thread and each worker claim an owner entry, every event carries its
+    own thread's id, and every returned call is measured."""
+    rows = run_traced(_get(built, bid), CALLS_ARGV, tmp_path)
+    pid = rows.region.pid
+    assert rows.region.threads == len(rows.claimed) == THREADS + 1 and pid in rows.claimed
+    assert all(distance < R.OWNER_PROBES for distance in rows.claimed.values())
+    assert {e.tid for e in rows.events} == set(rows.claimed)
+    assert sorted(worker_tids(rows).values(), key=min) == [{t} for t in range(THREADS)]
+    hits = {(p.name, p.kind): p.hits for p in rows.region.probes}
+    returned = Counter(name for name, _, value in calls_made(rows.stdout) if value is not None)
+    returned["work"] = THREADS * PER_THREAD
+    assert hits[("main", "entry")] == 1 and hits[("worker", "entry")] == THREADS
+    assert hits[("work", "entry")] == THREADS * PER_THREAD
+    assert all(hits[(name, "entry")] == calls for name, calls in CALLS_EXPECTED.items())
+    for p in rows.region.probes:
+        if p.histogram is not None:
+            assert sum(p.histogram) == returned[p.name] == p.hits, p.name
+
+
+@pytest.mark.parametrize("bid", ["collide-O2", "collide-O2-static"])
+def test_threads_hashing_alike_find_rows_of_their_own_nearby(built, bid, tmp_path):
+    """Groups of 4 threads (the main thread and 3 workers, then 4 and 3 workers) whose
+    thread pointers hash to one owner entry: each takes that entry or one of the next 3."""
+    rows = run_traced(_get(built, bid), [str(COLLIDERS), str(PER_THREAD), "4"], tmp_path)
+    pid = rows.region.pid
+    assert rows.region.threads == len(rows.claimed) == COLLIDERS + 1
+    assert rows.claimed[pid] == 0
+    assert sorted(rows.claimed.values()) == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3]
+    assert {e.tid for e in rows.events} == set(rows.claimed)
+    assert sorted(worker_tids(rows).values(), key=min) == [{t} for t in range(COLLIDERS)]
+    hits = {(p.name, p.kind): (p.hits, p.histogram) for p in rows.region.probes}
+    assert hits[("main", "entry")][0] == 1 and hits[("worker", "entry")][0] == COLLIDERS
+    calls, histogram = hits[("work", "return")]
+    assert hits[("work", "entry")][0] == calls == sum(histogram) == COLLIDERS * PER_THREAD
+
+
+@pytest.mark.parametrize("bid", ["collide-O2", "collide-O2-static"])
+def test_past_eight_threads_hashing_alike_count_in_the_shared_row(built, bid, tmp_path):
+    """All 11 threads hash to one owner entry: the first 8 to hit take it and the next
+    7; the other 3 count in the shared row, exactly, with thread id 0 and no latency."""
+    rows = run_traced(_get(built, bid), [str(COLLIDERS), str(PER_THREAD), str(COLLIDERS + 1)],
+                      tmp_path)
+    assert rows.region.threads == len(rows.claimed) == R.OWNER_PROBES
+    assert sorted(rows.claimed.values()) == list(range(R.OWNER_PROBES))
+    shared = COLLIDERS + 1 - R.OWNER_PROBES
+    assert Counter(e.tid for e in rows.events)[0] == shared * (1 + 2 * PER_THREAD)
+    own = {tid: t for tid, t in worker_tids(rows).items() if tid}
+    assert all(len(t) == 1 for t in own.values()) and len(own) == COLLIDERS - shared
+    hits = {(p.name, p.kind): (p.hits, p.histogram) for p in rows.region.probes}
+    assert hits[("worker", "entry")][0] == COLLIDERS
+    calls, histogram = hits[("work", "return")]
+    assert hits[("work", "entry")][0] == calls == COLLIDERS * PER_THREAD
+    assert sum(histogram) == (COLLIDERS - shared) * PER_THREAD
 
 
 # -- many writers ------------------------------------------------------------------------------------

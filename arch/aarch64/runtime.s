@@ -470,26 +470,41 @@ ad_out:
     add sp, sp, #32
     ret
 
-// A hit whose thread has no slot yet (or shares one): x16 = region, x17 =
-// thread pointer, x0 = probe offset in a counter row. Clobbers x0, x1, x16,
-// x17 only; the flags are preserved.
+// A hit whose hashed owner entry is not this thread's: x16 = region, x17 = thread
+// pointer. Looks at {OWNER_PROBES} entries from the hashed one (wrapping) for this
+// thread's own, or a free one to claim; all owned by others, or no thread pointer:
+// the shared row. -> x0 = the row to count in; x1 = 0 when it is this thread's own
+// (measure latency there), else 1 (the shared row: exclusive adds only). Clobbers
+// x0, x1 only; the flags are preserved.
 slow_hit:
-    sub sp, sp, #32
+    sub sp, sp, #48
     stp x2, x3, [sp]
+    stp x4, x5, [sp, #16]
     mrs x2, nzcv
-    str x2, [sp, #16]
+    str x2, [sp, #32]
     cbz x17, sh_shared
     ldr x1, hash_k
     mul x1, x17, x1
     lsr x1, x1, #{SLOT_SHIFT}
-    and x1, x1, #{SLOT_MASK}
-    add x1, x1, x16
-    ldr x2, [x16, #{OFF_OWNERS}]
-    add x1, x1, x2                         // x1 = this thread's owner entry
+    and x1, x1, #{SLOT_MASK}               // x1 = the hashed entry's offset in the table
+    ldr x4, [x16, #{OFF_OWNERS}]
+    add x4, x16, x4                        // x4 = the owner table
+    mov x5, #{OWNER_PROBES}                // entries left to look at
+sh_entry:
+    add x0, x4, x1                         // x0 = the entry
 sh_claim:
-    ldaxr x2, [x1]
-    cbnz x2, sh_taken
-    stlxr w3, x17, [x1]                    // claim the slot for this thread
+    ldaxr x2, [x0]
+    cbz x2, sh_free
+    clrex
+    cmp x2, x17
+    b.eq sh_owned                          // this thread's, from an earlier hit
+    add x1, x1, #{OWNER_ENTRY_SIZE}        // another thread's: the next one
+    and x1, x1, #{SLOT_MASK}
+    subs x5, x5, #1
+    b.ne sh_entry
+    b sh_shared
+sh_free:
+    stlxr w3, x17, [x0]                    // claim the slot for this thread
     cbnz w3, sh_claim
     ldr x2, [x16, #{OFF_RING}]             // events name their thread: learn its id once
     cbz x2, sh_owned
@@ -497,32 +512,27 @@ sh_claim:
     mov x3, x8
     mov x8, #178                           // gettid
     svc #0
-    str w0, [x1, #{OWNER_TID}]
+    str w0, [x2, #{OWNER_TID}]
     mov x0, x2
     mov x8, x3
 sh_owned:
-    ldr x1, [x1, #8]
-    b sh_add
-sh_taken:
-    clrex
+    ldr x0, [x0, #8]                       // its counter row
+    mov x1, #0
+    b sh_return
 sh_shared:
     ldr w1, [x16, #{OFF_SLOT_COUNT}]
     ldr x2, [x16, #{OFF_SLOT_STRIDE}]
     mul x1, x1, x2
     ldr x2, [x16, #{OFF_COUNTERS}]
     add x1, x1, x2
-    add x1, x1, x16
-sh_add:
-    add x1, x1, x0
-sh_retry:
-    ldxr x2, [x1]
-    add x2, x2, #1
-    stxr w3, x2, [x1]
-    cbnz w3, sh_retry
-    ldr x2, [sp, #16]
+    add x0, x1, x16                        // the row after the per-thread ones
+    mov x1, #1
+sh_return:
+    ldr x2, [sp, #32]
     msr nzcv, x2
+    ldp x4, x5, [sp, #16]
     ldp x2, x3, [sp]
-    add sp, sp, #32
+    add sp, sp, #48
     ret
 
 // Reads the counter's frequency and pairs its ticks with CLOCK_MONOTONIC, for
@@ -631,19 +641,30 @@ te_claim:
     mrs x10, cntvct_el0
     str x10, [x27, #{REC_TICKS}]
     str w25, [x27, #{REC_PROBE}]
-    // the thread id learnt when this thread claimed its row (0 in the shared row)
+    // the thread id learnt when this thread claimed its row (0 in the shared row),
+    // looking where slow_hit does: from the hashed entry, {OWNER_PROBES} entries
     mov w13, #0
     mrs x10, tpidr_el0
+    cbz x10, te_tid
     ldr x11, hash_k
     mul x11, x10, x11
     lsr x11, x11, #{SLOT_SHIFT}
-    and x11, x11, #{SLOT_MASK}
+    and x11, x11, #{SLOT_MASK}             // x11 = the hashed entry's offset
     ldr x12, [x24, #{OFF_OWNERS}]
-    add x11, x11, x12
-    add x11, x24, x11                      // this thread's owner entry
-    ldr x12, [x11]
-    cmp x12, x10
-    b.ne te_tid
+    add x12, x24, x12                      // x12 = the owner table
+    mov x14, #{OWNER_PROBES}
+te_owner:
+    ldr x15, [x12, x11]
+    cbz x15, te_tid                        // a free entry: this thread claimed none
+    cmp x15, x10
+    b.eq te_owned
+    add x11, x11, #{OWNER_ENTRY_SIZE}
+    and x11, x11, #{SLOT_MASK}
+    subs x14, x14, #1
+    b.ne te_owner
+    b te_tid
+te_owned:
+    add x11, x12, x11
     ldr w13, [x11, #{OWNER_TID}]
 te_tid:
     str w13, [x27, #{REC_TID}]

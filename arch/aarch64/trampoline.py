@@ -12,7 +12,7 @@ routines it calls save them), so they need no saving even inside a function.
             x17 = tpidr_el0 (thread pointer); x0 = &owner[hash(x17)]
             ldp  x1, x0, [x0]           owner thread, its counter row
             cbnz x1 - x17 -> slow
-            ldxr/add/stxr on row[probe]  exclusive: a signal handler hitting the same
+    owned:  ldxr/add/stxr on row[probe]  exclusive: a signal handler hitting the same
                                          probe mid-increment makes it retry, not lose
             [bl lat_enter | lat_exit]    a function measured for latency enters | returns
     counted: x17 = region.ring ; cbnz x17 -> trace   (x16 = region)
@@ -20,6 +20,9 @@ routines it calls save them), so they need no saving even inside a function.
     resume: ldp  x16, x17, [sp], #48
             displaced instruction, relocated
             b    back
+    slow:   bl slow_hit                 x0 = the thread's own row (found or claimed
+            cbz  x1 -> owned             near the hashed entry), or the shared row:
+            ldxr/add/stxr on row[probe] ; b counted     counted, never measured
     trace:  x16 = this point's event table ; bl trace_event ; b traced
 
 trace_event and lat_enter/lat_exit read the frame above: runtime.py passes
@@ -57,6 +60,23 @@ def _sub_imm(w: Writer, rd: int, rn: int, imm: int) -> None:
         w.word(0xD1000000 | (imm & 0xFFF) << 10 | rn << 5 | rd)
 
 
+def _count(w: Writer, probe_indexes, tag: str) -> int:
+    """Adds 1 to each probe's counter in the row at x0 (exclusive: a signal handler
+    hitting the same probe mid-increment makes it retry, not lose). Clobbers x1, x17;
+    returns how far x0 was moved."""
+    offset = 0
+    for index in probe_indexes:
+        if 8 * index > offset:
+            w.add_imm(X0, X0, 8 * index - offset)
+            offset = 8 * index
+        w.label(f"{tag}{index}")
+        w.ldxr(X1, X0)
+        w.add_imm(X1, X1, 1)
+        w.stxr(X17, X1, X0)
+        w.cbnz(X17, f"{tag}{index}", wide=False)
+    return offset
+
+
 def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
     # A window is the one instruction at its site, so it has one point, before it.
     (point,) = points
@@ -81,19 +101,11 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
     w.ldp(X1, X0, X0)
     w.sub_reg(X1, X1, X17)
     w.cbnz(X1, "slow")
-    offset = 0
-    for index in probe_indexes:
-        if 8 * index > offset:
-            w.add_imm(X0, X0, 8 * index - offset)
-            offset = 8 * index
-        w.label(f"retry{index}")
-        w.ldxr(X1, X0)
-        w.add_imm(X1, X1, 1)
-        w.stxr(X17, X1, X0)
-        w.cbnz(X17, f"retry{index}", wide=False)
+    w.label("owned")  # x0 = this thread's row, x16 = region
+    offset = _count(w, probe_indexes, "retry")
     if point.enters or point.leaves:
-        # latency: only on this fast path (the thread's own row); a thread's first
-        # hit, or one in the shared row, goes unmeasured
+        # latency: in the thread's own row (found by the hash or by slow_hit); a hit
+        # in the shared row goes unmeasured
         if offset:
             _sub_imm(w, X0, X0, offset)  # x0 = the row
         w.str_(LR, SP, FRAME_LR)
@@ -116,16 +128,15 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
     if falls_through:
         w.b(window.end)
 
+    # The hashed owner entry is not this thread's: slow_hit looks at the next ones
+    # (x16 = region, x17 = thread pointer; it clobbers x0, x1). Its own row counts
+    # and measures as on the fast path; the shared row only counts.
     w.label("slow")
     w.str_(LR, SP, FRAME_LR)
-    for index in probe_indexes:
-        # slow_hit clobbers x16, x17: set them again for the next one
-        _load_state(w, refs.state)
-        w.mrs_tpidr_el0(X17)
-        w.mov_imm(X0, 8 * index)
-        w.bl(refs.slow_hit)
+    w.bl(refs.slow_hit)
     w.ldr(LR, SP, FRAME_LR)
-    _load_state(w, refs.state)
+    w.cbz(X1, "owned")
+    _count(w, probe_indexes, "shared")
     w.b("counted")
 
     w.label("setup")
