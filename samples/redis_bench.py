@@ -14,7 +14,7 @@ with SIGTERM by its PID however the run ends):
 - urewrite: the rewritten copy under `urewrite stat` (counts from its report).
 Rounds are interleaved; the median RPS of each is shown, with the probe counts
 of both tools, which must agree. `urewrite bench --redis` runs the same code
-(urewrite.bench.redis_bench).
+(urewrite.bench.redis.redis_bench).
 """
 
 from __future__ import annotations

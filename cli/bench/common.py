@@ -1,0 +1,27 @@
+"""What every part of the bench shares: its error, its log line, and the clean
+environment and time limit of the programs it runs."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Dict, Optional
+
+from urewrite.errors import UrewriteError
+
+ENV_VAR = "UREWRITE_DIR"
+RUN_TIMEOUT = 900  # seconds, for any one run of a target
+
+
+class BenchError(UrewriteError):
+    """The bench could not run, or a count came out wrong: its figures cannot be trusted."""
+
+
+def log(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+def clean_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    env.update(extra or {})
+    return env

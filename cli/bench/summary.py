@@ -1,0 +1,95 @@
+"""What the measurements say, as JSON: rows with added ns and speed-ups, the machine
+they ran on, and which of the targets are met."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import time
+from typing import List, Optional
+
+from urewrite.bench.program import TRIGGERS
+from urewrite.bench.rows import KERNEL_KIND, Row
+
+
+def reference_name(row: Row, tool: str) -> Optional[str]:
+    """The row of `tool` (kernel or bpftrace) that a urewrite row is compared with."""
+    if row.tool != "urewrite":
+        return None
+    base = "uprobe-usdt" if row.trigger == "usdt" else f"{KERNEL_KIND[row.kind]}-{row.trigger}"
+    return base if tool == "kernel" else ("bpf usdt" if row.trigger == "usdt" else f"bpf {base}")
+
+
+def summarize(rows: List[Row]) -> List[dict]:
+    """Rows as JSON, with ns added over usermode and urewrite's speed-ups:
+    `speedup_vs_kernel` = the kernel row's ns per hit / this row's (a ratio of
+    throughputs); the same for `speedup_vs_bpf`."""
+    by_key = {(r.name, r.threads): r for r in rows}
+    out = []
+    for r in rows:
+        j = r.to_json()
+        floor = by_key.get((f"usermode-{r.trigger}", r.threads))
+        j["added_ns"] = (r.ns - floor.ns) if r.ns is not None and floor and floor.ns else None
+        for tool, key in (("kernel", "speedup_vs_kernel"), ("bpftrace", "speedup_vs_bpf")):
+            ref = by_key.get((reference_name(r, tool), r.threads))
+            j[key] = ref.ns / r.ns if ref and ref.ns and r.ns else None
+        out.append(j)
+    return out
+
+
+def machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")),
+                       cpu)
+    return {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release(),
+            "arch": platform.machine(), "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d %H:%M %Z"), "loadavg": loadavg()}
+
+
+def loadavg() -> Optional[List[float]]:
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/loadavg") as f:
+            return [float(x) for x in f.read().split()[:3]]
+    return None
+
+
+def targets(result: dict) -> List[dict]:
+    """The issue's targets, each with the figure it is judged on and whether it is met
+    (None when the figure is missing)."""
+    rows = {(r["name"], r["threads"]): r for r in result.get("trigger", {}).get("rows", [])}
+    out = []
+
+    def add(what: str, value, met, unit: str = "") -> None:
+        out.append({"target": what, "value": value, "unit": unit, "met": met})
+
+    for t in TRIGGERS:
+        for kind, ref in (("entry", "uprobe"), ("return", "uretprobe")):
+            r = rows.get((f"urewrite {kind}-{t}", 1))
+            if not r:
+                continue
+            s = r["speedup_vs_kernel"]
+            add(f"urewrite {kind}-{t} >= 50x kernel {ref}-{t}", s,
+                None if s is None else s >= 50, "x")
+            a = r["added_ns"]
+            add(f"urewrite {kind}-{t} within 3 ns of usermode-{t}", a,
+                None if a is None else a <= 3, "ns")
+    redis = result.get("redis")
+    if redis and not redis.get("skipped"):
+        ratio = redis.get("urewrite_rps_ratio")
+        add("redis RPS with urewrite probes >= 98% of no probe",
+            None if ratio is None else 100 * ratio, None if ratio is None else ratio >= 0.98, "%")
+    scaling = result.get("rewrite_scaling")
+    if scaling and not scaling.get("skipped"):
+        by_probes = {r["probes"]: r for r in scaling["rows"]}
+        one = by_probes.get(1)
+        if one:
+            add("rewrite with 1 probe under 0.5 s", one["seconds"], one["seconds"] < 0.5, "s")
+        big = [r for r in scaling["rows"] if r["probes"] >= 10000]
+        if big:
+            r = min(big, key=lambda r: r["probes"])
+            add(f"rewrite with {r['probes']} probes under 5 s", r["seconds"],
+                r["seconds"] < 5, "s")
+    return out
