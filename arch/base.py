@@ -153,6 +153,12 @@ class Backend(ABC):
 
     redirects_returns = False  # whether its trampolines can redirect a return address
 
+    @abstractmethod
+    def is_call_frame(self, frame) -> bool:
+        """Whether an unwind frame (rewriter.eh_frame.Frame) at a function's first
+        address is the one a call makes: else the code there is a part of another
+        function, split off by the compiler and entered by a jump."""
+
     def return_redirect_problem(self, code: bytes, address: int) -> Optional[str]:
         """Why the return address of the function whose code is `code` may not be
         redirected to a return stub (it reads it, say), or None. Backends without

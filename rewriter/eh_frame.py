@@ -1,7 +1,10 @@
-"""Reads the address ranges of the FDEs in .eh_frame: one per function with unwind info.
+"""Reads the FDEs of .eh_frame: each one's address range, and the frame at its start.
 
-Only what finding functions needs: each FDE's initial location and range, for
-which each CIE's pointer encoding ('R' in its augmentation) is read. Encodings
+Finding functions needs each FDE's initial location and range, for which each
+CIE's pointer encoding ('R' in its augmentation) is read. Return probes also
+need the frame at an FDE's first address (`entry_frames`): a function entered by
+a call starts with the frame the call made, while a part of a function split off
+by the compiler (a .cold part, named or not) starts inside its parent's frame. Encodings
 other than absolute and PC-relative (never seen in linked x86_64 or arm64 files)
 raise UnsupportedEncoding, so the caller can fall back to LIEF. Bytes that do
 not parse end the walk with what was read so far, as unwinders do.
@@ -10,6 +13,7 @@ not parse end the walk with what was read so far, as unwinders do.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from urewrite.rewriter.elf_file import ElfFile
@@ -39,11 +43,36 @@ def fde_ranges(elf: ElfFile) -> List[Tuple[int, int]]:
     return _Walker(data, sec.addr).fdes()
 
 
+@dataclass(frozen=True)
+class Frame:
+    """The unwind rule at an address: CFA = cfa_register + cfa_offset (DWARF register
+    numbers), and where the return address is: ("offset", n) = saved at CFA + n,
+    ("same",) = still in its register, as at a call on arm64."""
+    cfa_register: int
+    cfa_offset: int
+    return_address: Tuple
+
+
+def entry_frames(elf: ElfFile) -> Dict[int, Optional[Frame]]:
+    """FDE start address -> the frame at that address; None where the rules use
+    what this reader does not follow (expressions, remembered states)."""
+    sec = elf.section_named(".eh_frame")
+    if sec is None or sec.type == 8 or not sec.size:
+        return {}
+    data = elf.data[sec.offset:sec.offset + sec.size]
+    walker = _Walker(data, sec.addr, frames=True)
+    walker.fdes()
+    return walker.frames
+
+
 class _Walker:
-    def __init__(self, data: bytes, address: int):
+    def __init__(self, data: bytes, address: int, frames: bool = False):
         self.data = data
         self.address = address  # of data[0]
         self.cie_encodings: Dict[int, int] = {}
+        self.want_frames = frames
+        self.cies: Dict[int, _Cie] = {}  # with frames: what the rules need of each CIE
+        self.frames: Dict[int, Optional[Frame]] = {}
 
     def fdes(self) -> List[Tuple[int, int]]:
         out = []
@@ -77,10 +106,31 @@ class _Walker:
             return None
         if encoding == PCREL_SDATA4 and body + 12 <= end:  # what GCC and Clang emit: fast path
             start, size = _TWO_SDATA4.unpack_from(self.data, body + 4)
-            return (self.address + body + 4 + start) & 0xFFFFFFFFFFFFFFFF, size & 0xFFFFFFFFFFFFFFFF
-        start, at = self._pointer(body + 4, encoding, end)
-        size, _ = self._pointer(at, encoding & 0x0F, end)
+            start = (self.address + body + 4 + start) & 0xFFFFFFFFFFFFFFFF
+            size &= 0xFFFFFFFFFFFFFFFF
+            at = body + 12
+        else:
+            start, at = self._pointer(body + 4, encoding, end)
+            size, at = self._pointer(at, encoding & 0x0F, end)
+        if self.want_frames:
+            self.frames[start] = self._entry_frame(self.cies.get(body - cie_pointer), at, end)
         return start, size
+
+    def _entry_frame(self, cie: Optional["_Cie"], at: int, end: int) -> Optional[Frame]:
+        """The frame at an FDE's first address: the CIE's initial rules, then the FDE's
+        up to its first advance."""
+        if cie is None:
+            return None
+        try:
+            if cie.augmented:
+                length, at = self._leb(at, end, signed=False)
+                at += length
+            state = _Rules(cie)
+            if not state.run(self, cie.instructions, cie.end) or not state.run(self, at, end):
+                return None
+        except _Truncated:
+            return None
+        return state.frame()
 
     def _cie_encoding(self, cie: int) -> Optional[int]:
         """The FDE pointer encoding of the CIE at offset `cie`; None when it is no CIE."""
@@ -90,13 +140,13 @@ class _Walker:
         if 0 <= cie and cie + 8 <= len(self.data) and self._u32(cie) not in (0, 0xFFFFFFFF) \
                 and self._u32(cie + 4) == 0:
             try:
-                encoding = self._read_cie(cie + 8, cie + 4 + self._u32(cie))
+                encoding = self._read_cie(cie + 8, cie + 4 + self._u32(cie), cie)
             except _Truncated:
                 encoding = None
         self.cie_encodings[cie] = encoding
         return encoding
 
-    def _read_cie(self, at: int, end: int) -> int:
+    def _read_cie(self, at: int, end: int, offset: int = -1) -> int:
         version = self._byte(at, end)
         nul = self.data.find(b"\0", at + 1, end)
         if nul < 0:
@@ -106,14 +156,18 @@ class _Walker:
         if augmentation.startswith(b"eh"):  # an old GCC's eh_ptr word
             at += 8
         _, at = self._leb(at, end, signed=False)  # code alignment
-        _, at = self._leb(at, end, signed=True)  # data alignment
+        data_alignment, at = self._leb(at, end, signed=True)
         if version == 1:
-            at += 1  # return register, one byte
+            return_register, at = self._byte(at, end), at + 1
         else:
-            _, at = self._leb(at, end, signed=False)
+            return_register, at = self._leb(at, end, signed=False)
         if not augmentation.startswith(b"z"):
+            if self.want_frames:
+                self.cies[offset] = _Cie(data_alignment, return_register, False, at, end)
             return 0x00  # absolute pointers
-        _, at = self._leb(at, end, signed=False)  # augmentation data length
+        length, at = self._leb(at, end, signed=False)  # augmentation data length
+        if self.want_frames:
+            self.cies[offset] = _Cie(data_alignment, return_register, True, at + length, end)
         for letter in augmentation[1:]:
             if letter == ord("R"):
                 return self._byte(at, end)
@@ -177,3 +231,82 @@ class _Walker:
             return struct.unpack_from(fmt, self.data, at)[0]
         except struct.error:
             raise _Truncated from None
+
+
+@dataclass(frozen=True)
+class _Cie:
+    data_alignment: int
+    return_register: int
+    augmented: bool  # 'z': FDEs carry an augmentation data length
+    instructions: int  # offset of its initial instructions
+    end: int
+
+
+class _Rules:
+    """Call frame instructions run up to the first advance of the location."""
+
+    def __init__(self, cie: _Cie):
+        self.cie = cie
+        self.cfa: Optional[Tuple[int, int]] = None
+        self.registers: Dict[int, Tuple] = {}
+
+    def frame(self) -> Optional[Frame]:
+        if self.cfa is None:
+            return None
+        rule = self.registers.get(self.cie.return_register, ("same",))
+        return Frame(self.cfa[0], self.cfa[1], rule)
+
+    def run(self, walker: "_Walker", at: int, end: int) -> bool:
+        """False at an instruction this reader does not follow."""
+        align = self.cie.data_alignment
+        uleb = lambda: walker._leb(at, end, signed=False)  # noqa: E731
+        sleb = lambda: walker._leb(at, end, signed=True)  # noqa: E731
+        while at < end:
+            op = walker._byte(at, end)
+            at += 1
+            high, low = op & 0xC0, op & 0x3F
+            if high == 0x40 or op in (0x01, 0x02, 0x03, 0x04):  # advance_loc*, set_loc
+                return True
+            if high == 0x80:  # offset
+                n, at = uleb()
+                self.registers[low] = ("offset", n * align)
+            elif high == 0xC0 or op == 0x06:  # restore, restore_extended
+                if op == 0x06:
+                    low, at = uleb()
+                self.registers.pop(low, None)  # (only seen after an advance)
+            elif op == 0x00:  # nop
+                pass
+            elif op in (0x05, 0x11, 0x2F):  # offset_extended(_sf), GNU negative offset
+                reg, at = uleb()
+                n, at = sleb() if op == 0x11 else uleb()
+                self.registers[reg] = ("offset", -n * align if op == 0x2F else n * align)
+            elif op in (0x07, 0x08):  # undefined, same_value
+                reg, at = uleb()
+                self.registers[reg] = ("undefined",) if op == 0x07 else ("same",)
+            elif op == 0x09:  # register
+                reg, at = uleb()
+                other, at = uleb()
+                self.registers[reg] = ("register", other)
+            elif op in (0x0C, 0x12):  # def_cfa(_sf)
+                reg, at = uleb()
+                n, at = uleb() if op == 0x0C else sleb()
+                self.cfa = (reg, n if op == 0x0C else n * align)
+            elif op == 0x0D:  # def_cfa_register
+                reg, at = uleb()
+                if self.cfa is None:
+                    return False
+                self.cfa = (reg, self.cfa[1])
+            elif op in (0x0E, 0x13):  # def_cfa_offset(_sf)
+                n, at = uleb() if op == 0x0E else sleb()
+                if self.cfa is None:
+                    return False
+                self.cfa = (self.cfa[0], n if op == 0x0E else n * align)
+            elif op in (0x14, 0x15):  # val_offset(_sf)
+                reg, at = uleb()
+                n, at = uleb() if op == 0x14 else sleb()
+                self.registers[reg] = ("value", n * align)
+            elif op == 0x2E:  # GNU_args_size
+                _, at = uleb()
+            else:  # expressions, remember/restore state, vendor ops
+                return False
+        return True

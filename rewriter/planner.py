@@ -84,7 +84,8 @@ class Planner:
         self.siteless: List[Site] = []  # return probes of functions without an exit
         self._shadow_stack = elf.shadow_stack
         self._redirect_file_problem: Optional[str] = None  # computed when first needed
-        self._fde_starts: Optional[frozenset] = None
+        self._frames: Optional[dict] = None  # FDE start -> frame there, when first needed
+        self._fragments: Optional[Dict[int, Function]] = None
         self.redirected_because: Dict[int, str] = {}  # function -> why its exits are not patched
         self._cold_parts: Dict[str, List[Function]] = {}  # "f" -> f.cold, f.cold.1, ...
         for f in functions:
@@ -177,16 +178,49 @@ class Planner:
     def _redirect_problem(self, fn: Function) -> Optional[str]:
         if self._redirect_file_problem is None:
             self._redirect_file_problem = redirection.file_problem(self.elf, self.backend) or ""
-            self._fde_starts = redirection.fde_starts(self.elf)
         return self._redirect_file_problem or redirection.function_problem(
-            self.elf, self.backend, fn, self._fde_starts)
+            self.elf, self.backend, fn, self.entry_frames())
+
+    def entry_frames(self) -> Optional[dict]:
+        if self._frames is None:
+            self._frames = redirection.entry_frames(self.elf) or {}
+        return self._frames
+
+    def fragments(self) -> Dict[int, Function]:
+        """Functions whose FDE starts inside another function's frame: parts split off
+        by the compiler (.cold parts, named or not), entered by a jump."""
+        if self._fragments is None:
+            frames = self.entry_frames()
+            self._fragments = {}
+            for f in self.functions:
+                frame = frames.get(f.address)
+                # (an undefined return address marks an outermost frame: _start)
+                if frame is not None and frame.return_address != ("undefined",) \
+                        and not self.backend.is_call_frame(frame):
+                    self._fragments[f.address] = f
+        return self._fragments
+
+    def _parts(self, fn: Function) -> List[Function]:
+        """The function and the parts split off from it: its .cold parts by name, and
+        every fragment its parts branch to directly."""
+        parts = [fn] + self._cold_parts.get(fn.name, [])
+        fragments = self.fragments()
+        for part in parts:  # grows while we walk it
+            for target in self.branch_targets(part):
+                fragment = fragments.get(target)
+                if fragment is not None and fragment not in parts:
+                    parts.append(fragment)
+        return parts
 
     def _exit_sites(self, site: Site) -> List[Site]:
         """One site per instruction that leaves the function for good."""
         fn = site.function
         if not fn.size:
             raise _Refused("its size is unknown (no symbol size and no .eh_frame entry)")
-        parts = [fn] + self._cold_parts.get(fn.name, [])
+        if fn.address in self.fragments() or ".cold" in fn.name:
+            raise _Refused("it is a part of another function, split off by the compiler "
+                           "and entered by a jump: its exits return for that function")
+        parts = self._parts(fn)
 
         def inside(address: int) -> bool:
             return any(p.address <= address < p.end for p in parts)

@@ -13,9 +13,11 @@ uses the return address, so redirection is refused:
   .cold part (entered by a jump from its function);
 - in a function that may return twice (setjmp, vfork, getcontext): the second
   return would find no redirected address;
-- in a function that no .eh_frame entry starts at: only a function with its own
-  FDE is known to be entered by a call (a symbol inside another function, or
-  hand-written code without CFI, may be reached with anything at [rsp]);
+- in a function whose .eh_frame entry does not show, at its first address, the
+  frame a call makes: a symbol inside another function, hand-written code without
+  CFI, or a part split off by the compiler (a .cold part, with its own FDE but
+  entered by a jump inside its parent's frame) may be reached with anything on top
+  of the stack;
 - in a function that reads its return address, and on an instruction set without
   redirection (the backend says).
 """
@@ -61,24 +63,31 @@ def file_problem(elf: ElfFile, backend: Backend) -> Optional[str]:
     return None
 
 
-def fde_starts(elf: ElfFile) -> Optional[frozenset]:
-    """Addresses where an .eh_frame entry starts; None when .eh_frame cannot be read."""
+def entry_frames(elf: ElfFile) -> Optional[dict]:
+    """FDE start -> its frame there (eh_frame.entry_frames); None when .eh_frame
+    cannot be read."""
     try:
-        return frozenset(start for start, _ in eh_frame.fde_ranges(elf))
+        return eh_frame.entry_frames(elf)
     except eh_frame.UnsupportedEncoding:
         return None
 
 
 def function_problem(elf: ElfFile, backend: Backend, fn: Function,
-                     fdes: Optional[frozenset]) -> Optional[str]:
-    """Why this function's return address may not be redirected, or None. `fdes`:
-    fde_starts(elf)."""
-    if fdes is None:
-        return "the file's .eh_frame cannot be read, to show it is entered by a call"
-    if fn.address not in fdes:
-        return "no .eh_frame entry starts at it, to show it is entered by a call"
+                     frames: Optional[dict]) -> Optional[str]:
+    """Why this function's return address may not be redirected, or None. `frames`:
+    entry_frames(elf)."""
     if elf.is_executable and fn.address == elf.entry:
         return "it is the entry point, entered with no return address"
+    if frames is None:
+        return "the file's .eh_frame cannot be read, to show it is entered by a call"
+    if fn.address not in frames:
+        return "no .eh_frame entry starts at it, to show it is entered by a call"
+    if frames[fn.address] is None:
+        return "its unwind rules at its start are beyond this reader, to show it is " \
+               "entered by a call"
+    if not backend.is_call_frame(frames[fn.address]):
+        return ("it starts inside another function's frame (a part split off by the "
+                "compiler, entered by a jump): there is no return address on top")
     if ".cold" in fn.name:
         return "it is a part of another function, entered by a jump"
     twice = next((name for name in fn.names if name in _RETURNS_TWICE), None)

@@ -89,6 +89,47 @@ def test_fde_ranges_match_readelf(built):
         assert fdes == _readelf_fdes(path), path
 
 
+def _readelf_entry_frames(path: Path) -> dict:
+    """FDE start -> (CFA text, return-address text) of readelf's first row for it."""
+    text = subprocess.run(["readelf", "--debug-dump=frames-interp", str(path)],
+                          capture_output=True, text=True).stdout
+    section, out, lines = None, {}, text.splitlines()
+    for k, line in enumerate(lines):
+        if line.startswith("Contents of the "):
+            section = line.split()[3]
+        m = re.search(r"FDE cie=\S+ pc=([0-9a-f]+)\.\.", line)
+        if m and section == ".eh_frame" and k + 2 < len(lines):
+            columns, row = lines[k + 1].split(), lines[k + 2].split()
+            if row and row[0] == m[1] and "ra" in columns:
+                out[int(m[1], 16)] = (row[1], row[columns.index("ra")])
+    return out
+
+
+def _as_readelf(frame, names) -> tuple:
+    """Our Frame in readelf's words (`u`: no rule or undefined; `c-8`: saved at CFA-8)."""
+    cfa = f"{names[frame.cfa_register]}{frame.cfa_offset:+d}"
+    kind = frame.return_address[0]
+    ra = "u" if kind in ("same", "undefined") else f"c{frame.return_address[1]:+d}"
+    return cfa, ra
+
+
+def test_entry_frames_match_readelf(built):
+    """The frame at each FDE's first address, as readelf's interpreter sees it: what
+    tells a function entered by a call from a part split off into another's frame."""
+    names = {7: "rsp", 6: "rbp", 31: "sp", 29: "x29"}
+    checked = 0
+    for path in _files(built):
+        ours = eh_frame.entry_frames(ElfFile.open(str(path)))
+        theirs = _readelf_entry_frames(path)
+        assert theirs, path
+        for start, row in theirs.items():
+            if ours.get(start) is not None and ours[start].cfa_register in names:
+                assert _as_readelf(ours[start], names) == row, (path, hex(start))
+                checked += 1
+        assert sum(f is not None for f in ours.values()) >= 0.99 * len(theirs), path
+    assert checked > 1000
+
+
 def test_symbols_match_lief(built):
     lief = pytest.importorskip("lief")
     lief.logging.disable()

@@ -23,7 +23,7 @@ REDIRECTED = {
     "-O0 -static": set(FUNCTIONS),
     "-O2": {"via"},
 }
-CASES = ["recursion", "threads", "longjmp", "dive", "signal", "tail", "fork", "die"]
+CASES = ["recursion", "threads", "longjmp", "dive", "signal", "tail", "chain", "fork", "die"]
 
 pytestmark = pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc")
 
@@ -337,10 +337,10 @@ def test_functions_that_must_keep_their_return_address(tmp_path, flags):
     a = analyse(str(plain))
     by_name = {name: fn for fn in a.functions for name in fn.names}
 
-    fdes = redirection.fde_starts(a.elf)
+    frames = redirection.entry_frames(a.elf)
 
     def problem(name):
-        return redirection.function_problem(a.elf, a.planner.backend, by_name[name], fdes)
+        return redirection.function_problem(a.elf, a.planner.backend, by_name[name], frames)
     assert "reads its return address" in problem("whence")
     assert "entry point" in problem("_start")
     assert problem("main") is None

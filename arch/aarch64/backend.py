@@ -70,6 +70,11 @@ class AArch64Backend(Backend):
     def return_value(self) -> list:
         return arguments.abi_return()
 
+    def is_call_frame(self, frame) -> bool:
+        # CFA = sp, the return address still in x30: what `bl` leaves (DWARF sp = 31)
+        return (frame.cfa_register, frame.cfa_offset, frame.return_address) == \
+            (31, 0, ("same",))
+
     def is_padding(self, insn: Insn) -> bool:
         return int.from_bytes(insn.raw, "little") in _PADDING
 

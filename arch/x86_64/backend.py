@@ -87,6 +87,11 @@ class X86_64Backend(Backend):
             return False, f"the conditional jump at {insn.address:#x} leaves it"
         return False, None
 
+    def is_call_frame(self, frame) -> bool:
+        # CFA = rsp + 8, the return address at CFA - 8: what `call` leaves (DWARF rsp = 7)
+        return (frame.cfa_register, frame.cfa_offset, frame.return_address) == \
+            (7, 8, ("offset", -8))
+
     def return_redirect_problem(self, code: bytes, address: int) -> Optional[str]:
         return return_address.problem(code, address)
 
