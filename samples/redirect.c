@@ -5,7 +5,8 @@
  * tail call and `die` by a jump table, which no exit patch can follow either.
  * Each case prints how many times its functions returned, for a test to compare.
  *
- *   redirect CASE    CASE: recursion | threads | longjmp | dive | signal | tail | fork | die */
+ *   redirect CASE    CASE: recursion | threads | longjmp | dive | signal | tail | chain |
+ *                          fork | die */
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -69,6 +70,9 @@ __attribute__((noipa)) int twice(int x) {
 }
 /* at -O2: jmp *%rax, an indirect tail call: twice returns for both */
 __attribute__((noipa)) int via(int (*f)(int), int x) { return f(x); }
+/* via -> via_twice -> via -> twice, all tail calls at -O2: the second via finds
+ * its own stub where its return address is, and still returns once */
+__attribute__((noipa)) int via_twice(int x) { return via(twice, x); }
 
 __attribute__((noipa)) int forker(int x) {
     if (x < 0)
@@ -145,6 +149,11 @@ int main(int argc, char **argv) {
         for (int i = 0; i < 30; i++)
             s += via(twice, i);
         printf("result %ld\nreturns via %d\nreturns twice %d\n", s, 30, 30);
+    } else if (!strcmp(c, "chain")) {
+        long s = 0;
+        for (int i = 0; i < 20; i++)
+            s += via(via_twice, i);
+        printf("result %ld\nreturns via %d\nreturns twice %d\n", s, 40, 20);
     } else if (!strcmp(c, "fork")) {
         int in_child = forker(1);
         printf("%s returned\n", in_child ? "child" : "parent");

@@ -927,11 +927,12 @@ sf_done:
 # A function whose return address is redirected was entered (from its trampoline's
 # armed path): rcx = the slot its return address is in, rsi = its return stub.
 # Keeps the return address on this thread's shadow stack and puts the stub in its
-# place. Preserves every register but rax, rcx, rdx, rsi (the trampoline saved
+# place. When the slot holds its own stub already (it was tail-called by itself,
+# or by a function it tail-called), the entry keeps the stub: the stub then runs
+# once per entry, a return counted for each call, as exit-site patching counts
+# the tail-call jump and the final `ret`. Preserves every register but rax, rcx, rdx, rsi (the trampoline saved
 # them) and flags (none at a function entry).
 shadow_push:
-    cmp qword ptr [rcx], rsi
-    je sp_ret                              # already its stub: it tail-called itself
 {SAVE_PUSH}
     mov rdx, rcx
     mov r12, rsi
@@ -958,7 +959,6 @@ sp_missed:                                 # not redirected: this return is not 
     lock inc qword ptr [rax + {OFF_RETURNS_MISSED}]
 sp_done:
 {RESTORE_PUSH}
-sp_ret:
     ret
 
 # A redirected function returned into its stub, which calls us with rsp + 8 = the
