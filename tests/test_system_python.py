@@ -1,0 +1,72 @@
+"""Every function of the system's python3 binary probed at entry and return: it must
+run as the original, and every function must return as many times as it was entered.
+
+Debian's python3.11 is stripped and split by its compiler: some 3,000 of its 10,221
+FDEs are parts running inside another function's frame. Probing it whole is how
+the planner learnt to follow such parts and never redirect a return address there."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+PYTHON = "/usr/bin/python3.11"
+pytestmark = pytest.mark.skipif(not os.path.exists(PYTHON), reason="needs Debian's python3.11")
+
+WORK = textwrap.dedent("""\
+    import asyncio, collections, decimal, json, re, sqlite3, threading
+    def job(n):
+        return sum(len(json.dumps(list(range(i)))) for i in range(n))
+    out = []
+    ts = [threading.Thread(target=lambda k=k: out.append(job(60 + k))) for k in range(4)]
+    [t.start() for t in ts]; [t.join() for t in ts]
+    print(sorted(out))
+    print(re.sub(r"(\\d+)", lambda m: str(int(m.group(1)) * 2), "a1 b22 c333"))
+    print(decimal.Decimal(1) / decimal.Decimal(7))
+    db = sqlite3.connect(":memory:"); db.execute("create table t(x)")
+    db.executemany("insert into t values (?)", [(i,) for i in range(500)])
+    print(db.execute("select sum(x) from t").fetchone())
+    try:
+        {}["missing"]
+    except KeyError as e:
+        print("caught", e)
+    def rec(n): return 0 if n == 0 else 1 + rec(n - 1)
+    print(rec(500), collections.Counter("abracadabra").most_common(2))
+    async def main(): return sum([await asyncio.sleep(0, i) for i in range(100)])
+    print(asyncio.run(main()))
+    """)
+
+
+def urewrite(*args):
+    return subprocess.run([sys.executable, "-m", "urewrite", *map(str, args)],
+                          capture_output=True, text=True)
+
+
+def test_every_function_returns_as_often_as_it_is_entered(tmp_path):
+    script = tmp_path / "work.py"
+    script.write_text(WORK)
+    probed = tmp_path / "python3.probed"
+    out = urewrite(PYTHON, "-p", "*", "-r", "*", "-q", "-o", probed)
+    assert out.returncode == 0, out.stderr
+    listed = json.loads(urewrite("list", "--json", PYTHON).stdout)["functions"]
+    mechanisms = {f["return"]["mechanism"] for f in listed if f["return"]}
+    assert {"exit sites", "redirection"} <= mechanisms
+
+    original = subprocess.run([PYTHON, script], capture_output=True, text=True)
+    assert original.returncode == 0, original.stderr
+    disarmed = subprocess.run([probed, script], capture_output=True, text=True)
+    assert (disarmed.returncode, disarmed.stdout) == (0, original.stdout)
+    run = urewrite("stat", "--json", "--", probed, script)
+    start = run.stdout.index('{\n  "exit_code"')
+    assert run.stdout[:start] == original.stdout
+    assert "missed" not in run.stderr
+    entries, returns = {}, {}
+    for p in json.loads(run.stdout[start:])["probes"]:
+        (entries if p["kind"] == "entry" else returns)[p["name"]] = p["hits"]
+    assert sum(returns.values()) > 100_000
+    unequal = {name: (entries[name], hits) for name, hits in returns.items()
+               if name in entries and entries[name] != hits}
+    assert unequal == {"_start": (1, 0)}  # the one frame that never returns
