@@ -138,6 +138,18 @@ class Backend(ABC):
         """The target of a direct branch or call, else None."""
 
     @abstractmethod
+    def code_references(self, code: bytes, base: int) -> Iterable:
+        """(source, target) of every direct branch and PC-relative address computation
+        that code may hold, found by a scan of all its bytes (not only instruction
+        starts): may report pairs no real instruction makes, never misses a far one.
+        x86_64's byte scan sees rel32 forms only; rel8 ones are decoded by the planner."""
+
+    @abstractmethod
+    def names_address(self, insn: Insn, target: int) -> bool:
+        """Whether a decoded instruction branches to `target` or computes it PC-relatively:
+        tells a real reference of code_references from a chance match of bytes."""
+
+    @abstractmethod
     def code_addresses_in(self, code: bytes, base: int, wanted: Set[int]) -> Iterable:
         """Addresses in `wanted` that code may branch to or take the address of.
 

@@ -86,6 +86,7 @@ class Planner:
         self._redirect_file_problem: Optional[str] = None  # computed when first needed
         self._frames: Optional[dict] = None  # FDE start -> frame there, when first needed
         self._fragments: Optional[Dict[int, Function]] = None
+        self._references: Optional[Dict[int, List[int]]] = None  # when first needed
         self.redirected_because: Dict[int, str] = {}  # function -> why its exits are not patched
         self._cold_parts: Dict[str, List[Function]] = {}  # "f" -> f.cold, f.cold.1, ...
         for f in functions:
@@ -233,9 +234,54 @@ class Planner:
                     raise _Refused(f"a return probe cannot see every exit: {problem}")
                 if leaves:
                     exits.append(replace(site, address=insn.address))
+        shared = self._branch_from_outside(fn, parts, inside)
+        if shared:
+            raise _Refused("other code branches into it (at {:#x}, from {:#x}): its exits "
+                           "are not only its own".format(*shared))
         if not exits:  # it never returns: its probe exists, with no site to patch
             self.siteless.append(site)
         return exits
+
+    def _branch_from_outside(self, fn: Function, parts: List[Function], inside):
+        """(target, source) of a branch from code outside the function's parts to an
+        instruction inside them other than its entry (code shared by two functions,
+        as glibc's string functions do), or None."""
+        interior = {i.address for part in parts for i in self.instructions(part)}
+        interior.discard(fn.address)
+        references = self._code_references()
+        for target in sorted(interior & references.keys()):
+            for source in references[target]:
+                if not inside(source) and self._really_names(source, target):
+                    return target, source
+        for part in parts:  # short branches, which the byte scan does not see
+            for near in self._near_functions(Window(part.address, part.size, ())):
+                if inside(near.address):
+                    continue
+                for target, source in self.branch_targets(near).items():
+                    if target in interior and not inside(source):
+                        return target, source
+        return None
+
+    def _really_names(self, source: int, target: int) -> bool:
+        """Whether the instruction holding `source` names `target`: the byte scan also
+        matches inside other instructions. Code in no known function counts as real."""
+        k = bisect.bisect_right(self._starts, source) - 1
+        holders = [f for f in self.functions[max(0, k - 2):k + 1] if f.address <= source < f.end]
+        if not holders:
+            return True
+        insns = self.instructions(holders[-1])
+        i = bisect.bisect_right([insn.address for insn in insns], source) - 1
+        return i >= 0 and source < insns[i].end and self.backend.names_address(insns[i], target)
+
+    def _code_references(self) -> Dict[int, List[int]]:
+        """target -> sources of every far branch and address computation in the code."""
+        if self._references is None:
+            self._references = {}
+            for section in self.elf.executable_sections():
+                code = self.elf.data[section.offset:section.offset + section.size]
+                for source, target in self.backend.code_references(code, section.addr):
+                    self._references.setdefault(target, []).append(source)
+        return self._references
 
     def _plan_sites(self, sites: List[Site]) -> List[Outcome]:
         by_address: Dict[int, List[Site]] = {}

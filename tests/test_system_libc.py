@@ -47,8 +47,8 @@ def probed_libc(tmp_path_factory):
     work = tmp_path_factory.mktemp("libc")
     libdir = work / "lib"
     libdir.mkdir()
-    out = subprocess.run([sys.executable, "-m", "urewrite", LIBC, "-p", "*", "-o",
-                          str(libdir / "libc.so.6"), "--json"],
+    out = subprocess.run([sys.executable, "-m", "urewrite", LIBC, "-p", "*", "-r", "*",
+                          "--keep-going", "-o", str(libdir / "libc.so.6"), "--json"],
                          capture_output=True, text=True, check=True)
     source = work / "atoi.c"
     source.write_text(ATOI)
@@ -81,7 +81,8 @@ def test_counts_in_a_fully_probed_libc(probed_libc):
     assert out.stdout.startswith("1750 10\n")
     import json
     report = json.loads(out.stdout.split("\n", 1)[1])
-    hits = {p["name"]: p["hits"] for p in report["probes"] if p["object"] == "libc.so.6"}
+    hits = {p["name"]: p["hits"] for p in report["probes"]
+            if p["object"] == "libc.so.6" and p["kind"] == "entry"}
     assert hits["strtol"] == 251  # gcc turns atoi(s) into strtol(s, 0, 10)
     assert hits.get("raise", hits.get("gsignal")) == 1  # one function, two names
 
@@ -91,3 +92,49 @@ def test_signal_return_trampoline_is_refused(probed_libc):
     refused = json.loads(probed_libc[2])["refused"]
     # the FDE of __restore_rt starts one byte early; the kernel returns into it
     assert any("inside the displaced bytes" in r["reason"] for r in refused)
+
+
+# Functions that do not return once per call: they never return, or return twice
+# (fork: in the parent and in the child). Unnamed ones (fn_<address>: static
+# functions of a stripped libc, such as the exit handlers and thread start) may
+# never return either.
+NEVER_RETURN = {"exit", "_exit", "_Exit", "__libc_start_main", "execve", "abort", "__pthread_exit",
+                "pthread_exit", "__libc_start_call_main", "__run_exit_handlers"}
+RETURN_TWICE = {"fork", "__libc_fork", "_Fork", "vfork", "__vfork"}
+
+
+def test_every_libc_function_returns_as_often_as_it_is_entered(probed_libc):
+    """Return probes on every function of libc (each exit patched, its split-off
+    parts followed): every process of the script, each function's returns."""
+    import json
+    work, libdir, _ = probed_libc
+    script = work / "returns.sh"  # the script without its ending, which kills the shell
+    script.write_text((work / "script.sh").read_text().replace("kill -TERM $$ &\nwait\n", ""))
+    out = subprocess.run([sys.executable, "-m", "urewrite", "stat", "--json", "--",
+                          "bash", str(script)], capture_output=True, text=True,
+                         env=dict(os.environ, LD_LIBRARY_PATH=str(libdir)))
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout[out.stdout.index('{\n  "exit_code"'):])
+    assert report["processes"] >= 8
+    counts, kinds = {}, {}  # (some functions are refused one of their probes)
+    for p in report["probes"]:
+        if p["object"] == "libc.so.6":
+            pair = counts.setdefault(p["name"], [0, 0])
+            pair[p["kind"] == "return"] += p["hits"]
+            kinds.setdefault(p["name"], set()).add(p["kind"])
+    counts = {name: pair for name, pair in counts.items() if len(kinds[name]) == 2}
+    assert sum(r for _, r in counts.values()) > 100_000
+    common = [n for n in ("malloc", "__libc_malloc", "free", "__libc_free", "strtol",
+                          "__libc_read", "read", "__libc_write", "write") if n in counts]
+    assert len(common) >= 4, sorted(counts)[:50]
+    for name in common:
+        entries, returns = counts[name]
+        assert entries == returns > 0, name
+    for name, (entries, returns) in counts.items():
+        if entries == returns:
+            continue
+        if name in RETURN_TWICE:
+            assert returns <= 2 * entries, name
+        else:
+            assert returns < entries, name
+            assert name in NEVER_RETURN or name.startswith("fn_"), (name, entries, returns)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from typing import Iterable, Optional, Set
 
 import capstone
@@ -48,6 +49,17 @@ class AArch64Backend(Backend):
             target = insn.op_str.rsplit("#", 1)[-1]
             return int(target, 16) if target.startswith("0x") else None
         return None
+
+    def code_references(self, code: bytes, base: int) -> Iterable:
+        words = array("I", code[:len(code) // 4 * 4])
+        for k, word in enumerate(words):
+            offset = _pc_relative_offset(word)
+            if offset is not None:
+                yield base + 4 * k, base + 4 * k + offset
+
+    def names_address(self, insn: Insn, target: int) -> bool:
+        offset = _pc_relative_offset(int.from_bytes(insn.raw, "little"))
+        return offset is not None and insn.address + offset == target
 
     def code_addresses_in(self, code: bytes, base: int, wanted: Set[int]) -> Iterable:
         # A window is one aligned instruction: its interior holds no instruction
@@ -102,3 +114,20 @@ class AArch64Backend(Backend):
 
     def runtime(self, spec: RuntimeSpec) -> Runtime:
         return runtime.build(spec)
+
+
+def _signed(value: int, bits: int) -> int:
+    return value - (1 << bits) if value >> (bits - 1) else value
+
+
+def _pc_relative_offset(word: int) -> Optional[int]:
+    """The offset a B, BL, B.cond, CBZ/CBNZ, TBZ/TBNZ or ADR word adds to its address."""
+    if word & 0x7C000000 == 0x14000000:  # b, bl
+        return 4 * _signed(word & 0x3FFFFFF, 26)
+    if word & 0xFF000010 == 0x54000000 or word & 0x7E000000 == 0x34000000:  # b.cond, cbz
+        return 4 * _signed(word >> 5 & 0x7FFFF, 19)
+    if word & 0x7E000000 == 0x36000000:  # tbz, tbnz
+        return 4 * _signed(word >> 5 & 0x3FFF, 14)
+    if word & 0x9F000000 == 0x10000000:  # adr
+        return _signed((word >> 5 & 0x7FFFF) << 2 | word >> 29 & 3, 21)
+    return None

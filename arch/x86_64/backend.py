@@ -56,6 +56,20 @@ class X86_64Backend(Backend):
             return int(insn.op_str, 16)
         return None
 
+    def code_references(self, code: bytes, base: int) -> Iterable:
+        for m in _REL32_ADDRESS.finditer(code):
+            field = m.end()
+            if field + 4 > len(code):
+                break
+            yield base + m.start(), base + field + 4 + struct.unpack_from("<i", code, field)[0]
+
+    def names_address(self, insn: Insn, target: int) -> bool:
+        if self.direct_branch_target(insn) == target:
+            return True
+        # lea reg, [rip + disp32]: the displacement is its last field
+        return insn.mnemonic == "lea" and "rip" in insn.op_str and \
+            insn.end + int.from_bytes(insn.raw[-4:], "little", signed=True) == target
+
     def code_addresses_in(self, code: bytes, base: int, wanted: Set[int]) -> Iterable:
         """Addresses in `wanted` that a call/jmp/jcc rel32 or a RIP-relative lea may name.
 
