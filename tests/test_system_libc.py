@@ -138,3 +138,71 @@ def test_every_libc_function_returns_as_often_as_it_is_entered(probed_libc):
         else:
             assert returns < entries, name
             assert name in NEVER_RETURN or name.startswith("fn_"), (name, entries, returns)
+
+
+ARM64_LIBC = "/usr/aarch64-linux-gnu/lib/libc.so.6"
+ARM64_PROGRAM = textwrap.dedent("""\
+    #include <pthread.h>
+    #include <stdio.h>
+    #include <stdlib.h>
+    #include <string.h>
+    static void *work(void *arg) {
+        char *p = malloc(100);
+        snprintf(p, 100, "t%ld", (long)arg);
+        long n = strlen(p);
+        free(p);
+        return (void *)n;
+    }
+    int main(void) {
+        pthread_t t[4];
+        long s = 0;
+        for (long i = 0; i < 4; i++)
+            pthread_create(&t[i], 0, work, (void *)i);
+        for (int i = 0; i < 4; i++) {
+            void *r;
+            pthread_join(t[i], &r);
+            s += (long)r;
+        }
+        char buf[256];
+        for (int i = 0; i < 1000; i++) {
+            snprintf(buf, sizeof buf, "%d-%s", i, "abc");
+            s += strlen(buf);
+        }
+        printf("%ld %.3f\\n", s, atof("3.25") * 2);
+        return 0;
+    }
+    """)
+
+
+@pytest.mark.skipif(not os.path.exists(ARM64_LIBC) or not shutil.which("qemu-aarch64")
+                    or not shutil.which("aarch64-linux-gnu-gcc"),
+                    reason="needs Debian's arm64 libc.so.6, its cross gcc and qemu-aarch64")
+def test_arm64_libc_probed_at_every_entry_and_return(tmp_path):
+    import json
+    libdir = tmp_path / "lib"
+    libdir.mkdir()
+    out = subprocess.run([sys.executable, "-m", "urewrite", ARM64_LIBC, "-p", "*", "-r", "*",
+                          "--keep-going", "-q", "-o", str(libdir / "libc.so.6")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    (tmp_path / "work.c").write_text(ARM64_PROGRAM)
+    program = tmp_path / "work"
+    subprocess.run(["aarch64-linux-gnu-gcc", "-O2", "-pthread", str(tmp_path / "work.c"),
+                    "-o", str(program)], check=True)
+    qemu = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"]
+    plain = subprocess.run([*qemu, program], capture_output=True, text=True)
+    assert plain.returncode == 0 and plain.stdout == "6898 6.500\n"
+    run = subprocess.run([sys.executable, "-m", "urewrite", "stat", "--json", "--", *qemu,
+                          "-E", f"LD_LIBRARY_PATH={libdir}", program],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith(plain.stdout)
+    counts, kinds = {}, {}
+    for p in json.loads(run.stdout[len(plain.stdout):])["probes"]:
+        pair = counts.setdefault(p["name"], [0, 0])
+        pair[p["kind"] == "return"] += p["hits"]
+        kinds.setdefault(p["name"], set()).add(p["kind"])
+    both = {name: pair for name, pair in counts.items() if len(kinds[name]) == 2}
+    assert sum(r for _, r in both.values()) > 5000
+    assert {name: pair for name, pair in both.items() if pair[0] != pair[1]} == \
+        {"exit": [1, 0], "_exit": [1, 0]}
