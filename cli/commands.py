@@ -204,6 +204,7 @@ def list_command(input_file, as_json, patchable):
         ret = r["return"]
         returns = (f"redirects its return address ({ret['reason']})"
                    if ret["mechanism"] == "redirection" else
+                   "never returns: reports 0" if ret["mechanism"] and not ret["exits"] else
                    f"patches {ret['exits']} exit{'s' if ret['exits'] != 1 else ''}"
                    if ret["mechanism"] else f"no: {ret['reason']}")
         click.echo(f"{r['address']:#018x} {r['size']:>6}  {r['name']:<{width}}  {_status(r)}; "

@@ -134,6 +134,8 @@ def test_a_function_that_never_returns_reports_no_return(tmp_path):
     subprocess.run(["gcc", "-O2", os.path.join(SAMPLES, "noreturn.c"), "-o", plain], check=True)
     out = urewrite(plain, "-r", "die", "-p", "die", "-o", tmp_path / "out")
     assert out.returncode == 0, out.stderr
+    listed = urewrite("list", plain).stdout
+    assert re.search(r" die +ok.*; return: never returns: reports 0$", listed, re.M), listed
     for args, code, output in (([], 0, "alive\n"), (["x"], 4, "dying 4\n")):
         original = subprocess.run([plain, *args], capture_output=True, text=True)
         assert (original.returncode, original.stdout) == (code, output)
