@@ -333,15 +333,21 @@ def _prepare(v: Variant, root: Path) -> Prepared:
     return p
 
 
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory) -> Dict[str, Prepared]:
+def prepare_all(tmp_path_factory, name: str, variants, prepare) -> dict:
+    """prepare(variant, folder) for every variant, in parallel (each mostly waits for
+    gcc and qemu); the results by variant id. Skips without AArch64 libraries."""
     if not SYSROOT:
         pytest.skip("cannot find the AArch64 libraries for qemu -L (set QEMU_LD_PREFIX)")
-    root = tmp_path_factory.mktemp("aarch64")
+    root = tmp_path_factory.mktemp(name)
     workers = max(2, os.cpu_count() or 2)
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        done = list(pool.map(lambda v: _prepare(v, root), VARIANTS))
+        done = list(pool.map(lambda v: prepare(v, root), variants))
     return {p.variant.id: p for p in done}
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> Dict[str, Prepared]:
+    return prepare_all(tmp_path_factory, "aarch64", VARIANTS, _prepare)
 
 
 def _hits(report: dict, obj: str) -> Dict[str, int]:

@@ -22,9 +22,7 @@ Everything is built once per module, in parallel, into a temporary directory.
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
-import os
 import re
 import shutil
 import struct
@@ -36,7 +34,7 @@ from typing import Dict, List, Optional, Tuple
 import pytest
 
 from test_aarch64 import (BP, CC, LIB_INIT, LIB_INIT_C, QEMU, SYSROOT, check, emulate,
-                          exit_status, run, urewrite)
+                          exit_status, prepare_all, run, urewrite)
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
@@ -227,13 +225,7 @@ def _prepare(v: Variant, root: Path) -> Prepared:
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> Dict[str, Prepared]:
-    if not SYSROOT:
-        pytest.skip("cannot find the AArch64 libraries for qemu -L (set QEMU_LD_PREFIX)")
-    root = tmp_path_factory.mktemp("aarch64-returns")
-    workers = max(2, os.cpu_count() or 2)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        done = list(pool.map(lambda v: _prepare(v, root), VARIANTS))
-    return {p.variant.id: p for p in done}
+    return prepare_all(tmp_path_factory, "aarch64-returns", VARIANTS, _prepare)
 
 
 # -- reading the results ------------------------------------------------------------------
