@@ -55,6 +55,31 @@ def common_fields(spec: RuntimeSpec) -> dict:
     }
 
 
+ATTEMPTS = 4
+
+
+def _assemble_twice(text: str, base: int, ks_arch: str, ks_mode: str, filename: str) -> bytes:
+    """Keystone's bytes for `text`, once two runs agree. Keystone failed once, in one
+    of thousands of identical runs, with an error it does not give again for the same
+    text: a runtime is kept only when two fresh assemblies give the same bytes."""
+    import keystone
+    from urewrite.errors import UrewriteError
+    previous, problem = None, None
+    for _ in range(ATTEMPTS):
+        try:
+            encoding = keystone.Ks(getattr(keystone, ks_arch),
+                                   getattr(keystone, ks_mode)).asm(text, base)[0]
+        except keystone.KsError as e:
+            problem = f"Keystone: {e}"
+            continue
+        if not encoding:  # Keystone's answer for a source that gave no code
+            raise AssertionError(f"{filename}: Keystone assembled no code")
+        if bytes(encoding) == previous:
+            return previous
+        previous, problem = bytes(encoding), "Keystone gave different bytes for the same text"
+    raise UrewriteError(f"cannot assemble the runtime ({filename}): {problem}")
+
+
 def assemble(package: str, filename: str, ks_arch: str, ks_mode: str, spec: RuntimeSpec,
              fields: dict, encode_jump: Callable[[int, int], bytes]) -> Runtime:
     """ks_arch, ks_mode: names of Keystone constants ("KS_ARCH_X86"): Keystone is
@@ -63,12 +88,7 @@ def assemble(package: str, filename: str, ks_arch: str, ks_mode: str, spec: Runt
     exports = "exports:\n" + "".join(f"    .quad {name}\n" for name in EXPORTS)
     text = source.format(**common_fields(spec), **fields) + exports
 
-    import keystone
-    ks = keystone.Ks(getattr(keystone, ks_arch), getattr(keystone, ks_mode))
-    encoding = ks.asm(text, spec.base)[0]
-    if not encoding:  # Keystone's answer for a source that gave no code
-        raise AssertionError(f"{filename}: Keystone assembled no code")
-    code = bytearray(encoding)
+    code = bytearray(_assemble_twice(text, spec.base, ks_arch, ks_mode, filename))
     entry = dict(zip(EXPORTS, struct.unpack_from(f"<{len(EXPORTS)}Q", code,
                                                   len(code) - 8 * len(EXPORTS))))
     # Keystone drops some directives without a word (.inst on arm64): two labels
