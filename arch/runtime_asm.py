@@ -56,12 +56,33 @@ def common_fields(spec: RuntimeSpec) -> dict:
 
 
 ATTEMPTS = 4
+COMMENT = {"KS_ARCH_X86": "#", "KS_ARCH_ARM64": "//"}
+
+
+def without_comments(text: str, marker: str) -> str:
+    """The source with its comments cut off. Keystone does not always take `#` after
+    an x86 statement for a comment: in some processes `.quad 0  # ...` is refused
+    ("Literal value out of range", "Unexpected token"), so it never sees one."""
+    lines = []
+    for line in text.splitlines():
+        if '"' not in line:
+            at = line.find(marker)
+        else:  # a marker inside a string is no comment
+            quoted, at = False, -1
+            for i, char in enumerate(line):
+                if char == '"':
+                    quoted = not quoted
+                elif not quoted and line.startswith(marker, i):
+                    at = i
+                    break
+        lines.append((line if at < 0 else line[:at]).rstrip())
+    return "\n".join(lines) + "\n"
 
 
 def _assemble_twice(text: str, base: int, ks_arch: str, ks_mode: str, filename: str) -> bytes:
-    """Keystone's bytes for `text`, once two runs agree. Keystone failed once, in one
-    of thousands of identical runs, with an error it does not give again for the same
-    text: a runtime is kept only when two fresh assemblies give the same bytes."""
+    """Keystone's bytes for `text`, once two runs agree. Keystone's answer for one text
+    has depended on the state of the process (see without_comments): a runtime is kept
+    only when two fresh assemblies give the same bytes."""
     import keystone
     from urewrite.errors import UrewriteError
     previous, problem = None, None
@@ -86,7 +107,8 @@ def assemble(package: str, filename: str, ks_arch: str, ks_mode: str, spec: Runt
     imported only here, so commands that assemble nothing never load it."""
     source = resources.files(package).joinpath(filename).read_text()
     exports = "exports:\n" + "".join(f"    .quad {name}\n" for name in EXPORTS)
-    text = source.format(**common_fields(spec), **fields) + exports
+    text = without_comments(source.format(**common_fields(spec), **fields), COMMENT[ks_arch]) \
+        + exports
 
     code = bytearray(_assemble_twice(text, spec.base, ks_arch, ks_mode, filename))
     entry = dict(zip(EXPORTS, struct.unpack_from(f"<{len(EXPORTS)}Q", code,
