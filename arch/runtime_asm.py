@@ -14,6 +14,7 @@ braces are substituted first; entry points are read back through a table of
 from __future__ import annotations
 
 import struct
+import threading
 from importlib import resources
 from typing import Callable
 
@@ -60,9 +61,8 @@ COMMENT = {"KS_ARCH_X86": "#", "KS_ARCH_ARM64": "//"}
 
 
 def without_comments(text: str, marker: str) -> str:
-    """The source with its comments cut off. Keystone does not always take `#` after
-    an x86 statement for a comment: in some processes `.quad 0  # ...` is refused
-    ("Literal value out of range", "Unexpected token"), so it never sees one."""
+    """The source with its comments cut off: Keystone does not take `#` after an x86
+    statement for a comment (`.quad 0  # ...` is refused alone), so it never sees one."""
     lines = []
     for line in text.splitlines():
         if '"' not in line:
@@ -79,17 +79,38 @@ def without_comments(text: str, marker: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _on_a_fresh_stack(work):
+    """work() run on a new thread: a stack of fresh, zeroed pages."""
+    box = {}
+
+    def run():
+        try:
+            box["value"] = work()
+        except BaseException as e:  # noqa: B902 (handed back to the caller)
+            box["error"] = e
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 def _assemble_twice(text: str, base: int, ks_arch: str, ks_mode: str, filename: str) -> bytes:
-    """Keystone's bytes for `text`, once two runs agree. Keystone's answer for one text
-    has depended on the state of the process (see without_comments): a runtime is kept
-    only when two fresh assemblies give the same bytes."""
+    """Keystone's bytes for `text`, once two runs agree.
+
+    Keystone's lexer reads stack memory it never wrote (valgrind: AsmLexer::LexDigit),
+    so its answer for one text depended on what the process had left on its stack:
+    in a CI run, `.quad 0` was "out of range" four times in a row. Each run gets a
+    new thread, whose stack is fresh pages, and a runtime is kept only when two runs
+    give the same bytes."""
     import keystone
     from urewrite.errors import UrewriteError
     previous, problem = None, None
     for _ in range(ATTEMPTS):
         try:
-            encoding = keystone.Ks(getattr(keystone, ks_arch),
-                                   getattr(keystone, ks_mode)).asm(text, base)[0]
+            encoding = _on_a_fresh_stack(lambda: keystone.Ks(
+                getattr(keystone, ks_arch), getattr(keystone, ks_mode)).asm(text, base)[0])
         except keystone.KsError as e:
             problem = f"Keystone: {e}"
             continue
