@@ -34,7 +34,7 @@ from typing import Dict, List, Optional, Tuple
 import pytest
 
 from test_aarch64 import (BP, CC, LIB_INIT, LIB_INIT_C, QEMU, SYSROOT, check, emulate,
-                          exit_status, prepare_all, run, urewrite)
+                          Run, exit_status, prepare_all, run, urewrite)
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
@@ -123,14 +123,6 @@ CASES = [(v.id, args) for v in VARIANTS for args in SAMPLE[v.sample].cases]
 # -- building, rewriting, running one variant ----------------------------------------------
 
 @dataclass
-class Outcome:
-    returncode: int  # shell style
-    stdout: str
-    stderr: str
-    report: Optional[dict] = None  # stat --json
-
-
-@dataclass
 class Prepared:
     variant: Variant
     dir: Path
@@ -138,9 +130,9 @@ class Prepared:
     rewritten: Optional[Path] = None
     program: Optional[Path] = None  # what runs: the target, or a driver loading it
     result: Optional[dict] = None  # urewrite --json
-    original: Dict[Tuple[str, ...], Outcome] = field(default_factory=dict)
-    disarmed: Dict[Tuple[str, ...], Outcome] = field(default_factory=dict)
-    armed: Dict[Tuple[str, ...], Outcome] = field(default_factory=dict)
+    original: Dict[Tuple[str, ...], Run] = field(default_factory=dict)
+    disarmed: Dict[Tuple[str, ...], Run] = field(default_factory=dict)
+    armed: Dict[Tuple[str, ...], Run] = field(default_factory=dict)
     error: Optional[str] = None
 
     def ok(self) -> "Prepared":
@@ -186,11 +178,11 @@ def _command(p: Prepared, rewritten: bool, args) -> List[str]:
     return emulate(program, libdir) + list(args)
 
 
-def _outcome(proc) -> Outcome:
-    return Outcome(exit_status(proc.returncode), proc.stdout, proc.stderr)
+def _outcome(proc) -> Run:
+    return Run(exit_status(proc.returncode), proc.stdout, proc.stderr)
 
 
-def _stat(p: Prepared, args) -> Outcome:
+def _stat(p: Prepared, args) -> Run:
     report = p.dir / f"report-{'-'.join(args) or 'none'}.json"
     proc = urewrite("stat", "--json", "-o", str(report), "--", *_command(p, True, args))
     assert "Traceback" not in proc.stderr, proc.stderr
