@@ -181,6 +181,25 @@ class Backend(ABC):
     def is_padding(self, insn: Insn) -> bool:
         """Alignment filler a window may borrow (nop, int3)."""
 
+    @abstractmethod
+    def ends_flow(self, insn: Insn) -> bool:
+        """Whether execution never continues to the next instruction (a return, an
+        unconditional jump, a trap such as ud2): what follows it runs only if
+        something branches there."""
+
+    # -- short hops (docs/design.md, "Patch tactics") ----------------------
+    # A backend whose jump does not fit every site may offer a shorter one, a
+    # hop, to a `patch_size` landing nearby that holds the jump to the trampoline.
+    hop_size: Optional[int] = None  # bytes the hop needs; None: no hops
+
+    def hop_reach(self, address: int) -> tuple:
+        """(lowest, highest) address a hop written at `address` can reach."""
+        raise NotImplementedError(f"{self.name} has no short hops")
+
+    def hop_patch(self, window: Window, landing: int) -> bytes:
+        """The bytes that replace the window: a hop to `landing`, then filler."""
+        raise NotImplementedError(f"{self.name} has no short hops")
+
     # -- can I? ------------------------------------------------------------
     @abstractmethod
     def relocation_problem(self, insn: Insn, is_last: bool, shadow_stack: bool) -> Optional[str]:

@@ -81,7 +81,10 @@ def main():
               help="Skip sites that cannot be patched safely even when named exactly.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
-def rewrite(input_file, probes, returns, output, arg_count, keep_going, as_json, quiet):
+@click.option("--tactics", callback=lambda _c, _p, v: _parse_tactics(v), default=None,
+              metavar="LIST", help="Patch tactics to try, in order, from jump,hop,evict "
+                                   "[default: all].")
+def rewrite(input_file, probes, returns, output, arg_count, keep_going, as_json, quiet, tactics):
     """Write a copy of IN with probes at the given sites.
 
     A site that cannot be patched safely is refused with the reason: an error
@@ -97,14 +100,16 @@ def rewrite(input_file, probes, returns, output, arg_count, keep_going, as_json,
     try:
         result = run_rewrite(input_file, output, list(probes), keep_going=keep_going,
                              entry_args=arg_count, return_specs=list(returns),
-                             on_plan=_progress_bar)
+                             on_plan=_progress_bar, tactics=tactics)
     except UrewriteError as e:
         _fail(str(e))
     if as_json:
         click.echo(json.dumps({
             "output": result.output,
             "probes": [{"name": site.name, "kind": _kind(site.kind), "address": site.address,
-                        "displaced": p.window.size} for p in result.plans for site in p.sites],
+                        "displaced": p.window.size, "tactic": p.tactic}
+                       for p in result.plans for site in p.sites],
+            "tactics": _tactic_counts(result.plans),
             # (a return probe lists one entry per exit it patched, at the exit's address)
             "refused": [{"name": r.site.name, "address": r.site.address, "reason": r.reason}
                         for r in result.refusals],
@@ -119,6 +124,34 @@ def rewrite(input_file, probes, returns, output, arg_count, keep_going, as_json,
         probes = len({site.probe_key for p in result.plans for site in p.sites})
         click.echo(f"urewrite: wrote {output}: {probes} probes at {len(result.plans)} sites"
                    f"{refused}", err=True)
+
+
+def _parse_tactics(value):
+    """--tactics jump,hop -> ("jump", "hop"); the plain jump is always tried first."""
+    if value is None:
+        return None
+    from urewrite.rewriter.planner import TACTICS
+    chosen = [t.strip() for t in value.split(",") if t.strip()]
+    unknown = [t for t in chosen if t not in TACTICS]
+    if unknown:
+        raise click.BadParameter(f"unknown tactic {unknown[0]!r} (choose from "
+                                 f"{', '.join(TACTICS)})", param_hint="--tactics")
+    return tuple(t for t in TACTICS if t in chosen or t == "jump")
+
+
+def _tactic_counts(plans) -> dict:
+    """Sites (patched windows) per tactic, every tactic named."""
+    from urewrite.rewriter.planner import TACTICS
+    counts = dict.fromkeys(TACTICS, 0)
+    for p in plans:
+        counts[p.tactic] += 1
+    return counts
+
+
+def _tactic_note(tactics: dict) -> str:
+    """' (2 by hop)' for exits patched by other tactics than the plain jump."""
+    other = [f"{n} by {t}" for t, n in sorted(tactics.items()) if t != "jump"]
+    return f" ({', '.join(other)})" if other else ""
 
 
 def _kind(kind: int) -> str:
@@ -142,24 +175,17 @@ def _progress_bar(total: int):
     return step
 
 
-@main.command(name="list")
-@click.argument("input_file", metavar="FILE", type=click.Path(dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
-@click.option("--patchable", is_flag=True, help="Show only sites that can be probed.")
-def list_command(input_file, as_json, patchable):
-    """Show what FILE offers to probe: every function entry and USDT site,
-    with its address and whether it can be probed (how many bytes a patch
-    displaces) or why not."""
+def _list_rows(input_file: str, tactics, patchable: bool = False):
+    """The rows `list` shows: (functions, USDT sites), each with its plan or refusal."""
     from urewrite.rewriter.pipeline import list_sites
     from urewrite.rewriter.planner import Plan
     from urewrite.trampolines.region import KIND_RETURN, KIND_USDT
 
-    try:
-        analysis, outcomes = list_sites(input_file)
-    except UrewriteError as e:
-        _fail(str(e))
+    analysis, outcomes = list_sites(input_file, tactics)
+    split_off = analysis.planner.fragments()
     # return probes: patched at every exit, or redirected at the entry, or refused
     exits, redirected, return_refusals = {}, set(), {}
+    exit_tactics = {}  # function -> {tactic: exits patched so}
     for o in outcomes:
         for site in (o.sites if isinstance(o, Plan) else (o.site,)):
             if site.kind != KIND_RETURN:
@@ -168,6 +194,8 @@ def list_command(input_file, as_json, patchable):
                 redirected.add(site.function.address)
             elif isinstance(o, Plan):
                 exits[site.function.address] = exits.get(site.function.address, 0) + 1
+                per_tactic = exit_tactics.setdefault(site.function.address, {})
+                per_tactic[o.tactic] = per_tactic.get(o.tactic, 0) + 1
             else:
                 return_refusals[site.function.address] = o.reason
     functions, probes = [], []
@@ -176,7 +204,7 @@ def list_command(input_file, as_json, patchable):
         if o.site.kind == KIND_RETURN or (patchable and not ok):
             continue
         status = {"patchable": ok, "displaced": o.window.size if ok else None,
-                  "reason": None if ok else o.reason}
+                  "tactic": o.tactic if ok else None, "reason": None if ok else o.reason}
         site = o.site
         if site.kind == KIND_USDT:
             provider, name = site.name.split(":", 1)
@@ -186,14 +214,106 @@ def list_command(input_file, as_json, patchable):
         else:
             fn = site.function
             functions.append({"name": fn.name, "aliases": list(fn.aliases), "address": fn.address,
-                              "size": fn.size, "origin": fn.origin, **status,
+                              "size": fn.size, "sized_by": fn.sized_by, "origin": fn.origin,
+                              "split_off": fn.address in split_off or ".cold" in fn.name,
+                              **status,
                               "return": {"mechanism": _return_mechanism(
                                              fn.address, redirected, return_refusals),
                                          "exits": exits.get(fn.address, 0),
+                                         "tactics": exit_tactics.get(fn.address, {}),
                                          "reason": return_refusals.get(
                                              fn.address,
                                              analysis.planner.redirected_because.get(
                                                  fn.address))}})
+    return functions, probes
+
+
+def _coverage(functions: list, probes: list) -> dict:
+    """What `list --summary` counts for one file: functions, the share of them that
+    take an entry and a return probe (parts split off from a function, such as .cold,
+    are not functions of their own for returns), USDT sites, and sites per tactic."""
+    from urewrite.rewriter.planner import TACTICS
+    whole = [f for f in functions if not f["split_off"]]
+    tactics = dict.fromkeys(TACTICS, 0)
+    for row in functions + probes:
+        if row["patchable"]:
+            tactics[row["tactic"]] += 1
+    for f in whole:
+        for tactic, n in f["return"]["tactics"].items():
+            tactics[tactic] += n
+    return {"functions": len(functions),
+            "entry": sum(f["patchable"] for f in functions),
+            "return_functions": len(whole),
+            "return": sum(f["return"]["mechanism"] is not None for f in whole),
+            "usdt_sites": len(probes), "usdt": sum(p["patchable"] for p in probes),
+            "tactics": tactics}
+
+
+def _percent(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.2f}%" if whole else "-"
+
+
+def _print_summary(paths, tactics, as_json: bool) -> None:
+    """Coverage per file and in total; a file that cannot be read is skipped with a
+    warning (a directory scan meets scripts and data), an error only if all are."""
+    rows, skipped = [], []
+    bar = click.progressbar(paths, label="listing", file=sys.stderr) \
+        if len(paths) > 1 and sys.stderr.isatty() else None
+    for path in (bar.__enter__() if bar else paths):
+        try:
+            rows.append({"file": path, **_coverage(*_list_rows(path, tactics))})
+        except UrewriteError as e:
+            skipped.append({"file": path, "reason": str(e)})
+    if bar:
+        bar.__exit__(None, None, None)
+    if not rows:
+        _fail(skipped[0]["reason"] if len(skipped) == 1 else
+              f"none of the {len(skipped)} files could be read: {skipped[0]['reason']}")
+    for s in skipped:
+        click.echo(f"urewrite: warning: skipped {s['file']}: {s['reason']}", err=True)
+    total = {"files": len(rows)}
+    for key in ("functions", "entry", "return_functions", "return", "usdt_sites", "usdt"):
+        total[key] = sum(r[key] for r in rows)
+    total["tactics"] = {t: sum(r["tactics"][t] for r in rows) for t in rows[0]["tactics"]}
+    if as_json:
+        click.echo(json.dumps({"files": rows, "total": total, "skipped": skipped}, indent=2))
+        return
+    width = max(len(r["file"]) for r in rows + [{"file": "TOTAL"}])
+    names = list(total["tactics"])
+    click.echo(f"{'FILE':<{width}}  {'FUNCTIONS':>9}  {'ENTRY':>8}  {'RETURN':>8}  "
+               f"{'USDT':>9}  " + "  ".join(f"{t.upper():>7}" for t in names))
+    for r in rows + [dict(total, file="TOTAL")]:
+        click.echo(f"{r['file']:<{width}}  {r['functions']:>9}  "
+                   f"{_percent(r['entry'], r['functions']):>8}  "
+                   f"{_percent(r['return'], r['return_functions']):>8}  "
+                   f"{str(r['usdt']) + '/' + str(r['usdt_sites']):>9}  "
+                   + "  ".join(f"{r['tactics'][t]:>7}" for t in names))
+
+
+@main.command(name="list")
+@click.argument("input_files", metavar="FILE...", nargs=-1, required=True,
+                type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
+@click.option("--patchable", is_flag=True, help="Show only sites that can be probed.")
+@click.option("--summary", is_flag=True,
+              help="Print coverage per file and in total: entry, return and USDT sites "
+                   "that can be probed, and sites per tactic (several FILEs allowed).")
+@click.option("--tactics", callback=lambda _c, _p, v: _parse_tactics(v), default=None,
+              metavar="LIST", help="Patch tactics to try, from jump,hop,evict [default: all].")
+def list_command(input_files, as_json, patchable, summary, tactics):
+    """Show what FILE offers to probe: every function entry and USDT site,
+    with its address and whether it can be probed (how many bytes a patch
+    displaces, with which tactic) or why not."""
+    if summary:
+        _print_summary(input_files, tactics, as_json)
+        return
+    if len(input_files) > 1:
+        raise click.UsageError("give one FILE, or several with --summary")
+    input_file = input_files[0]
+    try:
+        functions, probes = _list_rows(input_file, tactics, patchable)
+    except UrewriteError as e:
+        _fail(str(e))
     if as_json:
         click.echo(json.dumps({"file": input_file, "functions": functions, "usdt": probes},
                               indent=2))
@@ -206,6 +326,7 @@ def list_command(input_file, as_json, patchable):
                    if ret["mechanism"] == "redirection" else
                    "never returns: reports 0" if ret["mechanism"] and not ret["exits"] else
                    f"patches {ret['exits']} exit{'s' if ret['exits'] != 1 else ''}"
+                   f"{_tactic_note(ret['tactics'])}"
                    if ret["mechanism"] else f"no: {ret['reason']}")
         click.echo(f"{r['address']:#018x} {r['size']:>6}  {r['name']:<{width}}  {_status(r)}; "
                    f"return: {returns}")
@@ -230,7 +351,10 @@ def _return_mechanism(address: int, redirected: set, refusals: dict):
 
 
 def _status(row) -> str:
-    return f"ok, displaces {row['displaced']} bytes" if row["patchable"] else f"no: {row['reason']}"
+    if not row["patchable"]:
+        return f"no: {row['reason']}"
+    how = "" if row["tactic"] == "jump" else f" ({row['tactic']})"
+    return f"ok, displaces {row['displaced']} bytes{how}"
 
 
 @main.command(context_settings={"ignore_unknown_options": True})

@@ -2,6 +2,10 @@
 
 A stripped executable still has an FDE per function in .eh_frame; those get the
 name fn_<address>. PLT stubs have FDEs too but are not functions of the file.
+A function whose symbol has no size and no FDE (_init, _fini, the crtstuff
+functions, hand-written assembly) extends to the next thing that starts after
+it: a symbol, an FDE, or the end of its section. The planner checks more before
+it trusts such an extent with a return probe (it must end in a return or jump).
 Both tables are read by our own readers (elf_symbols.py, eh_frame.py): LIEF's
 import alone costs more than a one-probe rewrite. LIEF still reads an .eh_frame
 whose pointer encodings ours does not know.
@@ -25,6 +29,13 @@ class Function:
     size: int  # 0 when neither a symbol nor an FDE gives it
     origin: str  # "symtab", "dynsym" or "eh_frame"
     aliases: tuple = ()
+    # where the size comes from: "symbol", "eh_frame", or "next symbol" / "next FDE" /
+    # "section end" for an extent inferred up to what follows it
+    sized_by: str = "symbol"
+
+    @property
+    def size_inferred(self) -> bool:
+        return self.sized_by not in ("symbol", "eh_frame")
 
     @property
     def end(self) -> int:
@@ -39,26 +50,47 @@ def discover(elf: ElfFile) -> List[Function]:
     """Functions sorted by address; symbols at one address merge into one function."""
     in_code = _code_ranges(elf)
     by_address: Dict[int, dict] = {}
+    marks: Dict[int, str] = {}  # addresses in code where something starts -> what
     for sym in symbols(elf):
-        if sym.type != STT_FUNC or sym.shndx == SHN_UNDEF or not sym.value:
+        if sym.shndx == SHN_UNDEF or not sym.value or not in_code(sym.value):
             continue
-        if not sym.name or not in_code(sym.value):
+        marks.setdefault(sym.value, "next symbol")
+        if sym.type != STT_FUNC or not sym.name:
             continue
-        entry = by_address.setdefault(sym.value, {"names": [], "size": 0, "origin": sym.table})
+        entry = by_address.setdefault(sym.value, {"names": [], "size": 0, "origin": sym.table,
+                                                  "sized_by": "symbol"})
         if sym.name not in entry["names"]:
             entry["names"].append(sym.name)
         entry["size"] = entry["size"] or sym.size
     for address, size in _fde_ranges(elf):
         if not size or not in_code(address):
             continue
+        marks.setdefault(address, "next FDE")
         entry = by_address.get(address)
         if entry is None:
             by_address[address] = {"names": [f"fn_{address:x}"], "size": size,
-                                    "origin": "eh_frame"}
+                                   "origin": "eh_frame", "sized_by": "eh_frame"}
         elif not entry["size"]:
-            entry["size"] = size
-    return [Function(e["names"][0], address, e["size"], e["origin"], tuple(e["names"][1:]))
+            entry["size"], entry["sized_by"] = size, "eh_frame"
+    _infer_extents(elf, by_address, marks)
+    return [Function(e["names"][0], address, e["size"], e["origin"], tuple(e["names"][1:]),
+                     e["sized_by"])
             for address, e in sorted(by_address.items())]
+
+
+def _infer_extents(elf: ElfFile, by_address: Dict[int, dict], marks: Dict[int, str]) -> None:
+    """Sizes for functions that have none: up to the next symbol or FDE start, or
+    the end of the section, whichever comes first."""
+    starts = sorted(marks)
+    for address, entry in by_address.items():
+        if entry["size"]:
+            continue
+        section = elf.section_at(address)
+        end, why = section.end, "section end"
+        k = bisect.bisect_right(starts, address)
+        if k < len(starts) and starts[k] < end:
+            end, why = starts[k], marks[starts[k]]
+        entry["size"], entry["sized_by"] = end - address, why
 
 
 def _code_ranges(elf: ElfFile):

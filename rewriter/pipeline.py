@@ -14,7 +14,7 @@ from urewrite.rewriter import elf_symbols, elf_writer, layout, usdt
 from urewrite.rewriter.elf_file import DT_INIT, ElfFile
 from urewrite.rewriter.functions import Function, discover
 from urewrite.rewriter.usdt import UsdtSite
-from urewrite.rewriter.planner import Plan, Planner, Refusal
+from urewrite.rewriter.planner import TACTICS, Plan, Planner, Refusal
 from urewrite.rewriter.selectors import Site, select
 from urewrite.trampolines import arguments, segment
 from urewrite.trampolines.region import KIND_ENTRY, KIND_RETURN, KIND_USDT
@@ -37,16 +37,16 @@ class RewriteResult:
     warnings: List[str]
 
 
-def analyse(path: str) -> Analysis:
+def analyse(path: str, tactics: Optional[tuple] = None) -> Analysis:
     elf = ElfFile.open(path)
     functions = discover(elf)
     return Analysis(elf, functions, usdt.discover(elf),
-                    Planner(elf, backend_for(elf.machine), functions))
+                    Planner(elf, backend_for(elf.machine), functions, tactics or TACTICS))
 
 
-def list_sites(path: str):
+def list_sites(path: str, tactics: Optional[tuple] = None):
     """Every function entry and USDT site, each with its plan or refusal."""
-    a = analyse(path)
+    a = analyse(path, tactics)
     entries = [Site(fn, fn.address, KIND_ENTRY, fn.name, fn.name, exact=False)
                for fn in a.functions]
     usdt_sites = select(["usdt:*:*"], a.functions, a.planner.boundaries, a.usdt) if a.usdt else []
@@ -80,11 +80,12 @@ def _dt_init(elf: ElfFile) -> Optional[tuple]:
 
 def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bool = False,
             entry_args: int = 0, return_specs: List[str] = (), progress: Optional[Callable[[int], None]] = None,
-            on_plan: Optional[Callable[[int], Callable[[int], None]]] = None) -> RewriteResult:
+            on_plan: Optional[Callable[[int], Callable[[int], None]]] = None,
+            tactics: Optional[tuple] = None) -> RewriteResult:
     if _same_file(input_path, output_path) if os.path.exists(output_path) else \
             os.path.realpath(input_path) == os.path.realpath(output_path):
         raise UrewriteError("the output must not be the input file")
-    a = analyse(input_path)
+    a = analyse(input_path, tactics)
     elf, backend = a.elf, a.planner.backend
     sites = select(specs, a.functions, a.planner.boundaries, a.usdt, return_specs)
     outcomes = a.planner.plan(sites)

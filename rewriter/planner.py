@@ -19,13 +19,15 @@ from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Set, Union
 
 from urewrite.arch.base import Backend, Window
-from urewrite.rewriter import redirection, taken_addresses
+from urewrite.rewriter import elf_symbols, free_space, redirection, taken_addresses
+from urewrite.rewriter.free_space import Occupancy
 from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.functions import Function
 from urewrite.rewriter.selectors import Site
 from urewrite.trampolines.region import KIND_RETURN
 
 NEAR_BRANCH_REACH = 130  # farthest a rel8 branch reaches, with its own size
+TACTICS = ("jump", "hop", "evict")  # Plan.tactic, in the order they are tried
 
 
 @dataclass(frozen=True)
@@ -36,10 +38,28 @@ class ProbePoint:
 
 
 @dataclass(frozen=True)
+class Hop:
+    """A short jump written at a window, to a landing that holds the jump to the
+    trampoline (docs/design.md, "Patch tactics")."""
+    landing: int
+    evicted: Optional[Window] = None  # a neighbour moved to its own trampoline to free the landing
+
+
+@dataclass(frozen=True)
 class Plan:
     """A window, and the points in it where probes fire (one trampoline)."""
     window: Window
     points: tuple
+    hop: Optional[Hop] = None
+
+    @property
+    def tactic(self) -> str:
+        """How the window is patched: "jump" (a jump to the trampoline in the window),
+        "hop" (a short jump to a landing in padding), "evict" (to a landing that an
+        evicted neighbour window frees)."""
+        if self.hop is None:
+            return "jump"
+        return "evict" if self.hop.evicted else "hop"
 
     @property
     def site(self) -> Site:
@@ -73,9 +93,11 @@ class _Refused(Exception):
 class Planner:
     """Plans sites of one file. Decodes each function once, however many sites it has."""
 
-    def __init__(self, elf: ElfFile, backend: Backend, functions: List[Function]):
+    def __init__(self, elf: ElfFile, backend: Backend, functions: List[Function],
+                 tactics: tuple = TACTICS):
         self.elf = elf
         self.backend = backend
+        self.tactics = tactics  # which of TACTICS to try
         self.functions = functions
         self._starts = [f.address for f in functions]
         self._ends_so_far = list(itertools.accumulate((f.end for f in functions), max))
@@ -87,6 +109,7 @@ class Planner:
         self._frames: Optional[dict] = None  # FDE start -> frame there, when first needed
         self._fragments: Optional[Dict[int, Function]] = None
         self._references: Optional[Dict[int, List[int]]] = None  # when first needed
+        self._gaps: Optional[List[tuple]] = None  # padding runs between functions, when needed
         self.redirected_because: Dict[int, str] = {}  # function -> why its exits are not patched
         self._cold_parts: Dict[str, List[Function]] = {}  # "f" -> f.cold, f.cold.1, ...
         for f in functions:
@@ -221,6 +244,8 @@ class Planner:
         if fn.address in self.fragments() or ".cold" in fn.name:
             raise _Refused("it is a part of another function, split off by the compiler "
                            "and entered by a jump: its exits return for that function")
+        if fn.size_inferred:
+            self._check_inferred_extent(fn)
         parts = self._parts(fn)
 
         def inside(address: int) -> bool:
@@ -241,6 +266,22 @@ class Planner:
         if not exits:  # it never returns: its probe exists, with no site to patch
             self.siteless.append(site)
         return exits
+
+    def _check_inferred_extent(self, fn: Function) -> None:
+        """A function without a size extends to whatever follows it (functions.py).
+        Its exits are trusted only when that extent decodes whole and its last
+        instruction before any padding never falls through: else code of another
+        function may follow, or the function may run on past the extent."""
+        insns = self.instructions(fn)
+        if not insns or insns[-1].end != fn.end:
+            raise _Refused(f"its size is unknown and its code up to the {fn.sized_by} "
+                           f"does not decode whole")
+        body = list(insns)
+        while body and self.backend.is_padding(body[-1]):
+            body.pop()
+        if not body or not self.backend.ends_flow(body[-1]):
+            raise _Refused(f"its size is unknown and its code up to the {fn.sized_by} "
+                           f"does not end in a return or jump")
 
     def _branch_from_outside(self, fn: Function, parts: List[Function], inside):
         """(target, source) of a branch from code outside the function's parts to an
@@ -318,6 +359,8 @@ class Planner:
                     continue
                 previous = outcome
             outcomes.append(outcome)
+        if self.backend.hop_size and {"hop", "evict"} & set(self.tactics):
+            outcomes = self._hop_tight_sites(outcomes)
         return outcomes
 
     def _merge(self, a: Plan, b: Plan, taken: Dict[int, str]) -> Optional[Plan]:
@@ -334,7 +377,7 @@ class Planner:
         targets = self._near_targets(self._holding(a.site))
         if any(window.address < t < window.end for t in targets):
             return None
-        if b.window.address in taken:
+        if b.window.address != a.window.address and b.window.address in taken:
             return None  # b's first byte is no longer a window start
         points = {}
         for point in a.points + b.points:
@@ -345,9 +388,11 @@ class Planner:
             points[point.address] = point
         return Plan(window, tuple(points[k] for k in sorted(points)))
 
-    def _window(self, site: Site) -> Plan:
+    def _window(self, site: Site, size: Optional[int] = None) -> Plan:
+        """The window a jump of `size` bytes (the backend's jump by default) needs."""
+        size = size or self.backend.patch_size
         if not site.at_entry:
-            return self._inner_window(site)
+            return self._inner_window(site, size)
         fn = site.function
         if not fn.size:
             raise _Refused("its size is unknown (no symbol size and no .eh_frame entry)")
@@ -362,15 +407,15 @@ class Planner:
             if not chosen and insn.address != start:
                 raise _Refused("its instructions cannot be decoded")
             chosen.append(insn)
-            if insn.end - start >= self.backend.patch_size:
+            if insn.end - start >= size:
                 break
         if not chosen:
             raise _Refused("its instructions cannot be decoded")
         covered = chosen[-1].end
-        if covered - start < self.backend.patch_size:
+        if covered - start < size:
             if covered < fn.end:
                 raise _Refused(f"its instructions cannot be decoded past {covered:#x}")
-            covered = self._borrow_padding(fn, start, covered)
+            covered = self._borrow_padding(fn, start, covered, size)
         window = Window(start, covered - start, self._displaced(chosen))
         return Plan(window, (ProbePoint(start, (site,), self.backend.flags_live_at_entry()),))
 
@@ -391,7 +436,7 @@ class Planner:
 
     MAX_LOOK_BACK = 24  # bytes a window may start before an inner site
 
-    def _inner_window(self, site: Site) -> Plan:
+    def _inner_window(self, site: Site, size: int) -> Plan:
         """A window around a site inside a function (USDT, address).
 
         Tried in order: starting at the site, then one more instruction before it
@@ -412,14 +457,14 @@ class Planner:
             if site.address - start > self.MAX_LOOK_BACK:
                 break
             last = index  # the window always holds the site's own instruction
-            while last < len(insns) and insns[last].end - start < self.backend.patch_size:
+            while last < len(insns) and insns[last].end - start < size:
                 last += 1
             if last < len(insns):
                 end = insns[last].end
             else:  # the function ends first: borrow the padding after it, if any
                 last = len(insns) - 1
                 try:
-                    end = self._borrow_padding(fn, start, insns[last].end)
+                    end = self._borrow_padding(fn, start, insns[last].end, size)
                 except _Refused as why:
                     reason = str(why)
                     continue
@@ -450,17 +495,19 @@ class Planner:
             targets.update(self.branch_targets(near))
         return targets
 
-    def _borrow_padding(self, fn: Function, start: int, fn_end: int) -> int:
-        """Extend a window past a short function into the padding that follows it."""
-        need = start + self.backend.patch_size
+    def _borrow_padding(self, fn: Function, start: int, fn_end: int, size: int) -> int:
+        """Extend a window past a short function into the padding that follows it:
+        alignment padding in its section, then the zero bytes between sections."""
+        need = start + size
         section = self.elf.section_at(fn.address)
-        if section is None or need > section.end:
+        gap_end = self._gap_after(section) if section is not None else 0
+        if section is None or need > max(section.end, gap_end):
             raise _Refused(f"it is {fn_end - start} bytes long, too short for a "
-                           f"{self.backend.patch_size}-byte jump, and no padding follows it")
+                           f"{size}-byte jump, and no padding follows it")
         k = bisect.bisect_right(self._starts, fn_end - 1)
         if k < len(self._starts) and self._starts[k] < need:
             raise _Refused(f"it is {fn_end - start} bytes long, too short for a "
-                           f"{self.backend.patch_size}-byte jump, and the next function "
+                           f"{size}-byte jump, and the next function "
                            f"follows without padding")
         padding = self.backend.decode(self.elf.read(fn_end, section.end - fn_end)[:32], fn_end)
         at = fn_end
@@ -469,14 +516,222 @@ class Planner:
                 break
             if not self.backend.is_padding(insn):
                 raise _Refused(f"it is {fn_end - start} bytes long, too short for a "
-                               f"{self.backend.patch_size}-byte jump, and what follows "
+                               f"{size}-byte jump, and what follows "
                                f"is not padding ('{insn}')")
             at = insn.end
+        if at < need and at == section.end and need <= gap_end:
+            return need  # nothing runs here: no instruction to return to in the gap
         next_start = self._starts[k] if k < len(self._starts) else section.end
         if at < need or at > next_start:
             raise _Refused(f"it is {fn_end - start} bytes long and the padding after it "
                            f"is too short")
         return at  # whole padding instructions, so the trampoline can jump back to `at`
+
+    def _gap_after(self, section) -> int:
+        """Where the zero bytes the linker left after a section, in the same segment,
+        end (the section's end when there are none). Code in no section runs only if
+        something branches there, and the window checks see every branch."""
+        following = [s.addr for s in self.elf.sections if s.addr >= section.end and s.flags & 2]
+        gap_end = min(following, default=section.end)  # 2: SHF_ALLOC
+        if gap_end == section.end or self.elf.offset_of(section.end, gap_end - section.end) \
+                != section.offset + section.size:
+            return section.end
+        gap = self.elf.read(section.end, gap_end - section.end)
+        return section.end if gap.strip(b"\0") else gap_end
+
+    # -- tactics for tight sites: a short hop to a landing nearby --------------------
+    MAX_EVICTION_CANDIDATES = 8  # neighbour windows looked at per hop
+
+    def _hop_tight_sites(self, outcomes: List[Outcome]) -> List[Outcome]:
+        """Each site the plain jump refused, tried again with a hop: a window of
+        whole instructions of the hop's size, patched with a short jump to a landing
+        of the jump's size within its reach, in padding (free_space.py) or, failing
+        that, in the bytes an evicted neighbour window frees after its own jump.
+        Landings and evicted windows follow the rules of windows: whole
+        instructions, nothing targets their bytes, no overlap with another window."""
+        by_address: Dict[int, List[Refusal]] = {}
+        for o in outcomes:
+            if isinstance(o, Refusal):
+                by_address.setdefault(o.site.address, []).append(o)
+        if not by_address:
+            return outcomes
+        used = Occupancy()
+        for o in outcomes:
+            if isinstance(o, Plan):
+                used.take(o.window.address, o.window.end)
+        tried = []  # (refusals, hop window plan or the reason there is none)
+        for _, group in sorted(by_address.items()):
+            sites = [r.site for r in group]
+            primary = next((s for s in sites if not s.at_entry), sites[0])
+            try:
+                plan = self._window(primary, self.backend.hop_size)
+                point = plan.points[0]
+                plan = replace(plan, points=(replace(point, sites=tuple(
+                    [primary] + [s for s in sites if s is not primary])),))
+                tried.append((group, plan))
+            except _Refused as why:
+                tried.append((group, str(why)))
+        plans = [p for _, p in tried if isinstance(p, Plan)]
+        gaps = self._padding_gaps(plans)
+        # window interiors and starts (for merges), and every byte a landing may take
+        wanted = {a for p in plans for a in range(p.window.address, p.window.end)}
+        wanted |= {a for start, end in gaps for a in range(start, end)}
+        taken = taken_addresses.find(self.elf, self.backend, wanted)
+        tried = self._merge_overlaps(tried, taken)
+
+        hopped: Dict[int, Plan] = {}
+        reasons: Dict[int, str] = {}
+        for group, plan in tried:
+            if isinstance(plan, str):
+                continue
+            reason = self._branch_into(plan, taken)
+            if reason is None and not used.is_free(plan.window.address, plan.window.end):
+                reason = "its window overlaps another window"
+            if reason:
+                reasons[plan.window.address] = reason
+                continue
+            landing = self._landing_in_padding(plan.window, gaps, used, taken) \
+                if "hop" in self.tactics else None
+            if landing is not None:
+                used.take(plan.window.address, plan.window.end)
+                used.take(landing, landing + self.backend.patch_size)
+                hopped[plan.window.address] = replace(plan, hop=Hop(landing))
+        # the rest: evict a neighbour window to free a landing
+        waiting = [p for _, p in tried if isinstance(p, Plan)
+                   and p.window.address not in hopped and p.window.address not in reasons]
+        candidates = {p.window.address: self._eviction_candidates(p.window, used)
+                      if "evict" in self.tactics else [] for p in waiting}
+        wanted = {a for found in candidates.values() for w in found
+                  for a in range(w.address + 1, w.end)}
+        taken = taken_addresses.find(self.elf, self.backend, wanted) if wanted else {}
+        for plan in waiting:
+            evicted = self._evict(candidates[plan.window.address], plan.window, used, taken)
+            if not used.is_free(plan.window.address, plan.window.end):
+                reasons[plan.window.address] = "its window overlaps another window"
+                continue
+            if evicted is None:
+                reasons[plan.window.address] = (
+                    f"no {self.backend.patch_size} free bytes within its reach, in padding "
+                    f"or after a neighbour window that could move")
+                continue
+            landing = evicted.address + self.backend.patch_size
+            used.take(plan.window.address, plan.window.end)
+            used.take(evicted.address, evicted.end)
+            hopped[plan.window.address] = replace(plan, hop=Hop(landing, evicted))
+
+        result = [o for o in outcomes if isinstance(o, Plan)]
+        for group, plan in tried:
+            if isinstance(plan, Plan) and plan.window.address in hopped:
+                result.append(hopped[plan.window.address])
+                continue
+            why = plan if isinstance(plan, str) else reasons[plan.window.address]
+            result.extend(Refusal(r.site, r.reason if why == r.reason else
+                                  f"jump: {r.reason}; hop: {why}") for r in group)
+        result.sort(key=lambda o: o.window.address if isinstance(o, Plan) else o.site.address)
+        return result
+
+    def _merge_overlaps(self, tried: list, taken: Dict[int, str]) -> list:
+        """Hop windows that overlap (the entry and the exit of a tiny function) become
+        one, as plain windows do; else the later one is refused."""
+        merged = []
+        for group, plan in tried:
+            if isinstance(plan, Plan):
+                before = next((k for k in range(len(merged) - 1, -1, -1)
+                               if isinstance(merged[k][1], Plan)), None)
+                if before is not None and plan.window.address < merged[before][1].window.end:
+                    union = self._merge(merged[before][1], plan, taken)
+                    if union is None:
+                        plan = "its window overlaps the window of the site before it"
+                    else:
+                        merged[before] = (merged[before][0] + group, union)
+                        continue
+            merged.append((group, plan))
+        return merged
+
+    def _padding_gaps(self, plans: List[Plan]) -> List[tuple]:
+        """The padding runs within reach of some hop window."""
+        if not plans:
+            return []
+        if self._gaps is None:
+            starts = {sym.value for sym in elf_symbols.symbols(self.elf) if sym.value}
+            self._gaps = free_space.padding_gaps(self.elf, self.backend, self.functions,
+                                                 self.instructions, starts)
+        lows, highs = zip(*(self.backend.hop_reach(p.window.address) for p in plans))
+        return [(a, b) for a, b in self._gaps if b > min(lows) and a <= max(highs)]
+
+    def _landing_in_padding(self, window: Window, gaps, used: Occupancy,
+                            taken: Dict[int, str]) -> Optional[int]:
+        """The nearest free landing in padding within a hop's reach of `window`."""
+        lo, hi = self.backend.hop_reach(window.address)
+        size = self.backend.patch_size
+        spots = []
+        for start, end in gaps:
+            for at in range(max(start, lo), min(end - size, hi) + 1):
+                spots.append((abs(at - window.address), at))
+        for _, at in sorted(spots):
+            if used.is_free(at, at + size) and not any(a in taken for a in range(at, at + size)) \
+                    and not self._direct_targets_in(at, at + size):
+                return at
+        return None
+
+    def _direct_targets_in(self, start: int, end: int) -> bool:
+        return any(start <= t < end for fn in self._near_functions(Window(start, end - start, ()))
+                   for t in self.branch_targets(fn))
+
+    def _eviction_candidates(self, window: Window, used: Occupancy) -> List[Window]:
+        """Neighbour windows whose bytes after a jump would hold a landing in a hop's
+        reach of `window`: whole instructions of one function, at least two jumps long,
+        that can run from a trampoline, with no known branch target inside and no
+        landing pad (endbr64) among them. Functions with an indirect jump are left
+        alone: their targets are unknown."""
+        lo, hi = self.backend.hop_reach(window.address)
+        size = self.backend.patch_size
+        found = []
+        for fn in self._near_functions(window):
+            if self._has_indirect_jump(fn):
+                continue
+            insns = self.instructions(fn)
+            targets = None
+            for k, first in enumerate(insns):
+                if not lo <= first.address + size <= hi:
+                    continue
+                last = k
+                while last < len(insns) and insns[last].end - first.address < 2 * size:
+                    last += 1
+                if last == len(insns):
+                    break
+                chosen = insns[k:last + 1]
+                end = chosen[-1].end
+                if not used.is_free(first.address, end) or \
+                        any(self.backend.landing_pad_size(i) for i in chosen):
+                    continue
+                if targets is None:
+                    targets = self._near_targets(fn)
+                if any(first.address < t < end for t in targets):
+                    continue
+                try:
+                    displaced = self._displaced(chosen)
+                except _Refused:
+                    continue
+                found.append(Window(first.address, end - first.address, displaced))
+                if len(found) >= self.MAX_EVICTION_CANDIDATES:
+                    return found
+        return found
+
+    def _evict(self, candidates: List[Window], window: Window, used: Occupancy,
+               taken: Dict[int, str]) -> Optional[Window]:
+        """The first candidate still free, clear of the hop's own window, that nothing
+        targets inside."""
+        for w in candidates:
+            if used.is_free(w.address, w.end) and (w.end <= window.address or
+                                                   w.address >= window.end) and \
+                    not any(a in taken for a in range(w.address + 1, w.end)):
+                return w
+        return None
+
+    def _has_indirect_jump(self, fn: Function) -> bool:
+        return any(self.backend.exit_kind(insn, lambda _: True)[1]
+                   for insn in self.instructions(fn))
 
     # -- branch targets ------------------------------------------------------------
     def _taken_addresses(self, plans: List[Plan]) -> Dict[int, str]:

@@ -20,13 +20,15 @@
  *   edge_cb           4    C: called through edge_indcall
  *   main              1
  *
+ * Too tight for the 5-byte jump; patched with a 2-byte hop to a landing nearby:
+ *   edge_backloop     3    a loop branches back to entry+2, inside a 5-byte window
+ *   edge_indcall      4    call *%rdi must be the last displaced instruction
+ *   edge_sum          3    its loop branches back to entry+2 (its loop head is edge_sum_loop)
+ *   edge_nosize       2    no .size and no CFI: it extends to the next symbol
+ *
  * Must be refused; they run (except edge_xbegin) and behave as before:
  *   edge_one          9    1 byte long, edge_after_one follows without padding
- *   edge_backloop     3    a loop branches back to entry+2, inside the displaced bytes
- *   edge_indcall      4    call *%rdi is not the last displaced instruction
- *   edge_sum          3    its loop branches back to entry+2 (its loop head is edge_sum_loop)
  *   edge_xbegin       0    xbegin at the entry (never run: the CPU may lack RTM)
- *   edge_nosize       2    no .size and no CFI: size unknown
  *
  * Loops that stay inside a displaced window:
  *   edge_spin         2 calls, 10 executions of its first instruction (n = 4, 6):

@@ -29,7 +29,12 @@ pytestmark = pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc")
 
 
 def urewrite(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "urewrite", *map(str, args)],
+    """Rewrites and listings try the plain jump only (--tactics jump): hops would patch
+    most of the -O0 exits this file needs redirected."""
+    args = list(map(str, args))
+    if args[0] not in ("stat", "trace"):
+        args += ["--tactics", "jump"]
+    return subprocess.run([sys.executable, "-m", "urewrite", *args],
                           capture_output=True, text=True, env=env)
 
 
@@ -182,6 +187,8 @@ __attribute__((noipa)) long lib_threads(int n) {
     }
     return s;
 }
+/* last in .text: the window of lib_threads' exit could borrow the gap after .text */
+int lib_last(void) { return 0; }
 """
 PROGRAM = r"""
 #include <stdio.h>
@@ -201,7 +208,7 @@ def test_redirection_in_a_shared_object_with_threads(tmp_path):
                     tmp_path / "main"], check=True)
     listed = mechanisms(tmp_path / "libredir.so")
     assert listed["lib_twice"]["mechanism"] == listed["lib_threads"]["mechanism"] == "redirection"
-    out = urewrite(tmp_path / "libredir.so", "-r", "lib_*", "-o", probed_dir / "libredir.so")
+    out = urewrite(tmp_path / "libredir.so", "-r", "lib_t*", "-o", probed_dir / "libredir.so")
     assert out.returncode == 0, out.stderr
     original = subprocess.run([tmp_path / "main"], capture_output=True, text=True,
                               env=dict(os.environ, LD_LIBRARY_PATH=str(tmp_path)))

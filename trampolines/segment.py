@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
-from urewrite.arch.base import Backend, CountPoint, RuntimeRefs, RuntimeSpec
+from urewrite.arch.base import Backend, CountPoint, RuntimeRefs, RuntimeSpec, Window
 from urewrite.errors import UrewriteError
 from urewrite.rewriter.layout import Placement, align_up
 from urewrite.trampolines import arguments, region
@@ -34,6 +34,17 @@ class SegmentImage:
     probes: List[region.ProbeInfo] = field(default_factory=list)
 
 
+def _patches(backend: Backend, plan, trampoline: int) -> List[Tuple[int, bytes]]:
+    """The bytes written over original code for one plan: its window's jump, or its
+    hop and the landing's jump (written after an evicted neighbour's patch, whose
+    filler the landing takes)."""
+    if plan.hop is None:
+        return [(plan.window.address, backend.site_patch(plan.window, trampoline))]
+    landing = Window(plan.hop.landing, backend.patch_size, ())
+    return [(plan.window.address, backend.hop_patch(plan.window, plan.hop.landing)),
+            (landing.address, backend.site_patch(landing, trampoline))]
+
+
 def size_bound(plans) -> int:
     """More bytes than build() will need for `plans` (a generous estimate)."""
     bound = 64 * 1024  # program headers, runtime, and slack
@@ -41,6 +52,8 @@ def size_bound(plans) -> int:
         sites = len(plan.sites)
         bound += 512 + 64 * len(plan.window.insns) + 512 * len(plan.points) + 256 * sites
         bound += 40 * sites + 600  # the region template's share: probe entry, name, semaphores
+        if plan.hop and plan.hop.evicted:
+            bound += 64 + 64 * len(plan.hop.evicted.insns)
     return bound
 
 
@@ -127,7 +140,14 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
                 redirect = count_point(point.address, redirected, False) if redirected else None
                 points.append(count_point(point.address, counted, point.flags_live, redirect))
             code += backend.trampoline(at, plan.window, points, refs)
-            patches.append((plan.window.address, backend.site_patch(plan.window, at)))
+            patches += _patches(backend, plan, at)
+            if plan.hop and plan.hop.evicted:
+                # the neighbour runs from a trampoline of its own, with no probe
+                evicted = plan.hop.evicted
+                moved_to = base + align_up(len(code), CODE_ALIGN)
+                code += bytes(moved_to - base - len(code))
+                code += backend.trampoline(moved_to, evicted, (), refs)
+                patches.insert(-1, (evicted.address, backend.site_patch(evicted, moved_to)))
         except OverflowError:
             raise UrewriteError(f"{plan.site.name}: the trampoline at {at:#x} is out of branch "
                                 f"reach of {plan.window.address:#x}")

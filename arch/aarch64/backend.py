@@ -90,6 +90,13 @@ class AArch64Backend(Backend):
     def is_padding(self, insn: Insn) -> bool:
         return int.from_bytes(insn.raw, "little") in _PADDING
 
+    def ends_flow(self, insn: Insn) -> bool:
+        # ret/retaa/retab, b, br/braa..., udf, brk: never continue to the next word
+        word = int.from_bytes(insn.raw, "little")
+        indirect = word & 0xFE1F0000 == 0xD61F0000 and not word >> 21 & 1  # not blr*
+        return (indirect or word & 0xFC000000 == 0x14000000
+                or word & 0xFFFF0000 == 0 or word & 0xFFE0001F == 0xD4200000)
+
     # -- can I? ------------------------------------------------------------
     def relocation_problem(self, insn: Insn, is_last: bool, shadow_stack: bool) -> Optional[str]:
         if insn.mnemonic == ".word":

@@ -10,7 +10,7 @@ import capstone
 
 from urewrite.arch.base import Backend, Insn, Runtime, RuntimeRefs, RuntimeSpec, Window
 from urewrite.arch.x86_64 import arguments, relocator, return_address, runtime, trampoline
-from urewrite.arch.x86_64.writer import jmp_rel32
+from urewrite.arch.x86_64.writer import jmp_rel8, jmp_rel32
 
 ENDBR64 = b"\xf3\x0f\x1e\xfa"
 INT3 = 0xCC
@@ -114,6 +114,18 @@ class X86_64Backend(Backend):
 
     def is_padding(self, insn: Insn) -> bool:
         return insn.mnemonic in ("nop", "int3") or insn.mnemonic.endswith(" nop")
+
+    def ends_flow(self, insn: Insn) -> bool:
+        mnemonic = insn.mnemonic.split()[-1]  # drop prefixes such as "bnd", "notrack"
+        return mnemonic in ("ret", "retq", "jmp", "ud2", "hlt", "int3")
+
+    hop_size = 2  # jmp rel8
+
+    def hop_reach(self, address: int) -> tuple:
+        return address + 2 - 128, address + 2 + 127
+
+    def hop_patch(self, window: Window, landing: int) -> bytes:
+        return jmp_rel8(window.address, landing) + bytes([INT3]) * (window.size - 2)
 
     # -- can I? ------------------------------------------------------------
     def relocation_problem(self, insn: Insn, is_last: bool, shadow_stack: bool) -> Optional[str]:

@@ -26,6 +26,13 @@ def jmp_rel32(source: int, target: int) -> bytes:
     return b"\xe9" + rel32(source + 5, target)
 
 
+def jmp_rel8(source: int, target: int) -> bytes:
+    delta = target - (source + 2)
+    if not -128 <= delta < 128:
+        raise OverflowError(f"target {target:#x} is out of rel8 reach of {source:#x}")
+    return b"\xeb" + struct.pack("<b", delta)
+
+
 class Writer:
     """Appends instructions at a known address; targets are addresses or label names."""
 

@@ -40,10 +40,10 @@
  *   edge_spin         10   first: subs w0, w0, #1, then b.ne edge_spin back to the entry:
  *                          2 calls (n = 4, 6) run the entry 10 times, and the probe counts each
  *   main              1
+ *   edge_nosize       2    no .size and no CFI: extends to the next symbol
  *
  * Must be refused; they behave as before:
  *   edge_blraa        0    first: blraa x1, sp (an authenticated call); never called
- *   edge_nosize       2    no .size and no CFI: size unknown
  */
 #include <stdint.h>
 #include <stdio.h>

@@ -1,0 +1,71 @@
+"""Bytes a hop may land in: code bytes that never run and that nothing targets.
+
+A short hop (docs/design.md, "Patch tactics") needs a landing within its reach
+for the long jump to its trampoline. Landings come from:
+- alignment padding between two functions: nop/int3 runs after a function whose
+  last instruction never falls through, before the next function or symbol;
+- the filler of a window that is patched anyway (bytes after its jump);
+- an evicted neighbour: a window moved to a trampoline of its own only to free
+  the bytes after its jump (the planner finds those).
+`Occupancy` keeps windows and landings from overlapping.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Callable, List, Set, Tuple
+
+
+class Occupancy:
+    """Disjoint byte ranges in use: windows, landings."""
+
+    def __init__(self):
+        self._starts: List[int] = []
+        self._ends: List[int] = []
+
+    def is_free(self, start: int, end: int) -> bool:
+        k = bisect.bisect_right(self._starts, start)
+        if k and self._ends[k - 1] > start:
+            return False
+        return k == len(self._starts) or self._starts[k] >= end
+
+    def take(self, start: int, end: int) -> None:
+        assert self.is_free(start, end), (hex(start), hex(end))
+        k = bisect.bisect_right(self._starts, start)
+        self._starts.insert(k, start)
+        self._ends.insert(k, end)
+
+
+def padding_gaps(elf, backend, functions, instructions: Callable, symbol_starts: Set[int]
+                 ) -> List[Tuple[int, int]]:
+    """(start, end) of each run of padding between functions that no code reaches by
+    falling through: the function before it ends in an instruction that never
+    continues (a return, a jump), and no symbol starts inside it."""
+    gaps = []
+    starts = sorted(symbol_starts)
+    for section in elf.executable_sections():
+        inside = [f for f in functions if section.addr <= f.address < section.end]
+        reach = section.addr  # the furthest end of a function so far
+        last = None  # the function that ends there
+        for fn, following in zip(inside, inside[1:] + [None]):
+            if fn.end > reach:
+                reach, last = fn.end, fn
+            start = reach
+            end = min(following.address if following else section.end, section.end)
+            k = bisect.bisect_left(starts, start)
+            if k < len(starts) and starts[k] < end:
+                end = starts[k]  # a label (hand-written code) is no padding
+            if end - start < backend.patch_size or last is None:
+                continue
+            insns = instructions(last)
+            if not insns or insns[-1].end != last.end or not backend.ends_flow(insns[-1]):
+                continue
+            padding = backend.decode(elf.read(start, end - start), start)
+            run_end = start
+            for insn in padding:
+                if not backend.is_padding(insn):
+                    break
+                run_end = insn.end
+            if run_end - start >= backend.patch_size:
+                gaps.append((start, run_end))
+    return gaps

@@ -1,0 +1,236 @@
+"""Patch tactics for tight sites (samples/tactics.c): each site forces one tactic; the
+rewritten program runs as the original, counts every call, and matches kernel uprobes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from conftest import check, run, rewrite, stat, urewrite
+
+CFLAGS = ["-fcf-protection=none"]
+LINKS = ["-pie", "-no-pie"]
+CALLS = {"tac_hop": 3, "tac_evict": 4, "tac_leave": 5, "tac_fill1": 2, "tac_fill2": 1,
+         "tac_last": 6}
+# alone (as `list` plans each), the tactic each entry and return needs
+ENTRY_TACTIC = {"tac_hop": "hop", "tac_evict": "evict", "tac_last": ("hop", "evict")}
+RETURN_TACTIC = {"tac_leave": "evict", "tac_last": ("hop", "evict")}
+
+
+def _listing(path) -> dict:
+    proc = urewrite("list", str(path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    return {r["name"]: r for r in json.loads(proc.stdout)["functions"]}
+
+
+def _section(path, name):
+    """(start, end) of a section, from readelf."""
+    out = check(["readelf", "-SW", str(path)]).stdout
+    m = re.search(rf"\s{re.escape(name)}\s+\w+\s+([0-9a-f]+)\s+[0-9a-f]+\s+([0-9a-f]+)", out)
+    return int(m.group(1), 16), int(m.group(1), 16) + int(m.group(2), 16)
+
+
+@pytest.fixture(params=[(level, link) for level in ("-O0", "-O2") for link in LINKS],
+                ids=lambda p: f"{p[0][1:]}-{p[1][1:]}")
+def tactics(request, builder):
+    level, link = request.param
+    built = builder.build("tactics", ["tactics.c"], [level] + CFLAGS, [link])
+    return built
+
+
+def test_the_sample_forces_each_tactic(tactics):
+    rows = _listing(tactics.path)
+    # the layout the sample is written for
+    assert rows["tac_evict"]["address"] == rows["tac_fill1"]["address"] + rows["tac_fill1"]["size"]
+    assert rows["tac_fill2"]["address"] == rows["tac_leave"]["address"] + rows["tac_leave"]["size"]
+    text_end = _section(tactics.path, ".text")[1]
+    last = rows["tac_last"]
+    assert last["address"] + last["size"] == text_end < _section(tactics.path, ".fini")[0]
+    for name, tactic in ENTRY_TACTIC.items():
+        assert rows[name]["patchable"], (name, rows[name]["reason"])
+        assert rows[name]["tactic"] in (tactic if isinstance(tactic, tuple) else (tactic,)), name
+        assert 2 <= rows[name]["displaced"] < 5
+    for name, tactic in RETURN_TACTIC.items():
+        ret = rows[name]["return"]
+        assert ret["mechanism"] == "exit sites", (name, ret)
+        assert set(ret["tactics"]) <= set(tactic if isinstance(tactic, tuple) else (tactic,))
+    # the lone `ret` at the end of .text borrows a byte of the gap before .fini
+    assert last["displaced"] == 2
+
+
+def _expected_counts(rounds: int) -> dict:
+    return {name: n * rounds for name, n in CALLS.items()}
+
+
+def test_every_function_probed_runs_and_counts(tactics, tmp_path):
+    out = tmp_path / "tactics.probed"
+    result = rewrite(tactics.path, out, "*", extra=["-r", "*"])
+    # each probe lists its tactic; the counts are per patched window
+    assert set(result["tactics"]) == {"jump", "hop", "evict"}
+    assert result["tactics"]["evict"] >= 1 and result["tactics"]["jump"] >= 1
+    assert {p["tactic"] for p in result["probes"] if p["name"] == "tac_evict"} == {"evict"}
+    refused = {r["name"] for r in result["refused"]}
+    assert not refused & set(CALLS), result["refused"]
+    original = run([tactics.path, "3"])
+    st = stat([out, "3"], tmp_path)
+    assert (st.proc.returncode, st.proc.stdout) == (0, original.stdout)
+    hits = {(p["name"], p["kind"]): p["hits"] for p in st.probes}
+    for name, n in _expected_counts(3).items():
+        assert hits[(name, "entry")] == n, name
+        assert hits[(name, "return")] == n, name
+    # disarmed, it runs as the original too
+    assert run([out, "3"]).stdout == original.stdout
+
+
+def test_counts_equal_uprobes(builder, uprobes, tmp_path):
+    built = builder.build("tactics", ["tactics.c"], ["-O2"] + CFLAGS, ["-pie"])
+    out = tmp_path / "tactics.probed"
+    rewrite(built.path, out, "tac_*")
+    st = stat([out, "2"], tmp_path)
+    addresses = {name: built.own_functions[name] for name in CALLS}
+    oracle = uprobes.count(built.path, addresses, lambda: run([built.path, "2"]))
+    hits = st.by_address()
+    assert {n: hits[a] for n, a in addresses.items()} == oracle == _expected_counts(2)
+
+
+def test_a_refusal_names_each_tactic_tried(builder, tmp_path):
+    """A 1-byte function followed at once by the next one: no tactic fits."""
+    source = tmp_path / "one.c"
+    source.write_text(
+        '__asm__(".text\\n.p2align 4\\n.globl one\\n.type one,@function\\none: ret\\n'
+        '.size one,1\\n.globl two\\n.type two,@function\\ntwo: ret\\n.size two,1\\n");\n'
+        "void one(void); void two(void);\nint main(void) { one(); two(); return 0; }\n")
+    exe = tmp_path / "one"
+    check(["gcc", "-O2", str(source), "-o", str(exe)])
+    proc = urewrite(str(exe), "-p", "one", "-o", str(tmp_path / "out"))
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("urewrite: cannot probe one: jump: it is 1 bytes long, "
+                                  "too short for a 5-byte jump, and ")
+    assert proc.stderr.endswith("; hop: it is 1 bytes long, too short for a 2-byte jump, and "
+                                "the next function follows without padding\n")
+    assert proc.stderr.count("\n") == 1
+
+
+# -- the cases of real files that had no tactic but the plain jump ---------------------------
+
+LIBSTDCXX = "/usr/lib/x86_64-linux-gnu/libstdc++.so.6"
+RETHROW_CC = r"""
+#include <cstdio>
+#include <stdexcept>
+int main() {
+    int caught = 0;
+    for (int i = 0; i < 10; i++) {
+        try {
+            try {
+                throw std::runtime_error("x");
+            } catch (...) {
+                if (i % 2) throw;  /* 5 rethrows */
+            }
+        } catch (...) {
+            caught++;
+        }
+    }
+    std::printf("caught %d\n", caught);
+    return 0;
+}
+"""
+
+
+@pytest.mark.skipif(not os.path.exists(LIBSTDCXX), reason=f"needs {LIBSTDCXX}")
+def test_every_libstdcxx_usdt_site(tmp_path):
+    """Debian's libstdc++ `rethrow` site is a 1-byte nop, then a 2-byte jmp, between two
+    branch targets: only a hop fits there."""
+    source, exe, libdir = tmp_path / "rethrow.cc", tmp_path / "rethrow", tmp_path / "lib"
+    source.write_text(RETHROW_CC)
+    check(["g++", "-O2", str(source), "-o", str(exe)])
+    libdir.mkdir()
+    result = rewrite(LIBSTDCXX, libdir / "libstdc++.so.6", "usdt:libstdcxx:*")
+    assert result["refused"] == []
+    tactics = {p["name"]: p["tactic"] for p in result["probes"]}
+    assert set(tactics) == {"libstdcxx:throw", "libstdcxx:rethrow", "libstdcxx:catch"}
+    assert tactics["libstdcxx:rethrow"] == "hop"
+    st = stat([exe], tmp_path, env={"LD_LIBRARY_PATH": str(libdir)})
+    assert (st.proc.returncode, st.proc.stdout) == (0, "caught 5\n")
+    assert {p["name"]: p["hits"] for p in st.probes} == {
+        "libstdcxx:throw": 10, "libstdcxx:rethrow": 5, "libstdcxx:catch": 15}
+
+
+RECURSION_CC = r"""
+#include <cstdio>
+static int returned;
+__attribute__((noinline)) int down(int n) {
+    if (n == 0)
+        throw n;
+    if (n % 7 == 0)
+        return n;            /* an early return: a jump to the `leave` */
+    int r = down(n - 1) + 1;
+    returned++;
+    return r;
+}
+int main() {
+    int caught = 0, sum = 0;
+    for (int i = 1; i <= 30; i++) {
+        try { sum += down(i); } catch (int) { caught++; }
+    }
+    std::printf("sum %d caught %d\nreturns %d\n", sum, caught, returned);
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("level", ["-O0", "-O0 -no-pie"])
+def test_cxx_recursion_that_throws_gets_return_probes(tmp_path, level):
+    """At -O0 the exit is `leave; ret` with a branch to the `leave`, and a file that
+    throws cannot redirect return addresses: the exit takes a hop."""
+    source, exe, out = tmp_path / "rec.cc", tmp_path / "rec", tmp_path / "rec.probed"
+    source.write_text(RECURSION_CC)
+    check(["g++", *level.split(), str(source), "-o", str(exe)])
+    original = run([exe])
+    returns = int(original.stdout.split("returns ")[1])
+    early = sum(1 for i in range(1, 31) if i >= 7)  # calls that reach a multiple of 7
+    plain_only = urewrite(str(exe), "-r", "_Z4downi", "--tactics", "jump", "-o", str(out))
+    assert plain_only.returncode == 1 and "a branch lands at" in plain_only.stderr
+    result = rewrite(exe, out, "_Z4downi", extra=["-r", "_Z4downi"])
+    assert result["refused"] == []
+    assert {p["tactic"] for p in result["probes"] if p["kind"] == "return"} & {"hop", "evict"}
+    st = stat([out], tmp_path)
+    assert (st.proc.returncode, st.proc.stdout) == (0, original.stdout)
+    hits = {p["kind"]: p["hits"] for p in st.probes}
+    assert hits["return"] == returns + early  # the early returns return too
+
+
+def test_list_summary_counts_what_list_shows(tactics, tmp_path):
+    rows = _listing(tactics.path)
+    not_elf = tmp_path / "notes.txt"
+    not_elf.write_text("not a program\n")
+    proc = urewrite("list", "--summary", "--json", str(tactics.path), str(not_elf))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == f"urewrite: warning: skipped {not_elf}: {not_elf}: not an ELF file\n"
+    report = json.loads(proc.stdout)
+    [row] = report["files"]
+    assert row["functions"] == len(rows)
+    assert row["entry"] == sum(r["patchable"] for r in rows.values())
+    assert row["return"] == sum(r["return"]["mechanism"] is not None for r in rows.values())
+    entry_tactics = [r["tactic"] for r in rows.values() if r["patchable"]]
+    exit_tactics = [t for r in rows.values() for t, n in r["return"]["tactics"].items()
+                    for _ in range(n)]
+    assert row["tactics"] == {t: (entry_tactics + exit_tactics).count(t)
+                              for t in ("jump", "hop", "evict")}
+    assert row["tactics"]["evict"] >= 2 and row["tactics"]["hop"] >= 1
+    assert report["total"]["files"] == 1 and report["skipped"] == [
+        {"file": str(not_elf), "reason": f"{not_elf}: not an ELF file"}]
+    text = urewrite("list", "--summary", str(tactics.path)).stdout.splitlines()
+    assert text[0].split() == ["FILE", "FUNCTIONS", "ENTRY", "RETURN", "USDT", "JUMP", "HOP",
+                               "EVICT"]
+    assert text[-1].split()[0] == "TOTAL" and text[-1].split()[1] == str(len(rows))
+
+
+def test_list_summary_of_nothing_readable_is_an_error(tmp_path):
+    not_elf = tmp_path / "notes.txt"
+    not_elf.write_text("not a program\n")
+    proc = urewrite("list", "--summary", str(not_elf))
+    assert proc.returncode == 1
+    assert proc.stderr == f"urewrite: {not_elf}: not an ELF file\n"
