@@ -4,7 +4,9 @@ Finding functions needs each FDE's initial location and range, for which each
 CIE's pointer encoding ('R' in its augmentation) is read. Return probes also
 need the frame at an FDE's first address (`entry_frames`): a function entered by
 a call starts with the frame the call made, while a part of a function split off
-by the compiler (a .cold part, named or not) starts inside its parent's frame. Encodings
+by the compiler (a .cold part, named or not) starts inside its parent's frame.
+except_table.py reads C++ landing pads from each FDE's LSDA pointer (`fde_lsdas`),
+with the same value readers (`ValueReader`). Encodings
 other than absolute and PC-relative (never seen in linked x86_64 or arm64 files)
 raise UnsupportedEncoding, so the caller can fall back to LIEF. Bytes that do
 not parse end the walk with what was read so far, as unwinders do.
@@ -30,7 +32,7 @@ class UnsupportedEncoding(Exception):
     pass
 
 
-class _Truncated(Exception):
+class Truncated(Exception):
     pass
 
 
@@ -65,14 +67,86 @@ def entry_frames(elf: ElfFile) -> Dict[int, Optional[Frame]]:
     return walker.frames
 
 
-class _Walker:
-    def __init__(self, data: bytes, address: int, frames: bool = False):
+def fde_lsdas(elf: ElfFile) -> List[Tuple[int, int, Optional[int]]]:
+    """(start address, size, LSDA address) of every FDE whose CIE gives FDEs an LSDA
+    ('L' in its augmentation), in file order. The LSDA address is 0 where the FDE has
+    none, None where it cannot be read."""
+    sec = elf.section_named(".eh_frame")
+    if sec is None or sec.type == 8 or not sec.size:
+        return []
+    data = elf.data[sec.offset:sec.offset + sec.size]
+    walker = _Walker(data, sec.addr, lsdas=True)
+    walker.fdes()
+    return walker.lsdas
+
+
+class ValueReader:
+    """Reads the values of exception-handling tables from `data`, found at `address`:
+    pointers in their DW_EH_PE encodings, LEB128 numbers, bytes. Offsets index `data`;
+    `end` bounds each read (Truncated past it)."""
+
+    def __init__(self, data, address: int):
         self.data = data
         self.address = address  # of data[0]
+
+    def pointer(self, at: int, encoding: int, end: int) -> Tuple[int, int]:
+        """(value, next offset) of a pointer in `encoding` at offset `at`."""
+        if encoding == DW_EH_PE_OMIT:
+            return 0, at
+        application, form = encoding & 0x70, encoding & 0x0F
+        if encoding & 0x80 or application not in (0, DW_EH_PE_PCREL):
+            raise UnsupportedEncoding(f"pointer encoding {encoding:#x}")
+        if form in _FIXED:
+            size = struct.calcsize(_FIXED[form])
+            if at + size > end:
+                raise Truncated
+            value, next_at = self._fixed(_FIXED[form], at), at + size
+        elif form in (_ULEB, _SLEB):
+            value, next_at = self.leb(at, end, signed=form == _SLEB)
+        else:
+            raise UnsupportedEncoding(f"pointer encoding {encoding:#x}")
+        if application == DW_EH_PE_PCREL:
+            value += self.address + at
+        return value & 0xFFFFFFFFFFFFFFFF, next_at
+
+    def leb(self, at: int, end: int, signed: bool) -> Tuple[int, int]:
+        value = shift = 0
+        while True:
+            byte = self.byte(at, end)
+            at += 1
+            value |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        if signed and byte & 0x40:
+            value -= 1 << shift
+        return value, at
+
+    def byte(self, at: int, end: int) -> int:
+        if at >= end:
+            raise Truncated
+        return self.data[at]
+
+    def _u32(self, at: int) -> int:
+        return self._fixed("<I", at)
+
+    def _fixed(self, fmt: str, at: int) -> int:
+        try:
+            return struct.unpack_from(fmt, self.data, at)[0]
+        except struct.error:
+            raise Truncated from None
+
+
+class _Walker(ValueReader):
+    def __init__(self, data: bytes, address: int, frames: bool = False, lsdas: bool = False):
+        super().__init__(data, address)
         self.cie_encodings: Dict[int, int] = {}
         self.want_frames = frames
         self.cies: Dict[int, _Cie] = {}  # with frames: what the rules need of each CIE
         self.frames: Dict[int, Optional[Frame]] = {}
+        self.want_lsdas = lsdas
+        self.lsda_encodings: Dict[int, Optional[int]] = {}  # CIE with 'L' -> LSDA encoding
+        self.lsdas: List[Tuple[int, int, Optional[int]]] = []
 
     def fdes(self) -> List[Tuple[int, int]]:
         out = []
@@ -87,13 +161,13 @@ class _Walker:
                 end = body + length
                 if end > len(self.data) or length < 4:
                     break
-            except _Truncated:
+            except Truncated:
                 break
             cie_pointer = self._u32(body)
             if cie_pointer:
                 try:
                     fde = self._fde(body, cie_pointer, end)
-                except _Truncated:  # this entry only: its length says where the next one is
+                except Truncated:  # this entry only: its length says where the next one is
                     fde = None
                 if fde is not None:
                     out.append(fde)
@@ -110,11 +184,30 @@ class _Walker:
             size &= 0xFFFFFFFFFFFFFFFF
             at = body + 12
         else:
-            start, at = self._pointer(body + 4, encoding, end)
-            size, at = self._pointer(at, encoding & 0x0F, end)
+            start, at = self.pointer(body + 4, encoding, end)
+            size, at = self.pointer(at, encoding & 0x0F, end)
         if self.want_frames:
             self.frames[start] = self._entry_frame(self.cies.get(body - cie_pointer), at, end)
+        if self.want_lsdas and body - cie_pointer in self.lsda_encodings:
+            self.lsdas.append((start, size, self._lsda(body - cie_pointer, at, end)))
         return start, size
+
+    def _lsda(self, cie: int, at: int, end: int) -> Optional[int]:
+        """The LSDA address in an FDE's augmentation data (0: none); None when it
+        cannot be read."""
+        encoding = self.lsda_encodings[cie]
+        if encoding is None:
+            return None
+        if encoding == DW_EH_PE_OMIT:
+            return 0
+        try:
+            length, at = self.leb(at, end, signed=False)
+            end = min(end, at + length)
+            raw, _ = self.pointer(at, encoding & 0x0F, end)
+            # as libgcc reads it: a zero stays zero, whatever the application
+            return self.pointer(at, encoding, end)[0] if raw else 0
+        except (Truncated, UnsupportedEncoding):
+            return None
 
     def _entry_frame(self, cie: Optional["_Cie"], at: int, end: int) -> Optional[Frame]:
         """The frame at an FDE's first address: the CIE's initial rules, then the FDE's
@@ -123,12 +216,12 @@ class _Walker:
             return None
         try:
             if cie.augmented:
-                length, at = self._leb(at, end, signed=False)
+                length, at = self.leb(at, end, signed=False)
                 at += length
             state = _Rules(cie)
             if not state.run(self, cie.instructions, cie.end) or not state.run(self, at, end):
                 return None
-        except _Truncated:
+        except Truncated:
             return None
         return state.frame()
 
@@ -141,96 +234,55 @@ class _Walker:
                 and self._u32(cie + 4) == 0:
             try:
                 encoding = self._read_cie(cie + 8, cie + 4 + self._u32(cie), cie)
-            except _Truncated:
+            except Truncated:
                 encoding = None
         self.cie_encodings[cie] = encoding
         return encoding
 
     def _read_cie(self, at: int, end: int, offset: int = -1) -> int:
-        version = self._byte(at, end)
+        version = self.byte(at, end)
         nul = self.data.find(b"\0", at + 1, end)
         if nul < 0:
-            raise _Truncated
+            raise Truncated
         augmentation = self.data[at + 1:nul]
         at = nul + 1
         if augmentation.startswith(b"eh"):  # an old GCC's eh_ptr word
             at += 8
-        _, at = self._leb(at, end, signed=False)  # code alignment
-        data_alignment, at = self._leb(at, end, signed=True)
+        _, at = self.leb(at, end, signed=False)  # code alignment
+        data_alignment, at = self.leb(at, end, signed=True)
         if version == 1:
-            return_register, at = self._byte(at, end), at + 1
+            return_register, at = self.byte(at, end), at + 1
         else:
-            return_register, at = self._leb(at, end, signed=False)
+            return_register, at = self.leb(at, end, signed=False)
         if not augmentation.startswith(b"z"):
             if self.want_frames:
                 self.cies[offset] = _Cie(data_alignment, return_register, False, at, end)
             return 0x00  # absolute pointers
-        length, at = self._leb(at, end, signed=False)  # augmentation data length
+        length, at = self.leb(at, end, signed=False)  # augmentation data length
         if self.want_frames:
             self.cies[offset] = _Cie(data_alignment, return_register, True, at + length, end)
+        encoding = lsda = None
         for letter in augmentation[1:]:
             if letter == ord("R"):
-                return self._byte(at, end)
-            if letter == ord("L"):
-                at += 1
+                encoding, at = self.byte(at, end), at + 1
+                if not self.want_lsdas:
+                    break
+            elif letter == ord("L"):
+                lsda, at = self.byte(at, end), at + 1
             elif letter == ord("P"):  # the personality routine: skipped, only its size matters
-                personality = self._byte(at, end)
+                personality = self.byte(at, end)
                 if personality & 0x70 == 0x50:  # DW_EH_PE_aligned: padding we do not model
                     raise UnsupportedEncoding(f"personality encoding {personality:#x}")
-                _, at = self._pointer(at + 1, personality & 0x0F, end)
+                _, at = self.pointer(at + 1, personality & 0x0F, end)
             elif letter not in b"SBG":  # signal frame, arm64 key B, memory tagging: no data
-                break  # an unknown letter hides where 'R' is
+                break  # an unknown letter hides where 'R' (or 'L') is
+        if self.want_lsdas and b"L" in augmentation:
+            self.lsda_encodings[offset] = lsda  # None: its place is unknown
+        if encoding is not None:
+            return encoding
         if b"R" in augmentation:
             raise UnsupportedEncoding(f"CIE augmentation {augmentation!r}")
         return 0x00
-
-    # -- reading values ----------------------------------------------------------
-    def _pointer(self, at: int, encoding: int, end: int) -> Tuple[int, int]:
-        """(value, next offset) of a pointer in `encoding` at offset `at`."""
-        if encoding == DW_EH_PE_OMIT:
-            return 0, at
-        application, form = encoding & 0x70, encoding & 0x0F
-        if encoding & 0x80 or application not in (0, DW_EH_PE_PCREL):
-            raise UnsupportedEncoding(f"pointer encoding {encoding:#x}")
-        if form in _FIXED:
-            size = struct.calcsize(_FIXED[form])
-            if at + size > end:
-                raise _Truncated
-            value, next_at = self._fixed(_FIXED[form], at), at + size
-        elif form in (_ULEB, _SLEB):
-            value, next_at = self._leb(at, end, signed=form == _SLEB)
-        else:
-            raise UnsupportedEncoding(f"pointer encoding {encoding:#x}")
-        if application == DW_EH_PE_PCREL:
-            value += self.address + at
-        return value & 0xFFFFFFFFFFFFFFFF, next_at
-
-    def _leb(self, at: int, end: int, signed: bool) -> Tuple[int, int]:
-        value = shift = 0
-        while True:
-            byte = self._byte(at, end)
-            at += 1
-            value |= (byte & 0x7F) << shift
-            shift += 7
-            if not byte & 0x80:
-                break
-        if signed and byte & 0x40:
-            value -= 1 << shift
-        return value, at
-
-    def _byte(self, at: int, end: int) -> int:
-        if at >= end:
-            raise _Truncated
-        return self.data[at]
-
-    def _u32(self, at: int) -> int:
-        return self._fixed("<I", at)
-
-    def _fixed(self, fmt: str, at: int) -> int:
-        try:
-            return struct.unpack_from(fmt, self.data, at)[0]
-        except struct.error:
-            raise _Truncated from None
 
 
 @dataclass(frozen=True)
@@ -259,10 +311,10 @@ class _Rules:
     def run(self, walker: "_Walker", at: int, end: int) -> bool:
         """False at an instruction this reader does not follow."""
         align = self.cie.data_alignment
-        uleb = lambda: walker._leb(at, end, signed=False)  # noqa: E731
-        sleb = lambda: walker._leb(at, end, signed=True)  # noqa: E731
+        uleb = lambda: walker.leb(at, end, signed=False)  # noqa: E731
+        sleb = lambda: walker.leb(at, end, signed=True)  # noqa: E731
         while at < end:
-            op = walker._byte(at, end)
+            op = walker.byte(at, end)
             at += 1
             high, low = op & 0xC0, op & 0x3F
             if high == 0x40 or op in (0x01, 0x02, 0x03, 0x04):  # advance_loc*, set_loc

@@ -6,7 +6,9 @@ backend's patch size) with a jump. That is safe only when:
 - no branch lands inside the window after its first byte (such a branch
   would land in the middle of the jump). Direct branches of the function and of
   its neighbours are decoded exactly; far branches and addresses taken anywhere
-  in the file are found by conservative scans (taken_addresses.py);
+  in the file are found by conservative scans (taken_addresses.py); C++ landing
+  pads, where the unwinder resumes a frame, count as branch targets
+  (except_table.py);
 - a window that runs past the function's end covers only alignment padding that
   no symbol and no branch claims.
 """
@@ -19,7 +21,8 @@ from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Set, Union
 
 from urewrite.arch.base import Backend, Window
-from urewrite.rewriter import elf_symbols, free_space, redirection, taken_addresses
+from urewrite.rewriter import (elf_symbols, except_table, free_space, redirection,
+                               taken_addresses)
 from urewrite.rewriter.free_space import Occupancy
 from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.functions import Function
@@ -110,6 +113,7 @@ class Planner:
         self._fragments: Optional[Dict[int, Function]] = None
         self._references: Optional[Dict[int, List[int]]] = None  # when first needed
         self._gaps: Optional[List[tuple]] = None  # padding runs between functions, when needed
+        self._landing_pads: Optional[except_table.LandingPads] = None  # when first needed
         self.redirected_because: Dict[int, str] = {}  # function -> why its exits are not patched
         self._cold_parts: Dict[str, List[Function]] = {}  # "f" -> f.cold, f.cold.1, ...
         for f in functions:
@@ -377,6 +381,8 @@ class Planner:
         targets = self._near_targets(self._holding(a.site))
         if any(window.address < t < window.end for t in targets):
             return None
+        if self._landing_pad_in(window.address, window.end, insns):
+            return None
         if b.window.address != a.window.address and b.window.address in taken:
             return None  # b's first byte is no longer a window start
         points = {}
@@ -471,6 +477,10 @@ class Planner:
             inside = [t for t in targets if start < t < end]
             if inside:
                 reason = f"a branch lands at {inside[0]:#x}, inside every window around it"
+                continue
+            pad = self._landing_pad_in(start, end, insns[first:last + 1])
+            if pad:
+                reason = f"{pad}, inside every window around it"
                 continue
             try:
                 displaced = self._displaced(insns[first:last + 1])
@@ -707,7 +717,8 @@ class Planner:
                     continue
                 if targets is None:
                     targets = self._near_targets(fn)
-                if any(first.address < t < end for t in targets):
+                if any(first.address < t < end for t in targets) or \
+                        self._landing_pad_in(first.address, end, chosen):
                     continue
                 try:
                     displaced = self._displaced(chosen)
@@ -766,4 +777,22 @@ class Planner:
                 if lo <= target < hi:
                     return (f"the branch at {source:#x} lands at {target:#x}, "
                             f"inside the displaced bytes")
+        pad = self._landing_pad_in(plan.window.address, plan.window.end, plan.window.insns)
+        if pad:
+            return f"{pad}, inside the displaced bytes"
         return None
+
+    def _landing_pad_in(self, start: int, end: int, insns) -> Optional[str]:
+        """What makes (start, end) unsafe for the unwinder: a C++ landing pad after its
+        first byte (it resumes there, as a branch would land), or a function whose
+        landing pads cannot be read. Landing pads are read when a window of more than
+        one instruction first needs them."""
+        if len(insns) == 1 and insns[0].end >= end:
+            return None  # no instruction starts inside it
+        if self._landing_pads is None:
+            self._landing_pads = except_table.landing_pads(self.elf)
+        pad = self._landing_pads.first_inside(start, end)
+        if pad is not None:
+            return f"a C++ landing pad is at {pad:#x}"
+        unknown = self._landing_pads.unknown_inside(start, end)
+        return f"a C++ landing pad may lie anywhere in {unknown[2]}" if unknown else None
