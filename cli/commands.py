@@ -127,16 +127,17 @@ def rewrite(input_file, probes, returns, output, arg_count, keep_going, as_json,
 
 
 def _parse_tactics(value):
-    """--tactics jump,hop -> ("jump", "hop"); the plain jump is always tried first."""
+    """--tactics hop,jump -> ("jump", "hop"): the chosen ones, tried in their fixed order."""
     if value is None:
         return None
     from urewrite.rewriter.planner import TACTICS
     chosen = [t.strip() for t in value.split(",") if t.strip()]
     unknown = [t for t in chosen if t not in TACTICS]
-    if unknown:
+    if unknown or not chosen:
         raise click.BadParameter(f"unknown tactic {unknown[0]!r} (choose from "
-                                 f"{', '.join(TACTICS)})", param_hint="--tactics")
-    return tuple(t for t in TACTICS if t in chosen or t == "jump")
+                                 f"{', '.join(TACTICS)})" if unknown else "name a tactic",
+                                 param_hint="--tactics")
+    return tuple(t for t in TACTICS if t in chosen)
 
 
 def _tactic_counts(plans) -> dict:

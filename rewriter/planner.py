@@ -337,6 +337,8 @@ class Planner:
             # a site inside a function follows the stricter rules (flags live)
             primary = next((s for s in group if not s.at_entry), group[0])
             try:
+                if "jump" not in self.tactics:
+                    raise _Refused("not among the tactics to try")
                 plan = self._window(primary)
             except _Refused as why:
                 tentative.extend(Refusal(s, str(why)) for s in group)
@@ -679,8 +681,10 @@ class Planner:
             for at in range(max(start, lo), min(end - size, hi) + 1):
                 spots.append((abs(at - window.address), at))
         for _, at in sorted(spots):
-            if used.is_free(at, at + size) and not any(a in taken for a in range(at, at + size)) \
-                    and not self._direct_targets_in(at, at + size):
+            clear = at + size <= window.address or at >= window.end  # of the hop's own window
+            if clear and used.is_free(at, at + size) and \
+                    not any(a in taken for a in range(at, at + size)) and \
+                    not self._direct_targets_in(at, at + size):
                 return at
         return None
 

@@ -57,8 +57,9 @@ def usermode_row(plain: str, trigger: str, iterations: int, threads: int) -> Row
 
 
 def urewrite_row(binary: str, trigger: str, kind: str, iterations: int, threads: int,
-                 work: str) -> Row:
+                 work: str, tactic: str = "") -> Row:
     name = "urewrite usdt" if trigger == "usdt" else f"urewrite {kind}-{trigger}"
+    name += f" ({tactic})" if tactic else ""
     row = Row(name, "urewrite", kind, trigger, threads, iterations)
 
     def measure() -> float:
@@ -139,6 +140,8 @@ def trigger_rows(plain: str, probed: Dict[str, str], offsets: Dict[str, int],
     rows += [urewrite_row(probed[k], t, k, iterations, threads, work)
              for k in UREWRITE_KINDS for t in TRIGGERS]
     rows.append(urewrite_row(probed["entry"], "usdt", "usdt", iterations, threads, work))
+    rows += [urewrite_row(probed["entry-hop"], t, "entry", iterations, threads, work, "hop")
+             for t in TRIGGERS]
     return rows
 
 

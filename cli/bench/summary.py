@@ -76,6 +76,10 @@ def targets(result: dict) -> List[dict]:
             a = r["added_ns"]
             add(f"urewrite {kind}-{t} within 3 ns of usermode-{t}", a,
                 None if a is None else a <= 3, "ns")
+        hop, plain = rows.get((f"urewrite entry-{t} (hop)", 1)), rows.get((f"urewrite entry-{t}", 1))
+        if hop and plain and hop["ns_per_hit"] is not None and plain["ns_per_hit"] is not None:
+            extra = hop["ns_per_hit"] - plain["ns_per_hit"]
+            add(f"urewrite entry-{t} by hop within 1 ns of the plain jump", extra, extra <= 1, "ns")
     redis = result.get("redis")
     if redis and not redis.get("skipped"):
         ratio = redis.get("urewrite_rps_ratio")
