@@ -67,6 +67,9 @@ class CountPoint:
     # a function entry whose return address is redirected: the CountPoint its
     # return stub counts (the return probe), else None
     redirect: Optional["CountPoint"] = None
+    # the probes count only when the conditional branch at `address` is taken: a
+    # conditional tail call out of the function, one of its exits
+    taken: bool = False
 
 
 @dataclass(frozen=True)
@@ -159,9 +162,11 @@ class Backend(ABC):
 
     @abstractmethod
     def exit_kind(self, insn: Insn, inside) -> tuple:
-        """(leaves, problem): whether `insn` leaves its function for good (a return,
-        a tail call), or a reason it may leave in a way no probe can follow.
-        `inside(address)` tells whether an address belongs to the function."""
+        """(leaves, problem): whether `insn` leaves its function for good (True: a
+        return, a tail call; "taken": a conditional tail call, which leaves only when
+        its branch is taken, counted then by a CountPoint with `taken`), or a reason
+        it may leave in a way no probe can follow. `inside(address)` tells whether an
+        address belongs to the function."""
 
     redirects_returns = False  # whether its trampolines can redirect a return address
 

@@ -38,6 +38,7 @@ class ProbePoint:
     address: int  # the displaced instruction the sites' probes fire before
     sites: tuple
     flags_live: bool
+    taken: bool = False  # they fire only when the branch there is taken (a conditional exit)
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ class Planner:
         self._fragments: Optional[Dict[int, Function]] = None
         self._references: Optional[Dict[int, List[int]]] = None  # when first needed
         self._gaps: Optional[List[tuple]] = None  # padding runs between functions, when needed
+        self._conditional_exits: Set[int] = set()  # exits that leave only when taken
         self._landing_pads: Optional[except_table.LandingPads] = None  # when first needed
         self.redirected_because: Dict[int, str] = {}  # function -> why its exits are not patched
         self._cold_parts: Dict[str, List[Function]] = {}  # "f" -> f.cold, f.cold.1, ...
@@ -263,6 +265,8 @@ class Planner:
                     raise _Refused(f"a return probe cannot see every exit: {problem}")
                 if leaves:
                     exits.append(replace(site, address=insn.address))
+                if leaves == "taken":
+                    self._conditional_exits.add(insn.address)
         shared = self._branch_from_outside(fn, parts, inside)
         if shared:
             raise _Refused("other code branches into it (at {:#x}, from {:#x}): its exits "
@@ -329,9 +333,11 @@ class Planner:
         return self._references
 
     def _plan_sites(self, sites: List[Site]) -> List[Outcome]:
-        by_address: Dict[int, List[Site]] = {}
+        by_address: Dict[tuple, List[Site]] = {}
         for site in sites:
-            by_address.setdefault(site.address, []).append(site)
+            # a conditional exit counts on its taken edge only: no point to share
+            taken = site.kind == KIND_RETURN and site.address in self._conditional_exits
+            by_address.setdefault((site.address, taken), []).append(site)
         tentative = []
         for _, group in sorted(by_address.items()):
             # a site inside a function follows the stricter rules (flags live)
@@ -391,6 +397,8 @@ class Planner:
         for point in a.points + b.points:
             if point.address in points:
                 old = points[point.address]
+                if old.taken != point.taken:
+                    return None
                 point = replace(old, sites=old.sites + point.sites,
                                 flags_live=old.flags_live or point.flags_live)
             points[point.address] = point
@@ -490,8 +498,11 @@ class Planner:
                 reason = str(why)
                 continue
             window = Window(start, end - start, displaced)
-            # at a return or tail call the flags carry nothing (SysV ABI), as at an entry
-            return Plan(window, (ProbePoint(site.address, (site,), site.kind != KIND_RETURN),))
+            # at a return or tail call the flags carry nothing (SysV ABI), as at an entry;
+            # a conditional tail call is counted on its taken edge, into the callee
+            taken = site.kind == KIND_RETURN and site.address in self._conditional_exits
+            return Plan(window, (ProbePoint(site.address, (site,), site.kind != KIND_RETURN,
+                                            taken),))
         raise _Refused(reason)
 
     def _holding(self, site: Site) -> Function:
@@ -561,10 +572,11 @@ class Planner:
         that, in the bytes an evicted neighbour window frees after its own jump.
         Landings and evicted windows follow the rules of windows: whole
         instructions, nothing targets their bytes, no overlap with another window."""
-        by_address: Dict[int, List[Refusal]] = {}
+        by_address: Dict[tuple, List[Refusal]] = {}
         for o in outcomes:
             if isinstance(o, Refusal):
-                by_address.setdefault(o.site.address, []).append(o)
+                taken = o.site.kind == KIND_RETURN and o.site.address in self._conditional_exits
+                by_address.setdefault((o.site.address, taken), []).append(o)
         if not by_address:
             return outcomes
         used = Occupancy()

@@ -15,11 +15,15 @@
  *                wrong would change what they return
  *   tac_last     a lone `ret`, the last function of .text (its own section sorts
  *                last): the window takes a byte of the gap before .fini -> hop or evict
+ *
+ * And an exit that is not a return: tac_cond ends in a conditional tail call (`jg
+ * tac_evict`, as hand-written code such as glibc's has), one of its exits when taken.
  */
 #include <stdio.h>
 #include <stdlib.h>
 
 int tac_hop(int n);
+int tac_cond(int x);
 int tac_evict(int x);
 int tac_leave(int x);
 int tac_fill1(int x);
@@ -44,6 +48,16 @@ __asm__(
     "    jg tac_hop_loop\n"
     "    ret\n"
     "    .size tac_hop, .-tac_hop\n"
+
+    "    .p2align 4\n"
+    "    .globl tac_cond\n"
+    "    .type tac_cond, @function\n"
+    "tac_cond:\n"                       /* x > 5 ? tac_evict(x) : x + 1 */
+    "    cmpl $5, %edi\n"
+    "    jg tac_evict\n"
+    "    leal 1(%rdi), %eax\n"
+    "    ret\n"
+    "    .size tac_cond, .-tac_cond\n"
 
     "    .p2align 4\n"
     "    .globl tac_fill1\n"
@@ -97,13 +111,15 @@ int main(int argc, char **argv) {
     long sum = 0;
     for (int r = 0; r < rounds; r++) {
         for (int n = 1; n <= 3; n++) sum += tac_hop(n);          /* 3 calls */
+        for (int x = 0; x < 10; x++) sum += tac_cond(x);          /* 10, 4 go on to tac_evict */
         for (int x = 0; x < 4; x++) sum += tac_evict(x * 10);     /* 4 calls */
         for (int x = -2; x < 3; x++) sum += tac_leave(x);         /* 5 calls, 3 take the branch */
         sum += tac_fill1(1) + tac_fill1(2) + tac_fill2(3);        /* 2 + 1 calls */
         for (int k = 0; k < 6; k++) tac_last();                   /* 6 calls */
     }
     printf("sum %ld\n", sum);
-    printf("calls tac_hop %d tac_evict %d tac_leave %d tac_fill1 %d tac_fill2 %d tac_last %d\n",
-           3 * rounds, 4 * rounds, 5 * rounds, 2 * rounds, rounds, 6 * rounds);
+    printf("calls tac_hop %d tac_cond %d tac_evict %d tac_leave %d tac_fill1 %d tac_fill2 %d "
+           "tac_last %d\n", 3 * rounds, 10 * rounds, 8 * rounds, 5 * rounds, 2 * rounds, rounds,
+           6 * rounds);
     return 0;
 }

@@ -13,8 +13,8 @@ from conftest import check, run, rewrite, stat, urewrite
 
 CFLAGS = ["-fcf-protection=none"]
 LINKS = ["-pie", "-no-pie"]
-CALLS = {"tac_hop": 3, "tac_evict": 4, "tac_leave": 5, "tac_fill1": 2, "tac_fill2": 1,
-         "tac_last": 6}
+CALLS = {"tac_hop": 3, "tac_cond": 10, "tac_evict": 8, "tac_leave": 5, "tac_fill1": 2,
+         "tac_fill2": 1, "tac_last": 6}
 # alone (as `list` plans each), the tactic each entry and return needs
 ENTRY_TACTIC = {"tac_hop": "hop", "tac_evict": "evict", "tac_last": ("hop", "evict")}
 RETURN_TACTIC = {"tac_leave": "evict", "tac_last": ("hop", "evict")}
@@ -59,6 +59,8 @@ def test_the_sample_forces_each_tactic(tactics):
         assert set(ret["tactics"]) <= set(tactic if isinstance(tactic, tuple) else (tactic,))
     # the lone `ret` at the end of .text borrows a byte of the gap before .fini
     assert last["displaced"] == 2
+    # a conditional tail call is an exit, counted when taken
+    assert rows["tac_cond"]["return"]["exits"] == 2
 
 
 def _expected_counts(rounds: int) -> dict:

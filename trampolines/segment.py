@@ -122,7 +122,7 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
         try:
             points = []
 
-            def count_point(address, sites, flags_live, redirect=None):
+            def count_point(address, sites, flags_live, redirect=None, taken=False):
                 per_probe = {index_of[site.probe_key]: site for site in sites}
                 indexes = tuple(sorted(per_probe))
                 enters = any(s.kind != region.KIND_RETURN and s.probe_key in measured
@@ -131,14 +131,15 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
                                        if s.probe_key in histogram_of}))
                 return CountPoint(address, indexes, flags_live,
                                   tuple(arguments_of(per_probe[i]) for i in indexes),
-                                  enters, leaves, redirect)
+                                  enters, leaves, redirect, taken)
 
             for point in plan.points:
                 # a redirected return probe is counted by its stub, not at the entry
                 redirected = [s for s in point.sites if s.redirect]
                 counted = [s for s in point.sites if not s.redirect]
                 redirect = count_point(point.address, redirected, False) if redirected else None
-                points.append(count_point(point.address, counted, point.flags_live, redirect))
+                points.append(count_point(point.address, counted, point.flags_live, redirect,
+                                          point.taken))
             code += backend.trampoline(at, plan.window, points, refs)
             patches += _patches(backend, plan, at)
             if plan.hop and plan.hop.evicted:

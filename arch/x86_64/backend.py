@@ -98,6 +98,8 @@ class X86_64Backend(Backend):
                 return False, None
             if mnemonic == "jmp":
                 return True, None  # a tail call
+            if mnemonic.startswith("j") and mnemonic != "jrcxz" and mnemonic != "jecxz":
+                return "taken", None  # a conditional tail call
             return False, f"the conditional jump at {insn.address:#x} leaves it"
         return False, None
 

@@ -42,7 +42,8 @@ def _uses_rsp(insn: Insn) -> bool:
                for op in insn.detail.operands)
 
 
-def _direct_target(insn: Insn) -> Optional[int]:
+def direct_target(insn: Insn) -> Optional[int]:
+    """The target of a direct branch or call (decoded in detail), else None."""
     ops = insn.detail.operands
     if len(ops) == 1 and ops[0].type == X.X86_OP_IMM:
         return ops[0].imm
@@ -67,10 +68,10 @@ def relocation_problem(insn: Insn, is_last: bool, shadow_stack: bool) -> Optiona
             return f"'{insn}' would return into the displaced bytes"
         if shadow_stack:
             return f"'{insn}' cannot be emulated under the CET shadow stack this file enables"
-        if _direct_target(insn) is None and _uses_rsp(insn):
+        if direct_target(insn) is None and _uses_rsp(insn):
             return f"'{insn}' takes its target relative to the stack pointer"
         return None
-    if _is_jump(insn) and _direct_target(insn) is None and insn.detail.id != X.X86_INS_JMP:
+    if _is_jump(insn) and direct_target(insn) is None and insn.detail.id != X.X86_INS_JMP:
         return f"'{insn}' is an indirect conditional branch"
     return None
 
@@ -79,9 +80,9 @@ def relocated_size(insn: Insn) -> int:
     """Bytes the relocated form of `insn` takes (see `relocate`)."""
     ident = insn.detail.id
     if _is_call(insn):
-        target = _direct_target(insn)
+        target = direct_target(insn)
         return _CALL_EMULATION_PREFIX + (5 if target is not None else insn.size)
-    if _direct_target(insn) is not None:
+    if direct_target(insn) is not None:
         if ident == X.X86_INS_JMP:
             return 5
         if ident in _JCC:
@@ -108,8 +109,12 @@ def layout(insns, new_address: int, gaps: dict = None) -> dict:
     return where
 
 
-def emit_one(w: Writer, insn: Insn, where: dict) -> bool:
-    """Write one relocated instruction at w.pc; False when it never falls through."""
+def emit_one(w: Writer, insn: Insn, where: dict, taken_to: Optional[str] = None) -> bool:
+    """Write one relocated instruction at w.pc; False when it never falls through.
+    `taken_to`: a conditional jump goes to this label instead of its target."""
+    if taken_to is not None:
+        w.jcc(_JCC[insn.detail.id], taken_to)
+        return True
     return _emit(w, insn, where)
 
 
@@ -138,7 +143,7 @@ def _mapped(target: int, layout: dict) -> int:
 
 def _emit(w: Writer, insn: Insn, layout: dict) -> bool:
     ident = insn.detail.id
-    target = _direct_target(insn)
+    target = direct_target(insn)
     if _is_call(insn):
         # push the original return address, then jump: the callee returns to the original code
         w.lea_rsp(-8)

@@ -50,19 +50,25 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
     """The displaced instructions with each point's check before its instruction; then
     the out-of-line parts of each point."""
     gaps = {p.address: len(_check(Writer(address), _Labels(k), p.flags_live, refs, dry_run=True))
-            for k, p in enumerate(points)}
+            for k, p in enumerate(points) if not p.taken}
     where = relocator.layout(window.insns, address, gaps)
     by_address = {p.address: (k, p) for k, p in enumerate(points)}
     w = Writer(address)
     falls_through = True
     for insn in window.insns:
-        if insn.address in by_address:
-            k, point = by_address[insn.address]
+        k, point = by_address.get(insn.address, (None, None))
+        if point is not None and not point.taken:
             _check(w, _Labels(k), point.flags_live, refs)
-        falls_through = relocator.emit_one(w, insn, where)
+        taken_to = _Labels(k).taken if point is not None and point.taken else None
+        falls_through = relocator.emit_one(w, insn, where, taken_to)
     if falls_through:
         w.jmp(window.end)
     for k, point in enumerate(points):
+        if point.taken:  # a conditional tail call, taken: count, then on to its target
+            w.label(_Labels(k).taken)
+            _check(w, _Labels(k), False, refs)  # flags carry nothing into a function
+            branch = next(i for i in window.insns if i.address == point.address)
+            w.jmp(relocator.direct_target(branch))
         _armed(w, _Labels(k), point, refs)
         _trace_path(w, _Labels(k), point.probes, refs, point.arguments)
         if point.redirect:
