@@ -149,12 +149,22 @@ class Backend(ABC):
 
     @abstractmethod
     def names_address(self, insn: Insn, target: int) -> bool:
-        """Whether a decoded instruction branches to `target` or computes it PC-relatively:
-        tells a real reference of code_references from a chance match of bytes."""
+        """Whether an instruction (decoded with detail) branches to `target` or computes
+        it PC-relatively: tells a real reference of code_references or code_addresses_in
+        from a chance match of bytes."""
+
+    @abstractmethod
+    def holds_constant(self, insn: Insn, offset: int, value: int) -> bool:
+        """Whether an instruction (decoded with detail) carries `value` as an absolute
+        immediate or displacement whose field starts `offset` bytes into it: tells a
+        real address constant in code (`mov edi, imm32` passing a function pointer)
+        from 4 bytes that only look like one (parts of two instructions). Where the
+        backend cannot tell, True."""
 
     @abstractmethod
     def code_addresses_in(self, code: bytes, base: int, wanted: Set[int]) -> Iterable:
-        """Addresses in `wanted` that code may branch to or take the address of.
+        """(source, target) for each target in `wanted` that code may branch to or take
+        the address of, `source` being where the matching bytes start.
 
         Direct far branches and PC-relative address computations, found by a
         byte scan. Conservative: may report an address no real instruction names.

@@ -106,6 +106,8 @@ class Planner:
         self._starts = [f.address for f in functions]
         self._ends_so_far = list(itertools.accumulate((f.end for f in functions), max))
         self._decoded: Dict[int, list] = {}
+        self._starts_in: Dict[int, List[int]] = {}  # function -> its instruction addresses
+        self._taken_reasons: Dict[int, Optional[str]] = {}  # address -> why it is taken
         self._targets: Dict[int, Dict[int, int]] = {}
         self.siteless: List[Site] = []  # return probes of functions without an exit
         self._shadow_stack = elf.shadow_stack
@@ -312,15 +314,54 @@ class Planner:
         return None
 
     def _really_names(self, source: int, target: int) -> bool:
-        """Whether the instruction holding `source` names `target`: the byte scan also
-        matches inside other instructions. Code in no known function counts as real."""
-        k = bisect.bisect_right(self._starts, source) - 1
-        holders = [f for f in self.functions[max(0, k - 2):k + 1] if f.address <= source < f.end]
+        return self._really_refers(taken_addresses.Match(taken_addresses.BRANCH, "", source),
+                                   target)
+
+    def _really_refers(self, match: taken_addresses.Match, target: int) -> bool:
+        """Whether a byte-scan match in code is real: the instruction holding its bytes
+        branches to or computes `target` (a branch match), or carries it in an immediate
+        or displacement field starting at those bytes (an immediate match); bytes inside
+        other instructions only look like one. Code in no known function, or that does
+        not decode cleanly there, counts as real; so does a match any holder confirms."""
+        holders = self._holders(match.source)
         if not holders:
             return True
-        insns = self.instructions(holders[-1])
-        i = bisect.bisect_right([insn.address for insn in insns], source) - 1
-        return i >= 0 and source < insns[i].end and self.backend.names_address(insns[i], target)
+        for fn in holders:
+            insn = self._detailed_insn_at(fn, match.source)
+            if insn is None:
+                return True
+            if match.kind == taken_addresses.BRANCH:
+                if self.backend.names_address(insn, target):
+                    return True
+            elif self.backend.holds_constant(insn, match.source - insn.address, target):
+                return True
+        return False
+
+    def _holders(self, address: int) -> List[Function]:
+        """Every function (of known size) whose range holds `address`: ranges may nest."""
+        k = bisect.bisect_right(self._ends_so_far, address)
+        holders = []
+        while k < len(self.functions) and self.functions[k].address <= address:
+            if address < self.functions[k].end:
+                holders.append(self.functions[k])
+            k += 1
+        return holders
+
+    def _detailed_insn_at(self, fn: Function, address: int):
+        """The instruction of the function's linear sweep that holds `address`, decoded
+        with detail; None where the sweep does not reach it cleanly."""
+        insns = self.instructions(fn)
+        if fn.address not in self._starts_in:
+            self._starts_in[fn.address] = [i.address for i in insns]
+        i = bisect.bisect_right(self._starts_in[fn.address], address) - 1
+        if i < 0 or address >= insns[i].end:
+            return None
+        insn = insns[i]
+        detailed = self.backend.decode(self.elf.read(insn.address, insn.size), insn.address,
+                                       detail=True)
+        if len(detailed) != 1 or detailed[0].size != insn.size:
+            return None
+        return detailed[0]
 
     def _code_references(self) -> Dict[int, List[int]]:
         """target -> sources of every far branch and address computation in the code."""
@@ -375,7 +416,7 @@ class Planner:
             outcomes = self._hop_tight_sites(outcomes)
         return outcomes
 
-    def _merge(self, a: Plan, b: Plan, taken: Dict[int, str]) -> Optional[Plan]:
+    def _merge(self, a: Plan, b: Plan, taken: Dict[int, list]) -> Optional[Plan]:
         """One window for two overlapping ones (an entry and a return probe of a short
         function), when the union is whole instructions and nothing branches into it."""
         if b.window.end <= a.window.end:
@@ -391,7 +432,7 @@ class Planner:
             return None
         if self._landing_pad_in(window.address, window.end, insns):
             return None
-        if b.window.address != a.window.address and b.window.address in taken:
+        if b.window.address != a.window.address and self._taken_reason(taken, b.window.address):
             return None  # b's first byte is no longer a window start
         points = {}
         for point in a.points + b.points:
@@ -654,7 +695,7 @@ class Planner:
         result.sort(key=lambda o: o.window.address if isinstance(o, Plan) else o.site.address)
         return result
 
-    def _merge_overlaps(self, tried: list, taken: Dict[int, str]) -> list:
+    def _merge_overlaps(self, tried: list, taken: Dict[int, list]) -> list:
         """Hop windows that overlap (the entry and the exit of a tiny function) become
         one, as plain windows do; else the later one is refused."""
         merged = []
@@ -684,7 +725,7 @@ class Planner:
         return [(a, b) for a, b in self._gaps if b > min(lows) and a <= max(highs)]
 
     def _landing_in_padding(self, window: Window, gaps, used: Occupancy,
-                            taken: Dict[int, str]) -> Optional[int]:
+                            taken: Dict[int, list]) -> Optional[int]:
         """The nearest free landing in padding within a hop's reach of `window`."""
         lo, hi = self.backend.hop_reach(window.address)
         size = self.backend.patch_size
@@ -695,7 +736,7 @@ class Planner:
         for _, at in sorted(spots):
             clear = at + size <= window.address or at >= window.end  # of the hop's own window
             if clear and used.is_free(at, at + size) and \
-                    not any(a in taken for a in range(at, at + size)) and \
+                    not any(self._taken_reason(taken, a) for a in range(at, at + size)) and \
                     not self._direct_targets_in(at, at + size):
                 return at
         return None
@@ -746,13 +787,13 @@ class Planner:
         return found
 
     def _evict(self, candidates: List[Window], window: Window, used: Occupancy,
-               taken: Dict[int, str]) -> Optional[Window]:
+               taken: Dict[int, list]) -> Optional[Window]:
         """The first candidate still free, clear of the hop's own window, that nothing
         targets inside."""
         for w in candidates:
             if used.is_free(w.address, w.end) and (w.end <= window.address or
                                                    w.address >= window.end) and \
-                    not any(a in taken for a in range(w.address + 1, w.end)):
+                    not any(self._taken_reason(taken, a) for a in range(w.address + 1, w.end)):
                 return w
         return None
 
@@ -761,12 +802,23 @@ class Planner:
                    for insn in self.instructions(fn))
 
     # -- branch targets ------------------------------------------------------------
-    def _taken_addresses(self, plans: List[Plan]) -> Dict[int, str]:
+    def _taken_addresses(self, plans: List[Plan]) -> Dict[int, list]:
         # window interiors, and window starts (for when two windows merge into one);
         # only where an instruction could start: nothing can be aimed anywhere else
         step = self.backend.insn_alignment
         wanted = {a for p in plans for a in range(p.window.address, p.window.end, step)}
         return taken_addresses.find(self.elf, self.backend, wanted)
+
+    def _taken_reason(self, taken: Dict[int, list], address: int) -> Optional[str]:
+        """What may take `address` (a match in data, or one in code that its instruction
+        confirms), or None. Checked only for addresses a window needs, once each."""
+        if address not in taken:
+            return None
+        if address not in self._taken_reasons:
+            self._taken_reasons[address] = next(
+                (m.describe() for m in taken[address]
+                 if m.source is None or self._really_refers(m, address)), None)
+        return self._taken_reasons[address]
 
     def _near_functions(self, window: Window) -> List[Function]:
         """Functions with code within rel8 reach of the window. Ranges may overlap (one
@@ -783,11 +835,12 @@ class Planner:
             k += 1
         return near
 
-    def _branch_into(self, plan: Plan, taken: Dict[int, str]) -> Optional[str]:
+    def _branch_into(self, plan: Plan, taken: Dict[int, list]) -> Optional[str]:
         lo, hi = plan.window.address + 1, plan.window.end
         for target in range(lo, hi):
-            if target in taken:
-                return (f"{taken[target]} may lead to {target:#x}, inside the displaced bytes")
+            why = self._taken_reason(taken, target)
+            if why:
+                return f"{why} may lead to {target:#x}, inside the displaced bytes"
         for fn in self._near_functions(plan.window):
             for target, source in self.branch_targets(fn).items():
                 if lo <= target < hi:

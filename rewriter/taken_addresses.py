@@ -9,47 +9,74 @@ a jump table of absolute addresses):
   shared objects;
 - plain constants in position-dependent executables, which need no relocation:
   8-byte words in data, and 4-byte immediates anywhere in code.
-All scans over-approximate: a match may be a coincidence, never a miss.
+All scans over-approximate: a match may be a coincidence, never a miss. A match
+in code says where its bytes are (`source`), so that the planner can check it
+against the instruction holding them; matches in data are real data and count.
 """
 
 from __future__ import annotations
 
+import re
 import struct
 from array import array
-from typing import Dict, Set
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Set
 
 from urewrite.rewriter.elf_file import ET_EXEC, SHT_NOBITS, ElfFile
 
 SHT_RELA, SHT_RELR = 4, 19
 SHF_ALLOC = 2
 
+BRANCH, IMMEDIATE, RELOCATION, CONSTANT = "branch", "immediate", "relocation", "constant"
 
-def find(elf: ElfFile, backend, wanted: Set[int]) -> Dict[int, str]:
-    """Each address of `wanted` that the file takes, with where it is taken."""
-    found: Dict[int, str] = {}
+
+@dataclass(frozen=True)
+class Match:
+    """Bytes that may name `target`: in code at `source` (BRANCH, IMMEDIATE), or data."""
+    kind: str
+    section: str
+    source: Optional[int] = None  # where the matching bytes are, for matches in code
+
+    def describe(self) -> str:
+        at = f" at {self.source:#x}" if self.source is not None else ""
+        return {BRANCH: f"a branch or address computation{at} in {self.section}",
+                IMMEDIATE: f"an immediate{at} in {self.section}",
+                RELOCATION: f"a relocation in {self.section}",
+                CONSTANT: f"a constant in {self.section}"}[self.kind]
+
+
+def find(elf: ElfFile, backend, wanted: Set[int]) -> Dict[int, List[Match]]:
+    """Each address of `wanted` that the file may take, with every match naming it:
+    matches in data first (they need no checking), then those in code."""
+    found: Dict[int, List[Match]] = {}
     if not wanted:
         return found
-    for section in elf.executable_sections():
-        code = _contents(elf, section)
-        for address in backend.code_addresses_in(code, section.addr, wanted):
-            found.setdefault(address, f"a branch or address computation in {section.name}")
+
+    def add(address: int, match: Match):
+        found.setdefault(address, []).append(match)
+
     for section in elf.sections:
         if section.type == SHT_RELA:
             for address in _rela_addends(_contents(elf, section)) & wanted:
-                found.setdefault(address, f"a relocation in {section.name}")
+                add(address, Match(RELOCATION, section.name))
         elif section.type == SHT_RELR:
             for address in _relr_values(elf, _contents(elf, section)) & wanted:
-                found.setdefault(address, f"a relocation in {section.name}")
+                add(address, Match(RELOCATION, section.name))
+    code_sections = elf.executable_sections()
     if elf.type == ET_EXEC:
         for section in elf.sections:
             if section.type == SHT_NOBITS or not section.flags & SHF_ALLOC:
                 continue
             data = _contents(elf, section)
             for address in _words(data, "Q", aligned=True) & wanted:
-                found.setdefault(address, f"a constant in {section.name}")
-            if section in elf.executable_sections():
-                for address in _words(data, "I", aligned=False) & wanted:
-                    found.setdefault(address, f"an immediate in {section.name}")
+                add(address, Match(CONSTANT, section.name))
+    for section in code_sections:
+        code = _contents(elf, section)
+        for source, address in backend.code_addresses_in(code, section.addr, wanted):
+            add(address, Match(BRANCH, section.name, source))
+        if elf.type == ET_EXEC:
+            for offset, address in _words_at(code, wanted):
+                add(address, Match(IMMEDIATE, section.name, section.addr + offset))
     return found
 
 
@@ -65,6 +92,24 @@ def _words(data: bytes, code: str, aligned: bool) -> Set[int]:
         if usable > 0:
             values.update(array(code, data[shift:shift + usable]))
     return values
+
+
+def _words_at(data: bytes, wanted: Set[int]):
+    """(offset, value) of every 4-byte little-endian word of `data`, at any offset, whose
+    value is in `wanted`. A regular expression finds the offsets whose two high bytes
+    could belong to a wanted value (few: they are a code address's), Python the rest."""
+    high: Dict[int, Set[int]] = {}
+    for value in wanted:
+        if value < 1 << 32:
+            high.setdefault(value >> 24, set()).add(value >> 16 & 0xFF)
+    if not high:
+        return
+    shapes = b"|".join(b"..[" + b"".join(re.escape(bytes([b])) for b in sorted(thirds)) + b"]"
+                       + re.escape(bytes([fourth])) for fourth, thirds in sorted(high.items()))
+    for m in re.finditer(b"(?=(?:" + shapes + b"))", data, re.DOTALL):
+        value = int.from_bytes(data[m.start():m.start() + 4], "little")
+        if value in wanted:
+            yield m.start(), value
 
 
 def _rela_addends(data: bytes) -> Set[int]:

@@ -66,6 +66,11 @@ class AArch64Backend(Backend):
         # start, so nothing can be aimed there.
         return ()
 
+    def holds_constant(self, insn: Insn, offset: int, value: int) -> bool:
+        # No instruction carries a 32-bit field: 4 matching bytes in code are data (a
+        # literal pool) or straddle two words, and the two cannot be told apart here.
+        return True
+
     def exit_kind(self, insn: Insn, inside) -> tuple:
         word = int.from_bytes(insn.raw, "little")
         if word & 0xFFFFFBFF == 0xD65F0BFF or word & 0xFFFFFC1F == 0xD65F0000:

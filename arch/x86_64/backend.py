@@ -7,6 +7,7 @@ import struct
 from typing import Iterable, Optional, Set
 
 import capstone
+from capstone import x86
 
 from urewrite.arch.base import Backend, Insn, Runtime, RuntimeRefs, RuntimeSpec, Window
 from urewrite.arch.x86_64 import arguments, relocator, return_address, runtime, trampoline
@@ -71,7 +72,8 @@ class X86_64Backend(Backend):
             insn.end + int.from_bytes(insn.raw[-4:], "little", signed=True) == target
 
     def code_addresses_in(self, code: bytes, base: int, wanted: Set[int]) -> Iterable:
-        """Addresses in `wanted` that a call/jmp/jcc rel32 or a RIP-relative lea may name.
+        """(source, target): targets in `wanted` that a call/jmp/jcc rel32 or a RIP-relative
+        lea may name, and where the match starts (its opcode, or the lea's REX prefix).
 
         Reading every offset (not only real instruction starts) over-approximates,
         which is the safe direction; a false hit needs 4 bytes to match by chance.
@@ -84,7 +86,20 @@ class X86_64Backend(Backend):
                 break
             target = base + field + 4 + struct.unpack_from("<i", code, field)[0]
             if target in wanted:
-                yield target
+                yield base + m.start(), target
+
+    def holds_constant(self, insn: Insn, offset: int, value: int) -> bool:
+        d = insn.detail
+        if d is None:
+            return True  # decoded without detail: cannot tell
+        fields = []
+        if d.imm_size and self.direct_branch_target(insn) is None:  # a branch's is relative
+            fields.append((d.imm_offset, d.imm_size))
+        if d.disp_size and not _ip_relative(d):  # [rip + disp] names another address
+            fields.append((d.disp_offset, d.disp_size))
+        return any(at == offset and size >= 4 and
+                   int.from_bytes(insn.raw[at:at + size], "little") == value
+                   for at, size in fields)
 
     def exit_kind(self, insn: Insn, inside) -> tuple:
         mnemonic = insn.mnemonic.split()[-1]  # drop prefixes such as "bnd", "notrack"
@@ -154,3 +169,8 @@ class X86_64Backend(Backend):
 
     def runtime(self, spec: RuntimeSpec) -> Runtime:
         return runtime.build(spec)
+
+
+def _ip_relative(detail) -> bool:
+    return any(op.type == x86.X86_OP_MEM and op.mem.base in (x86.X86_REG_RIP, x86.X86_REG_EIP)
+               for op in detail.operands)
