@@ -54,7 +54,7 @@ __asm__(
     "    .type tac_cond, @function\n"
     "tac_cond:\n"                       /* x > 5 ? tac_evict(x) : x + 1 */
     "    cmpl $5, %edi\n"
-    "    jg tac_evict\n"
+    "    jg .Ltac_evict\n"
     "    leal 1(%rdi), %eax\n"
     "    ret\n"
     "    .size tac_cond, .-tac_cond\n"
@@ -71,6 +71,7 @@ __asm__(
     "    .globl tac_evict\n"
     "    .type tac_evict, @function\n"
     "tac_evict:\n"                      /* x + 1 */
+    ".Ltac_evict:\n"                    /* (for a branch that no PLT may take) */
     "    leal 1(%rdi), %eax\n"
     "    ret\n"
     "    .size tac_evict, .-tac_evict\n"
@@ -106,6 +107,7 @@ __asm__(
     "    .size tac_last, .-tac_last\n"
     "    .text\n");
 
+#ifndef TACTICS_LIBRARY  /* built as a shared object, the library has no main */
 int main(int argc, char **argv) {
     int rounds = argc > 1 ? atoi(argv[1]) : 1;
     long sum = 0;
@@ -123,3 +125,4 @@ int main(int argc, char **argv) {
            6 * rounds);
     return 0;
 }
+#endif

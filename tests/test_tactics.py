@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 import os
 import re
+from pathlib import Path
 
 import pytest
 
 from conftest import check, run, rewrite, stat, urewrite
 
+SAMPLE = Path(__file__).resolve().parent.parent / "samples" / "tactics.c"
 CFLAGS = ["-fcf-protection=none"]
-LINKS = ["-pie", "-no-pie"]
+LINKS = ["-pie", "-no-pie", "-static"]
 CALLS = {"tac_hop": 3, "tac_cond": 10, "tac_evict": 8, "tac_leave": 5, "tac_fill1": 2,
          "tac_fill2": 1, "tac_last": 6}
 # alone (as `list` plans each), the tactic each entry and return needs
@@ -33,11 +35,12 @@ def _section(path, name):
     return int(m.group(1), 16), int(m.group(1), 16) + int(m.group(2), 16)
 
 
-@pytest.fixture(params=[(level, link) for level in ("-O0", "-O2") for link in LINKS],
+@pytest.fixture(params=[(level, link) for level in ("-O0", "-O2", "-O3") for link in LINKS],
                 ids=lambda p: f"{p[0][1:]}-{p[1][1:]}")
 def tactics(request, builder):
     level, link = request.param
     built = builder.build("tactics", ["tactics.c"], [level] + CFLAGS, [link])
+    built.static = link == "-static"
     return built
 
 
@@ -46,21 +49,51 @@ def test_the_sample_forces_each_tactic(tactics):
     # the layout the sample is written for
     assert rows["tac_evict"]["address"] == rows["tac_fill1"]["address"] + rows["tac_fill1"]["size"]
     assert rows["tac_fill2"]["address"] == rows["tac_leave"]["address"] + rows["tac_leave"]["size"]
-    text_end = _section(tactics.path, ".text")[1]
     last = rows["tac_last"]
-    assert last["address"] + last["size"] == text_end < _section(tactics.path, ".fini")[0]
+    if not tactics.static:  # (static, the C library's code follows)
+        text_end = _section(tactics.path, ".text")[1]
+        assert last["address"] + last["size"] == text_end < _section(tactics.path, ".fini")[0]
+        # the lone `ret` at the end of .text borrows a byte of the gap before .fini
+        assert last["displaced"] == 2
     for name, tactic in ENTRY_TACTIC.items():
         assert rows[name]["patchable"], (name, rows[name]["reason"])
+        if name == "tac_last" and tactics.static:
+            continue  # padding follows it there: the plain jump fits
         assert rows[name]["tactic"] in (tactic if isinstance(tactic, tuple) else (tactic,)), name
         assert 2 <= rows[name]["displaced"] < 5
     for name, tactic in RETURN_TACTIC.items():
+        if name == "tac_last" and tactics.static:
+            continue
         ret = rows[name]["return"]
         assert ret["mechanism"] == "exit sites", (name, ret)
         assert set(ret["tactics"]) <= set(tactic if isinstance(tactic, tuple) else (tactic,))
-    # the lone `ret` at the end of .text borrows a byte of the gap before .fini
-    assert last["displaced"] == 2
     # a conditional tail call is an exit, counted when taken
     assert rows["tac_cond"]["return"]["exits"] == 2
+
+
+def test_in_a_shared_object(builder, tmp_path):
+    """The same sites in a library, called by a program."""
+    lib = builder.build("tactics", ["tactics.c"], ["-O2", "-fPIC", "-DTACTICS_LIBRARY"] + CFLAGS,
+                        shared=True, subdir="tactics-lib", output_name="libtactics.so")
+    main = tmp_path / "main.c"
+    main.write_text(open(SAMPLE).read().split("#ifndef TACTICS_LIBRARY")[1]
+                    .replace("#endif", "").replace("int main", '#include <stdio.h>\n'
+                             '#include <stdlib.h>\nint tac_hop(int); int tac_cond(int); '
+                             'int tac_evict(int); int tac_leave(int); int tac_fill1(int); '
+                             'int tac_fill2(int); void tac_last(void);\nint main'))
+    exe, probed_dir = tmp_path / "main", tmp_path / "probed"
+    check(["gcc", "-O2", str(main), "-L", str(lib.dir), "-ltactics", "-o", str(exe)])
+    probed_dir.mkdir()
+    result = rewrite(lib.path, probed_dir / "libtactics.so", "tac_*", extra=["-r", "tac_*"])
+    assert not result["refused"]
+    assert {p["tactic"] for p in result["probes"]} >= {"jump", "evict"}
+    original = run([exe, "2"], env={"LD_LIBRARY_PATH": str(lib.dir)})
+    assert original.returncode == 0
+    st = stat([exe, "2"], tmp_path, env={"LD_LIBRARY_PATH": str(probed_dir)})
+    assert (st.proc.returncode, st.proc.stdout) == (0, original.stdout)
+    hits = {(p["name"], p["kind"]): p["hits"] for p in st.probes}
+    for name, n in _expected_counts(2).items():
+        assert hits[(name, "entry")] == hits[(name, "return")] == n, name
 
 
 def _expected_counts(rounds: int) -> dict:
@@ -205,7 +238,8 @@ def test_cxx_recursion_that_throws_gets_return_probes(tmp_path, level):
 
 
 def test_list_summary_counts_what_list_shows(tactics, tmp_path):
-    rows = _listing(tactics.path)
+    listed = urewrite("list", str(tactics.path), "--json")
+    rows = dict(enumerate(json.loads(listed.stdout)["functions"]))  # names may repeat
     not_elf = tmp_path / "notes.txt"
     not_elf.write_text("not a program\n")
     proc = urewrite("list", "--summary", "--json", str(tactics.path), str(not_elf))
