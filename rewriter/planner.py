@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Set, Union
 
 from urewrite.arch.base import Backend, Window
-from urewrite.rewriter import redirection, taken_addresses
+from urewrite.arch.jump_tables import JumpTable
+from urewrite.rewriter import jump_table_guard, redirection, taken_addresses
 from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.functions import Function
 from urewrite.rewriter.selectors import Site
@@ -81,6 +82,8 @@ class Planner:
         self._ends_so_far = list(itertools.accumulate((f.end for f in functions), max))
         self._decoded: Dict[int, list] = {}
         self._targets: Dict[int, Dict[int, int]] = {}
+        self._direct: Dict[int, Dict[int, int]] = {}
+        self._tables: Dict[int, Dict[int, JumpTable]] = {}
         self.siteless: List[Site] = []  # return probes of functions without an exit
         self._shadow_stack = elf.shadow_stack
         self._redirect_file_problem: Optional[str] = None  # computed when first needed
@@ -105,15 +108,32 @@ class Planner:
         return {i.address for i in self.instructions(fn)}
 
     def branch_targets(self, fn: Function) -> Dict[int, int]:
-        """Direct branch targets in a function: target -> address of a branch to it."""
+        """Branch targets in a function, direct ones and those of its jump tables:
+        target -> address of a branch to it."""
         if fn.address not in self._targets:
+            targets = dict(self._direct_targets(fn))
+            for table in self.jump_tables(fn).values():
+                for target in table.targets:
+                    targets.setdefault(target, table.jump)
+            self._targets[fn.address] = targets
+        return self._targets[fn.address]
+
+    def _direct_targets(self, fn: Function) -> Dict[int, int]:
+        if fn.address not in self._direct:
             targets = {}
             for insn in self.instructions(fn):
                 target = self.backend.direct_branch_target(insn)
                 if target is not None:
                     targets.setdefault(target, insn.address)
-            self._targets[fn.address] = targets
-        return self._targets[fn.address]
+            self._direct[fn.address] = targets
+        return self._direct[fn.address]
+
+    def jump_tables(self, fn: Function) -> Dict[int, JumpTable]:
+        """The jump tables of a function's indirect jumps: jump address -> table. A jump
+        not here is not known to be a table (jump_tables.py)."""
+        if fn.address not in self._tables:
+            self._tables[fn.address] = jump_table_guard.recover(self, fn)
+        return self._tables[fn.address]
 
     # -- planning ----------------------------------------------------------------
     def plan(self, sites: List[Site]) -> List[Outcome]:
@@ -228,7 +248,11 @@ class Planner:
 
         exits = []
         for part in parts:
+            tables = self.jump_tables(part)
             for insn in self.instructions(part):
+                table = tables.get(insn.address)
+                if table is not None and all(inside(t) for t in table.targets):
+                    continue  # a switch: its cases are all in the function
                 leaves, problem = self.backend.exit_kind(insn, inside)
                 if problem:
                     raise _Refused(f"a return probe cannot see every exit: {problem}")
