@@ -147,6 +147,10 @@ class Semantics:
         """The instruction decoded with operands (None when it cannot be)."""
         raise NotImplementedError
 
+    def may_write(self, insn, family: str) -> bool:
+        """False when the quick decode shows `insn` cannot write the register."""
+        return True
+
     def written(self, detailed) -> Set[str]:
         """Register families a detailed instruction writes."""
         raise NotImplementedError
@@ -203,6 +207,8 @@ class Semantics:
         for k, insn in enumerate(self.insns):
             if self.is_call(insn) and family not in self.callee_saved:
                 return None
+            if not self.may_write(insn, family):
+                continue
             detailed = self.detail(insn)
             if detailed is None:
                 return None

@@ -84,6 +84,7 @@ class Planner:
         self._targets: Dict[int, Dict[int, int]] = {}
         self._direct: Dict[int, Dict[int, int]] = {}
         self._tables: Dict[int, Dict[int, JumpTable]] = {}
+        self._by_name: Optional[Dict[str, Function]] = None
         self.siteless: List[Site] = []  # return probes of functions without an exit
         self._shadow_stack = elf.shadow_stack
         self._redirect_file_problem: Optional[str] = None  # computed when first needed
@@ -469,10 +470,23 @@ class Planner:
         return site.function
 
     def _near_targets(self, fn: Function) -> Set[int]:
-        targets = set()
+        targets = set(self._parent_case_labels(fn))
         for near in self._near_functions(Window(fn.address, fn.size, ())):
             targets.update(self.branch_targets(near))
         return targets
+
+    def _parent_case_labels(self, fn: Function) -> Dict[int, int]:
+        """Case labels that the jump tables of the function a named part (f.cold) was
+        split off from put in it: that function may lie beyond rel8 reach."""
+        if ".cold" not in fn.name:
+            return {}
+        if self._by_name is None:
+            self._by_name = {f.name: f for f in self.functions}
+        parent = self._by_name.get(fn.name.split(".cold")[0])
+        if parent is None:
+            return {}
+        return {target: table.jump for table in self.jump_tables(parent).values()
+                for target in table.targets if fn.address <= target < fn.end}
 
     def _borrow_padding(self, fn: Function, start: int, fn_end: int) -> int:
         """Extend a window past a short function into the padding that follows it."""
@@ -530,9 +544,13 @@ class Planner:
         for target in range(lo, hi):
             if target in taken:
                 return (f"{taken[target]} may lead to {target:#x}, inside the displaced bytes")
-        for fn in self._near_functions(plan.window):
-            for target, source in self.branch_targets(fn).items():
+        holder = self._holding(plan.site)
+        for fn in self._near_functions(plan.window) + [None]:
+            found = self.branch_targets(fn) if fn else self._parent_case_labels(holder)
+            for target, source in found.items():
                 if lo <= target < hi:
-                    return (f"the branch at {source:#x} lands at {target:#x}, "
+                    branch = "the jump table of the jump" if fn is None or \
+                        source in self.jump_tables(fn) else "the branch"
+                    return (f"{branch} at {source:#x} lands at {target:#x}, "
                             f"inside the displaced bytes")
         return None

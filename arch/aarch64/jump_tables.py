@@ -14,6 +14,8 @@ makes it unknown.
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import Optional
 
 import capstone
@@ -42,8 +44,7 @@ class _AArch64(Semantics):
     def __init__(self, backend, insns, read):
         super().__init__(insns, read)
         self.backend = backend
-        self.cs = capstone.Cs(capstone.CS_ARCH_ARM64, capstone.CS_MODE_ARM)
-        self.cs.detail = True
+        self.cs = _detailed()
 
     # -- control flow, on the quick decode -----------------------------------------
     def branch_target(self, insn):
@@ -83,6 +84,12 @@ class _AArch64(Semantics):
         if len(name) > 1 and name[0] in "xw" and name[1:].isdigit():
             return "x" + name[1:], 64 if name[0] == "x" else 32
         return None  # xzr, wzr, vector registers, ...
+
+    def may_write(self, insn, family: str) -> bool:
+        # every register an instruction writes is named in its text, but x30 for calls
+        return insn.mnemonic == ".word" or self.is_call(insn) or \
+            re.search(rf"\b[xw]{family[1:]}\b" if family != "sp" else r"\b(w?sp)\b",
+                      insn.op_str) is not None
 
     def written(self, detailed) -> set:
         return {r[0] for r in map(self._reg, detailed.regs_access()[1]) if r}
@@ -224,6 +231,13 @@ class _AArch64(Semantics):
             return None
         value = self._register(state, insn.operands[0])
         return value if isinstance(value, Entry) else None
+
+
+@functools.lru_cache(maxsize=1)
+def _detailed():
+    cs = capstone.Cs(capstone.CS_ARCH_ARM64, capstone.CS_MODE_ARM)
+    cs.detail = True
+    return cs
 
 
 class _IndexOperand:
