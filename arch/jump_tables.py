@@ -286,12 +286,13 @@ def recover(sem: Semantics, index: int) -> Optional[JumpTable]:
             paths.append((k, True))
     if not paths:
         return None
-    found, tables = set(), []
+    found, tables, guarded_between = set(), [], set()
     for at, taken_in_range in paths:
         table = _through(sem, at, taken_in_range, start, index, targets)
         if table is None:
             return None
-        entry, count = table
+        entry, count, between = table
+        guarded_between.update(between)
         try:
             data = sem.read(entry.table, entry.size * count)
         except Exception:  # not in the file, or not constant data
@@ -301,7 +302,7 @@ def recover(sem: Semantics, index: int) -> Optional[JumpTable]:
         found.update(entry.value(int.from_bytes(data[k:k + entry.size], "little"))
                      for k in range(0, len(data), entry.size))
         tables.append((count, entry.table))
-    guarded = {insns[at].address for at, _ in paths} | set(hops)
+    guarded = {insns[at].address for at, _ in paths} | set(hops) | guarded_between
     guarded.update(i.address for i in insns[start + 1:index + 1])
     count, table = max(tables)
     return JumpTable(insns[index].address, table, count, frozenset(found), frozenset(guarded),
@@ -309,9 +310,10 @@ def recover(sem: Semantics, index: int) -> Optional[JumpTable]:
 
 
 def _through(sem: Semantics, at: int, taken_in_range: bool, start: int, index: int,
-             targets: Dict[int, List[int]]) -> Optional[Tuple[Entry, int]]:
-    """(table entry, count) along one path into the dispatch: the check before the
-    branch insns[at], then the dispatch insns[start:index], then the jump."""
+             targets: Dict[int, List[int]]) -> Optional[Tuple[Entry, int, list]]:
+    """(table entry, count, addresses between the compare and its branch) along one
+    path into the dispatch: the check before the branch insns[at], then the dispatch
+    insns[start:index], then the jump."""
     insns = sem.insns
     branch = insns[at]
     bound = sem.bound_branch(branch)
@@ -339,7 +341,8 @@ def _through(sem: Semantics, at: int, taken_in_range: bool, start: int, index: i
             return None
     jump = sem.detail(insns[index])
     entry = sem.jump_value(state, jump) if jump is not None else None
-    return (entry, count) if entry is not None else None
+    between = [i.address for i in insns[cmp_at + 1:at]]
+    return (entry, count, between) if entry is not None else None
 
 
 def read_index(value, bits: int, count: int):
