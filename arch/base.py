@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence, Set
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Set
+
+if TYPE_CHECKING:
+    from urewrite.arch.jump_tables import JumpTable
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,19 @@ class Backend(ABC):
         its branch is taken, counted then by a CountPoint with `taken`), or a reason
         it may leave in a way no probe can follow. `inside(address)` tells whether an
         address belongs to the function."""
+
+    def is_indirect_jump(self, insn: Insn) -> bool:
+        """Whether `insn` jumps to an address held in a register or in memory (not a
+        call, not a return): what a switch's jump table ends in."""
+        return False
+
+    def jump_table(self, insns: list, index: int, read) -> Optional["JumpTable"]:
+        """The jump table (arch/jump_tables.py) that the indirect jump insns[index] of a
+        function (`insns`, its instructions in order) goes through: the exact set of
+        its targets, with the entry count taken from the bounds check that dominates
+        the jump. `read(address, size)` gives the file's bytes there, or raises when
+        they are not constant data. None when anything does not match exactly."""
+        return None
 
     redirects_returns = False  # whether its trampolines can redirect a return address
 

@@ -21,8 +21,9 @@ from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Set, Union
 
 from urewrite.arch.base import Backend, Window
-from urewrite.rewriter import (elf_symbols, except_table, free_space, redirection,
-                               taken_addresses)
+from urewrite.arch.jump_tables import JumpTable
+from urewrite.rewriter import (elf_symbols, except_table, free_space, jump_table_guard,
+                               redirection, taken_addresses)
 from urewrite.rewriter.free_space import Occupancy
 from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.functions import Function
@@ -109,6 +110,9 @@ class Planner:
         self._starts_in: Dict[int, List[int]] = {}  # function -> its instruction addresses
         self._taken_reasons: Dict[int, Optional[str]] = {}  # address -> why it is taken
         self._targets: Dict[int, Dict[int, int]] = {}
+        self._direct: Dict[int, Dict[int, int]] = {}
+        self._tables: Dict[int, Dict[int, JumpTable]] = {}
+        self._by_name: Optional[Dict[str, Function]] = None
         self.siteless: List[Site] = []  # return probes of functions without an exit
         self._shadow_stack = elf.shadow_stack
         self._redirect_file_problem: Optional[str] = None  # computed when first needed
@@ -136,15 +140,32 @@ class Planner:
         return {i.address for i in self.instructions(fn)}
 
     def branch_targets(self, fn: Function) -> Dict[int, int]:
-        """Direct branch targets in a function: target -> address of a branch to it."""
+        """Branch targets in a function, direct ones and those of its jump tables:
+        target -> address of a branch to it."""
         if fn.address not in self._targets:
+            targets = dict(self._direct_targets(fn))
+            for table in self.jump_tables(fn).values():
+                for target in table.targets:
+                    targets.setdefault(target, table.jump)
+            self._targets[fn.address] = targets
+        return self._targets[fn.address]
+
+    def _direct_targets(self, fn: Function) -> Dict[int, int]:
+        if fn.address not in self._direct:
             targets = {}
             for insn in self.instructions(fn):
                 target = self.backend.direct_branch_target(insn)
                 if target is not None:
                     targets.setdefault(target, insn.address)
-            self._targets[fn.address] = targets
-        return self._targets[fn.address]
+            self._direct[fn.address] = targets
+        return self._direct[fn.address]
+
+    def jump_tables(self, fn: Function) -> Dict[int, JumpTable]:
+        """The jump tables of a function's indirect jumps: jump address -> table. A jump
+        not here is not known to be a table (jump_tables.py)."""
+        if fn.address not in self._tables:
+            self._tables[fn.address] = jump_table_guard.recover(self, fn)
+        return self._tables[fn.address]
 
     # -- planning ----------------------------------------------------------------
     def plan(self, sites: List[Site]) -> List[Outcome]:
@@ -261,7 +282,11 @@ class Planner:
 
         exits = []
         for part in parts:
+            tables = self.jump_tables(part)
             for insn in self.instructions(part):
+                table = tables.get(insn.address)
+                if table is not None and all(inside(t) for t in table.targets):
+                    continue  # a switch: its cases are all in the function
                 leaves, problem = self.backend.exit_kind(insn, inside)
                 if problem:
                     raise _Refused(f"a return probe cannot see every exit: {problem}")
@@ -554,10 +579,23 @@ class Planner:
         return site.function
 
     def _near_targets(self, fn: Function) -> Set[int]:
-        targets = set()
+        targets = set(self._parent_case_labels(fn))
         for near in self._near_functions(Window(fn.address, fn.size, ())):
             targets.update(self.branch_targets(near))
         return targets
+
+    def _parent_case_labels(self, fn: Function) -> Dict[int, int]:
+        """Case labels that the jump tables of the function a named part (f.cold) was
+        split off from put in it: that function may lie beyond rel8 reach."""
+        if ".cold" not in fn.name:
+            return {}
+        if self._by_name is None:
+            self._by_name = {f.name: f for f in self.functions}
+        parent = self._by_name.get(fn.name.split(".cold")[0])
+        if parent is None:
+            return {}
+        return {target: table.jump for table in self.jump_tables(parent).values()
+                for target in table.targets if fn.address <= target < fn.end}
 
     def _borrow_padding(self, fn: Function, start: int, fn_end: int, size: int) -> int:
         """Extend a window past a short function into the padding that follows it:
@@ -749,8 +787,8 @@ class Planner:
         """Neighbour windows whose bytes after a jump would hold a landing in a hop's
         reach of `window`: whole instructions of one function, at least two jumps long,
         that can run from a trampoline, with no known branch target inside and no
-        landing pad (endbr64) among them. Functions with an indirect jump are left
-        alone: their targets are unknown."""
+        landing pad (endbr64) among them. Functions with an indirect jump other than a
+        recovered jump table are left alone: its targets are unknown."""
         lo, hi = self.backend.hop_reach(window.address)
         size = self.backend.patch_size
         found = []
@@ -798,7 +836,10 @@ class Planner:
         return None
 
     def _has_indirect_jump(self, fn: Function) -> bool:
-        return any(self.backend.exit_kind(insn, lambda _: True)[1]
+        """Whether the function has an indirect jump that is not a recovered jump table:
+        where it goes is unknown, maybe into a window we would make."""
+        tables = self.jump_tables(fn)
+        return any(self.backend.is_indirect_jump(insn) and insn.address not in tables
                    for insn in self.instructions(fn))
 
     # -- branch targets ------------------------------------------------------------
@@ -841,10 +882,14 @@ class Planner:
             why = self._taken_reason(taken, target)
             if why:
                 return f"{why} may lead to {target:#x}, inside the displaced bytes"
-        for fn in self._near_functions(plan.window):
-            for target, source in self.branch_targets(fn).items():
+        holder = self._holding(plan.site)
+        for fn in self._near_functions(plan.window) + [None]:
+            found = self.branch_targets(fn) if fn else self._parent_case_labels(holder)
+            for target, source in found.items():
                 if lo <= target < hi:
-                    return (f"the branch at {source:#x} lands at {target:#x}, "
+                    branch = "the jump table of the jump" if fn is None or \
+                        source in self.jump_tables(fn) else "the branch"
+                    return (f"{branch} at {source:#x} lands at {target:#x}, "
                             f"inside the displaced bytes")
         pad = self._landing_pad_in(plan.window.address, plan.window.end, plan.window.insns)
         if pad:

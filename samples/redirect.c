@@ -2,7 +2,8 @@
  * early return that jumps to the `leave` before its `ret`, and the next function
  * follows with no padding, so no window around that `ret` is safe: its return
  * probe redirects the return address instead. `via` (-O2) leaves by an indirect
- * tail call and `die` by a jump table, which no exit patch can follow either.
+ * tail call, which no exit patch can follow either; `die` jumps through a table
+ * whose cases are all its own, and never returns.
  * Each case prints how many times its functions returned, for a test to compare.
  *
  *   redirect CASE    CASE: recursion | threads | longjmp | dive | signal | tail | chain |

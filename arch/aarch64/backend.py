@@ -7,7 +7,7 @@ from typing import Iterable, Optional, Set
 
 import capstone
 
-from urewrite.arch.aarch64 import arguments, relocator, runtime, trampoline
+from urewrite.arch.aarch64 import arguments, jump_tables, relocator, runtime, trampoline
 from urewrite.arch.aarch64.writer import b_imm
 from urewrite.arch.base import Backend, Insn, Runtime, RuntimeRefs, RuntimeSpec, Window
 
@@ -75,7 +75,7 @@ class AArch64Backend(Backend):
         word = int.from_bytes(insn.raw, "little")
         if word & 0xFFFFFBFF == 0xD65F0BFF or word & 0xFFFFFC1F == 0xD65F0000:
             return True, None  # ret, retaa, retab
-        if word & 0xFE9FFC1F == 0xD61F0000 or word & 0xFEFFF800 == 0xD61F0800:
+        if self.is_indirect_jump(insn):  # br, braa, brab, braaz, brabz (blr* are calls)
             return False, f"the indirect branch at {insn.address:#x} may leave it"
         target = self.direct_branch_target(insn)
         if target is None or inside(target) or insn.mnemonic == "bl":
@@ -83,6 +83,12 @@ class AArch64Backend(Backend):
         if insn.mnemonic == "b":
             return True, None  # a tail call
         return False, f"the conditional branch at {insn.address:#x} leaves it"
+
+    def is_indirect_jump(self, insn: Insn) -> bool:
+        return insn.mnemonic in ("br", "braa", "brab", "braaz", "brabz")
+
+    def jump_table(self, insns: list, index: int, read):
+        return jump_tables.jump_table(self, insns, index, read)
 
     def return_value(self) -> list:
         return arguments.abi_return()

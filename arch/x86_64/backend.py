@@ -10,7 +10,8 @@ import capstone
 from capstone import x86
 
 from urewrite.arch.base import Backend, Insn, Runtime, RuntimeRefs, RuntimeSpec, Window
-from urewrite.arch.x86_64 import arguments, relocator, return_address, runtime, trampoline
+from urewrite.arch.x86_64 import (arguments, jump_tables, relocator, return_address, runtime,
+                                  trampoline)
 from urewrite.arch.x86_64.writer import jmp_rel8, jmp_rel32
 
 ENDBR64 = b"\xf3\x0f\x1e\xfa"
@@ -117,6 +118,12 @@ class X86_64Backend(Backend):
                 return "taken", None  # a conditional tail call
             return False, f"the conditional jump at {insn.address:#x} leaves it"
         return False, None
+
+    def is_indirect_jump(self, insn: Insn) -> bool:
+        return insn.mnemonic.split()[-1] == "jmp" and self.direct_branch_target(insn) is None
+
+    def jump_table(self, insns: list, index: int, read):
+        return jump_tables.jump_table(self, insns, index, read)
 
     def is_call_frame(self, frame) -> bool:
         # CFA = rsp + 8, the return address at CFA - 8: what `call` leaves (DWARF rsp = 7)
