@@ -15,7 +15,9 @@ routines it calls save them), so they need no saving even inside a function.
     owned:  ldxr/add/stxr on row[probe]  exclusive: a signal handler hitting the same
                                          probe mid-increment makes it retry, not lose
             [bl lat_enter | lat_exit]    a function measured for latency enters | returns
-    counted: x17 = region.ring ; cbnz x17 -> trace   (x16 = region)
+    counted: [a function entry whose return is redirected: x30 into the frame,
+              x17 = its stub, bl shadow_push, x30 = the frame's: now the stub]
+            x17 = region.ring ; cbnz x17 -> trace   (x16 = region)
     traced: ldp  x0, x1, [sp, #16]
     resume: ldp  x16, x17, [sp], #48
             displaced instruction, relocated
@@ -24,6 +26,10 @@ routines it calls save them), so they need no saving even inside a function.
             cbz  x1 -> owned             near the hashed entry), or the shared row:
             ldxr/add/stxr on row[probe] ; b counted     counted, never measured
     trace:  x16 = this point's event table ; bl trace_event ; b traced
+
+Such an entry's return stub follows (docs/design.md, "Return probes"):
+    stub:   stp x16, x17, [sp, #-48]! ; bl shadow_pop ; ldr x30, [sp, #32]
+            the check and the rest of a point, as at a `ret`, with `ret` displaced
 
 trace_event and lat_enter/lat_exit read the frame above: runtime.py passes
 these offsets to runtime.s.
