@@ -195,6 +195,7 @@ class Backend(ABC):
         return None
 
     redirects_returns = False  # whether its trampolines can redirect a return address
+    shadow_stack_name = "a hardware shadow stack"  # what ElfFile.shadow_stack means here
 
     @abstractmethod
     def is_call_frame(self, frame) -> bool:

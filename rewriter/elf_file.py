@@ -25,6 +25,8 @@ DT_NULL, DT_INIT, DT_FLAGS_1 = 0, 12, 0x6FFFFFFB
 DF_1_PIE = 0x08000000
 GNU_PROPERTY_X86_FEATURE_1_AND = 0xC0000002
 GNU_PROPERTY_X86_FEATURE_1_SHSTK = 2
+GNU_PROPERTY_AARCH64_FEATURE_1_AND = 0xC0000000
+GNU_PROPERTY_AARCH64_FEATURE_1_GCS = 4  # the Guarded Control Stack, arm64's shadow stack
 
 EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 PHDR = struct.Struct("<IIQQQQQQ")
@@ -227,7 +229,8 @@ class ElfFile:
 
     @property
     def shadow_stack(self) -> bool:
-        """Whether the GNU property note marks the file as CET shadow-stack compatible."""
+        """Whether the GNU property note marks the file as compatible with a hardware
+        shadow stack: CET's on x86_64, the Guarded Control Stack on arm64."""
         for owner, kind, desc in self.notes():
             if owner != b"GNU" or kind != 5:
                 continue
@@ -237,6 +240,9 @@ class ElfFile:
                 if ptype == GNU_PROPERTY_X86_FEATURE_1_AND and size >= 4:
                     value = struct.unpack_from("<I", desc, at + 8)[0]
                     return bool(value & GNU_PROPERTY_X86_FEATURE_1_SHSTK)
+                if ptype == GNU_PROPERTY_AARCH64_FEATURE_1_AND and size >= 4:
+                    value = struct.unpack_from("<I", desc, at + 8)[0]
+                    return bool(value & GNU_PROPERTY_AARCH64_FEATURE_1_GCS)
                 at += 8 + ((size + 7) & ~7)
         return False
 

@@ -4,10 +4,12 @@ When some exit of a function cannot be patched, its entry can instead replace th
 return address with a stub's, keeping the original on a per-thread shadow stack
 (docs/design.md). That is only sound where nothing but the function's own `ret`
 uses the return address, so redirection is refused:
-- in a file that enables the CET shadow stack: the hardware stack still holds the
-  original address, and a `ret` to the stub stops the process;
-- in a file that can throw C++ exceptions: an unwinder reads the stub's address as
-  the caller's and finds no frame there (std::terminate); in a file that switches
+- in a file that enables a hardware shadow stack (CET, arm64's Guarded Control
+  Stack): it still holds the original address, and a return to the stub stops
+  the process;
+- in a file that can throw C++ exceptions (or unwind Rust panics): an unwinder
+  reads the stub's address as the caller's and finds no frame there
+  (std::terminate); in a file that switches
   stacks (ucontext, Boost.Context): the shadow stack is per thread, not per stack;
 - at the entry point (the kernel enters it with no return address), and in a
   .cold part (entered by a jump from its function);
@@ -32,7 +34,10 @@ from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.functions import Function
 
 # Names whose presence among a file's symbols means C++ exceptions can be thrown in it.
-_THROWING = (b"__cxa_throw", b"__cxa_rethrow", b"__gxx_personality_v0")
+# (rust_eh_personality: Rust's panics unwind too; _Unwind_RaiseException itself is
+# no sign: static glibc programs carry the unwinder for pthread_exit.)
+_THROWING = (b"__cxa_throw", b"__cxa_rethrow", b"__gxx_personality_v0",
+             b"rust_eh_personality")
 # ... or that it switches stacks (ucontext, Boost.Context): a frame suspended on one
 # stack while another returns below it would lose its entry.
 _SWITCHING = (b"swapcontext", b"setcontext", b"makecontext", b"jump_fcontext",
@@ -47,16 +52,16 @@ def file_problem(elf: ElfFile, backend: Backend) -> Optional[str]:
     if not backend.redirects_returns:
         return backend.return_redirect_problem(b"", elf.entry)
     if elf.shadow_stack:
-        return ("the file enables the CET shadow stack, which stops the process at a return "
-                "to a redirected address")
+        return (f"the file enables {backend.shadow_stack_name}, which stops the process at a "
+                f"return to a redirected address")
     for name in (".dynstr", ".strtab"):
         section = elf.section_named(name)
         if section is None or section.type == 8:  # SHT_NOBITS
             continue
         strings = elf.data[section.offset:section.offset + section.size]
         if any(b"\0" + symbol + b"\0" in strings for symbol in _THROWING):
-            return ("the file can throw C++ exceptions, and an unwinder cannot pass a "
-                    "redirected return address")
+            return ("the file can throw C++ exceptions (or unwind Rust "
+                    "panics), and an unwinder cannot pass a redirected return address")
         if any(b"\0" + symbol + b"\0" in strings for symbol in _SWITCHING):
             return ("the file switches stacks (ucontext or Boost.Context), and a frame "
                     "suspended on another stack could lose its redirected address")

@@ -7,7 +7,8 @@ from typing import Iterable, Optional, Set
 
 import capstone
 
-from urewrite.arch.aarch64 import arguments, jump_tables, relocator, runtime, trampoline
+from urewrite.arch.aarch64 import (arguments, jump_tables, relocator, return_address, runtime,
+                                   trampoline)
 from urewrite.arch.aarch64.writer import b_imm
 from urewrite.arch.base import Backend, Insn, Runtime, RuntimeRefs, RuntimeSpec, Window
 
@@ -24,6 +25,8 @@ class AArch64Backend(Backend):
     insn_alignment = 4
     branch_reach = (1 << 27) - 4  # b: +-128 MiB
     state_size = runtime.STATE_SIZE
+    redirects_returns = True
+    shadow_stack_name = "the Guarded Control Stack (GCS)"
 
     def __init__(self):
         self._lite = capstone.Cs(capstone.CS_ARCH_ARM64, capstone.CS_MODE_ARM)
@@ -97,6 +100,9 @@ class AArch64Backend(Backend):
         # CFA = sp, the return address still in x30: what `bl` leaves (DWARF sp = 31)
         return (frame.cfa_register, frame.cfa_offset, frame.return_address) == \
             (31, 0, ("same",))
+
+    def return_redirect_problem(self, code: bytes, address: int) -> Optional[str]:
+        return return_address.problem(code, address)
 
     def is_padding(self, insn: Insn) -> bool:
         return int.from_bytes(insn.raw, "little") in _PADDING

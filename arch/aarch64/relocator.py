@@ -39,6 +39,9 @@ def relocation_problem(insn: Insn, is_last: bool, shadow_stack: bool) -> Optiona
     word = word_of(insn)
     if _is(word, 0xFEFFF800, 0xD63F0800) or _is(word, 0xFEFFF800, 0xD73F0800):
         return f"'{insn}' is an authenticated call"
+    if shadow_stack and (_is(word, 0xFC000000, 0x94000000) or _is(word, 0xFFFFFC1F, 0xD63F0000)):
+        return (f"'{insn}' is a call, and the file enables the Guarded Control Stack: the "
+                f"trampoline's emulated call would not push the return address on it")
     return None
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import struct
+
 from urewrite.arch import runtime_asm
 from urewrite.arch.aarch64 import arguments, trampoline
 from urewrite.arch.aarch64.writer import b_imm
@@ -17,7 +20,14 @@ PS_TCB = 64
 PS_DIR = 256
 DIR_MAX = 4096 - 256 - 1
 ENVBUF_PAGES = 256  # 1 MiB at x20 + 8192
-STATE_SIZE = 4096 + 8192 + ENVBUF_PAGES * 4096
+# Return-address redirection: the table of per-thread shadow stacks (entries of
+# {thread pointer, stack}) after the environment buffer, and each stack's size.
+PS_SHADOW_PAGES = 2 + ENVBUF_PAGES  # from x20, in pages
+SHADOW_THREADS = 1024  # threads (thread pointers) that can have a shadow stack
+SHADOW_DEPTH = 1 << 20  # open redirected calls per thread: more than an 8 MiB stack holds
+SHADOW_MAP_SIZE = 16 * (SHADOW_DEPTH + 1)  # depth and a reserved word, then the entries
+STATE_SIZE = 4096 + 4096 * PS_SHADOW_PAGES + 16 * SHADOW_THREADS
+LOST_MESSAGE = "urewrite: a redirected return address was lost; stopping"
 
 # Registers the runtime's entry points save: x0-x25, x30 and the flags.
 _SAVED = list(range(26))
@@ -39,7 +49,7 @@ def _restore_all() -> str:
 
 
 def build(spec: RuntimeSpec) -> Runtime:
-    return runtime_asm.assemble(
+    runtime = runtime_asm.assemble(
         "urewrite.arch.aarch64", "runtime.s", "KS_ARCH_ARM64", "KS_MODE_LITTLE_ENDIAN",
         spec, {
             "SAVE_ALL": _save_all(), "RESTORE_ALL": _restore_all(),
@@ -50,4 +60,16 @@ def build(spec: RuntimeSpec) -> Runtime:
             "TRAMPOLINE_FRAME": trampoline.FRAME, "TF_X16": trampoline.FRAME_X16,
             "TF_X0": trampoline.FRAME_X0, "TF_LR": trampoline.FRAME_LR,
             "NO_REGISTER": arguments.NONE,
+            "PS_SHADOW_PAGES": PS_SHADOW_PAGES, "SHADOW_THREADS": SHADOW_THREADS,
+            "SHADOW_MASK": SHADOW_THREADS - 1,
+            "SHADOW_SHIFT": 64 - (SHADOW_THREADS.bit_length() - 1),
+            "SHADOW_DEPTH": f"{SHADOW_DEPTH:#x}",
+            "SHADOW_MAP_LOW": f"{SHADOW_MAP_SIZE & 0xFFFF:#x}",
+            "SHADOW_MAP_HIGH": f"{SHADOW_MAP_SIZE >> 16:#x}",
+            "OFF_RETURNS_MISSED": region.OFF_RETURNS_MISSED,
+            "LOST_MESSAGE": LOST_MESSAGE, "LOST_MESSAGE_SIZE": len(LOST_MESSAGE) + 1,
         }, lambda source, target: b_imm(source, target).to_bytes(4, "little"))
+    # arm64_exports: two quads just before the shared table of entry points at the end
+    at = len(runtime.code) - 8 * len(runtime_asm.EXPORTS) - 16
+    shadow_push, shadow_pop = struct.unpack_from("<2Q", runtime.code, at)
+    return dataclasses.replace(runtime, shadow_push=shadow_push, shadow_pop=shadow_pop)

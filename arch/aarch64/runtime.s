@@ -902,3 +902,218 @@ lx_done:
     ldp x9, x10, [sp]
     add sp, sp, #64
     ret
+
+// -- Return-address redirection (return probes of functions whose exits cannot be
+// patched). Each thread keeps a shadow stack in private memory, which a forked child
+// copies with the frames it still has to return from. A stack is u64 depth, u64
+// reserved, then entries {{u64 sp, u64 return address}}: sp is the function's sp at
+// its entry (its caller's sp at the call), which it has again when it returns: the
+// key its return stub finds the entry by. The table of stacks, {{u64 thread pointer,
+// u64 stack}}, lives in the state memory that survives fork.
+
+// -> x2 = this thread's shadow stack, or 0 (no thread pointer, the table is full,
+// or the stack could not be mapped). x4 = 1: a thread without one claims a table
+// entry and maps its stack (the one system call, at its first redirected call).
+// Clobbers x0-x5, x8-x11, x19, x20 and the flags.
+shadow_stack:
+    mov x11, x30
+    bl load_state
+    mov x30, x11
+    add x3, x20, #{PS_SHADOW_PAGES}, lsl #12   // x3 = the table
+    mov x2, #0
+    mrs x9, tpidr_el0
+    cbz x9, ss_done
+    ldr x10, hash_k
+    mul x10, x9, x10
+    lsr x10, x10, #{SHADOW_SHIFT}          // the first entry to look at
+    mov x5, #{SHADOW_THREADS}
+ss_look:
+    add x0, x3, x10, lsl #4                // x0 = the entry {{thread, stack}}
+    ldr x1, [x0]
+    cmp x1, x9
+    b.eq ss_mine
+    cbz x1, ss_free
+ss_next:
+    add x10, x10, #1
+    and x10, x10, #{SHADOW_MASK}
+    subs x5, x5, #1
+    b.ne ss_look
+ss_done:
+    ret
+ss_mine:
+    ldr x2, [x0, #8]                       // 0 while its owner maps it (a signal handler
+    ret                                    // on that thread then does not redirect)
+ss_free:
+    cbz x4, ss_done                        // entries are never freed: a thread that had
+ss_claim:                                  // one would have met it before a free one
+    ldaxr x1, [x0]
+    cbnz x1, ss_taken
+    stlxr w1, x9, [x0]
+    cbnz w1, ss_claim
+    mov x10, x0
+    mov x0, #0
+    movz x1, #{SHADOW_MAP_LOW}
+    movk x1, #{SHADOW_MAP_HIGH}, lsl #16
+    mov x2, #3                             // PROT_READ | PROT_WRITE
+    mov x3, #0x4022                        // MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE
+    mov x4, #-1
+    mov x5, #0
+    mov x8, #222                           // mmap
+    svc #0
+    mov x2, #0
+    tbnz x0, #63, ss_done                  // no memory: this thread never redirects
+    str x0, [x10, #8]
+    mov x2, x0
+    ret
+ss_taken:
+    clrex
+    cmp x1, x9
+    b.eq ss_mine
+    b ss_next                              // another thread took it meanwhile
+
+// x2 = a shadow stack, x1 = a key (sp) -> x0 = the index of the topmost entry for
+// that key, or -1. Clobbers x3 and the flags.
+shadow_find:
+    ldr x0, [x2]
+sf_next:
+    subs x0, x0, #1
+    b.mi sf_done
+    add x3, x2, x0, lsl #4
+    ldr x3, [x3, #16]
+    cmp x3, x1
+    b.ne sf_next
+sf_done:
+    ret
+
+// A function whose return address is redirected was entered, and counted: called
+// by its trampoline, whose frame is at sp (the function's sp at sp + {TRAMPOLINE_FRAME},
+// its return address at [sp + {TF_LR}]); x16 = region, x17 = its return stub.
+// Keeps the return address on this thread's shadow stack and puts the stub in its
+// place, for the trampoline to load into x30. When x30 holds the function's own stub
+// already (it was tail-called by itself, or by a function it tail-called), the entry
+// keeps the stub: the stub then runs once per entry, a return counted for each call,
+// as exit-site patching counts the tail call and the final `ret`. Not redirected
+// (no stack, or a full one): the region counts the call as missed. Preserves every
+// register but x17, and the flags.
+shadow_push:
+    sub sp, sp, #112
+    stp x0, x1, [sp]
+    stp x2, x3, [sp, #16]
+    stp x4, x5, [sp, #32]
+    stp x8, x9, [sp, #48]
+    stp x10, x11, [sp, #64]
+    stp x19, x20, [sp, #80]
+    mrs x9, nzcv
+    stp x30, x9, [sp, #96]
+    mov x4, #1
+    bl shadow_stack
+    cbz x2, sp_missed
+    ldr x0, [x2]                           // depth
+    mov x1, #{SHADOW_DEPTH}
+    cmp x0, x1
+    b.hs sp_missed
+    add x1, x0, #1
+    str x1, [x2]                           // take the entry first: a signal handler's
+    add x0, x2, x0, lsl #4                 // calls meanwhile push above it
+    add x3, sp, #112                       // the trampoline's frame
+    add x1, x3, #{TRAMPOLINE_FRAME}        // the key: the function's sp
+    ldr x5, [x3, #{TF_LR}]                 // its return address
+    stp x1, x5, [x0, #16]
+    str x17, [x3, #{TF_LR}]                // it now returns to the stub
+    b sp_done
+sp_missed:                                 // not redirected: this return is not seen,
+    add x0, x16, #{OFF_RETURNS_MISSED}     // so the region says how many were missed
+sp_missed_add:
+    ldxr x1, [x0]
+    add x1, x1, #1
+    stxr w2, x1, [x0]
+    cbnz w2, sp_missed_add
+sp_done:
+    ldp x30, x9, [sp, #96]
+    msr nzcv, x9
+    ldp x19, x20, [sp, #80]
+    ldp x10, x11, [sp, #64]
+    ldp x8, x9, [sp, #48]
+    ldp x4, x5, [sp, #32]
+    ldp x2, x3, [sp, #16]
+    ldp x0, x1, [sp]
+    add sp, sp, #112
+    ret
+
+// A redirected function returned into its stub, which calls us with its frame at
+// sp, laid out as a trampoline's: the function's sp, the key, at sp + {TRAMPOLINE_FRAME}.
+// Stores the original return address at [sp + {TF_LR}] and takes its entry off the
+// shadow stack, with the entries above it (frames left by longjmp or an exception:
+// they never return). Preserves every register but x16, x17 (the stub restores
+// those), and the flags.
+shadow_pop:
+    sub sp, sp, #112
+    stp x0, x1, [sp]
+    stp x2, x3, [sp, #16]
+    stp x4, x5, [sp, #32]
+    stp x8, x9, [sp, #48]
+    stp x10, x11, [sp, #64]
+    stp x19, x20, [sp, #80]
+    mrs x9, nzcv
+    stp x30, x9, [sp, #96]
+    mov x4, #0
+    bl shadow_stack
+    add x16, sp, #112                      // the stub's frame
+    add x1, x16, #{TRAMPOLINE_FRAME}       // the key
+    cbz x2, spop_elsewhere
+    bl shadow_find
+    tbnz x0, #63, spop_elsewhere
+    add x3, x2, x0, lsl #4
+    ldr x5, [x3, #24]                      // read before the entry is given back
+    str x0, [x2]
+    str x5, [x16, #{TF_LR}]
+    b spop_done
+// Not on this thread's stack: its thread pointer changed since the call (a static
+// program's start-up hands the stand-in TCB over to libc's). Look on every stack,
+// and mark the entry taken (no key is odd) rather than move another thread's depth.
+spop_elsewhere:
+    add x8, x20, #{PS_SHADOW_PAGES}, lsl #12
+    mov x9, #{SHADOW_THREADS}
+spe_next:
+    ldr x2, [x8, #8]
+    cbz x2, spe_skip
+    bl shadow_find
+    tbz x0, #63, spe_found
+spe_skip:
+    add x8, x8, #16
+    subs x9, x9, #1
+    b.ne spe_next
+    // Nowhere (a stack that moved between threads, say): the return address is
+    // lost. Stop with a message rather than run on.
+    mov x0, #2
+    adr x1, lost_message
+    mov x2, #{LOST_MESSAGE_SIZE}
+    mov x8, #64                            // write
+    svc #0
+    .word 0                                // udf #0: SIGILL
+spe_found:
+    add x3, x2, x0, lsl #4
+    ldr x5, [x3, #24]
+    mov x4, #1
+    str x4, [x3, #16]
+    str x5, [x16, #{TF_LR}]
+spop_done:
+    ldp x30, x9, [sp, #96]
+    msr nzcv, x9
+    ldp x19, x20, [sp, #80]
+    ldp x10, x11, [sp, #64]
+    ldp x8, x9, [sp, #48]
+    ldp x4, x5, [sp, #32]
+    ldp x2, x3, [sp, #16]
+    ldp x0, x1, [sp]
+    add sp, sp, #112
+    ret
+lost_message:
+    .ascii "{LOST_MESSAGE}"
+    .byte 10
+    .p2align 3
+
+// this backend's own entry points, read back by runtime.py (the shared table follows)
+arm64_exports:
+    .quad shadow_push
+    .quad shadow_pop

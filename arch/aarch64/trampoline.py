@@ -15,7 +15,9 @@ routines it calls save them), so they need no saving even inside a function.
     owned:  ldxr/add/stxr on row[probe]  exclusive: a signal handler hitting the same
                                          probe mid-increment makes it retry, not lose
             [bl lat_enter | lat_exit]    a function measured for latency enters | returns
-    counted: x17 = region.ring ; cbnz x17 -> trace   (x16 = region)
+    counted: [a function entry whose return is redirected: x30 into the frame,
+              x17 = its stub, bl shadow_push, x30 = the frame's: now the stub]
+            x17 = region.ring ; cbnz x17 -> trace   (x16 = region)
     traced: ldp  x0, x1, [sp, #16]
     resume: ldp  x16, x17, [sp], #48
             displaced instruction, relocated
@@ -24,6 +26,10 @@ routines it calls save them), so they need no saving even inside a function.
             cbz  x1 -> owned             near the hashed entry), or the shared row:
             ldxr/add/stxr on row[probe] ; b counted     counted, never measured
     trace:  x16 = this point's event table ; bl trace_event ; b traced
+
+Such an entry's return stub follows (docs/design.md, "Return probes"):
+    stub:   stp x16, x17, [sp, #-48]! ; bl shadow_pop ; ldr x30, [sp, #32]
+            the check and the rest of a point, as at a `ret`, with `ret` displaced
 
 trace_event and lat_enter/lat_exit read the frame above: runtime.py passes
 these offsets to runtime.s.
@@ -77,22 +83,64 @@ def _count(w: Writer, probe_indexes, tag: str) -> int:
     return offset
 
 
+RET = 0xD65F03C0  # ret: the last instruction of a return stub
+
+
 def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
     # A window is the one instruction at its site, so it has one point, before it.
     (point,) = points
     assert point.address == window.address
-    probe_indexes = point.probes
     w = Writer(address)
     w.stp_pre(X16, X17, SP, -FRAME)
+    _point(w, _Labels(""), point, refs, lambda: _displaced(w, window))
+    if point.redirect:
+        _return_stub(w, point.redirect, refs)
+    return w.bytes()
+
+
+def _displaced(w: Writer, window: Window) -> None:
+    code, falls_through = relocator.relocate(window.insns, w.pc)
+    w.raw(code)
+    if falls_through:
+        w.b(window.end)
+
+
+def _return_stub(w: Writer, point, refs: RuntimeRefs) -> None:
+    """Where a function whose return address was redirected returns to: with a frame
+    laid out as a trampoline's, shadow_pop puts the original return address in its
+    x30 slot, whatever the state (a forked child returns from its parent's calls);
+    then the return probe counts as at a `ret` of the function, and that `ret`.
+    Every register the caller sees is as the function left it."""
+    w.label("stub")
+    w.stp_pre(X16, X17, SP, -FRAME)
+    w.bl(refs.shadow_pop)
+    w.ldr(LR, SP, FRAME_LR)
+    _point(w, _Labels("r_"), point, refs, lambda: w.word(RET))
+
+
+class _Labels:
+    """Label names of one point: the entry and its return stub each have their own."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+
+    def __getattr__(self, name: str) -> str:
+        return self.prefix + name
+
+
+def _point(w: Writer, L: _Labels, point, refs: RuntimeRefs, displaced) -> None:
+    """From the check on, with the frame pushed: count the point's probes, then run
+    `displaced()`, then the out-of-line parts."""
+    probe_indexes = point.probes
     _load_state(w, refs.state)
     w.sub_imm(X17, X16, 1)
-    w.cbz(X17, "resume")
-    w.cbz(X16, "setup")
+    w.cbz(X17, L.resume)
+    w.cbz(X16, L.setup)
 
-    w.label("armed")
+    w.label(L.armed)
     w.stp(X0, X1, SP, FRAME_X0)
     w.mrs_tpidr_el0(X17)
-    w.ldr_literal(X0, "hash")
+    w.ldr_literal(X0, L.hash)
     w.mul(X0, X17, X0)
     w.lsr(X0, X0, region.SLOT_SHIFT)
     w.and_mask(X0, X0, region.SLOT_MASK)
@@ -100,9 +148,9 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
     w.add_imm(X0, X0, refs.owners_offset)
     w.ldp(X1, X0, X0)
     w.sub_reg(X1, X1, X17)
-    w.cbnz(X1, "slow")
-    w.label("owned")  # x0 = this thread's row, x16 = region
-    offset = _count(w, probe_indexes, "retry")
+    w.cbnz(X1, L.slow)
+    w.label(L.owned)  # x0 = this thread's row, x16 = region
+    offset = _count(w, probe_indexes, L.retry)
     if point.enters or point.leaves:
         # latency: in the thread's own row (found by the hash or by slow_hit); a hit
         # in the shared row goes unmeasured
@@ -116,55 +164,56 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
             w.mov_imm(X1, histogram)
             w.bl(refs.lat_exit)
         w.ldr(LR, SP, FRAME_LR)
-    w.label("counted")  # x16 = region
+    w.label(L.counted)  # x16 = region
+    if point.redirect:  # a function entered here returns through its stub
+        w.str_(LR, SP, FRAME_LR)
+        w.adr(X17, "stub")
+        w.bl(refs.shadow_push)
+        w.ldr(LR, SP, FRAME_LR)
     w.ldr(X17, X16, region.OFF_RING)
-    w.cbnz(X17, "trace")
-    w.label("traced")
+    w.cbnz(X17, L.trace)
+    w.label(L.traced)
     w.ldp(X0, X1, SP, FRAME_X0)
-    w.label("resume")
+    w.label(L.resume)
     w.ldp_post(X16, X17, SP, FRAME)
-    code, falls_through = relocator.relocate(window.insns, w.pc)
-    w.raw(code)
-    if falls_through:
-        w.b(window.end)
+    displaced()
 
     # The hashed owner entry is not this thread's: slow_hit looks at the next ones
     # (x16 = region, x17 = thread pointer; it clobbers x0, x1). Its own row counts
     # and measures as on the fast path; the shared row only counts.
-    w.label("slow")
+    w.label(L.slow)
     w.str_(LR, SP, FRAME_LR)
     w.bl(refs.slow_hit)
     w.ldr(LR, SP, FRAME_LR)
-    w.cbz(X1, "owned")
-    _count(w, probe_indexes, "shared")
-    w.b("counted")
+    w.cbz(X1, L.owned)
+    _count(w, probe_indexes, L.shared)
+    w.b(L.counted)
 
-    w.label("setup")
+    w.label(L.setup)
     w.str_(LR, SP, FRAME_LR)
     w.bl(refs.lazy_init)
     w.ldr(LR, SP, FRAME_LR)
     _load_state(w, refs.state)
     w.sub_imm(X17, X16, 1)
-    w.cbz(X17, "resume")
-    w.cbz(X16, "resume")  # still not set up (no thread pointer yet): skip this hit
-    w.b("armed")
+    w.cbz(X17, L.resume)
+    w.cbz(X16, L.resume)  # still not set up (no thread pointer yet): skip this hit
+    w.b(L.armed)
 
     # tracing: trace_event saves every register as the frame it reads arguments from
-    w.label("trace")
+    w.label(L.trace)
     w.str_(LR, SP, FRAME_LR)
-    w.adr(X16, "events")
+    w.adr(X16, L.events)
     w.bl(refs.trace_event)
     w.ldr(LR, SP, FRAME_LR)
-    w.b("traced")
+    w.b(L.traced)
 
     if w.pc % 8:
         w.word(relocator.NOP)
-    w.label("hash")
+    w.label(L.hash)
     w.quad(region.HASH_MULTIPLIER)
     # the point's events: u64 count, then per probe u64 index and its descriptors
-    w.label("events")
+    w.label(L.events)
     w.quad(len(probe_indexes))
     for k, index in enumerate(probe_indexes):
         w.quad(index)
         w.raw(point.arguments[k] if k < len(point.arguments) else encode(()))
-    return w.bytes()

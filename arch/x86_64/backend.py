@@ -33,6 +33,7 @@ class X86_64Backend(Backend):
     branch_reach = (1 << 31) - 1
     state_size = runtime.STATE_SIZE
     redirects_returns = True
+    shadow_stack_name = "the CET shadow stack"
 
     def __init__(self):
         self._lite = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)

@@ -7,6 +7,8 @@ would see the stub. Found here:
   through push, pop, and rsp plus or minus a constant: a read of the slot, or a
   pop of it;
 - in a function that starts with `push rbp; mov rbp, rsp`: any read of [rbp + 8].
+A jump from the function to its own entry (a loop, a self tail call) is refused
+too: it would run the entry trampoline again and count a return per pass.
 Reads through a copied pointer are not seen; docs/design.md says so.
 """
 
@@ -23,6 +25,13 @@ _decoder.detail = True
 def problem(code: bytes, address: int) -> Optional[str]:
     insns = list(_decoder.disasm(code, address))
     body = insns[1:] if insns and insns[0].id == X.X86_INS_ENDBR64 else insns
+    entry = {address, body[0].address} if body else set()
+    for insn in insns:
+        ops = insn.operands
+        if insn.group(X.X86_GRP_JUMP) and len(ops) == 1 and ops[0].type == X.X86_OP_IMM \
+                and ops[0].imm in entry:
+            return (f"'{insn.mnemonic} {insn.op_str}' at {insn.address:#x} jumps back to its "
+                    f"entry, which would redirect again and count a return per pass")
     framed = (len(body) >= 2 and body[0].id == X.X86_INS_PUSH and body[0].op_str == "rbp"
               and body[1].id == X.X86_INS_MOV and body[1].op_str == "rbp, rsp")
     if framed:
