@@ -345,6 +345,17 @@ def _through(sem: Semantics, at: int, taken_in_range: bool, start: int, index: i
     return (entry, count, between) if entry is not None else None
 
 
+def add(a, b):
+    """The sum of two symbolic values, where the model can say it: two affine values,
+    or a table entry plus a constant (a table of offsets from a base). Else None."""
+    if isinstance(a, Affine) and isinstance(b, Affine):
+        return a.plus(b)
+    for x, y in ((a, b), (b, a)):
+        if isinstance(x, Entry) and isinstance(y, Affine) and y.scale == 0:
+            return x.then(("add", y.offset))
+    return None
+
+
 def read_index(value, bits: int, count: int):
     """What reading the low `bits` bits of a register holding `value` gives, zero-extended:
     INDEX when those bits hold all of it (every index below 2**bits), else None."""

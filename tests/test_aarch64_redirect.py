@@ -20,7 +20,6 @@ entry was lost to a stack switch stops the process with a message.
 from __future__ import annotations
 
 import json
-import os
 import struct
 import sys
 import shutil

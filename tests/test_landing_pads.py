@@ -18,7 +18,6 @@ import json
 import re
 import shutil
 import struct
-import subprocess
 from pathlib import Path
 
 import pytest

@@ -22,7 +22,7 @@ import capstone
 from capstone import arm64_const as A
 
 from urewrite.arch.jump_tables import (INDEX, MASK64, Affine, Check, Entry, Semantics,
-                                       read_index, recover)
+                                       add, read_index, recover)
 
 _NO_FALL_THROUGH = frozenset("b br braa brab braaz brabz ret retaa retab udf brk hlt".split())
 _CALLS = frozenset("bl blr blraa blrab blraaz blrabz".split())
@@ -207,12 +207,7 @@ class _AArch64(Semantics):
         if m == "add" and len(ops) == 3 and bits == 64:
             a = self._register(state, ops[1])
             b = self._operand(state, ops[2])
-            if isinstance(a, Affine) and isinstance(b, Affine):
-                return a.plus(b)
-            for x, y in ((a, b), (b, a)):
-                if isinstance(x, Entry) and isinstance(y, Affine) and y.scale == 0:
-                    return x.then(("add", y.offset))
-            return None
+            return add(a, b)
         if m in _LOADS:
             return self._load(state, insn)
         return None

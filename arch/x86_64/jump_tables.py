@@ -20,7 +20,7 @@ import capstone
 from capstone import x86_const as X
 
 from urewrite.arch.jump_tables import (INDEX, MASK64, Affine, Check, Entry, LowIndex,
-                                       Semantics, read_index, recover)
+                                       Semantics, add, read_index, recover)
 
 _CONDITIONAL = frozenset("jo jno jb jae je jne jbe ja js jns jp jnp jl jge jle jg jrcxz jecxz "
                          "jcxz loop loope loopne".split())
@@ -214,12 +214,7 @@ class _X86(Semantics):
         if m == "add" and dst_bits == 64:
             a = self.value(state, self._reg(ops[0].reg)[0])
             b = self._source(state, insn, src, 64)
-            if isinstance(a, Affine) and isinstance(b, Affine):
-                return a.plus(b)
-            for x, y in ((a, b), (b, a)):
-                if isinstance(x, Entry) and isinstance(y, Affine) and y.scale == 0:
-                    return x.then(("add", y.offset))
-            return None
+            return add(a, b)
         if m == "shl" and dst_bits == 64 and src.type == X.X86_OP_IMM and 0 <= src.imm < 8:
             a = self.value(state, self._reg(ops[0].reg)[0])
             if isinstance(a, Affine):
