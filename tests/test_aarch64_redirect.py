@@ -30,6 +30,7 @@ from typing import Dict, Optional, Tuple
 
 import pytest
 
+from test_redirect import COROUTINE_USER, COROUTINES  # the same programs as on x86_64
 from test_aarch64 import (BP, CC, QEMU, Run, check, emulate, exit_status, prepare_all, run,
                           urewrite)
 
@@ -306,50 +307,6 @@ def test_refused_under_the_guarded_control_stack(tmp_path):
     ret = _returns(plain)["via"]
     assert ret["mechanism"] is None
     assert "cannot be redirected: the file enables the Guarded Control Stack" in ret["reason"]
-
-
-COROUTINES = r"""
-#include <ucontext.h>
-static ucontext_t main_ctx, co_ctx;
-static char co_stack[64 * 1024];
-static void (*body)(void);
-static void run(void) { body(); }
-void co_start(void (*f)(void)) {
-    body = f;
-    getcontext(&co_ctx);
-    co_ctx.uc_stack.ss_sp = co_stack;
-    co_ctx.uc_stack.ss_size = sizeof co_stack;
-    co_ctx.uc_link = &main_ctx;
-    makecontext(&co_ctx, run, 0);
-}
-void co_resume(void) { swapcontext(&main_ctx, &co_ctx); }
-void co_yield(void) { swapcontext(&co_ctx, &main_ctx); }
-"""
-COROUTINE_USER = r"""
-#include <stdio.h>
-void co_start(void (*)(void)), co_resume(void), co_yield(void);
-static volatile int sink;
-__attribute__((noipa)) int inner(int x) {   /* suspended on the coroutine's stack */
-    if (x < 0)
-        return 0;
-    co_yield();
-    return x + sink;
-}
-static void coroutine(void) { inner(1); }
-__attribute__((noipa)) int outer(int x) {   /* returns while inner is suspended */
-    if (x < 0)
-        return 0;
-    co_resume();
-    return x + sink;
-}
-int main(void) {
-    co_start(coroutine);
-    outer(1);
-    co_resume();
-    puts("done");
-    return 0;
-}
-"""
 
 
 def test_stack_switching(tmp_path):
