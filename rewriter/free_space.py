@@ -36,11 +36,12 @@ class Occupancy:
         self._ends.insert(k, end)
 
 
-def padding_gaps(elf, backend, functions, instructions: Callable, symbol_starts: Set[int]
-                 ) -> List[Tuple[int, int]]:
+def padding_gaps(elf, backend, functions, instructions: Callable, symbol_starts: Set[int],
+                 wanted: Callable[[int, int], bool]) -> List[Tuple[int, int]]:
     """(start, end) of each run of padding between functions that no code reaches by
     falling through: the function before it ends in an instruction that never
-    continues (a return, a jump), and no symbol starts inside it."""
+    continues (a return, a jump), and no symbol starts inside it. Only gaps for which
+    `wanted(start, end)` holds are looked at (decoding the rest would be wasted)."""
     gaps = []
     starts = sorted(symbol_starts)
     for section in elf.executable_sections():
@@ -55,7 +56,7 @@ def padding_gaps(elf, backend, functions, instructions: Callable, symbol_starts:
             k = bisect.bisect_left(starts, start)
             if k < len(starts) and starts[k] < end:
                 end = starts[k]  # a label (hand-written code) is no padding
-            if end - start < backend.patch_size or last is None:
+            if end - start < backend.patch_size or last is None or not wanted(start, end):
                 continue
             insns = instructions(last)
             if not insns or insns[-1].end != last.end or not backend.ends_flow(insns[-1]):

@@ -126,7 +126,7 @@ class Planner:
         self._frames: Optional[dict] = None  # FDE start -> frame there, when first needed
         self._fragments: Optional[Dict[int, Function]] = None
         self._references: Optional[Dict[int, List[int]]] = None  # when first needed
-        self._gaps: Optional[List[tuple]] = None  # padding runs between functions, when needed
+        self._symbol_starts: Optional[Set[int]] = None  # where symbols start, when needed
         self._conditional_exits: Set[int] = set()  # exits that leave only when taken
         self._landing_pads: Optional[except_table.LandingPads] = None  # when first needed
         self.redirected_because: Dict[int, str] = {}  # function -> why its exits are not patched
@@ -762,15 +762,23 @@ class Planner:
         return merged
 
     def _padding_gaps(self, plans: List[Plan]) -> List[tuple]:
-        """The padding runs within reach of some hop window."""
+        """The padding runs within reach of some hop window (only those are decoded)."""
         if not plans:
             return []
-        if self._gaps is None:
-            starts = {sym.value for sym in elf_symbols.symbols(self.elf) if sym.value}
-            self._gaps = free_space.padding_gaps(self.elf, self.backend, self.functions,
-                                                 self.instructions, starts)
-        lows, highs = zip(*(self.backend.hop_reach(p.window.address) for p in plans))
-        return [(a, b) for a, b in self._gaps if b > min(lows) and a <= max(highs)]
+        if self._symbol_starts is None:
+            self._symbol_starts = {sym.value for sym in elf_symbols.symbols(self.elf)
+                                   if sym.value}
+        reaches = sorted(self.backend.hop_reach(p.window.address) for p in plans)
+        lows = [lo for lo, _ in reaches]
+        highs = list(itertools.accumulate((hi for _, hi in reaches), max))
+
+        def in_reach(start: int, end: int) -> bool:
+            # some reach starts before the gap ends and, of those, one ends after it starts
+            k = bisect.bisect_left(lows, end)
+            return k > 0 and highs[k - 1] >= start
+
+        return free_space.padding_gaps(self.elf, self.backend, self.functions,
+                                       self.instructions, self._symbol_starts, in_reach)
 
     def _landing_in_padding(self, window: Window, gaps, used: Occupancy,
                             taken: Dict[int, list]) -> Optional[int]:
