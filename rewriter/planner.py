@@ -408,26 +408,37 @@ class Planner:
                     self._references.setdefault(target, []).append(source)
         return self._references
 
+    def _counts_when_taken(self, site: Site) -> bool:
+        """Whether the site is a conditional exit, counted on its taken edge only."""
+        return site.kind == KIND_RETURN and site.address in self._conditional_exits
+
+    def _by_address(self, items, site_of=lambda site: site) -> list:
+        """Sites (or items holding one) grouped by the point they share, in address
+        order (a conditional exit counts on its taken edge only: it shares no point)."""
+        groups: Dict[tuple, list] = {}
+        for item in items:
+            site = site_of(item)
+            groups.setdefault((site.address, self._counts_when_taken(site)), []).append(item)
+        return [group for _, group in sorted(groups.items())]
+
+    def _group_window(self, group: List[Site], size: Optional[int] = None) -> Plan:
+        """One window for the sites at one point, all counted there."""
+        # a site inside a function follows the stricter rules (flags live)
+        primary = next((s for s in group if not s.at_entry), group[0])
+        plan = self._window(primary, size)
+        point = plan.points[0]
+        return replace(plan, points=(replace(point, sites=tuple(
+            [primary] + [s for s in group if s is not primary])),))
+
     def _plan_sites(self, sites: List[Site]) -> List[Outcome]:
-        by_address: Dict[tuple, List[Site]] = {}
-        for site in sites:
-            # a conditional exit counts on its taken edge only: no point to share
-            taken = site.kind == KIND_RETURN and site.address in self._conditional_exits
-            by_address.setdefault((site.address, taken), []).append(site)
         tentative = []
-        for _, group in sorted(by_address.items()):
-            # a site inside a function follows the stricter rules (flags live)
-            primary = next((s for s in group if not s.at_entry), group[0])
+        for group in self._by_address(sites):
             try:
                 if "jump" not in self.tactics:
                     raise _Refused("not among the tactics to try")
-                plan = self._window(primary)
+                tentative.append(self._group_window(group))
             except _Refused as why:
                 tentative.extend(Refusal(s, str(why)) for s in group)
-                continue
-            point = plan.points[0]
-            tentative.append(replace(plan, points=(replace(point, sites=tuple(
-                [primary] + [s for s in group if s is not primary])),)))
         windows = [o for o in tentative if isinstance(o, Plan)]
         taken = self._taken_addresses(windows)
         outcomes = []
@@ -576,9 +587,8 @@ class Planner:
             window = Window(start, end - start, displaced)
             # at a return or tail call the flags carry nothing (SysV ABI), as at an entry;
             # a conditional tail call is counted on its taken edge, into the callee
-            taken = site.kind == KIND_RETURN and site.address in self._conditional_exits
             return Plan(window, (ProbePoint(site.address, (site,), site.kind != KIND_RETURN,
-                                            taken),))
+                                            self._counts_when_taken(site)),))
         raise _Refused(reason)
 
     def _holding(self, site: Site) -> Function:
@@ -661,27 +671,18 @@ class Planner:
         that, in the bytes an evicted neighbour window frees after its own jump.
         Landings and evicted windows follow the rules of windows: whole
         instructions, nothing targets their bytes, no overlap with another window."""
-        by_address: Dict[tuple, List[Refusal]] = {}
-        for o in outcomes:
-            if isinstance(o, Refusal):
-                taken = o.site.kind == KIND_RETURN and o.site.address in self._conditional_exits
-                by_address.setdefault((o.site.address, taken), []).append(o)
-        if not by_address:
+        refusals = [o for o in outcomes if isinstance(o, Refusal)]
+        if not refusals:
             return outcomes
         used = Occupancy()
         for o in outcomes:
             if isinstance(o, Plan):
                 used.take(o.window.address, o.window.end)
         tried = []  # (refusals, hop window plan or the reason there is none)
-        for _, group in sorted(by_address.items()):
-            sites = [r.site for r in group]
-            primary = next((s for s in sites if not s.at_entry), sites[0])
+        for group in self._by_address(refusals, lambda refusal: refusal.site):
             try:
-                plan = self._window(primary, self.backend.hop_size)
-                point = plan.points[0]
-                plan = replace(plan, points=(replace(point, sites=tuple(
-                    [primary] + [s for s in sites if s is not primary])),))
-                tried.append((group, plan))
+                tried.append((group, self._group_window([r.site for r in group],
+                                                        self.backend.hop_size)))
             except _Refused as why:
                 tried.append((group, str(why)))
         plans = [p for _, p in tried if isinstance(p, Plan)]
@@ -718,10 +719,10 @@ class Planner:
                   for a in range(w.address + 1, w.end)}
         taken = taken_addresses.find(self.elf, self.backend, wanted) if wanted else {}
         for plan in waiting:
-            evicted = self._evict(candidates[plan.window.address], plan.window, used, taken)
             if not used.is_free(plan.window.address, plan.window.end):
                 reasons[plan.window.address] = "its window overlaps another window"
                 continue
+            evicted = self._evict(candidates[plan.window.address], plan.window, used, taken)
             if evicted is None:
                 reasons[plan.window.address] = (
                     f"no {self.backend.patch_size} free bytes within its reach, in padding "
