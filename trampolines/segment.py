@@ -34,15 +34,19 @@ class SegmentImage:
     probes: List[region.ProbeInfo] = field(default_factory=list)
 
 
-def _patches(backend: Backend, plan, trampoline: int) -> List[Tuple[int, bytes]]:
-    """The bytes written over original code for one plan: its window's jump, or its
-    hop and the landing's jump (written after an evicted neighbour's patch, whose
-    filler the landing takes)."""
+def _patches(backend: Backend, plan, trampoline: int,
+             moved_to: Optional[int]) -> List[Tuple[int, bytes]]:
+    """The bytes written over original code for one plan, in the order they are
+    written: its window's jump; or its hop, the jump of the neighbour evicted to
+    `moved_to` (if any), and the landing's jump, last, over that neighbour's filler."""
     if plan.hop is None:
         return [(plan.window.address, backend.site_patch(plan.window, trampoline))]
+    patches = [(plan.window.address, backend.hop_patch(plan.window, plan.hop.landing))]
+    if plan.hop.evicted:
+        patches.append((plan.hop.evicted.address,
+                        backend.site_patch(plan.hop.evicted, moved_to)))
     landing = Window(plan.hop.landing, backend.patch_size, ())
-    return [(plan.window.address, backend.hop_patch(plan.window, plan.hop.landing)),
-            (landing.address, backend.site_patch(landing, trampoline))]
+    return patches + [(landing.address, backend.site_patch(landing, trampoline))]
 
 
 def size_bound(plans) -> int:
@@ -141,14 +145,13 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
                 points.append(count_point(point.address, counted, point.flags_live, redirect,
                                           point.taken))
             code += backend.trampoline(at, plan.window, points, refs)
-            patches += _patches(backend, plan, at)
+            moved_to = None
             if plan.hop and plan.hop.evicted:
                 # the neighbour runs from a trampoline of its own, with no probe
-                evicted = plan.hop.evicted
                 moved_to = base + align_up(len(code), CODE_ALIGN)
                 code += bytes(moved_to - base - len(code))
-                code += backend.trampoline(moved_to, evicted, (), refs)
-                patches.insert(-1, (evicted.address, backend.site_patch(evicted, moved_to)))
+                code += backend.trampoline(moved_to, plan.hop.evicted, (), refs)
+            patches += _patches(backend, plan, at, moved_to)
         except OverflowError:
             raise UrewriteError(f"{plan.site.name}: the trampoline at {at:#x} is out of branch "
                                 f"reach of {plan.window.address:#x}")
