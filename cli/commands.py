@@ -109,7 +109,7 @@ def rewrite(input_file, probes, returns, output, arg_count, keep_going, as_json,
             "probes": [{"name": site.name, "kind": _kind(site.kind), "address": site.address,
                         "displaced": p.window.size, "tactic": p.tactic}
                        for p in result.plans for site in p.sites],
-            "tactics": _tactic_counts(result.plans),
+            "tactics": _tactic_counts(p.tactic for p in result.plans),
             # (a return probe lists one entry per exit it patched, at the exit's address)
             "refused": [{"name": r.site.name, "address": r.site.address, "reason": r.reason}
                         for r in result.refusals],
@@ -140,12 +140,13 @@ def _parse_tactics(value):
     return tuple(t for t in TACTICS if t in chosen)
 
 
-def _tactic_counts(plans) -> dict:
-    """Sites (patched windows) per tactic, every tactic named."""
+def _tactic_counts(tactics) -> dict:
+    """How many times each tactic occurs in `tactics` (one per patched window), every
+    tactic named."""
     from urewrite.rewriter.planner import TACTICS
     counts = dict.fromkeys(TACTICS, 0)
-    for p in plans:
-        counts[p.tactic] += 1
+    for tactic in tactics:
+        counts[tactic] += 1
     return counts
 
 
@@ -233,15 +234,11 @@ def _coverage(functions: list, probes: list) -> dict:
     """What `list --summary` counts for one file: functions, the share of them that
     take an entry and a return probe (parts split off from a function, such as .cold,
     are not functions of their own for returns), USDT sites, and sites per tactic."""
-    from urewrite.rewriter.planner import TACTICS
     whole = [f for f in functions if not f["split_off"]]
-    tactics = dict.fromkeys(TACTICS, 0)
-    for row in functions + probes:
-        if row["patchable"]:
-            tactics[row["tactic"]] += 1
-    for f in whole:
-        for tactic, n in f["return"]["tactics"].items():
-            tactics[tactic] += n
+    tactics = _tactic_counts(
+        [row["tactic"] for row in functions + probes if row["patchable"]]
+        + [tactic for f in whole for tactic, n in f["return"]["tactics"].items()
+           for _ in range(n)])
     return {"functions": len(functions),
             "entry": sum(f["patchable"] for f in functions),
             "return_functions": len(whole),
