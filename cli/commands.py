@@ -84,7 +84,11 @@ def main():
 @click.option("--tactics", callback=lambda _c, _p, v: _parse_tactics(v), default=None,
               metavar="LIST", help="Patch tactics to try, in order, from jump,hop,evict "
                                    "[default: all].")
-def rewrite(input_file, probes, returns, output, arg_count, keep_going, as_json, quiet, tactics):
+@click.option("--exclude", "excludes", multiple=True, metavar="GLOB",
+              help="Leave out functions with a name (or USDT probes, usdt:P:N) matching GLOB, "
+                   "whatever selected them. Repeatable.")
+def rewrite(input_file, probes, returns, output, arg_count, keep_going, as_json, quiet, tactics,
+            excludes):
     """Write a copy of IN with probes at the given sites.
 
     A site that cannot be patched safely is refused with the reason: an error
@@ -100,7 +104,7 @@ def rewrite(input_file, probes, returns, output, arg_count, keep_going, as_json,
     try:
         result = run_rewrite(input_file, output, list(probes), keep_going=keep_going,
                              entry_args=arg_count, return_specs=list(returns),
-                             on_plan=_progress_bar, tactics=tactics)
+                             on_plan=_progress_bar, tactics=tactics, exclude=list(excludes))
     except UrewriteError as e:
         _fail(str(e))
     if as_json:

@@ -121,7 +121,9 @@ class ElfFile:
         self.segments: List[Segment] = [
             Segment(*PHDR.unpack_from(data, self.phoff + i * PHDR.size)) for i in range(self.phnum)]
         for seg in self.segments:
-            if seg.type in (PT_LOAD, PT_DYNAMIC) and seg.offset + seg.filesz > len(data):
+            # (a segment with no file bytes may have any offset, as a rewrite's state has)
+            if seg.type in (PT_LOAD, PT_DYNAMIC) and seg.filesz and \
+                    seg.offset + seg.filesz > len(data):
                 self._fail("truncated ELF: a segment lies past the end of the file")
             if seg.type == PT_LOAD and seg.filesz > seg.memsz:
                 self._fail("corrupt ELF: a segment is larger in the file than in memory")

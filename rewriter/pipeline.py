@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import os
 import re
@@ -16,7 +17,7 @@ from urewrite.rewriter.functions import Function, discover
 from urewrite.rewriter.usdt import UsdtSite
 from urewrite.rewriter.planner import TACTICS, Plan, Planner, Refusal
 from urewrite.rewriter.selectors import Site, select
-from urewrite.trampolines import arguments, segment
+from urewrite.trampolines import arguments, region, segment
 from urewrite.trampolines.region import KIND_ENTRY, KIND_RETURN, KIND_USDT
 
 
@@ -39,9 +40,22 @@ class RewriteResult:
 
 def analyse(path: str, tactics: Optional[tuple] = None) -> Analysis:
     elf = ElfFile.open(path)
+    _refuse_rewritten(elf)
     functions = discover(elf)
     return Analysis(elf, functions, usdt.discover(elf),
                     Planner(elf, backend_for(elf.machine), functions, tactics or TACTICS))
+
+
+def _refuse_rewritten(elf: ElfFile) -> None:
+    """A file urewrite wrote is refused: its patches are not ordinary code to patch
+    again. Its probes are named so that the user can rewrite the original with all."""
+    template = elf.section_named(".urewrite.rodata")
+    if template is None:
+        return
+    names = region.template_probe_names(elf.data[template.offset:template.offset + template.size])
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    raise UrewriteError(f"{elf.path}: already rewritten by urewrite (probes: {shown or 'none'}); "
+                        f"rewrite the original file with every probe at once")
 
 
 def list_sites(path: str, tactics: Optional[tuple] = None):
@@ -81,13 +95,17 @@ def _dt_init(elf: ElfFile) -> Optional[tuple]:
 def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bool = False,
             entry_args: int = 0, return_specs: List[str] = (), progress: Optional[Callable[[int], None]] = None,
             on_plan: Optional[Callable[[int], Callable[[int], None]]] = None,
-            tactics: Optional[tuple] = None) -> RewriteResult:
+            tactics: Optional[tuple] = None, exclude: List[str] = ()) -> RewriteResult:
     if _same_file(input_path, output_path) if os.path.exists(output_path) else \
             os.path.realpath(input_path) == os.path.realpath(output_path):
         raise UrewriteError("the output must not be the input file")
     a = analyse(input_path, tactics)
     elf, backend = a.elf, a.planner.backend
     sites = select(specs, a.functions, a.planner.boundaries, a.usdt, return_specs)
+    if exclude:
+        sites = [s for s in sites if not _excluded(s, exclude)]
+        if not sites:
+            raise UrewriteError("--exclude leaves no site to probe")
     outcomes = a.planner.plan(sites)
     plans = [o for o in outcomes if isinstance(o, Plan)]
     refusals = [o for o in outcomes if isinstance(o, Refusal)]
@@ -127,6 +145,13 @@ def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: boo
                              dt_init[0] if dt_init else None)
     elf_writer.write_atomically(output_path, data, os.stat(input_path).st_mode)
     return RewriteResult(output_path, plans, refusals, warnings)
+
+
+def _excluded(site: Site, globs: List[str]) -> bool:
+    """Whether --exclude leaves the site out: a glob matches a name of its function
+    (any alias), or, for a USDT site, its usdt:PROVIDER:NAME."""
+    names = site.function.names + (("usdt:" + site.name,) if site.kind == KIND_USDT else ())
+    return any(fnmatch.fnmatchcase(name, glob) for glob in globs for name in names)
 
 
 def _argument_encoder(a: Analysis, backend, entry_args: int, warnings: List[str]):

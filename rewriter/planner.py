@@ -10,7 +10,9 @@ backend's patch size) with a jump. That is safe only when:
   pads, where the unwinder resumes a frame, count as branch targets
   (except_table.py);
 - a window that runs past the function's end covers only alignment padding that
-  no symbol and no branch claims.
+  no symbol and no branch claims;
+- no patched byte lies in code that the program copies elsewhere at run time
+  (copied_code.py): a jump copied away would lead nowhere.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from typing import Dict, List, Optional, Set, Union
 
 from urewrite.arch.base import Backend, Window
 from urewrite.arch.jump_tables import JumpTable
-from urewrite.rewriter import (elf_symbols, except_table, free_space, jump_table_guard,
-                               redirection, taken_addresses)
+from urewrite.rewriter import (copied_code, elf_symbols, except_table, free_space,
+                               jump_table_guard, redirection, taken_addresses)
 from urewrite.rewriter.free_space import Occupancy
 from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.functions import Function
@@ -131,6 +133,7 @@ class Planner:
         self._landing_pads: Optional[except_table.LandingPads] = None  # when first needed
         self.redirected_because: Dict[int, str] = {}  # function -> why its exits are not patched
         self._cold_parts: Dict[str, List[Function]] = {}  # "f" -> f.cold, f.cold.1, ...
+        self.copied = copied_code.find(elf)  # code never to patch, sorted
         for f in functions:
             if ".cold" in f.name:
                 self._cold_parts.setdefault(f.name.split(".cold")[0], []).append(f)
@@ -183,6 +186,7 @@ class Planner:
         that redirects the return address instead, when that is allowed
         (redirection.py); else it is refused with both reasons.
         """
+        in_copy, sites = self._refuse_copied(sites)
         returns = {s.probe_key: s for s in sites if s.kind == KIND_RETURN}
         expanded, unpatched = [], {}  # return probe key -> why its exits cannot be patched
         for site in sites:
@@ -216,7 +220,25 @@ class Planner:
                                               f"address cannot be redirected: {reason}"
                                 if key in unpatched else reason)
                         for key, reason in failed.items()]
-        return kept + refused
+        return kept + refused + in_copy
+
+    def _refuse_copied(self, sites: List[Site]) -> tuple:
+        """(refusals of the sites in copied code, the other sites). A return probe is
+        refused when any of its function is: its exits or its entry would be patched."""
+        refused, rest = [], []
+        for site in sites:
+            copy = self.copied_at(site.function.address, site.function.end) \
+                if site.kind == KIND_RETURN else self.copied_at(site.address)
+            if copy:
+                refused.append(Refusal(site, copy.reason()))
+            else:
+                rest.append(site)
+        return refused, rest
+
+    def copied_at(self, start: int, end: Optional[int] = None):
+        """The copied code (copied_code.py) that overlaps [start, end), if any."""
+        end = start + 1 if end is None else end
+        return next((c for c in self.copied if c.start < end and start < c.end), None)
 
     @staticmethod
     def _whole_returns(outcomes: List[Outcome]) -> tuple:
@@ -426,6 +448,9 @@ class Planner:
         # a site inside a function follows the stricter rules (flags live)
         primary = next((s for s in group if not s.at_entry), group[0])
         plan = self._window(primary, size)
+        copy = self.copied_at(plan.window.address, plan.window.end)
+        if copy:
+            raise _Refused(copy.reason())
         point = plan.points[0]
         return replace(plan, points=(replace(point, sites=tuple(
             [primary] + [s for s in group if s is not primary])),))
@@ -675,6 +700,8 @@ class Planner:
         if not refusals:
             return outcomes
         used = Occupancy()
+        for copy in self.copied:  # no landing or evicted window there either
+            used.take(copy.start, copy.end)
         for o in outcomes:
             if isinstance(o, Plan):
                 used.take(o.window.address, o.window.end)

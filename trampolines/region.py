@@ -250,6 +250,24 @@ def _parse(path: str, data: bytes) -> Region:
     return region
 
 
+def template_probe_names(template: bytes) -> List[str]:
+    """The probe names of a region template, the header, probe table and names a
+    rewritten file carries (its .urewrite.rodata section); [] if it is not one."""
+    try:
+        if template[:8] != MAGIC:
+            return []
+        count, = struct.unpack_from("<I", template, OFF_PROBE_COUNT)
+        probes_off, strings_off = struct.unpack_from("<QQ", template, OFF_PROBES)
+        names = []
+        for i in range(count):
+            name_off, = struct.unpack_from("<I", template, probes_off + i * PROBE_ENTRY_SIZE + 12)
+            start = strings_off + name_off
+            names.append(template[start:template.index(b"\0", start)].decode(errors="replace"))
+        return names
+    except (struct.error, ValueError):
+        return []
+
+
 def read_regions(directory: str, problems: Optional[List[str]] = None) -> List[Region]:
     """Every region a run left in `directory`, in a stable order.
 
