@@ -144,17 +144,18 @@ class Backend(ABC):
         """The target of a direct branch or call, else None."""
 
     @abstractmethod
-    def code_references(self, code: bytes, base: int) -> Iterable:
-        """(source, target) of every direct branch and PC-relative address computation
-        that code may hold, found by a scan of all its bytes (not only instruction
-        starts): may report pairs no real instruction makes, never misses a far one.
-        x86_64's byte scan sees rel32 forms only; rel8 ones are decoded by the planner."""
+    def code_reference_table(self, code: bytes, base: int) -> tuple:
+        """(sources, targets), two numpy int64 arrays: every direct branch and PC-relative
+        address computation that code may hold, found by a vectorised scan of all its
+        bytes (not only instruction starts), `source` being where the matching bytes
+        start. May report pairs no real instruction makes, never misses a far one.
+        x86_64's scan sees rel32 forms only; rel8 ones are decoded by the planner."""
 
     @abstractmethod
     def names_address(self, insn: Insn, target: int) -> bool:
         """Whether an instruction (decoded with detail) branches to `target` or computes
-        it PC-relatively: tells a real reference of code_references or code_addresses_in
-        from a chance match of bytes."""
+        it PC-relatively: tells a real reference of code_reference_table from a chance
+        match of bytes."""
 
     @abstractmethod
     def holds_constant(self, insn: Insn, offset: int, value: int) -> bool:
@@ -163,15 +164,6 @@ class Backend(ABC):
         real address constant in code (`mov edi, imm32` passing a function pointer)
         from 4 bytes that only look like one (parts of two instructions). Where the
         backend cannot tell, True."""
-
-    @abstractmethod
-    def code_addresses_in(self, code: bytes, base: int, wanted: Set[int]) -> Iterable:
-        """(source, target) for each target in `wanted` that code may branch to or take
-        the address of, `source` being where the matching bytes start.
-
-        Direct far branches and PC-relative address computations, found by a
-        byte scan. Conservative: may report an address no real instruction names.
-        """
 
     @abstractmethod
     def exit_kind(self, insn: Insn, inside) -> tuple:

@@ -1,21 +1,26 @@
 """Reads the symbol tables (.symtab, then .dynsym) of an ElfFile.
 
 Our own reader rather than LIEF's: importing LIEF costs about 0.3 s, more than
-the rest of a one-probe rewrite (docs/benchmarks.md, section 4). A malformed
-table or name is cut short, never an exception: symbols only add knowledge.
+the rest of a one-probe rewrite (docs/benchmarks.md, section 4). A table is read
+as one numpy array (a 100 MB program has 200,000 symbols); a name is decoded only
+when asked for. A malformed table or name is cut short, never an exception:
+symbols only add knowledge.
 """
 
 from __future__ import annotations
 
-import struct
 from typing import Iterator, NamedTuple
+
+import numpy as np
 
 from urewrite.rewriter.elf_file import ElfFile
 
 SHT_SYMTAB, SHT_DYNSYM = 2, 11
 STT_FUNC = 2
 SHN_UNDEF = 0
-SYM = struct.Struct("<IBBHQQ")  # Elf64_Sym: name, info, other, shndx, value, size
+# Elf64_Sym: name, info, other, shndx, value, size
+SYM = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"),
+                ("value", "<u8"), ("size", "<u8")])
 
 
 class Symbol(NamedTuple):  # a tuple: a large file has 100,000s of symbols
@@ -27,27 +32,63 @@ class Symbol(NamedTuple):  # a tuple: a large file has 100,000s of symbols
     table: str  # "symtab" or "dynsym"
 
 
+class SymbolTable:
+    """Every symbol of .symtab, then of .dynsym, in table order (index 0 of each left
+    out), as parallel arrays."""
+
+    def __init__(self, elf: ElfFile):
+        parts, self._strings, tables, self._table_names = [], [], [], []
+        for kind, table in ((SHT_SYMTAB, "symtab"), (SHT_DYNSYM, "dynsym")):
+            for sec in elf.sections:
+                if sec.type != kind or sec.link >= len(elf.sections):
+                    continue
+                count = max(min(sec.size, len(elf.data) - sec.offset) // SYM.itemsize - 1, 0)
+                entries = np.frombuffer(elf.data, dtype=SYM, count=count,
+                                        offset=sec.offset + SYM.itemsize) if count else \
+                    np.zeros(0, SYM)
+                strings = elf.sections[sec.link]
+                parts.append(entries)
+                self._strings.append((strings.offset, min(strings.offset + strings.size,
+                                                          len(elf.data))))
+                tables.append(np.full(count, len(tables), dtype=np.int32))
+                self._table_names.append(table)
+        self._data = elf.data
+        entries = np.concatenate(parts) if parts else np.zeros(0, SYM)
+        self.values = entries["value"].astype(np.int64)
+        self.sizes = entries["size"].astype(np.int64)
+        self.types = entries["info"] & 0xF
+        self.shndx = entries["shndx"]
+        self._name_at = entries["name"]
+        self._table = np.concatenate(tables) if tables else np.zeros(0, np.int32)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def name(self, i: int) -> str:
+        start, end = self._strings[self._table[i]]
+        start += int(self._name_at[i])
+        if start >= end:
+            return ""
+        stop = self._data.find(b"\0", start, end)
+        return self._data[start:stop if stop >= 0 else end].decode("utf-8", "replace")
+
+    def table_name(self, i: int) -> str:
+        return self._table_names[self._table[i]]
+
+    def symbol(self, i: int) -> Symbol:
+        return Symbol(self.name(i), int(self.types[i]), int(self.shndx[i]), int(self.values[i]),
+                      int(self.sizes[i]), self.table_name(i))
+
+
+def table(elf: ElfFile) -> SymbolTable:
+    """The file's symbols, read once per ElfFile."""
+    cached = getattr(elf, "_symbol_table", None)
+    if cached is None:
+        cached = elf._symbol_table = SymbolTable(elf)
+    return cached
+
+
 def symbols(elf: ElfFile) -> Iterator[Symbol]:
     """Every symbol of .symtab, then of .dynsym, in table order (index 0 left out)."""
-    for kind, table in ((SHT_SYMTAB, "symtab"), (SHT_DYNSYM, "dynsym")):
-        for sec in elf.sections:
-            if sec.type == kind:
-                yield from _read_table(elf, sec, table)
-
-
-def _read_table(elf: ElfFile, sec, table: str) -> Iterator[Symbol]:
-    data = elf.data
-    if sec.link >= len(elf.sections):
-        return
-    strings = elf.sections[sec.link]
-    str_start, str_end = strings.offset, min(strings.offset + strings.size, len(data))
-    count = min(sec.size, len(data) - sec.offset) // SYM.size
-    for name_at, info, _, shndx, value, size in SYM.iter_unpack(
-            data[sec.offset + SYM.size:sec.offset + count * SYM.size]):
-        start = str_start + name_at
-        if start >= str_end:
-            name = ""
-        else:
-            end = data.find(b"\0", start, str_end)
-            name = data[start:end if end >= 0 else str_end].decode("utf-8", "replace")
-        yield Symbol(name, info & 0xF, shndx, value, size, table)
+    t = table(elf)
+    return (t.symbol(i) for i in range(len(t)))

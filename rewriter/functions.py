@@ -17,9 +17,12 @@ import bisect
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
+import numpy as np
+
 from urewrite.rewriter import eh_frame
 from urewrite.rewriter.elf_file import ElfFile
-from urewrite.rewriter.elf_symbols import SHN_UNDEF, STT_FUNC, symbols
+from urewrite.rewriter.elf_symbols import SHN_UNDEF, STT_FUNC
+from urewrite.rewriter.elf_symbols import table as symbol_table
 
 
 @dataclass(frozen=True)
@@ -50,18 +53,24 @@ def discover(elf: ElfFile) -> List[Function]:
     """Functions sorted by address; symbols at one address merge into one function."""
     in_code = _code_ranges(elf)
     by_address: Dict[int, dict] = {}
-    marks: Dict[int, str] = {}  # addresses in code where something starts -> what
-    for sym in symbols(elf):
-        if sym.shndx == SHN_UNDEF or not sym.value or not in_code(sym.value):
+    table = symbol_table(elf)
+    defined = (table.shndx != SHN_UNDEF) & (table.values != 0)
+    defined[defined] = [in_code(v) for v in table.values[defined].tolist()]
+    # addresses in code where something starts -> what
+    marks: Dict[int, str] = dict.fromkeys(table.values[defined].tolist(), "next symbol")
+    functions = np.flatnonzero(defined & (table.types == STT_FUNC))
+    for i, value, size in zip(functions.tolist(), table.values[functions].tolist(),
+                              table.sizes[functions].tolist()):
+        name = table.name(i)
+        if not name:
             continue
-        marks.setdefault(sym.value, "next symbol")
-        if sym.type != STT_FUNC or not sym.name:
-            continue
-        entry = by_address.setdefault(sym.value, {"names": [], "size": 0, "origin": sym.table,
-                                                  "sized_by": "symbol"})
-        if sym.name not in entry["names"]:
-            entry["names"].append(sym.name)
-        entry["size"] = entry["size"] or sym.size
+        entry = by_address.get(value)
+        if entry is None:
+            entry = by_address[value] = {"names": [], "size": 0, "origin": table.table_name(i),
+                                         "sized_by": "symbol"}
+        if name not in entry["names"]:
+            entry["names"].append(name)
+        entry["size"] = entry["size"] or size
     for address, size in _fde_ranges(elf):
         if not size or not in_code(address):
             continue

@@ -51,9 +51,9 @@ def recover(planner, fn: Function) -> Dict[int, JumpTable]:
 def _entered_from_outside(planner, fn: Function, watched) -> set:
     """Addresses of `watched` that code outside `fn` branches to."""
     found = set()
-    references = planner._code_references()  # far branches, from a scan of all code
-    for target in watched:
-        for source in references.get(target, ()):
+    references = planner.taken_index.branch_sources(watched)  # far branches, by a scan
+    for target, sources in references.items():
+        for source in sources:
             if not fn.address <= source < fn.end and planner._really_names(source, target):
                 found.add(target)
     for near in planner._near_functions(Window(fn.address, fn.size, ())):

@@ -127,7 +127,7 @@ class Planner:
         self._redirect_file_problem: Optional[str] = None  # computed when first needed
         self._frames: Optional[dict] = None  # FDE start -> frame there, when first needed
         self._fragments: Optional[Dict[int, Function]] = None
-        self._references: Optional[Dict[int, List[int]]] = None  # when first needed
+        self._taken_index: Optional[taken_addresses.TakenIndex] = None  # when first needed
         self._symbol_starts: Optional[Set[int]] = None  # where symbols start, when needed
         self._conditional_exits: Set[int] = set()  # exits that leave only when taken
         self._landing_pads: Optional[except_table.LandingPads] = None  # when first needed
@@ -356,8 +356,8 @@ class Planner:
         as glibc's string functions do), or None."""
         interior = {i.address for part in parts for i in self.instructions(part)}
         interior.discard(fn.address)
-        references = self._code_references()
-        for target in sorted(interior & references.keys()):
+        references = self.taken_index.branch_sources(interior)
+        for target in sorted(references):
             for source in references[target]:
                 if not inside(source) and self._really_names(source, target):
                     return target, source
@@ -420,15 +420,12 @@ class Planner:
             return None
         return detailed[0]
 
-    def _code_references(self) -> Dict[int, List[int]]:
-        """target -> sources of every far branch and address computation in the code."""
-        if self._references is None:
-            self._references = {}
-            for section in self.elf.executable_sections():
-                code = self.elf.data[section.offset:section.offset + section.size]
-                for source, target in self.backend.code_references(code, section.addr):
-                    self._references.setdefault(target, []).append(source)
-        return self._references
+    @property
+    def taken_index(self) -> taken_addresses.TakenIndex:
+        """The file's scans for taken addresses and far branches, made once."""
+        if self._taken_index is None:
+            self._taken_index = taken_addresses.TakenIndex(self.elf, self.backend)
+        return self._taken_index
 
     def _counts_when_taken(self, site: Site) -> bool:
         """Whether the site is a conditional exit, counted on its taken edge only."""
@@ -656,7 +653,7 @@ class Planner:
             raise _Refused(f"it is {fn_end - start} bytes long, too short for a "
                            f"{size}-byte jump, and the next function "
                            f"follows without padding")
-        padding = self.backend.decode(self.elf.read(fn_end, section.end - fn_end)[:32], fn_end)
+        padding = self.backend.decode(self.elf.read(fn_end, min(32, section.end - fn_end)), fn_end)
         at = fn_end
         for insn in padding:
             if at >= need:
@@ -717,7 +714,7 @@ class Planner:
         # window interiors and starts (for merges), and every byte a landing may take
         wanted = {a for p in plans for a in range(p.window.address, p.window.end)}
         wanted |= {a for start, end in gaps for a in range(start, end)}
-        taken = taken_addresses.find(self.elf, self.backend, wanted)
+        taken = self.taken_index.find(wanted)
         tried = self._merge_overlaps(tried, taken)
 
         hopped: Dict[int, Plan] = {}
@@ -744,7 +741,7 @@ class Planner:
                       if "evict" in self.tactics else [] for p in waiting}
         wanted = {a for found in candidates.values() for w in found
                   for a in range(w.address + 1, w.end)}
-        taken = taken_addresses.find(self.elf, self.backend, wanted) if wanted else {}
+        taken = self.taken_index.find(wanted) if wanted else {}
         for plan in waiting:
             if not used.is_free(plan.window.address, plan.window.end):
                 reasons[plan.window.address] = "its window overlaps another window"
@@ -794,8 +791,8 @@ class Planner:
         if not plans:
             return []
         if self._symbol_starts is None:
-            self._symbol_starts = {sym.value for sym in elf_symbols.symbols(self.elf)
-                                   if sym.value}
+            values = elf_symbols.table(self.elf).values
+            self._symbol_starts = set(values[values != 0].tolist())
         reaches = sorted(self.backend.hop_reach(p.window.address) for p in plans)
         lows = [lo for lo, _ in reaches]
         highs = list(itertools.accumulate((hi for _, hi in reaches), max))
@@ -894,7 +891,7 @@ class Planner:
         # only where an instruction could start: nothing can be aimed anywhere else
         step = self.backend.insn_alignment
         wanted = {a for p in plans for a in range(p.window.address, p.window.end, step)}
-        return taken_addresses.find(self.elf, self.backend, wanted)
+        return self.taken_index.find(wanted)
 
     def _taken_reason(self, taken: Dict[int, list], address: int) -> Optional[str]:
         """What may take `address` (a match in data, or one in code that its instruction

@@ -6,6 +6,7 @@ from array import array
 from typing import Iterable, Optional, Set
 
 import capstone
+import numpy as np
 
 from urewrite.arch.aarch64 import (arguments, jump_tables, relocator, return_address, runtime,
                                    trampoline)
@@ -53,21 +54,15 @@ class AArch64Backend(Backend):
             return int(target, 16) if target.startswith("0x") else None
         return None
 
-    def code_references(self, code: bytes, base: int) -> Iterable:
-        words = array("I", code[:len(code) // 4 * 4])
-        for k, word in enumerate(words):
-            offset = _pc_relative_offset(word)
-            if offset is not None:
-                yield base + 4 * k, base + 4 * k + offset
+    def code_reference_table(self, code: bytes, base: int) -> tuple:
+        words = np.frombuffer(code[:len(code) // 4 * 4], dtype="<u4").astype(np.int64)
+        offsets = _pc_relative_offsets(words)
+        k = np.flatnonzero(offsets != _NO_OFFSET)
+        return base + 4 * k, base + 4 * k + offsets[k]
 
     def names_address(self, insn: Insn, target: int) -> bool:
         offset = _pc_relative_offset(int.from_bytes(insn.raw, "little"))
         return offset is not None and insn.address + offset == target
-
-    def code_addresses_in(self, code: bytes, base: int, wanted: Set[int]) -> Iterable:
-        # A window is one aligned instruction: its interior holds no instruction
-        # start, so nothing can be aimed there.
-        return ()
 
     def holds_constant(self, insn: Insn, offset: int, value: int) -> bool:
         # No instruction carries a 32-bit field: 4 matching bytes in code are data (a
@@ -155,3 +150,22 @@ def _pc_relative_offset(word: int) -> Optional[int]:
     if word & 0x9F000000 == 0x10000000:  # adr
         return _signed((word >> 5 & 0x7FFFF) << 2 | word >> 29 & 3, 21)
     return None
+
+
+_NO_OFFSET = 1 << 40  # no PC-relative offset is this large
+
+
+def _pc_relative_offsets(words):
+    """_pc_relative_offset for a numpy array of words at once: _NO_OFFSET where none."""
+    def signed(value, bits):
+        return np.where(value >> (bits - 1) & 1, value - (1 << bits), value)
+    return np.select(
+        [words & 0x7C000000 == 0x14000000,
+         (words & 0xFF000010 == 0x54000000) | (words & 0x7E000000 == 0x34000000),
+         words & 0x7E000000 == 0x36000000,
+         words & 0x9F000000 == 0x10000000],
+        [4 * signed(words & 0x3FFFFFF, 26),
+         4 * signed(words >> 5 & 0x7FFFF, 19),
+         4 * signed(words >> 5 & 0x3FFF, 14),
+         signed((words >> 5 & 0x7FFFF) << 2 | words >> 29 & 3, 21)],
+        _NO_OFFSET)

@@ -7,6 +7,7 @@ import struct
 from typing import Iterable, Optional, Set
 
 import capstone
+import numpy as np
 from capstone import x86
 
 from urewrite.arch.base import Backend, Insn, Runtime, RuntimeRefs, RuntimeSpec, Window
@@ -59,12 +60,23 @@ class X86_64Backend(Backend):
             return int(insn.op_str, 16)
         return None
 
-    def code_references(self, code: bytes, base: int) -> Iterable:
-        for m in _REL32_ADDRESS.finditer(code):
-            field = m.end()
-            if field + 4 > len(code):
-                break
-            yield base + m.start(), base + field + 4 + struct.unpack_from("<i", code, field)[0]
+    def code_reference_table(self, code: bytes, base: int) -> tuple:
+        # call/jmp rel32 (e8, e9), jcc rel32 (0f 80..8f), lea r64, [rip + disp32]
+        # (48/4c 8d, ModRM mod 00 r/m 101): the 4-byte field follows the opcode bytes
+        n = len(code)
+        b = np.frombuffer(code + bytes(8), dtype=np.uint8)  # padded: every b[i + k] exists
+        b0, b1, b2 = b[:n], b[1:n + 1], b[2:n + 2]
+        near = np.flatnonzero((b0 == 0xE8) | (b0 == 0xE9))
+        jcc = np.flatnonzero((b0 == 0x0F) & ((b1 & 0xF0) == 0x80))
+        lea = np.flatnonzero(((b0 | 4) == 0x4C) & (b1 == 0x8D) & ((b2 & 0xC7) == 0x05))
+        start = np.concatenate([near, jcc, lea])
+        field = np.concatenate([near + 1, jcc + 2, lea + 3])
+        whole = field + 4 <= n
+        start, field = start[whole], field[whole]
+        displacement = (b[field].astype(np.uint32) | b[field + 1].astype(np.uint32) << 8
+                        | b[field + 2].astype(np.uint32) << 16
+                        | b[field + 3].astype(np.uint32) << 24).view(np.int32)
+        return base + start, base + field + 4 + displacement.astype(np.int64)
 
     def names_address(self, insn: Insn, target: int) -> bool:
         if self.direct_branch_target(insn) == target:
@@ -72,23 +84,6 @@ class X86_64Backend(Backend):
         # lea reg, [rip + disp32]: the displacement is its last field
         return insn.mnemonic == "lea" and "rip" in insn.op_str and \
             insn.end + int.from_bytes(insn.raw[-4:], "little", signed=True) == target
-
-    def code_addresses_in(self, code: bytes, base: int, wanted: Set[int]) -> Iterable:
-        """(source, target): targets in `wanted` that a call/jmp/jcc rel32 or a RIP-relative
-        lea may name, and where the match starts (its opcode, or the lea's REX prefix).
-
-        Reading every offset (not only real instruction starts) over-approximates,
-        which is the safe direction; a false hit needs 4 bytes to match by chance.
-        """
-        if not wanted:
-            return
-        for m in _REL32_ADDRESS.finditer(code):
-            field = m.end()
-            if field + 4 > len(code):
-                break
-            target = base + field + 4 + struct.unpack_from("<i", code, field)[0]
-            if target in wanted:
-                yield base + m.start(), target
 
     def holds_constant(self, insn: Insn, offset: int, value: int) -> bool:
         d = insn.detail
