@@ -8,27 +8,47 @@ trampoline for one site, the runtime). Everything else in urewrite is shared.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Set
 
 if TYPE_CHECKING:
     from urewrite.arch.jump_tables import JumpTable
 
 
-@dataclass(frozen=True)
 class Insn:
-    """One decoded instruction. `detail` is the backend's own decoded form."""
+    """One decoded instruction. `detail` is the backend's own decoded form.
 
-    address: int
-    size: int
-    mnemonic: str
-    op_str: str
-    raw: bytes
-    detail: object = field(default=None, compare=False, repr=False)
+    A plain class with slots, not a dataclass: a big file has millions of them, and
+    this one is created several times faster and takes about half the memory. Treat
+    it as immutable."""
+
+    __slots__ = ("address", "size", "mnemonic", "op_str", "raw", "detail")
+
+    def __init__(self, address: int, size: int, mnemonic: str, op_str: str, raw: bytes,
+                 detail: object = None):
+        self.address = address
+        self.size = size
+        self.mnemonic = mnemonic
+        self.op_str = op_str
+        self.raw = raw
+        self.detail = detail
 
     @property
     def end(self) -> int:
         return self.address + self.size
+
+    def _key(self) -> tuple:
+        return self.address, self.size, self.mnemonic, self.op_str, self.raw
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Insn) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (f"Insn(address={self.address:#x}, size={self.size}, mnemonic={self.mnemonic!r}, "
+                f"op_str={self.op_str!r})")
 
     def __str__(self) -> str:
         return f"{self.mnemonic} {self.op_str}".strip()

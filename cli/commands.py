@@ -104,7 +104,8 @@ def rewrite(input_file, probes, returns, output, arg_count, keep_going, as_json,
     try:
         result = run_rewrite(input_file, output, list(probes), keep_going=keep_going,
                              entry_args=arg_count, return_specs=list(returns),
-                             on_plan=_progress_bar, tactics=tactics, exclude=list(excludes))
+                             progress=None if quiet else _progress_bar,
+                             tactics=tactics, exclude=list(excludes))
     except UrewriteError as e:
         _fail(str(e))
     if as_json:
@@ -165,11 +166,12 @@ def _kind(kind: int) -> str:
     return KIND_NAMES[kind]
 
 
-def _progress_bar(total: int):
-    """A progress bar on stderr for long rewrites, when stderr is a terminal."""
+def _progress_bar(label: str, total: int):
+    """A progress bar on stderr for a long step (a few thousand items take a second or
+    more), when stderr is a terminal: the step function to call as items are done."""
     if total < 2000 or not sys.stderr.isatty():
         return None
-    bar = click.progressbar(length=total, label="generating trampolines", file=sys.stderr)
+    bar = click.progressbar(length=total, label=label, file=sys.stderr)
     bar.__enter__()
     done = [0]
 
@@ -181,13 +183,13 @@ def _progress_bar(total: int):
     return step
 
 
-def _list_rows(input_file: str, tactics, patchable: bool = False):
+def _list_rows(input_file: str, tactics, patchable: bool = False, progress=None):
     """The rows `list` shows: (functions, USDT sites), each with its plan or refusal."""
     from urewrite.rewriter.pipeline import list_sites
     from urewrite.rewriter.planner import Plan
     from urewrite.trampolines.region import KIND_RETURN, KIND_USDT
 
-    analysis, outcomes = list_sites(input_file, tactics)
+    analysis, outcomes = list_sites(input_file, tactics, progress)
     split_off = analysis.planner.fragments()
     # return probes: patched at every exit, or redirected at the entry, or refused
     exits, redirected, return_refusals = {}, set(), {}
@@ -255,12 +257,12 @@ def _percent(part: int, whole: int) -> str:
     return f"{100 * part / whole:.2f}%" if whole else "-"
 
 
-def _print_summary(paths, tactics, as_json: bool) -> None:
+def _print_summary(paths, tactics, as_json: bool, quiet: bool = False) -> None:
     """Coverage per file and in total; a file that cannot be read is skipped with a
     warning (a directory scan meets scripts and data), an error only if all are."""
     rows, skipped = [], []
     bar = click.progressbar(paths, label="listing", file=sys.stderr) \
-        if len(paths) > 1 and sys.stderr.isatty() else None
+        if len(paths) > 1 and sys.stderr.isatty() and not quiet else None
     for path in (bar.__enter__() if bar else paths):
         try:
             rows.append({"file": path, **_coverage(*_list_rows(path, tactics))})
@@ -302,18 +304,20 @@ def _print_summary(paths, tactics, as_json: bool) -> None:
                    "that can be probed, and sites per tactic (several FILEs allowed).")
 @click.option("--tactics", callback=lambda _c, _p, v: _parse_tactics(v), default=None,
               metavar="LIST", help="Patch tactics to try, from jump,hop,evict [default: all].")
-def list_command(input_files, as_json, patchable, summary, tactics):
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no closing count.")
+def list_command(input_files, as_json, patchable, summary, tactics, quiet):
     """Show what FILE offers to probe: every function entry and USDT site,
     with its address and whether it can be probed (how many bytes a patch
     displaces, with which tactic) or why not."""
     if summary:
-        _print_summary(input_files, tactics, as_json)
+        _print_summary(input_files, tactics, as_json, quiet)
         return
     if len(input_files) > 1:
         raise click.UsageError("give one FILE, or several with --summary")
     input_file = input_files[0]
     try:
-        functions, probes = _list_rows(input_file, tactics, patchable)
+        functions, probes = _list_rows(input_file, tactics, patchable,
+                                       None if quiet else _progress_bar)
     except UrewriteError as e:
         _fail(str(e))
     if as_json:
@@ -341,8 +345,9 @@ def list_command(input_files, as_json, patchable, summary, tactics):
                        f"{semaphore:<18}  {_status(p)}  {p['arguments'] or '-'}")
     ok = sum(r["patchable"] for r in functions)
     usdt_ok = sum(p["patchable"] for p in probes)
-    click.echo(f"{len(functions)} functions, {ok} patchable; {len(probes)} USDT sites, "
-               f"{usdt_ok} patchable", err=True)
+    if not quiet:
+        click.echo(f"{len(functions)} functions, {ok} patchable; {len(probes)} USDT sites, "
+                   f"{usdt_ok} patchable", err=True)
 
 
 def _return_mechanism(address: int, redirected: set, refusals: dict):
@@ -472,11 +477,15 @@ def trace(as_json, output, ring_entries, command):
 @click.option("--functions", type=click.IntRange(1), default=10_000, metavar="N",
               show_default=True, help="Functions in the generated program of --rewrite-scaling.")
 @click.option("--no-trigger", is_flag=True,
-              help="Skip the trigger bench (with --redis or --rewrite-scaling).")
+              help="Skip the trigger bench (with --redis, --rewrite-scaling or --big).")
 @click.option("--plot", metavar="FILE", help="Draw M hits/s per row into FILE (PNG; needs "
                                              "matplotlib).")
+@click.option("--big", "big_files", multiple=True, metavar="FILE",
+              type=click.Path(exists=True, dir_okay=False),
+              help="Also time list, one probe and every function on FILE, with peak "
+                   "memory (a big program or library: node, libLLVM). Repeatable.")
 def bench(as_json, threads, no_kernel, iterations, repeat, redis, redis_requests,
-          rewrite_scaling, functions, no_trigger, plot):
+          rewrite_scaling, functions, no_trigger, plot, big_files):
     """Measure what a probe costs here: urewrite against kernel uprobes.
 
     \b
@@ -496,7 +505,8 @@ def bench(as_json, threads, no_kernel, iterations, repeat, redis, redis_requests
         raise click.UsageError("--plot draws the trigger bench: drop --no-trigger")
     try:
         result = bench_module.run(iterations, repeat, thread_counts, not no_kernel, redis,
-                                  redis_requests, rewrite_scaling, functions, not no_trigger)
+                                  redis_requests, rewrite_scaling, functions, not no_trigger,
+                                  big_files)
         if plot:
             bench_module.plot(result, plot)
     except UrewriteError as e:

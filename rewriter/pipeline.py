@@ -58,7 +58,16 @@ def _refuse_rewritten(elf: ElfFile) -> None:
                         f"rewrite the original file with every probe at once")
 
 
-def list_sites(path: str, tactics: Optional[tuple] = None):
+# progress(label, total) -> a step function to call with the number of items done,
+# or None: how the command line shows a bar for long steps
+Progress = Optional[Callable[[str, int], Optional[Callable[[int], None]]]]
+
+
+def _steps(progress: Progress, label: str, total: int) -> Optional[Callable[[int], None]]:
+    return progress(label, total) if progress else None
+
+
+def list_sites(path: str, tactics: Optional[tuple] = None, progress: Progress = None):
     """Every function entry and USDT site, each with its plan or refusal."""
     a = analyse(path, tactics)
     entries = [Site(fn, fn.address, KIND_ENTRY, fn.name, fn.name, exact=False)
@@ -66,8 +75,9 @@ def list_sites(path: str, tactics: Optional[tuple] = None):
     usdt_sites = select(["usdt:*:*"], a.functions, a.planner.boundaries, a.usdt) if a.usdt else []
     returns = [Site(fn, fn.address, KIND_RETURN, fn.name, fn.name, exact=False)
                for fn in a.functions]
-    outcomes = (a.planner.plan(entries) + a.planner.plan(usdt_sites)
-                + a.planner.plan(returns))
+    outcomes = (a.planner.plan(entries, _steps(progress, "entries", len(entries)))
+                + a.planner.plan(usdt_sites)
+                + a.planner.plan(returns, _steps(progress, "returns", len(returns))))
     return a, outcomes
 
 
@@ -93,8 +103,7 @@ def _dt_init(elf: ElfFile) -> Optional[tuple]:
 
 
 def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bool = False,
-            entry_args: int = 0, return_specs: List[str] = (), progress: Optional[Callable[[int], None]] = None,
-            on_plan: Optional[Callable[[int], Callable[[int], None]]] = None,
+            entry_args: int = 0, return_specs: List[str] = (), progress: Progress = None,
             tactics: Optional[tuple] = None, exclude: List[str] = ()) -> RewriteResult:
     if _same_file(input_path, output_path) if os.path.exists(output_path) else \
             os.path.realpath(input_path) == os.path.realpath(output_path):
@@ -106,7 +115,7 @@ def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: boo
         sites = [s for s in sites if not _excluded(s, exclude)]
         if not sites:
             raise UrewriteError("--exclude leaves no site to probe")
-    outcomes = a.planner.plan(sites)
+    outcomes = a.planner.plan(sites, _steps(progress, "planning", len(sites)))
     plans = [o for o in outcomes if isinstance(o, Plan)]
     refusals = [o for o in outcomes if isinstance(o, Refusal)]
     exact = [r for r in refusals if r.site.exact]
@@ -136,7 +145,7 @@ def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: boo
     # (a gap there costs address space, no file bytes) and build once; should the
     # bound ever fall short, build again with the state right after the code.
     placement = layout.place(elf, segment.size_bound(plans), backend.state_size)
-    image = build(placement, progress=on_plan(len(plans)) if on_plan else None)
+    image = build(placement, progress=_steps(progress, "generating trampolines", len(plans)))
     if placement.code_vaddr + len(image.code) > placement.state_vaddr:
         placement = layout.place(elf, len(image.code), backend.state_size)
         image = build(placement)

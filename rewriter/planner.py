@@ -21,7 +21,7 @@ import bisect
 import itertools
 import os
 from dataclasses import dataclass, replace
-from typing import Dict, List, Optional, Set, Union
+from typing import Callable, Dict, List, Optional, Set, Union
 
 from urewrite.arch.base import Backend, Window
 from urewrite.arch.jump_tables import JumpTable
@@ -178,21 +178,27 @@ class Planner:
         return self._tables[fn.address]
 
     # -- planning ----------------------------------------------------------------
-    def plan(self, sites: List[Site]) -> List[Outcome]:
+    def plan(self, sites: List[Site], progress: Optional[Callable[[int], None]] = None
+             ) -> List[Outcome]:
         """A plan per address (with every site there), or a refusal per site.
 
         A return probe becomes one site per exit of its function, planned as a
         whole: when some exit cannot be patched, it becomes one site at the entry
         that redirects the return address instead, when that is allowed
-        (redirection.py); else it is refused with both reasons.
+        (redirection.py); else it is refused with both reasons. `progress(n)` is
+        told as sites are done.
         """
         in_copy, sites = self._refuse_copied(sites)
+        if progress and in_copy:
+            progress(len(in_copy))
         returns = {s.probe_key: s for s in sites if s.kind == KIND_RETURN}
         expanded, unpatched = [], {}  # return probe key -> why its exits cannot be patched
         for site in sites:
             if site.kind != KIND_RETURN:
                 expanded.append(site)
                 continue
+            if progress:
+                progress(1)  # (its exits are planned with the others, quickly)
             if REDIRECT_ALL in os.environ and not self._redirect_problem(site.function):
                 unpatched[site.probe_key] = f"{REDIRECT_ALL} is set"  # tests of the fallback
                 continue
@@ -200,7 +206,7 @@ class Planner:
                 expanded.extend(self._exit_sites(site))
             except _Refused as why:
                 unpatched[site.probe_key] = str(why)
-        kept, failed = self._whole_returns(self._plan_sites(expanded))
+        kept, failed = self._whole_returns(self._plan_sites(expanded, progress))
         unpatched.update(failed)
         # the fallback: redirect the return address at the entry (docs/design.md)
         redirects, refused = [], []
@@ -438,7 +444,7 @@ class Planner:
         for item in items:
             site = site_of(item)
             groups.setdefault((site.address, self._counts_when_taken(site)), []).append(item)
-        return [group for _, group in sorted(groups.items())]
+        return [groups[key] for key in sorted(groups)]
 
     def _group_window(self, group: List[Site], size: Optional[int] = None) -> Plan:
         """One window for the sites at one point, all counted there."""
@@ -452,9 +458,11 @@ class Planner:
         return replace(plan, points=(replace(point, sites=tuple(
             [primary] + [s for s in group if s is not primary])),))
 
-    def _plan_sites(self, sites: List[Site]) -> List[Outcome]:
+    def _plan_sites(self, sites: List[Site], progress=None) -> List[Outcome]:
         tentative = []
         for group in self._by_address(sites):
+            if progress and group[0].kind != KIND_RETURN:
+                progress(len(group))
             try:
                 if "jump" not in self.tactics:
                     raise _Refused("not among the tactics to try")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import struct
+from sys import intern
 from typing import Iterable, Optional, Set
 
 import capstone
@@ -46,10 +47,9 @@ class X86_64Backend(Backend):
         if detail:
             return [Insn(i.address, i.size, i.mnemonic, i.op_str, bytes(i.bytes), i)
                     for i in self._full.disasm(code, address)]
-        out = []
-        for at, size, mnemonic, op_str in self._lite.disasm_lite(code, address):
-            out.append(Insn(at, size, mnemonic, op_str, b""))
-        return out
+        # (mnemonics interned: a big file has millions of instructions and few mnemonics)
+        return [Insn(at, size, intern(mnemonic), op_str, b"")
+                for at, size, mnemonic, op_str in self._lite.disasm_lite(code, address)]
 
     def landing_pad_size(self, first: Insn) -> int:
         return 4 if first.mnemonic == "endbr64" else 0

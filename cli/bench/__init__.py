@@ -17,6 +17,8 @@
    probe, kernel uprobes and urewrite probes; requests per second and counts.
 4. Rewrite scaling (--rewrite-scaling): time and peak memory of a rewrite of a
    generated program as the number of probes grows.
+5. Big files (--big FILE): `list`, one probe and every function of a given big
+   program or library (node, libLLVM), with time and peak memory.
 
 Kernel rows need root and tracefs; every uprobe event made here lives in a
 group of its own (urwbench_<pid>) and is removed on exit, on error and on
@@ -32,6 +34,7 @@ One module per job:
     trigger.py       the trigger bench, start to end
     summary.py       rows as JSON with speed-ups, the machine, the targets
     rewrite_cost.py  rewrite time and memory as probes grow
+    big_files.py     list and rewrite time and memory on a given big file
     redis.py         redis-server under redis-benchmark
     report.py        the text tables
     chart.py         the --plot chart
@@ -44,6 +47,7 @@ import signal
 import tempfile
 from typing import Iterator, Sequence
 
+from urewrite.bench.big_files import big_file_bench
 from urewrite.bench.chart import plot
 from urewrite.bench.common import ENV_VAR, RUN_TIMEOUT, BenchError, clean_env, log
 from urewrite.bench.kernel import (TRACEFS_DIRS, KernelEvents, bpftrace_probe,
@@ -64,7 +68,7 @@ from urewrite.bench.trigger import parse_threads, trigger_bench
 __all__ = [
     "BenchError", "ENV_VAR", "KERNEL_KIND", "KernelEvents", "REDIS_FUNCTIONS", "REDIS_TESTS",
     "RUN_TIMEOUT", "RedisServer", "Row", "TRACEFS_DIRS", "TRIGGERS", "TRIGGER_SOURCE",
-    "UREWRITE_KINDS", "bpftrace_probe", "bpftrace_row", "bpftrace_unavailable", "build_target",
+    "UREWRITE_KINDS", "big_file_bench", "bpftrace_probe", "bpftrace_row", "bpftrace_unavailable", "build_target",
     "clean_env", "find_tracefs", "format_redis_table", "format_report", "format_rewrite_table",
     "format_scaling_table", "format_targets", "format_trigger_table", "free_port",
     "function_offsets", "generated_program", "kernel_row", "loadavg", "log", "machine",
@@ -92,7 +96,8 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 def run(iterations: int = 100_000_000, repeat: int = 5, threads: Sequence[int] = (1,),
         kernel: bool = True, redis: bool = False, redis_requests: int = 100000,
-        rewrite: bool = False, functions: int = 10000, trigger: bool = True) -> dict:
+        rewrite: bool = False, functions: int = 10000, trigger: bool = True,
+        big_files: Sequence[str] = ()) -> dict:
     """Everything `urewrite bench` measures, as one JSON-able dict."""
     result = {"machine": machine()}
     with _sigterm_as_interrupt():
@@ -103,6 +108,8 @@ def run(iterations: int = 100_000_000, repeat: int = 5, threads: Sequence[int] =
                 result["redis"] = redis_bench(work, redis_requests, repeat, kernel)
             if rewrite:
                 result["rewrite_scaling"] = rewrite_scaling(work, functions)
+            if big_files:
+                result["big_files"] = big_file_bench(work, list(big_files))
     result["machine"]["loadavg_end"] = loadavg()
     result["targets"] = targets(result)
     return result

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from typing import Dict, List
 
 
@@ -72,6 +74,20 @@ def format_rewrite_table(scaling: dict) -> str:
     return "\n".join(lines)
 
 
+def format_big_files_table(big: dict) -> str:
+    lines = ["big files: one urewrite process per step",
+             f"{'FILE':<28} {'MiB':>5}  {'STEP':<15} {'SECONDS':>8} {'PEAK MiB':>9} {'COUNT':>8}"]
+    for r in big["rows"]:
+        name = os.path.basename(r["file"])
+        for step in ("list", "one probe", "every function"):
+            s = r[step]
+            count = s.get("functions", s.get("probes"))
+            lines.append(f"{name:<28} {r['file_bytes'] / 2**20:>5.0f}  {step:<15} "
+                         f"{s['seconds']:>8.2f} {s['peak_rss_mib']:>9.0f} {count:>8}")
+            name = ""
+    return "\n".join(lines)
+
+
 def format_redis_table(redis: dict) -> str:
     if redis.get("skipped"):
         return f"redis: skipped: {redis['skipped']}"
@@ -132,6 +148,8 @@ def format_report(result: dict) -> str:
         parts.append(format_redis_table(result["redis"]))
     if "rewrite_scaling" in result:
         parts.append(format_rewrite_table(result["rewrite_scaling"]))
+    if "big_files" in result:
+        parts.append(format_big_files_table(result["big_files"]))
     if result.get("targets"):
         parts.append(format_targets(result["targets"]))
     return "\n\n".join(parts) + "\n"

@@ -35,6 +35,14 @@ def summarize(rows: List[Row]) -> List[dict]:
             ref = by_key.get((reference_name(r, tool), r.threads))
             j[key] = ref.ns / r.ns if ref and ref.ns and r.ns else None
         out.append(j)
+    for r in result.get("big_files", {}).get("rows", []):
+        for step, (seconds, mib) in result["big_files"]["limits"].items():
+            s = r[step]
+            name = os.path.basename(r["file"])
+            add(f"{name}: {step} within {seconds} s", s["seconds"], s["seconds"] <= seconds,
+                " s")
+            add(f"{name}: {step} within {mib} MiB", s["peak_rss_mib"],
+                s["peak_rss_mib"] <= mib, " MiB")
     return out
 
 
@@ -96,4 +104,12 @@ def targets(result: dict) -> List[dict]:
             r = min(big, key=lambda r: r["probes"])
             add(f"rewrite with {r['probes']} probes under 5 s", r["seconds"],
                 r["seconds"] < 5, "s")
+    for r in result.get("big_files", {}).get("rows", []):
+        for step, (seconds, mib) in result["big_files"]["limits"].items():
+            s = r[step]
+            name = os.path.basename(r["file"])
+            add(f"{name}: {step} within {seconds} s", s["seconds"], s["seconds"] <= seconds,
+                " s")
+            add(f"{name}: {step} within {mib} MiB", s["peak_rss_mib"],
+                s["peak_rss_mib"] <= mib, " MiB")
     return out
