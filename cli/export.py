@@ -148,10 +148,14 @@ def serve(directory: str, host: str, port: int,
     collector = RegionCollector(watcher)
     registry.register(collector)
     try:
-        server, thread = start_http_server(port, addr=host, registry=registry)
+        started = start_http_server(port, addr=host, registry=registry)
     except OSError as e:
         watcher.close()
         raise UrewriteError(f"cannot listen on {host}:{port}: {e.strerror or e}")
+    if not started:  # before 0.17 it returned nothing: no port to show, no way to stop
+        watcher.close()
+        raise UrewriteError("export needs prometheus-client 0.17 or newer")
+    server, thread = started
     bound = server.server_address[1]
     shown = f"[{host}]" if ":" in host else host
     try:

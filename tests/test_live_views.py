@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,8 @@ import time
 import pytest
 
 from conftest import clean_env, urewrite
-from live_service import NAP_NS, LineReader, Service, build_service, region_bytes, stop_all
+from live_service import (NAP_NS, LineReader, Service, build_service, region_bytes, stop_all,
+                          wait_for)
 from urewrite.region_source import percentile_ns
 from urewrite.top import format_ns
 
@@ -298,3 +300,42 @@ def test_percentiles_and_their_format():
     assert percentile_ns(buckets, 1.0) == 1 << 20
     assert [format_ns(n) for n in (None, 8, 1024, 1 << 22, 3 * 10 ** 9)] == \
         ["-", "<8ns", "<1.02us", "<4.19ms", "<3s"]
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_top_full_screen_in_a_terminal_quits_on_q(service, tmp_path):
+    """In a real terminal (tmux): the table drawn in place, `q` quits with status 0 and
+    gives the terminal back."""
+    regions = tmp_path / "regions"
+    regions.mkdir()
+    s = Service(service, regions)
+    session = f"urewrite-top-{os.getpid()}"
+    done = tmp_path / "done"
+    command = (f"{sys.executable} -m urewrite top --dir {regions} -d 0.3; "
+               f"echo $? > {done}; sleep 60")
+    tmux = ["tmux", "-L", session]
+    try:
+        s.send("call 5")
+        s.start("spin 30")
+        subprocess.run(tmux + ["new-session", "-d", "-s", session, "-x", "100", "-y", "12",
+                               command], check=True, env=clean_env())
+
+        def screen():
+            return subprocess.run(tmux + ["capture-pane", "-p", "-t", session],
+                                  capture_output=True, text=True).stdout
+
+        def drawn():
+            text = screen()
+            rows = [l.split() for l in text.splitlines() if l.strip()]
+            return len(rows) >= 3 and rows[1][0] == "PROBE" and rows[2][0] == "fast" \
+                and rows[2][3] != "-" and float(rows[2][3]) > 0 and text
+        text = wait_for(drawn, timeout=60, step=0.2)
+        assert text.startswith(f"urewrite top - {regions} - 1 process")  # cut at 100 columns
+        assert "handle  service.probed  entry" in text
+        subprocess.run(tmux + ["send-keys", "-t", session, "q"], check=True)
+        wait_for(done.exists, timeout=30)
+        assert done.read_text().strip() == "0"
+        assert "PROBE" not in screen()  # the alternate screen is gone
+    finally:
+        subprocess.run(tmux + ["kill-server"], capture_output=True)
+        stop_all(s)
