@@ -59,14 +59,16 @@ class LineReader:
 
 
 class Service:
-    """A running service.probed with UREWRITE_DIR set (or not)."""
+    """A running service.probed with UREWRITE_DIR set (or not); `command` runs it
+    some other way (under qemu)."""
 
     def __init__(self, probed: Path, directory: Optional[Path],
-                 extra_env: Optional[Dict[str, str]] = None):
+                 extra_env: Optional[Dict[str, str]] = None,
+                 command: Optional[List[str]] = None):
         env = dict(extra_env or {})
         if directory is not None:
             env["UREWRITE_DIR"] = str(directory)
-        self.proc = subprocess.Popen([str(probed)], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen(command or [str(probed)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=clean_env(env))
         self.pid = self.proc.pid
         self.lines = LineReader(self.proc.stdout)

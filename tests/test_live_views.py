@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from conftest import clean_env, urewrite
-from live_service import (NAP_NS, LineReader, Service, build_service, region_bytes, stop_all,
-                          wait_for)
+from conftest import SAMPLES, check, clean_env, urewrite
+from live_service import (NAP_NS, PROBES, RETURNS, LineReader, Service, build_service,
+                          region_bytes, stop_all, wait_for)
 from urewrite.region_source import percentile_ns
 from urewrite.top import format_ns
 
@@ -338,4 +338,31 @@ def test_top_full_screen_in_a_terminal_quits_on_q(service, tmp_path):
         assert "PROBE" not in screen()  # the alternate screen is gone
     finally:
         subprocess.run(tmux + ["kill-server"], capture_output=True)
+        stop_all(s)
+
+
+def test_stat_dir_and_top_read_an_arm64_process(tmp_path):
+    """The same region layout from an AArch64 process under qemu, read while it runs."""
+    from test_aarch64 import _MISSING, CC, emulate
+    if _MISSING:
+        pytest.skip(f"needs the AArch64 cross toolchain and qemu-user ({', '.join(_MISSING)})")
+    original, probed = tmp_path / "service", tmp_path / "service-a64.probed"
+    check([CC, "-O2", SAMPLES / "service.c", "-o", original])
+    args = [a for p in PROBES for a in ("-p", p)] + [a for r in RETURNS for a in ("-r", r)]
+    assert urewrite(str(original), *args, "-o", str(probed), "-q").returncode == 0
+    regions = tmp_path / "regions"
+    regions.mkdir()
+    s = Service(probed, regions, command=emulate(probed))
+    try:
+        s.send("call 1000")
+        s.send("nap 12")
+        report = _stat_dir(regions)
+        assert (_hits(report, "handle"), _hits(report, "nap", "return")) == (1000, 12)
+        s.send("call 5")
+        top = urewrite("top", "--dir", str(regions), "--once", "-d", "0.2")
+        ((_, rows),) = _top_tables(top.stdout)
+        assert {(r["PROBE"], r["KIND"]): int(r["TOTAL"]) for r in rows}[("handle", "entry")] \
+            == 1005
+        assert s.quit() == 0
+    finally:
         stop_all(s)
