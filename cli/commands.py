@@ -367,38 +367,56 @@ def _status(row) -> str:
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("-o", "--output", metavar="FILE", help="Write the report to FILE, not stdout.")
-@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def stat(as_json, output, command):
+@click.option("--interval", type=click.FloatRange(min=0.01), metavar="S",
+              help="Also print hits and hits/s per probe every S seconds.")
+@click.option("--dir", "directory", metavar="DIR", type=click.Path(file_okay=False),
+              help="Read the regions of running processes started with UREWRITE_DIR=DIR "
+                   "(instead of a command), until Ctrl-C or --duration.")
+@click.option("--duration", type=click.FloatRange(min=0), metavar="S",
+              help="With --dir: stop after S seconds (0: read once now).")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def stat(as_json, output, interval, directory, duration, command):
     """Run COMMAND, then print the hits of every probe in it.
 
     \b
       urewrite stat -- ./app.probed ARGS
+      urewrite stat --interval 1 -- ./app.probed ARGS
+      urewrite stat --dir /dev/shm/app --interval 1 --duration 10
     The command's own output is left alone; the exit status is passed through.
     """
+    from urewrite.live_view import Sink, stat_live
     from urewrite.runner import run_and_collect
 
+    if bool(command) == (directory is not None):
+        raise click.UsageError("give a command (after --) or --dir DIR, not both"
+                               if command else "give a command (after --) or --dir DIR")
+    if duration is not None and directory is None:
+        raise click.UsageError("--duration goes with --dir")
+    sink = Sink(output, sys.stdout)
     try:
-        exit_code, regions, problems = run_and_collect(list(command))
+        if interval is None and directory is None:
+            exit_code, regions, problems = run_and_collect(list(command))
+        else:
+            exit_code, regions, problems = stat_live(list(command), directory, interval,
+                                                     duration, as_json, sink)
     except UrewriteError as e:
         click.echo(f"urewrite: {e}", err=True)
-        sys.exit(127)
+        sys.exit(127 if command else EXIT_ERROR)
     for problem in problems:
         click.echo(f"urewrite: warning: skipped {problem}", err=True)
     report = _stat_report(exit_code, regions, as_json)
-    if output:
-        with open(output, "w") as f:
-            f.write(report)
-    else:
-        sys.stdout.write(report)
-        sys.stdout.flush()
+    if as_json and interval is not None:  # every line one JSON object
+        report = json.dumps(json.loads(report)) + "\n"
+    sink.write(report)
+    sink.close()
     if not regions:
-        click.echo("urewrite: no probe region was written: is the command rewritten by urewrite (and not set-user-ID)?", err=True)
+        click.echo(f"urewrite: no probe region in {directory}" if directory else "urewrite: no probe region was written: is the command rewritten by urewrite (and not set-user-ID)?", err=True)
     for region in regions:
         if region.returns_missed:
             click.echo(f"urewrite: {region.object} (pid {region.pid}): {region.returns_missed} "
                        f"calls could not redirect their return address: their returns are "
                        f"not counted", err=True)
-    sys.exit(exit_code)
+    sys.exit(exit_code or 0)
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
@@ -572,6 +590,14 @@ def _histogram_lines(buckets, width: int = 40) -> list:
                      f"|{bar:<{width}}|")
     return lines
 
+
+def _add_live_commands() -> None:
+    from urewrite.live_commands import export, top
+    main.add_command(top)
+    main.add_command(export)
+
+
+_add_live_commands()
 
 if __name__ == "__main__":
     main()

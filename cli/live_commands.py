@@ -1,0 +1,124 @@
+"""The click commands `urewrite top` and `urewrite export`; `commands.py` adds them
+to the group. The work is in top.py, export.py and region_source.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+
+import click
+
+from urewrite.errors import UrewriteError
+
+
+def _source_options(f):
+    """Where the regions come from. (-p PID plugs in here as another source.)"""
+    return click.option("--dir", "directory", metavar="DIR", type=click.Path(file_okay=False),
+                        help="Read the regions of processes started with UREWRITE_DIR=DIR.")(f)
+
+
+def _fail(message: str) -> None:
+    click.echo(f"urewrite: {message}", err=True)
+    sys.exit(1)
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@_source_options
+@click.option("--interval", "-d", type=click.FloatRange(min=0.05), default=1.0, metavar="S",
+              show_default=True, help="Seconds between refreshes.")
+@click.option("-n", "--iterations", "refreshes", type=click.IntRange(min=1), metavar="N",
+              help="Stop after N refreshes.")
+@click.option("--once", is_flag=True, help="One refresh (-n 1).")
+@click.option("--plain", is_flag=True,
+              help="Print each refresh as a plain table (the default when stdout is not a "
+                   "terminal).")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def top(directory, interval, refreshes, once, plain, command):
+    """Probes sorted by hits/s, refreshed in place: hits/s, total, and p50/p99
+    latency for functions probed at entry and return.
+
+    \b
+      urewrite top --dir /dev/shm/app         processes started with UREWRITE_DIR=/dev/shm/app
+      urewrite top -- ./app.probed ARGS       run the command, watch it until it exits
+      urewrite top --dir DIR --once | cat     one plain table after one interval
+    q or Ctrl-C quits. With a command, its exit status is passed through.
+    """
+    from urewrite.live_view import Ticker
+    from urewrite.region_source import DirectorySource, Watcher
+    from urewrite.runner import exit_status, interrupts_to, region_directory
+    from urewrite.top import run_top
+    from urewrite.trampolines.region import ENV_VAR
+
+    if bool(command) == (directory is not None):
+        raise click.UsageError("give a command (after --) or --dir DIR, not both"
+                               if command else "give a command (after --) or --dir DIR")
+    refreshes = 1 if once else refreshes
+    plain = plain or not sys.stdout.isatty()
+    problems = []
+    if directory is not None:
+        try:
+            watcher = Watcher(DirectorySource(directory), problems.append)
+            ticker = Ticker(watcher, interval, None)
+            try:
+                run_top(ticker, directory, interval, lambda: False, refreshes, sys.stdout,
+                        plain)
+            except KeyboardInterrupt:
+                pass
+        except UrewriteError as e:
+            _fail(str(e))
+        for problem in problems:
+            click.echo(f"urewrite: warning: skipped {problem}", err=True)
+        return
+    run_dir = region_directory()
+    try:
+        ticker = Ticker(Watcher(DirectorySource(run_dir)), interval, None)
+        with interrupts_to(list(command), dict(os.environ, **{ENV_VAR: run_dir})) as process:
+            run_top(ticker, command[0], interval, lambda: process.poll() is not None,
+                    refreshes, sys.stdout, plain)
+            returncode = process.wait()
+    except UrewriteError as e:
+        click.echo(f"urewrite: {e}", err=True)
+        sys.exit(127)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    sys.exit(exit_status(returncode))
+
+
+@click.command()
+@_source_options
+@click.option("--listen", metavar="ADDR:PORT", required=True,
+              help="Where to serve /metrics: 127.0.0.1:9464, :9464 (every address), "
+                   "[::1]:9464; port 0 picks a free one.")
+@click.option("--duration", type=click.FloatRange(min=0), metavar="S",
+              help="Stop after S seconds [default: until Ctrl-C].")
+def export(directory, listen, duration):
+    """Serve the probes' counts as Prometheus metrics, read at every scrape.
+
+    \b
+      urewrite export --dir /dev/shm/app --listen 127.0.0.1:9464
+    A counter per probe (urewrite_probe_hits_total), a histogram per function probed
+    at entry and return (urewrite_probe_latency_seconds), the event ring's counters.
+    """
+    from urewrite.export import parse_listen, serve
+
+    if directory is None:
+        raise click.UsageError("give --dir DIR, the UREWRITE_DIR of the processes to export")
+    try:
+        host, port = parse_listen(listen)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--listen")
+    try:
+        with serve(directory, host, port,
+                   lambda m: click.echo(f"urewrite: warning: skipped {m}", err=True)) as url:
+            click.echo(f"urewrite: serving {url} (regions in {directory})", err=True)
+            deadline = None if duration is None else time.monotonic() + duration
+            try:
+                while deadline is None or time.monotonic() < deadline:
+                    time.sleep(0.1 if deadline is None else
+                               max(0.0, min(0.1, deadline - time.monotonic())))
+            except KeyboardInterrupt:
+                pass
+    except UrewriteError as e:
+        _fail(str(e))

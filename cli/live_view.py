@@ -1,0 +1,175 @@
+"""`urewrite stat --interval S` and `stat --dir DIR`: counts read while processes run.
+
+With a command, stat runs it with a fresh region directory (as plain `stat` does)
+and prints a table every S seconds. With `--dir DIR` it reads the regions that
+processes started with UREWRITE_DIR=DIR write there, without touching them,
+until Ctrl-C or `--duration`; the final report gives the hits the regions hold
+(each process counts from its start). Interval lines give what happened in each
+interval, like `perf stat -I`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from typing import Callable, List, Optional, TextIO, Tuple
+
+from urewrite.region_source import DirectorySource, ProbeChange, Snapshot, Watcher, changes
+from urewrite.runner import exit_status, interrupts_to, region_directory
+from urewrite.trampolines.region import ENV_VAR, Region, read_regions
+
+POLL_SECONDS = 0.05  # how often the end (the command's exit, the deadline) is checked
+
+
+class Sink:
+    """The report's destination: stdout, or a file opened at the first write, so that
+    a command that cannot be started leaves no file."""
+
+    def __init__(self, path: Optional[str], stdout: TextIO):
+        self.path, self.stdout, self.file = path, stdout, None
+
+    def write(self, text: str) -> None:
+        if self.path is None:
+            self.stdout.write(text)
+            self.stdout.flush()
+            return
+        if self.file is None:
+            self.file = open(self.path, "w")
+        self.file.write(text)
+        self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+class Ticker:
+    """Takes a snapshot every `interval` seconds (or none, when interval is None)
+    until `done()`, and hands each interval to `on_interval(before, after)`."""
+
+    def __init__(self, watcher: Watcher, interval: Optional[float],
+                 on_interval: Callable[[Snapshot, Snapshot], None]):
+        self.watcher, self.interval, self.on_interval = watcher, interval, on_interval
+        self.last = watcher.snapshot()
+        self.start = self.last.time
+
+    def run(self, done: Callable[[], bool], wake: Optional[Callable[[float], bool]] = None,
+            limit: Optional[int] = None) -> int:
+        """Until done() (or `limit` intervals); `wake(seconds)` may wait instead of
+        sleeping and return True to stop. Returns the intervals handed on."""
+        ticks = 0
+        next_tick = self.start + self.interval if self.interval else None
+        while not done() and (limit is None or ticks < limit):
+            now = time.monotonic()
+            if next_tick is not None and now >= next_tick:
+                self.tick()
+                ticks += 1
+                # keep to the schedule, but never catch up with a burst of ticks
+                next_tick = max(next_tick + self.interval, time.monotonic())
+                continue
+            pause = POLL_SECONDS if next_tick is None else min(POLL_SECONDS, next_tick - now)
+            if wake is not None and wake(pause):
+                break
+            if wake is None:
+                time.sleep(pause)
+        return ticks
+
+    def tick(self) -> None:
+        after = self.watcher.snapshot()
+        self.on_interval(self.last, after)
+        self.last = after
+
+    def finish(self) -> Snapshot:
+        """A last snapshot; the part of an interval since the last tick is printed
+        when it saw hits or lasted a tenth of an interval."""
+        after = self.watcher.snapshot()
+        if self.interval and (after.time - self.last.time >= self.interval / 10
+                              or any(c.hits for c in changes(self.last, after))):
+            self.on_interval(self.last, after)
+        self.last = after
+        return after
+
+
+class IntervalPrinter:
+    """Prints each interval: a table of hits and hits/s per probe, or a JSON line."""
+
+    def __init__(self, sink: Sink, as_json: bool, start: float):
+        self.sink, self.as_json, self.start = sink, as_json, start
+        self.header_done = False
+
+    def __call__(self, before: Snapshot, after: Snapshot) -> None:
+        rows = changes(before, after)
+        elapsed = after.time - self.start
+        if self.as_json:
+            self.sink.write(json.dumps({
+                "time_s": round(elapsed, 6), "seconds": round(after.time - before.time, 6),
+                "probes": [{"object": r.key.object, "name": r.key.name, "kind": r.key.kind,
+                            "address": r.key.address, "hits": r.hits,
+                            "per_second": round(r.per_second, 3), "total": r.total}
+                           for r in rows]}) + "\n")
+            return
+        self.sink.write("".join(line + "\n" for line in self.lines(elapsed, rows)))
+
+    def lines(self, elapsed: float, rows: List[ProbeChange]) -> List[str]:
+        wo = max([len(r.key.object) for r in rows] + [len("OBJECT")])
+        wn = max([len(r.key.name) for r in rows] + [len("PROBE")])
+        out = []
+        if not self.header_done:
+            out.append(f"#{'TIME(s)':>11}  {'OBJECT':<{wo}}  {'PROBE':<{wn}}  {'KIND':<7} "
+                       f"{'HITS':>12} {'HITS/S':>14}")
+            self.header_done = True
+        for r in rows:
+            out.append(f"{elapsed:12.3f}  {r.key.object:<{wo}}  {r.key.name:<{wn}}  "
+                       f"{r.key.kind:<7} {r.hits:>12} {r.per_second:>14.1f}")
+        if not rows:
+            out.append(f"{elapsed:12.3f}  (no region yet)")
+        return out
+
+
+def stat_live(command: List[str], directory: Optional[str], interval: Optional[float],
+              duration: Optional[float], as_json: bool, sink: Sink
+              ) -> Tuple[Optional[int], List[Region], List[str]]:
+    """Run `command` or watch `directory`, printing intervals to `sink`. Returns the
+    exit status (None for a directory), the regions at the end, and a line per
+    region file that could not be read."""
+    if directory is not None:
+        return (None,) + _watch_directory(directory, interval, duration, as_json, sink)
+    return _watch_command(command, interval, as_json, sink)
+
+
+def _watch_directory(directory: str, interval: Optional[float], duration: Optional[float],
+                     as_json: bool, sink: Sink) -> Tuple[List[Region], List[str]]:
+    problems: List[str] = []
+    watcher = Watcher(DirectorySource(directory), problems.append)
+    try:
+        ticker = Ticker(watcher, interval, lambda b, a: printer(b, a))
+        printer = IntervalPrinter(sink, as_json, ticker.start)
+        deadline = None if duration is None else ticker.start + duration
+        try:
+            ticker.run(lambda: deadline is not None and time.monotonic() >= deadline)
+        except KeyboardInterrupt:
+            pass  # Ctrl-C ends the watch; the report follows
+        return ticker.finish().as_regions(), problems
+    finally:
+        watcher.close()
+
+
+def _watch_command(command: List[str], interval: Optional[float], as_json: bool,
+                   sink: Sink) -> Tuple[int, List[Region], List[str]]:
+    directory = region_directory()
+    watcher = Watcher(DirectorySource(directory))
+    try:
+        ticker = Ticker(watcher, interval, lambda b, a: printer(b, a))
+        printer = IntervalPrinter(sink, as_json, ticker.start)
+        with interrupts_to(command, dict(os.environ, **{ENV_VAR: directory})) as process:
+            ticker.run(lambda: process.poll() is not None)
+            returncode = process.wait()
+        ticker.finish()
+        # the report reads the files as plain stat does: exact now that all are closed
+        problems: List[str] = []
+        return exit_status(returncode), read_regions(directory, problems), problems
+    finally:
+        watcher.close()
+        shutil.rmtree(directory, ignore_errors=True)

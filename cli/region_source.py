@@ -1,0 +1,195 @@
+"""Where live views find regions, and what they read from them over time.
+
+A *source* names region files: today a directory that processes started with
+UREWRITE_DIR write into. Anything else that can name region files (processes
+armed while they run, say) plugs in as another source with a `paths()` method;
+`stat --interval`, `top` and `export` only ever see a `Watcher` over a source.
+
+A `Watcher` keeps each file mapped read-only (`LiveRegion`) and takes
+`Snapshot`s: every probe's hits and latency buckets per region, at one time.
+Two snapshots give what happened between them (`changes`): hits, hits/s and
+latency samples per probe, with regions that appeared in between counted
+from zero and regions that went away left out.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
+
+from urewrite.errors import UrewriteError
+from urewrite.trampolines import region as R
+from urewrite.trampolines.live_region import LiveProbe, LiveRegion, RegionCounts, open_live
+
+
+class DirectorySource:
+    """The region files in one directory (UREWRITE_DIR of the processes that write them)."""
+
+    def __init__(self, directory: str):
+        if not os.path.isdir(directory):
+            raise UrewriteError(f"{directory}: no such directory")
+        self.directory = directory
+        self.label = directory
+
+    def paths(self) -> List[str]:
+        try:
+            names = os.listdir(self.directory)
+        except OSError as e:
+            raise UrewriteError(f"{self.directory}: {e.strerror}")
+        return [os.path.join(self.directory, n) for n in sorted(names)
+                if n.endswith(R.FILE_SUFFIX)]
+
+
+@dataclass(frozen=True)
+class ProbeKey:
+    """A probe as stat totals it: processes of one object add up."""
+    object: str
+    name: str
+    kind: str
+    address: int
+
+
+@dataclass
+class RegionSample:
+    path: str
+    pid: int
+    object: str
+    probes: Tuple[LiveProbe, ...]
+    counts: RegionCounts
+
+    def keys(self) -> Iterable[Tuple[int, ProbeKey]]:
+        for i, p in enumerate(self.probes):
+            yield i, ProbeKey(self.object, p.name, p.kind, p.address)
+
+
+@dataclass
+class Snapshot:
+    time: float  # time.monotonic()
+    regions: Dict[tuple, RegionSample] = field(default_factory=dict)  # (path, inode) -> sample
+
+    def totals(self) -> Dict[ProbeKey, int]:
+        out: Dict[ProbeKey, int] = {}
+        for r in self.regions.values():
+            for i, key in r.keys():
+                out[key] = out.get(key, 0) + r.counts.hits[i]
+        return out
+
+    def as_regions(self) -> List[R.Region]:
+        """The regions as `read_regions` gives them, for stat's report."""
+        out = []
+        for r in self.regions.values():
+            region = R.Region(r.path, r.pid, r.object, "", 0, 0,
+                              returns_missed=r.counts.returns_missed)
+            region.probes = [R.ProbeCount(p.name, p.kind, p.address, r.counts.hits[i],
+                                          r.counts.histograms[i])
+                             for i, p in enumerate(r.probes)]
+            out.append(region)
+        return out
+
+
+class Watcher:
+    """Keeps the regions of a source mapped and reads them on demand.
+
+    A file not set up yet is retried at the next snapshot; one that cannot be read
+    is reported once through `on_problem` and skipped from then on; a file replaced
+    under the same name (another inode) is a new region."""
+
+    def __init__(self, source, on_problem: Optional[Callable[[str], None]] = None):
+        self.source = source
+        self.on_problem = on_problem or (lambda message: None)
+        self._open: Dict[str, LiveRegion] = {}
+        self._bad: Dict[str, tuple] = {}  # path -> inode it had when it failed
+
+    def _identity(self, path: str) -> Optional[tuple]:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino)
+
+    def _region(self, path: str) -> Optional[LiveRegion]:
+        inode = self._identity(path)
+        live = self._open.get(path)
+        if live is not None and live.inode != inode:
+            live.close()
+            del self._open[path]
+            live = None
+        if live is None and inode is not None and self._bad.get(path) != inode:
+            try:
+                live = open_live(path)
+            except R.RegionError as e:
+                self._bad[path] = inode
+                self.on_problem(str(e))
+            if live is not None:
+                self._open[path] = live
+        return live
+
+    def snapshot(self) -> Snapshot:
+        paths = self.source.paths()
+        for gone in set(self._open) - set(paths):
+            self._open.pop(gone).close()
+        snap = Snapshot(time.monotonic())
+        for path in paths:
+            live = self._region(path)
+            if live is not None:
+                snap.regions[(path, live.inode)] = RegionSample(
+                    path, live.pid, live.object, live.probes, live.read())
+        return snap
+
+    def close(self) -> None:
+        for live in self._open.values():
+            live.close()
+        self._open.clear()
+
+
+@dataclass
+class ProbeChange:
+    key: ProbeKey
+    hits: int  # between the two snapshots
+    total: int  # in the later one
+    per_second: float
+    histogram: Optional[List[int]]  # latency samples between the two, per log2 bucket
+
+
+def changes(before: Snapshot, after: Snapshot) -> List[ProbeChange]:
+    """What each probe of `after` did since `before`, in the order stat lists them."""
+    seconds = max(after.time - before.time, 1e-9)
+    rows: Dict[ProbeKey, ProbeChange] = {}
+    for identity, r in after.regions.items():
+        old = before.regions.get(identity)  # None: a region new since `before`
+        for i, key in r.keys():
+            hits = r.counts.hits[i] - (old.counts.hits[i] if old else 0)
+            row = rows.setdefault(key, ProbeChange(key, 0, 0, 0.0, None))
+            row.hits += hits
+            row.total += r.counts.hits[i]
+            now = r.counts.histograms[i]
+            if now is not None:
+                then = old.counts.histograms[i] if old else [0] * len(now)
+                delta = [a - b for a, b in zip(now, then)]
+                row.histogram = delta if row.histogram is None else \
+                    [a + b for a, b in zip(row.histogram, delta)]
+    for row in rows.values():
+        row.per_second = row.hits / seconds
+    return list(rows.values())
+
+
+def percentile_ns(buckets: Optional[List[int]], q: float) -> Optional[int]:
+    """The upper bound, in ns, of the log2 bucket (0: under 1 ns; k: [2^(k-1), 2^k))
+    holding the q-quantile of the samples: the quantile is below it. None without
+    samples."""
+    if not buckets:
+        return None
+    total = sum(buckets)
+    if total <= 0:
+        return None
+    rank = max(1, math.ceil(Fraction(str(q)) * total))  # exact: 0.99 * 100 is 99, not 99.0000001
+    seen = 0
+    for k, count in enumerate(buckets):
+        seen += count
+        if seen >= rank:
+            return 1 << k
+    return 1 << (len(buckets) - 1)
