@@ -66,7 +66,7 @@ def main():
 
 
 @main.command(cls=LongOptionsCommand)
-@click.argument("input_file", metavar="IN", type=click.Path(dir_okay=False))
+@click.argument("input_file", metavar="IN", type=click.Path())  # a directory: one line, exit 1
 @click.option("-p", "--probe", "probes", multiple=True, metavar="SPEC",
               help="Function name, glob ('parse_*') or address (0x401136) to probe at entry, "
                    "or a USDT probe: usdt:PROVIDER:NAME (globs allowed). Repeatable.")
@@ -290,7 +290,7 @@ def _print_summary(paths, tactics, as_json: bool) -> None:
 
 @main.command(name="list")
 @click.argument("input_files", metavar="FILE...", nargs=-1, required=True,
-                type=click.Path(dir_okay=False))
+                type=click.Path())  # a directory: one line, exit 1 (--summary: skipped)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
 @click.option("--patchable", is_flag=True, help="Show only sites that can be probed.")
 @click.option("--summary", is_flag=True,
