@@ -394,27 +394,41 @@ def stat(as_json, output, command):
 
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per event (JSON lines).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "perfetto"]), default=None,
+              help="text [default], json (as --json), or perfetto: Chrome trace-event JSON "
+                   "for ui.perfetto.dev and chrome://tracing (a slice per call of functions "
+                   "probed at entry and return).")
 @click.option("-o", "--output", metavar="FILE", help="Write the events to FILE, not stdout.")
 @click.option("--ring", "ring_entries", type=click.IntRange(16, 1 << 22), default=1 << 16,
               metavar="N", show_default=True,
               help="Events each process can hold before the reader catches up.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def trace(as_json, output, ring_entries, command):
+def trace(as_json, fmt, output, ring_entries, command):
     """Run COMMAND and print every probe hit as it happens: time, process, thread,
     probe and arguments.
 
     \b
       urewrite trace -- ./app.probed ARGS
       urewrite trace --json -o events.jsonl -- ./app.probed ARGS
+      urewrite trace --format perfetto -o trace.json -- ./app.probed ARGS
     Events a full ring could not hold are counted and reported at the end. The
     command's own output is left alone; its exit status is passed through.
     """
     from urewrite.tracer import run_and_trace
 
+    if as_json and fmt not in (None, "json"):
+        raise click.UsageError(f"--json and --format {fmt} disagree")
+    as_json = as_json or fmt == "json"
     out = open(output, "w") if output else sys.stdout
     start = []
+    perfetto = None
+    if fmt == "perfetto":
+        from urewrite.perfetto import PerfettoWriter
+        perfetto = PerfettoWriter(out)
 
     def write(events) -> None:
+        if perfetto:
+            return perfetto.write(events)
         for e in events:
             if as_json:
                 out.write(json.dumps({"ts_ns": e.ts_ns, "pid": e.pid, "tid": e.tid,
@@ -423,18 +437,20 @@ def trace(as_json, output, ring_entries, command):
             else:
                 start[:] = start or [e.ts_ns]
                 args = " ".join(str(a) for a in e.args)
-                out.write(f"{(e.ts_ns - start[0]) / 1e9:12.6f} {e.pid:>7} {e.tid:>7}  "
+                out.write(f"{(e.ts_ns - start[0]) / 1e9:15.9f} {e.pid:>7} {e.tid:>7}  "
                           f"{e.object}:{e.probe}  {args}".rstrip() + "\n")
         out.flush()
 
-    if not as_json:
-        out.write(f"{'TIME(s)':>12} {'PID':>7} {'TID':>7}  PROBE  ARGS\n")
+    if not as_json and not perfetto:  # (seconds with nanosecond digits)
+        out.write(f"{'TIME(s)':>15} {'PID':>7} {'TID':>7}  PROBE  ARGS\n")
     try:
         exit_code, rings = run_and_trace(list(command), ring_entries, write)
     except UrewriteError as e:
         click.echo(f"urewrite: {e}", err=True)
         sys.exit(127)
     finally:
+        if perfetto:
+            perfetto.close()
         if output:
             out.close()
     for ring in rings:
