@@ -316,7 +316,7 @@ def list_command(input_files, as_json, patchable, summary, tactics):
         click.echo(json.dumps({"file": input_file, "functions": functions, "usdt": probes},
                               indent=2))
         return
-    width = max([len(r["name"]) for r in functions] + [8])
+    width = max([len(_names(r)) for r in functions] + [8])
     click.echo(f"{'ADDRESS':<18} {'SIZE':>6}  {'FUNCTION':<{width}}  ENTRY PROBE; RETURN PROBE")
     for r in functions:
         ret = r["return"]
@@ -326,7 +326,7 @@ def list_command(input_files, as_json, patchable, summary, tactics):
                    f"patches {ret['exits']} exit{'s' if ret['exits'] != 1 else ''}"
                    f"{_tactic_note(ret['tactics'])}"
                    if ret["mechanism"] else f"no: {ret['reason']}")
-        click.echo(f"{r['address']:#018x} {r['size']:>6}  {r['name']:<{width}}  {_status(r)}; "
+        click.echo(f"{r['address']:#018x} {r['size']:>6}  {_names(r):<{width}}  {_status(r)}; "
                    f"return: {returns}")
     if probes:
         width = max(len(f"{p['provider']}:{p['name']}") for p in probes)
@@ -339,6 +339,12 @@ def list_command(input_files, as_json, patchable, summary, tactics):
     usdt_ok = sum(p["patchable"] for p in probes)
     click.echo(f"{len(functions)} functions, {ok} patchable; {len(probes)} USDT sites, "
                f"{usdt_ok} patchable", err=True)
+
+
+def _names(row) -> str:
+    """A function with its aliases (other symbols at its address), any of which -p
+    and -r accept: '__libc_free = free = cfree'."""
+    return " = ".join([row["name"]] + row["aliases"])
 
 
 def _return_mechanism(address: int, redirected: set, refusals: dict):
