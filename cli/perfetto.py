@@ -16,7 +16,10 @@ exactly one "E" on its own track, nested as the calls were:
 - a return with no open call of its function (its entry event was lost from a full
   ring) is an instant event, with `"entry_lost": true`;
 - calls still open when the trace ends (a thread that called exit() from inside a
-  probed function, say) end at their thread's last event, with `"returned": false`.
+  probed function, say) end at their thread's last event, with `"returned": false`;
+- when a ring lost events (it was full), the calls of its object still open in that
+  process end at their thread's last event, with `"events_lost": true`: a return
+  among the lost events would otherwise leave the next return to close the wrong call.
 Timestamps are microseconds since the first event, with nanosecond digits; the
 first event's own clock reading is kept in `otherData`.
 """
@@ -86,6 +89,8 @@ class PerfettoWriter:
             if self.origin is None:
                 self.origin = e.ts_ns
             key = self._thread(e)
+            if e.after_loss:
+                self._forget(e.pid, e.object)
             self.last_ts[key] = max(self.last_ts.get(key, e.ts_ns), e.ts_ns)
             base = {"pid": e.pid, "tid": e.tid, "ts": self._ts(e.ts_ns), "cat": e.object}
             if e.paired and e.kind == "entry":
@@ -112,6 +117,21 @@ class PerfettoWriter:
                         "args": {"returned": False}})
         call = stack.pop()
         self._emit({"ph": "E", "name": call.name, **base, "args": _arguments(e)})
+
+    def _forget(self, pid: int, object_: str) -> None:
+        """Events of this object in this process were lost: a return among them would
+        have closed some of its open calls, and the next return would close the wrong
+        one. End them all (and the calls opened inside them), marked, at their
+        thread's last event; their returns to come are instants."""
+        for key, stack in self.stacks.items():
+            if key[0] != pid:
+                continue
+            lowest = next((i for i, call in enumerate(stack) if call.object == object_), None)
+            while lowest is not None and len(stack) > lowest:
+                call = stack.pop()
+                self._emit({"ph": "E", "name": call.name, "pid": key[0], "tid": key[1],
+                            "ts": self._ts(self.last_ts[key]), "cat": call.object,
+                            "args": {"events_lost": True}})
 
     def close(self) -> None:
         """End the calls still open, then the JSON document."""

@@ -1,12 +1,14 @@
 /* Threads that each walk a recursion, for the tests of `trace --format perfetto`.
  *
- *   call_tree [THREADS [ROUNDS [DEPTH]]]   default: 3 threads, 4 rounds, depth 5; exits 0
+ *   call_tree [THREADS [ROUNDS [DEPTH [PAUSE_MS]]]]
+ *                       default: 3 threads, 4 rounds, depth 5, no pause; exits 0
  *
  * Each thread names itself "tree-K" (K = 1..THREADS), then calls worker(K), which
  * runs ROUNDS rounds of descend(DEPTH), which recurses down to descend(0); every
  * level calls leaf(n) once. descend(n) returns leaf(0) + ... + leaf(n), where
- * leaf(n) = n * n. Each thread then lingers LINGER_MS, so that a tracer can still
- * read its name.
+ * leaf(n) = n * n. With PAUSE_MS, each round starts after that pause (a tracer
+ * reads the events between rounds). Each thread then lingers LINGER_MS, so that a
+ * tracer can still read its name.
  *
  * Entries, and returns (each call returns), for one run:
  *   main          1                                (the main thread)
@@ -25,7 +27,12 @@
 #define MAX_THREADS 64
 #define LINGER_MS 300
 
-static int rounds = 4, depth = 5;
+static int rounds = 4, depth = 5, pause_ms;
+
+static void sleep_ms(long ms) {
+    struct timespec t = {ms / 1000, ms % 1000 * 1000000L};
+    nanosleep(&t, NULL);
+}
 
 NOINLINE long leaf(long n) { return n * n; }
 
@@ -42,8 +49,11 @@ NOINLINE long descend(long n) {
 
 NOINLINE long worker(long k) {
     long total = 0;
-    for (int r = 0; r < rounds; r++)
+    for (int r = 0; r < rounds; r++) {
+        if (pause_ms)
+            sleep_ms(pause_ms);
         total += descend(depth);
+    }
     return total + k - k;
 }
 
@@ -54,8 +64,7 @@ static void *start(void *arg) {
     snprintf(name, sizeof name, "tree-%ld", k);
     pthread_setname_np(pthread_self(), name);
     long total = worker(k);
-    struct timespec linger = {0, LINGER_MS * 1000000L};
-    nanosleep(&linger, NULL);
+    sleep_ms(LINGER_MS);
     return (void *)total;
 }
 
@@ -65,6 +74,8 @@ int main(int argc, char **argv) {
         rounds = atoi(argv[2]);
     if (argc > 3)
         depth = atoi(argv[3]);
+    if (argc > 4)
+        pause_ms = atoi(argv[4]);
     if (threads < 1 || threads > MAX_THREADS)
         return 2;
     pthread_t tid[MAX_THREADS];

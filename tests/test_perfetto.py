@@ -187,3 +187,62 @@ def test_a_return_whose_entry_was_lost_is_an_instant():
     out = _write([(7, 10, "return", 0x10, "f", [1 << 60], True)])
     assert [(e["ph"], e["args"]) for e in out] == [
         ("i", {"return": hex(1 << 60), "entry_lost": True})]
+
+
+def test_events_lost_from_a_full_ring_never_pair_the_wrong_calls(call_tree):
+    """One thread, a ring of 16 events, rounds of 18 events 30 ms apart: the reader
+    catches up between rounds, each round loses its first events (descend(5)'s and
+    descend(4)'s entries). The calls open across a loss (main, worker) end there,
+    marked; the returns whose entries were lost are instants; every other slice is
+    still one call, with its own argument and return value."""
+    rounds = 4
+    trace = call_tree.parent / "lossy.json"
+    proc = urewrite("trace", "--format", "perfetto", "--ring", 16, "-o", trace, "--",
+                    call_tree, 1, rounds, DEPTH, 30)
+    assert proc.returncode == 0, proc.stderr
+    lost = sum(int(n) for n in re.findall(r"(\d+) of \d+ events lost", proc.stderr))
+    assert lost > 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    cut, whole = Counter(), 0
+    for track in _by_thread(events).values():
+        stack = []
+        for e in track:
+            if e["ph"] == "B":
+                stack.append(e)
+            elif e["ph"] == "E":
+                begin = stack.pop()
+                assert e["name"] == begin["name"]
+                if e["args"].get("events_lost"):
+                    cut[e["name"]] += 1
+                elif begin["name"] == "descend":
+                    whole += 1
+                    assert e["args"] == {"return": _sum_of_squares(begin["args"]["arg0"])}
+        assert stack == []
+    assert cut == {"main": 1, "worker": 1} and whole > 0
+    assert all(e["args"].get("entry_lost") for e in events
+               if e["ph"] == "i" and e["name"] != "leaf")
+    # every event is delivered (a B, an E that is a return, an instant) or counted lost
+    delivered = sum(e["ph"] in "Bi" or (e["ph"] == "E" and "return" in e["args"])
+                    for e in events)
+    assert delivered + lost == 2 + 2 + 3 * rounds * (DEPTH + 1)
+
+
+def test_a_loss_ends_the_open_calls_of_its_object_in_its_process():
+    spec = [(7, 100, "entry", 0x10, "f", [], True),
+            (7, 200, "entry", 0x20, "g", [], True),
+            (8, 300, "entry", 0x20, "g", [], True),
+            (7, 400, "return", 0x20, "g", [1], True)]
+    from urewrite.perfetto import PerfettoWriter
+    events = _events(spec)
+    events[-1].after_loss = True  # (g's return on thread 7 came after lost events)
+    out = io.StringIO()
+    writer = PerfettoWriter(out)
+    writer.write(events)
+    writer.close()
+    got = [(e["ph"], e["tid"], e["name"], e["ts"], e["args"])
+           for e in json.loads(out.getvalue())["traceEvents"] if e["ph"] != "M"]
+    assert got == [("B", 7, "f", 0.0, {}), ("B", 7, "g", 0.1, {}), ("B", 8, "g", 0.2, {}),
+                   ("E", 7, "g", 0.1, {"events_lost": True}),
+                   ("E", 7, "f", 0.1, {"events_lost": True}),
+                   ("E", 8, "g", 0.2, {"events_lost": True}),
+                   ("i", 7, "g", 0.3, {"return": 1, "entry_lost": True})]
