@@ -66,7 +66,7 @@ def main():
 
 
 @main.command(cls=LongOptionsCommand)
-@click.argument("input_file", metavar="IN", type=click.Path(dir_okay=False))
+@click.argument("input_file", metavar="IN", type=click.Path())  # a directory: one line, exit 1
 @click.option("-p", "--probe", "probes", multiple=True, metavar="SPEC",
               help="Function name, glob ('parse_*') or address (0x401136) to probe at entry, "
                    "or a USDT probe: usdt:PROVIDER:NAME (globs allowed). Repeatable.")
@@ -296,7 +296,7 @@ def _print_summary(paths, tactics, as_json: bool, quiet: bool = False) -> None:
 
 @main.command(name="list")
 @click.argument("input_files", metavar="FILE...", nargs=-1, required=True,
-                type=click.Path(dir_okay=False))
+                type=click.Path())  # a directory: one line, exit 1 (--summary: skipped)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
 @click.option("--patchable", is_flag=True, help="Show only sites that can be probed.")
 @click.option("--summary", is_flag=True,
@@ -324,7 +324,7 @@ def list_command(input_files, as_json, patchable, summary, tactics, quiet):
         click.echo(json.dumps({"file": input_file, "functions": functions, "usdt": probes},
                               indent=2))
         return
-    width = max([len(r["name"]) for r in functions] + [8])
+    width = max([len(_names(r)) for r in functions] + [8])
     click.echo(f"{'ADDRESS':<18} {'SIZE':>6}  {'FUNCTION':<{width}}  ENTRY PROBE; RETURN PROBE")
     for r in functions:
         ret = r["return"]
@@ -334,7 +334,7 @@ def list_command(input_files, as_json, patchable, summary, tactics, quiet):
                    f"patches {ret['exits']} exit{'s' if ret['exits'] != 1 else ''}"
                    f"{_tactic_note(ret['tactics'])}"
                    if ret["mechanism"] else f"no: {ret['reason']}")
-        click.echo(f"{r['address']:#018x} {r['size']:>6}  {r['name']:<{width}}  {_status(r)}; "
+        click.echo(f"{r['address']:#018x} {r['size']:>6}  {_names(r):<{width}}  {_status(r)}; "
                    f"return: {returns}")
     if probes:
         width = max(len(f"{p['provider']}:{p['name']}") for p in probes)
@@ -348,6 +348,12 @@ def list_command(input_files, as_json, patchable, summary, tactics, quiet):
     if not quiet:
         click.echo(f"{len(functions)} functions, {ok} patchable; {len(probes)} USDT sites, "
                    f"{usdt_ok} patchable", err=True)
+
+
+def _names(row) -> str:
+    """A function with its aliases (other symbols at its address), any of which -p
+    and -r accept: '__libc_free = free = cfree'."""
+    return " = ".join([row["name"]] + row["aliases"])
 
 
 def _return_mechanism(address: int, redirected: set, refusals: dict):
@@ -421,27 +427,41 @@ def stat(as_json, output, interval, directory, duration, command):
 
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per event (JSON lines).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "perfetto"]), default=None,
+              help="text [default], json (as --json), or perfetto: Chrome trace-event JSON "
+                   "for ui.perfetto.dev and chrome://tracing (a slice per call of functions "
+                   "probed at entry and return).")
 @click.option("-o", "--output", metavar="FILE", help="Write the events to FILE, not stdout.")
 @click.option("--ring", "ring_entries", type=click.IntRange(16, 1 << 22), default=1 << 16,
               metavar="N", show_default=True,
               help="Events each process can hold before the reader catches up.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def trace(as_json, output, ring_entries, command):
+def trace(as_json, fmt, output, ring_entries, command):
     """Run COMMAND and print every probe hit as it happens: time, process, thread,
     probe and arguments.
 
     \b
       urewrite trace -- ./app.probed ARGS
       urewrite trace --json -o events.jsonl -- ./app.probed ARGS
+      urewrite trace --format perfetto -o trace.json -- ./app.probed ARGS
     Events a full ring could not hold are counted and reported at the end. The
     command's own output is left alone; its exit status is passed through.
     """
     from urewrite.tracer import run_and_trace
 
+    if as_json and fmt not in (None, "json"):
+        raise click.UsageError(f"--json and --format {fmt} disagree")
+    as_json = as_json or fmt == "json"
     out = open(output, "w") if output else sys.stdout
     start = []
+    perfetto = None
+    if fmt == "perfetto":
+        from urewrite.perfetto import PerfettoWriter
+        perfetto = PerfettoWriter(out)
 
     def write(events) -> None:
+        if perfetto:
+            return perfetto.write(events)
         for e in events:
             if as_json:
                 out.write(json.dumps({"ts_ns": e.ts_ns, "pid": e.pid, "tid": e.tid,
@@ -450,18 +470,20 @@ def trace(as_json, output, ring_entries, command):
             else:
                 start[:] = start or [e.ts_ns]
                 args = " ".join(str(a) for a in e.args)
-                out.write(f"{(e.ts_ns - start[0]) / 1e9:12.6f} {e.pid:>7} {e.tid:>7}  "
+                out.write(f"{(e.ts_ns - start[0]) / 1e9:15.9f} {e.pid:>7} {e.tid:>7}  "
                           f"{e.object}:{e.probe}  {args}".rstrip() + "\n")
         out.flush()
 
-    if not as_json:
-        out.write(f"{'TIME(s)':>12} {'PID':>7} {'TID':>7}  PROBE  ARGS\n")
+    if not as_json and not perfetto:  # (seconds with nanosecond digits)
+        out.write(f"{'TIME(s)':>15} {'PID':>7} {'TID':>7}  PROBE  ARGS\n")
     try:
         exit_code, rings = run_and_trace(list(command), ring_entries, write)
     except UrewriteError as e:
         click.echo(f"urewrite: {e}", err=True)
         sys.exit(127)
     finally:
+        if perfetto:
+            perfetto.close()
         if output:
             out.close()
     for ring in rings:

@@ -110,7 +110,9 @@ def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: boo
         raise UrewriteError("the output must not be the input file")
     a = analyse(input_path, tactics)
     elf, backend = a.elf, a.planner.backend
-    sites = select(specs, a.functions, a.planner.boundaries, a.usdt, return_specs)
+    warnings: List[str] = []
+    sites = select(specs, a.functions, a.planner.boundaries, a.usdt, return_specs,
+                   notes=warnings)
     if exclude:
         sites = [s for s in sites if not _excluded(s, exclude)]
         if not sites:
@@ -132,7 +134,6 @@ def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: boo
     if exe_entry is None and dt_init is None:
         raise UrewriteError(f"{elf.path}: a shared object without DT_INIT (no place to start "
                             f"the probe runtime from) is not supported yet")
-    warnings: List[str] = []
     arguments_of = _argument_encoder(a, backend, entry_args, warnings)
 
     def build(placement, progress=None):

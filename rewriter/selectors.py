@@ -6,7 +6,7 @@ import bisect
 import difflib
 import fnmatch
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 from urewrite.errors import UrewriteError
 from urewrite.rewriter.functions import Function
@@ -55,12 +55,17 @@ USDT_PREFIX = "usdt:"
 
 
 def select(specs: List[str], functions: List[Function], boundaries,
-           usdt_sites: List[UsdtSite] = (), return_specs: List[str] = ()) -> List[Site]:
+           usdt_sites: List[UsdtSite] = (), return_specs: List[str] = (),
+           notes: Optional[List[str]] = None) -> List[Site]:
     """Sites for the specs, in address order; one address may carry several probes.
 
     `boundaries(function)` gives the instruction start addresses of a function. A
     return probe (from `return_specs`: names or globs) is one site at its
     function's address; the planner finds its exits.
+
+    A function probe is named as the user asked (`free`, not its alias
+    `__libc_free`); see `_named_sites`. `notes` collects a line for each alias
+    named again, which probes nothing more.
     """
     by_name = {}
     for fn in functions:
@@ -77,24 +82,51 @@ def select(specs: List[str], functions: List[Function], boundaries,
             site = _address_site(spec, functions, starts, boundaries)
             sites.setdefault((site.address, site.probe_key), site)
             continue
-        for fn in _functions_named(spec, by_name):
-            sites.setdefault((fn.address, fn.address),
-                             Site(fn, fn.address, KIND_ENTRY, fn.name, spec,
-                                  exact=not _is_glob(spec)))
+        _add_named(sites, _named_sites(spec, by_name, KIND_ENTRY), notes)
     for spec in return_specs:
-        for fn in _functions_named(spec, by_name):
-            site = Site(fn, fn.address, KIND_RETURN, fn.name, spec, exact=not _is_glob(spec))
-            sites.setdefault((fn.address, site.probe_key), site)
+        _add_named(sites, _named_sites(spec, by_name, KIND_RETURN), notes)
     return [sites[k] for k in sorted(sites, key=lambda k: (k[0], str(k[1])))]
+
+
+def _named_sites(spec: str, by_name, kind: int) -> List[Site]:
+    """A site per function the name or glob names, under the name that matched:
+    for a glob that matches several names of one function, the most public one
+    (fewest leading underscores: `free` before `__libc_free`), then the first in
+    symbol-table order."""
+    glob = _is_glob(spec)
+    out = []
+    for fn in _functions_named(spec, by_name):
+        name = min((n for n in fn.names if fnmatch.fnmatchcase(n, spec)),
+                   key=lambda n: len(n) - len(n.lstrip("_"))) if glob else spec
+        out.append(Site(fn, fn.address, kind, name, spec, exact=not glob))
+    return out
+
+
+def _add_named(sites: dict, new: List[Site], notes: Optional[List[str]]) -> None:
+    """One probe per function and kind: a name given exactly takes over from a glob's
+    match (its name, and a refusal becomes an error); of two aliases named exactly,
+    the first given names the probe."""
+    for site in new:
+        key = (site.address, site.probe_key)
+        old = sites.get(key)
+        if old is None or (site.exact and not old.exact):
+            sites[key] = site
+        elif site.exact and old.name != site.name and notes is not None:
+            what = "return probe" if site.kind == KIND_RETURN else "probe"
+            notes.append(f"{site.name} is another name of {old.name} (one function at "
+                         f"{site.address:#x}): one {what}, reported as {old.name}")
 
 
 def _functions_named(spec: str, by_name) -> List[Function]:
     if _is_glob(spec):
-        matched = [fn for name, fns in by_name.items() if fnmatch.fnmatchcase(name, spec)
-                   for fn in fns]
+        matched = {}  # a function once, however many of its names match
+        for name, fns in by_name.items():
+            if fnmatch.fnmatchcase(name, spec):
+                for fn in fns:
+                    matched.setdefault(fn.address, fn)
         if not matched:
             raise UrewriteError(f"no function matches '{spec}'")
-        return matched
+        return list(matched.values())
     if spec not in by_name:
         close = difflib.get_close_matches(spec, list(by_name), n=5, cutoff=0.6)
         hint = f" (close matches: {', '.join(close)})" if close else ""

@@ -268,3 +268,12 @@ def test_shared_object_without_dt_init(builder, tmp_path):
     shutil.copy(lib.path, prog)
     proc = urewrite(str(prog), "-p", "demo_fib", "-o", str(tmp_path / "out.so"))
     assert_clean_failure(proc, tmp_path, ["libnoinit.so"], "without DT_INIT")
+
+
+@pytest.mark.parametrize("args", [[".", "-p", "main"], ["rewrite", ".", "-p", "main"],
+                                  [".", "-p", "main", "-o", "out"], ["list", "."],
+                                  ["list", "--json", "."], ["list", "--summary", "."]])
+def test_directory_as_input(tmp_path, args):
+    """A directory is bad input like any other: one line, exit 1 (not a usage error)."""
+    proc = urewrite(*args, cwd=tmp_path)
+    assert_clean_failure(proc, tmp_path, [], "urewrite: .: is a directory")

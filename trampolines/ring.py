@@ -33,6 +33,10 @@ class Event:
     ts_ns: int
     tid: int
     args: List[int]
+    address: int = 0  # the probe's, as in the region's probe table (a return probe: its function's)
+    # an entry or return event of a function probed at both: each pair bounds one call
+    paired: bool = False
+    after_loss: bool = False  # events of this ring were lost just before this one
 
 
 class RingReader:
@@ -49,6 +53,8 @@ class RingReader:
             os.close(fd)
         self._words = memoryview(self.map)[:len(self.map) // 8 * 8].cast("Q")
         self.info = R.read_region(path)
+        entries = {p.address for p in self.info.probes if p.kind == "entry"}
+        self._paired = entries & {p.address for p in self.info.probes if p.kind == "return"}
         hdr = self.map
         self.ring = struct.unpack_from("<Q", hdr, R.OFF_RING)[0]
         self.entries = struct.unpack_from("<I", hdr, R.OFF_RING_ENTRIES)[0]
@@ -57,6 +63,7 @@ class RingReader:
         self.next = 0  # next position to deliver
         self.delivered = 0
         self._waiting = 0
+        self._gap = False  # positions lost since the last event delivered
 
     @property
     def has_ring(self) -> bool:
@@ -89,6 +96,7 @@ class RingReader:
         while self.next < head:
             if head - self.next > self.entries:  # lapped: overwritten before we came
                 self.next = head - self.entries
+                self._gap = True
             if not self._read_span(head, final, events):
                 break
         return events
@@ -120,13 +128,18 @@ class RingReader:
                     self.next = pos + i
                     return False
                 self._waiting = 0  # overwritten, dropped, or never finished: lost
+                self._gap = True
                 continue
             self._waiting = 0
             _, ticks, probe, tid, nargs = record[:5]
             p = probes[probe] if probe < len(probes) else None
             events.append(Event(self.info.pid, self.info.object, p.name if p else str(probe),
                                 p.kind if p else "?", self._ns(ticks), tid,
-                                list(record[5:5 + min(nargs, R.MAX_ARGS)])))
+                                list(record[5:5 + min(nargs, R.MAX_ARGS)]),
+                                p.address if p else 0,
+                                bool(p) and p.kind in ("entry", "return")
+                                and p.address in self._paired, self._gap))
+            self._gap = False
             self.delivered += 1
         self.next = pos + count
         return True
