@@ -40,6 +40,11 @@ class RewriteResult:
 
 def analyse(path: str, tactics: Optional[tuple] = None) -> Analysis:
     elf = ElfFile.open(path)
+    if not elf.sections:
+        # the scans that keep windows safe (far branches, stored code addresses) and
+        # function discovery read sections: without them a patch could not be checked
+        raise UrewriteError(f"{path}: no section headers (stripped with --strip-sections "
+                            f"or sstrip?): urewrite needs them to patch safely")
     _refuse_rewritten(elf)
     functions = discover(elf)
     return Analysis(elf, functions, usdt.discover(elf),

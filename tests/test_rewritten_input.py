@@ -29,3 +29,20 @@ def test_a_rewritten_file_is_refused_with_its_probes(builder, tmp_path):
         assert "already rewritten by urewrite (probes: " in proc.stderr
         assert "fib" in proc.stderr and "square" in proc.stderr
     assert not (tmp_path / "twice").exists() and once.read_bytes() == before
+
+
+def test_a_file_without_section_headers_is_refused(builder, tmp_path):
+    """It runs, but the scans that keep patches safe read sections: one line, exit 1."""
+    built = builder.build("counts", ["counts.c"], ["-O2"])
+    data = bytearray(built.path.read_bytes())
+    data[40:48] = bytes(8)  # e_shoff
+    data[58:64] = bytes(6)  # e_shentsize, e_shnum, e_shstrndx
+    bare = tmp_path / "bare"
+    bare.write_bytes(data)
+    bare.chmod(0o755)
+    assert run([bare]).returncode == run([built.path]).returncode
+    for args in ([str(bare), "-p", "main", "-o", str(tmp_path / "out")], ["list", str(bare)]):
+        proc = urewrite(*args)
+        assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+        assert "no section headers" in proc.stderr
+    assert not (tmp_path / "out").exists()
