@@ -7,7 +7,8 @@
   (.urewrite.rodata, .urewrite.text, .urewrite.state) appended after the
   original ones so that every section index stays valid; the section name table
   is re-emitted there with the new names added;
-- the output appears under its name only once complete (temporary file + rename).
+- the output appears under its name only once complete (temporary file + rename), written
+  straight into that file: the original bytes once, then the changes in place.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import struct
 import tempfile
 from dataclasses import replace
-from typing import Optional
+from typing import BinaryIO, Callable, Optional
 
 from urewrite.errors import UrewriteError
 from urewrite.rewriter.elf_file import (PF_R, PF_W, PF_X, PT_LOAD, PT_PHDR,
@@ -31,15 +32,19 @@ _E_PHNUM, _E_SHNUM = 56, 60
 
 
 def render(elf: ElfFile, placement: Placement, image: SegmentImage,
-           new_entry: Optional[int], dt_init_slot: Optional[int]) -> bytes:
-    out = bytearray(elf.data)
+           new_entry: Optional[int], dt_init_slot: Optional[int], out: BinaryIO) -> None:
+    """Writes the output into the file `out`: the original bytes once, then each change
+    in place, then what follows them; no second copy of a big file in memory."""
+    out.write(elf.data)
     for address, patch in image.patches:
-        offset = elf.offset_of(address, len(patch))
-        out[offset:offset + len(patch)] = patch
+        out.seek(elf.offset_of(address, len(patch)))
+        out.write(patch)
     if new_entry is not None:
-        struct.pack_into("<Q", out, _E_ENTRY, new_entry)
+        out.seek(_E_ENTRY)
+        out.write(struct.pack("<Q", new_entry))
     if dt_init_slot is not None:
-        struct.pack_into("<qQ", out, dt_init_slot, 12, image.dso_start)  # DT_INIT
+        out.seek(dt_init_slot)
+        out.write(struct.pack("<qQ", 12, image.dso_start))  # DT_INIT
 
     state = Segment(PT_LOAD, PF_R | PF_W, placement.state_offset, placement.state_vaddr,
                     placement.state_vaddr, 0, placement.state_size, placement.align)
@@ -59,17 +64,22 @@ def render(elf: ElfFile, placement: Placement, image: SegmentImage,
     segment = bytearray(image.code)
     segment[:placement.phdr_size] = b"".join(s.pack() for s in table)
 
-    out += bytes(placement.code_offset - len(out))
-    out += segment
-    struct.pack_into("<Q", out, _E_PHOFF, placement.code_offset)
-    struct.pack_into("<H", out, _E_PHNUM, len(table))
+    out.seek(len(elf.data))
+    out.write(bytes(placement.code_offset - len(elf.data)))
+    out.write(segment)
+    end = placement.code_offset + len(segment)
+    out.seek(_E_PHOFF)
+    out.write(struct.pack("<Q", placement.code_offset))
+    out.seek(_E_PHNUM)
+    out.write(struct.pack("<H", len(table)))
     if elf.sections:
-        _append_sections(elf, out, placement, image)
-    return bytes(out)
+        _append_sections(elf, out, end, placement, image)
 
 
-def _append_sections(elf: ElfFile, out: bytearray, placement: Placement,
+def _append_sections(elf: ElfFile, out: BinaryIO, end: int, placement: Placement,
                      image: SegmentImage) -> None:
+    """The section name table and the section headers, appended at `end` (the end of
+    the file so far)."""
     names_section = elf.sections[elf.shstrndx]
     names = bytearray(elf.data[names_section.offset:names_section.offset + names_section.size])
     new = []
@@ -86,19 +96,22 @@ def _append_sections(elf: ElfFile, out: bytearray, placement: Placement,
         placement.state_size, PAGE)
     new[-1] = replace(new[-1], offset=placement.state_offset)
 
-    names_at = len(out)
-    out += names
-    out += bytes(align_up(len(out), 8) - len(out))
+    names_at = end
     sections = [replace(s, offset=names_at, size=len(names)) if s.index == elf.shstrndx else s
                 for s in elf.sections] + new
-    shoff = len(out)
-    out += b"".join(s.pack() for s in sections)
-    struct.pack_into("<Q", out, _E_SHOFF, shoff)
-    struct.pack_into("<H", out, _E_SHNUM, len(sections))
+    shoff = align_up(names_at + len(names), 8)
+    out.seek(names_at)
+    out.write(names + bytes(shoff - names_at - len(names)))
+    out.write(b"".join(s.pack() for s in sections))
+    out.seek(_E_SHOFF)
+    out.write(struct.pack("<Q", shoff))
+    out.seek(_E_SHNUM)
+    out.write(struct.pack("<H", len(sections)))
 
 
-def write_atomically(path: str, data: bytes, mode: int) -> None:
-    """Write `data` to `path` so that `path` is either untouched or complete."""
+def write_atomically(path: str, write: Callable[[BinaryIO], None], mode: int) -> None:
+    """Create `path` with what `write(file)` writes, so that `path` is either untouched or
+    complete."""
     directory = os.path.dirname(os.path.abspath(path))
     try:
         fd, temporary = tempfile.mkstemp(prefix=".urewrite-", dir=directory)
@@ -106,7 +119,7 @@ def write_atomically(path: str, data: bytes, mode: int) -> None:
         raise UrewriteError(f"cannot write {path}: {e.strerror}")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            write(f)
             os.fchmod(f.fileno(), mode & 0o7777)
         os.replace(temporary, path)
     except BaseException as e:

@@ -155,10 +155,11 @@ def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: boo
     if placement.code_vaddr + len(image.code) > placement.state_vaddr:
         placement = layout.place(elf, len(image.code), backend.state_size)
         image = build(placement)
-    data = elf_writer.render(elf, placement, image,
-                             image.exe_start if exe_entry is not None else None,
-                             dt_init[0] if dt_init else None)
-    elf_writer.write_atomically(output_path, data, os.stat(input_path).st_mode)
+    entry = image.exe_start if exe_entry is not None else None
+    elf_writer.write_atomically(
+        output_path, lambda out: elf_writer.render(elf, placement, image, entry,
+                                                   dt_init[0] if dt_init else None, out),
+        os.stat(input_path).st_mode)
     return RewriteResult(output_path, plans, refusals, warnings)
 
 

@@ -315,8 +315,14 @@ class Planner:
             self._check_inferred_extent(fn)
         parts = self._parts(fn)
 
-        def inside(address: int) -> bool:
-            return any(p.address <= address < p.end for p in parts)
+        if len(parts) == 1:  # the usual case, asked for every branch: kept quick
+            start, end = fn.address, fn.end
+
+            def inside(address: int) -> bool:
+                return start <= address < end
+        else:
+            def inside(address: int) -> bool:
+                return any(p.address <= address < p.end for p in parts)
 
         exits = []
         for part in parts:

@@ -27,6 +27,19 @@ _REL32_ADDRESS = re.compile(rb"[\xe8\xe9]|\x0f[\x80-\x8f]|[\x48\x4c]\x8d[\x05\x0
                             re.DOTALL)
 
 
+_EXIT_MNEMONICS: dict = {}  # full mnemonic -> the one that matters for exits, or None
+
+
+def _exit_mnemonic(full: str) -> Optional[str]:
+    """The mnemonic without prefixes ("bnd", "notrack", "rep") when it is a return or a
+    branch other than a call, else None; cached, as a file has few distinct ones."""
+    if full not in _EXIT_MNEMONICS:
+        mnemonic = full.split()[-1]
+        _EXIT_MNEMONICS[full] = mnemonic if mnemonic in ("ret", "retq") or (
+            mnemonic in _BRANCH_MNEMONICS and mnemonic != "call") else None
+    return _EXIT_MNEMONICS[full]
+
+
 class X86_64Backend(Backend):
     name = "x86_64"
     elf_machine = 62
@@ -99,7 +112,9 @@ class X86_64Backend(Backend):
                    for at, size in fields)
 
     def exit_kind(self, insn: Insn, inside) -> tuple:
-        mnemonic = insn.mnemonic.split()[-1]  # drop prefixes such as "bnd", "notrack"
+        mnemonic = _exit_mnemonic(insn.mnemonic)
+        if mnemonic is None:
+            return False, None  # most instructions: no branch at all
         if mnemonic in ("ret", "retq"):
             return True, None
         if mnemonic in _BRANCH_MNEMONICS and mnemonic != "call":
