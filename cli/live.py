@@ -264,21 +264,21 @@ def _region_directory(pid: int) -> str:
     return directory
 
 
-def _check_armable(pid: int, memory: ProcessMemory, obj: MappedObject) -> int:
-    """0 when the object is ready to be armed; else the increments of a dead tracer's
-    arm to undo (it is armed into a directory that is gone). Raises when it is armed
-    by someone else."""
+def _check_armable(pid: int, memory: ProcessMemory, obj: MappedObject) -> Optional[str]:
+    """None when the object is ready to be armed; the directory of a tracer that died
+    while it was armed (we hold the lock, so no live tracer armed it): we take it over.
+    Raises when it is armed by its environment."""
     state = memory.u64(obj.at("region"))
     if state == NOT_SET_UP and not memory.u64(obj.at("started")):
         raise LiveError(f"pid {pid}: {obj.name} has not started its runtime yet; try again")
     if state > DISARMED:
         where = memory.cstring(obj.at("dir"), obj.note.offsets["dir_max"] + 1).decode(
             errors="replace")
-        if os.path.basename(where).startswith(DIR_PREFIX) and not os.path.isdir(where):
-            return 1  # a tracer that died while it was armed: take it over
+        if os.path.basename(where).startswith(f"{DIR_PREFIX}{pid}-"):
+            return where
         raise LiveError(f"pid {pid}: {obj.name} is armed already: it writes its region to "
                         f"{where} (UREWRITE_DIR when it started); read it there")
-    return 0
+    return None
 
 
 def arm(pid: int, ring_entries: int = 0, only: Optional[tuple] = None) -> LiveProcess:
@@ -300,15 +300,17 @@ def arm(pid: int, ring_entries: int = 0, only: Optional[tuple] = None) -> LivePr
         process = LiveProcess(pid, directory, memory, lock)
         path = directory.encode() + b"\0"
         try:
-            for obj, increments in zip(objects, stale):
+            for obj, dead_tracer in zip(objects, stale):
                 if len(path) > obj.note.offsets["dir_max"]:
                     raise LiveError(f"{directory}: too long a directory")
                 saved = {"dir": memory.read(obj.at("dir"), len(path)),
                          "dir_too_long": memory.read(obj.at("dir_too_long"), 1),
                          "ring_entries": memory.read(obj.at("ring_entries"), 8)}
-                if increments:  # it was a dead tracer's: nothing of the program's to keep
-                    saved["dir"] = b"\0" * len(path)
-                process.objects.append(ArmedObject(obj, saved, increments))
+                if dead_tracer:  # nothing of the program's to keep; its set-up's
+                    saved["dir"] = b"\0" * len(path)  # semaphore increment to undo too
+                    saved["ring_entries"] = bytes(8)
+                    shutil.rmtree(dead_tracer, ignore_errors=True)
+                process.objects.append(ArmedObject(obj, saved, int(bool(dead_tracer))))
                 # what the set-up reads first, then the state word that makes it run
                 memory.write(obj.at("dir"), path)
                 memory.write(obj.at("dir_too_long"), b"\0")
@@ -334,9 +336,9 @@ def arm(pid: int, ring_entries: int = 0, only: Optional[tuple] = None) -> LivePr
 
 
 def _quiesce(memory: ProcessMemory, obj: MappedObject) -> bool:
-    """Stores 1 in the state word until no set-up is in progress and it stays 1: a
-    thread that began setting up before our store publishes its region after it.
-    Returns whether a region was set up meanwhile is unknown here; see disarm."""
+    """Stores 1 in the state word until no set-up is in progress and it stays 1 (a
+    thread that began setting up before our store publishes its region after it),
+    twice in a row, 5 ms apart. False when a set-up did not finish in time."""
     deadline = time.monotonic() + SET_UP_WAIT
     settled = 0
     while True:

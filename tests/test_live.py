@@ -243,6 +243,29 @@ def test_a_second_tracer_gets_a_clear_error(programs):
         server.kill()
 
 
+def test_a_tracer_killed_while_armed_is_taken_over(programs):
+    program = programs / "live_server.probed"
+    server = Server(program, programs / "lib")
+    try:
+        tracer = Tracer("stat", "-p", server.pid)
+        tracer.armed()
+        server.work(10)  # its region is set up, the semaphore on
+        tracer.proc.kill()
+        tracer.proc.wait()
+        assert server.ask("enabled") == "enabled 1"
+        tracer = Tracer("stat", "--json", "-p", server.pid, "--duration", 2)
+        tracer.armed()
+        server.work(90)
+        code, out, err = tracer.finish()
+        assert code == 0, err
+        assert hits(json.loads(out), "handle_request") == 90
+        assert state_of(server.pid, program) == (1, b"")
+        assert server.ask("enabled") == "enabled 0"
+        assert not [d for d in live_dirs() if d.startswith(f"urewrite-live-{server.pid}-")]
+    finally:
+        server.kill()
+
+
 def _users():
     """Two unprivileged users: the target's and the tracer's."""
     try:
@@ -342,9 +365,22 @@ def test_trace_pid_shows_the_events(programs):
 
 def test_bad_targets_get_one_line(programs, tmp_path):
     sleeper = subprocess.Popen(["sleep", "60"])
+    armed_by_env = Server(programs / "live_server.probed", programs / "lib")
+    armed_by_env.proc.kill()
+    armed_by_env.proc.wait()
+    env = {"LD_LIBRARY_PATH": str(programs / "lib"), "UREWRITE_DIR": str(tmp_path)}
+    armed_by_env.proc = subprocess.Popen([programs / "live_server.probed"], text=True,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         env=clean_env(env))
+    assert armed_by_env.proc.stdout.readline().startswith("ready")
+    unused = tmp_path / "unused.probed"
+    shutil.copy(programs / "live_server.probed", unused)
     try:
         for args, words in [(["-p", sleeper.pid], "maps no object rewritten by urewrite"),
                             (["--all", programs / "live_server"], "not rewritten by urewrite"),
+                            (["--all", unused], "no running process maps"),
+                            (["-p", armed_by_env.proc.pid], f"armed already: it writes its "
+                                                            f"region to {tmp_path}"),
                             (["-p", "2147483646"], "no such process"),
                             (["-p", "x1"], "expected PID")]:
             proc = subprocess.run([sys.executable, "-m", "urewrite", "stat", *map(str, args)],
@@ -355,6 +391,7 @@ def test_bad_targets_get_one_line(programs, tmp_path):
     finally:
         sleeper.kill()
         sleeper.wait()
+        armed_by_env.kill()
 
 
 def test_arming_and_disarming_under_load(programs):
