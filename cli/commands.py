@@ -15,6 +15,7 @@ import click
 
 from urewrite import __version__
 from urewrite.errors import UrewriteError
+from urewrite.live_options import live_options, live_or_command
 from urewrite.long_options import LongOptionsCommand
 
 EXIT_ERROR = 1
@@ -355,36 +356,10 @@ def _status(row) -> str:
     return f"ok, displaces {row['displaced']} bytes{how}"
 
 
-def _live_options(f):
-    """-p PID, --all [FILE], --duration S: arm running processes (urewrite/live.py)."""
-    f = click.option("--duration", type=click.FloatRange(0, min_open=True), metavar="S",
-                     help="With -p or --all: disarm after S seconds [default: at Ctrl-C, or "
-                          "when the processes exit].")(f)
-    f = click.option("--all", "all_of", is_flag=False, flag_value="-", default=None,
-                     metavar="[FILE]", help="Arm every running process that maps an object "
-                                            "rewritten by urewrite (or FILE).")(f)
-    return click.option("-p", "--pid", "pids", metavar="PID[,PID...]",
-                        help="Arm these running processes instead of running COMMAND; "
-                             "disarm them at the end.")(f)
-
-
-def _live_or_command(pids, all_of, duration, command) -> bool:
-    if pids is not None and all_of is not None:
-        raise click.UsageError("-p and --all exclude each other")
-    live = pids is not None or all_of is not None
-    if live and command:
-        raise click.UsageError("give COMMAND or -p/--all, not both")
-    if not live and not command:
-        raise click.UsageError("missing COMMAND (or -p PID, --all)")
-    if duration is not None and not live:
-        raise click.UsageError("--duration goes with -p or --all")
-    return live
-
-
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("-o", "--output", metavar="FILE", help="Write the report to FILE, not stdout.")
-@_live_options
+@live_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def stat(as_json, output, pids, all_of, duration, command):
     """Run COMMAND, then print the hits of every probe in it; or arm running
@@ -397,7 +372,7 @@ def stat(as_json, output, pids, all_of, duration, command):
     """
     from urewrite.runner import run_and_collect
 
-    if _live_or_command(pids, all_of, duration, command):
+    if live_or_command(pids, all_of, duration, command):
         from urewrite.live_report import stat_live
         sys.exit(stat_live(pids, all_of, duration, as_json, output, _stat_report))
 
@@ -431,7 +406,7 @@ def stat(as_json, output, pids, all_of, duration, command):
 @click.option("--ring", "ring_entries", type=click.IntRange(16, 1 << 22), default=1 << 16,
               metavar="N", show_default=True,
               help="Events each process can hold before the reader catches up.")
-@_live_options
+@live_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def trace(as_json, output, ring_entries, pids, all_of, duration, command):
     """Run COMMAND and print every probe hit as it happens: time, process, thread,
@@ -445,10 +420,10 @@ def trace(as_json, output, ring_entries, pids, all_of, duration, command):
     """
     from urewrite.tracer import run_and_trace
 
-    live = _live_or_command(pids, all_of, duration, command)
+    live = live_or_command(pids, all_of, duration, command)
     if live:
         from urewrite.live_report import trace_live
-        run_and_trace = trace_live(pids, all_of, duration)  # noqa: F811 (same signature)
+    traced = trace_live(pids, all_of, duration) if live else run_and_trace
     out = open(output, "w") if output else sys.stdout
     start = []
 
@@ -468,7 +443,7 @@ def trace(as_json, output, ring_entries, pids, all_of, duration, command):
     if not as_json:
         out.write(f"{'TIME(s)':>12} {'PID':>7} {'TID':>7}  PROBE  ARGS\n")
     try:
-        exit_code, rings = run_and_trace(list(command), ring_entries, write)
+        exit_code, rings = traced(list(command), ring_entries, write)
     except UrewriteError as e:
         click.echo(f"urewrite: {e}", err=True)
         sys.exit(EXIT_ERROR if live else 127)

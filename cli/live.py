@@ -285,7 +285,7 @@ def arm(pid: int, ring_entries: int = 0, only: Optional[tuple] = None) -> LivePr
     """Arms every rewritten object the process maps (`only`: those of one file)."""
     maps_first = mapped_objects(pid, only=only)  # a clear error before asking for more
     if not maps_first:
-        what = f"maps no object rewritten by urewrite" if only is None else \
+        what = "maps no object rewritten by urewrite" if only is None else \
             "does not map that file"
         raise LiveError(f"pid {pid} {what}")
     lock = TracerLock(pid, start_time(pid))
