@@ -327,6 +327,7 @@ def arm(pid: int, ring_entries: int = 0, only: Optional[tuple] = None) -> LivePr
         return process
     except Gone:
         lock.close()
+        memory.close()
         raise LiveError(f"pid {pid}: the process exited")
     except BaseException:
         lock.close()
