@@ -149,6 +149,9 @@ class Backend(ABC):
     insn_alignment: int  # every instruction starts at a multiple of this
     branch_reach: int  # how far the site jump reaches, in bytes, either way
     state_size: int  # bytes of process-state memory the runtime needs
+    # offsets in that memory of the fields a live tracer writes (trampolines/live_note.py
+    # names them); empty: the backend's objects cannot be armed while they run
+    live_state: dict = {}
 
     # -- reading -----------------------------------------------------------
     @abstractmethod

@@ -15,6 +15,7 @@ import click
 
 from urewrite import __version__
 from urewrite.errors import UrewriteError
+from urewrite.live_options import live_options, live_or_command
 from urewrite.long_options import LongOptionsCommand
 
 EXIT_ERROR = 1
@@ -378,26 +379,34 @@ def _status(row) -> str:
 @click.option("--dir", "directory", metavar="DIR", type=click.Path(file_okay=False),
               help="Read the regions of running processes started with UREWRITE_DIR=DIR "
                    "(instead of a command), until Ctrl-C or --duration.")
-@click.option("--duration", type=click.FloatRange(min=0), metavar="S",
-              help="With --dir: stop after S seconds (0: read once now).")
+@live_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def stat(as_json, output, interval, directory, duration, command):
-    """Run COMMAND, then print the hits of every probe in it.
+def stat(as_json, output, interval, directory, pids, all_of, duration, command):
+    """Run COMMAND, then print the hits of every probe in it; or arm running
+    processes (-p, --all) and print their hits when they are disarmed; or read
+    the regions of running processes (--dir).
 
     \b
       urewrite stat -- ./app.probed ARGS
       urewrite stat --interval 1 -- ./app.probed ARGS
+      urewrite stat -p 1234 --duration 10
       urewrite stat --dir /dev/shm/app --interval 1 --duration 10
     The command's own output is left alone; the exit status is passed through.
     """
     from urewrite.live_view import Sink, stat_live
     from urewrite.runner import run_and_collect
 
+    if pids is not None or all_of is not None:
+        if directory is not None or interval is not None:
+            raise click.UsageError("-p and --all go without --dir and --interval")
+        live_or_command(pids, all_of, duration, command)
+        from urewrite.live_report import stat_live as stat_armed
+        sys.exit(stat_armed(pids, all_of, duration, as_json, output, _stat_report))
     if bool(command) == (directory is not None):
         raise click.UsageError("give a command (after --) or --dir DIR, not both"
-                               if command else "give a command (after --) or --dir DIR")
+                               if command else "give a command (after --), -p PID or --dir DIR")
     if duration is not None and directory is None:
-        raise click.UsageError("--duration goes with --dir")
+        raise click.UsageError("--duration goes with --dir, -p or --all")
     sink = Sink(output, sys.stdout)
     try:
         if interval is None and directory is None:
@@ -435,8 +444,9 @@ def stat(as_json, output, interval, directory, duration, command):
 @click.option("--ring", "ring_entries", type=click.IntRange(16, 1 << 22), default=1 << 16,
               metavar="N", show_default=True,
               help="Events each process can hold before the reader catches up.")
-@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def trace(as_json, fmt, output, ring_entries, command):
+@live_options
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def trace(as_json, fmt, output, ring_entries, pids, all_of, duration, command):
     """Run COMMAND and print every probe hit as it happens: time, process, thread,
     probe and arguments.
 
@@ -444,6 +454,7 @@ def trace(as_json, fmt, output, ring_entries, command):
       urewrite trace -- ./app.probed ARGS
       urewrite trace --json -o events.jsonl -- ./app.probed ARGS
       urewrite trace --format perfetto -o trace.json -- ./app.probed ARGS
+      urewrite trace -p 1234 --duration 5
     Events a full ring could not hold are counted and reported at the end. The
     command's own output is left alone; its exit status is passed through.
     """
@@ -452,6 +463,10 @@ def trace(as_json, fmt, output, ring_entries, command):
     if as_json and fmt not in (None, "json"):
         raise click.UsageError(f"--json and --format {fmt} disagree")
     as_json = as_json or fmt == "json"
+    live = live_or_command(pids, all_of, duration, command)
+    if live:
+        from urewrite.live_report import trace_live
+    traced = trace_live(pids, all_of, duration) if live else run_and_trace
     out = open(output, "w") if output else sys.stdout
     start = []
     perfetto = None
@@ -477,10 +492,10 @@ def trace(as_json, fmt, output, ring_entries, command):
     if not as_json and not perfetto:  # (seconds with nanosecond digits)
         out.write(f"{'TIME(s)':>15} {'PID':>7} {'TID':>7}  PROBE  ARGS\n")
     try:
-        exit_code, rings = run_and_trace(list(command), ring_entries, write)
+        exit_code, rings = traced(list(command), ring_entries, write)
     except UrewriteError as e:
         click.echo(f"urewrite: {e}", err=True)
-        sys.exit(127)
+        sys.exit(EXIT_ERROR if live else 127)
     finally:
         if perfetto:
             perfetto.close()

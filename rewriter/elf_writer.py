@@ -3,8 +3,8 @@
 - site windows are overwritten in place (same offsets, same addresses);
 - a new program header table goes at the start of the new code segment, with
   PT_PHDR pointing at it and the two new PT_LOADs after the last original one;
-- a new section header table goes at the very end, with three new sections
-  (.urewrite.rodata, .urewrite.text, .urewrite.state) appended after the
+- a new section header table goes at the very end, with the new sections
+  (.urewrite.rodata, .urewrite.text, .urewrite.state, .urewrite.live) appended after the
   original ones so that every section index stays valid; the section name table
   is re-emitted there with the new names added;
 - the output appears under its name only once complete (temporary file + rename), written
@@ -95,6 +95,11 @@ def _append_sections(elf: ElfFile, out: BinaryIO, end: int, placement: Placement
     add(".urewrite.state", SHT_NOBITS, SHF_ALLOC | SHF_WRITE, placement.state_vaddr,
         placement.state_size, PAGE)
     new[-1] = replace(new[-1], offset=placement.state_offset)
+    if image.live:  # not loaded: a live tracer reads it from the file (trampolines/live_note.py)
+        out += bytes(align_up(len(out), 8) - len(out))
+        add(".urewrite.live", SHT_PROGBITS, 0, 0, len(image.live), 8)
+        new[-1] = replace(new[-1], addr=0, offset=len(out))
+        out += image.live
 
     names_at = end
     sections = [replace(s, offset=names_at, size=len(names)) if s.index == elf.shstrndx else s

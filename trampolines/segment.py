@@ -18,7 +18,7 @@ from typing import List, Optional, Tuple
 from urewrite.arch.base import Backend, CountPoint, RuntimeRefs, RuntimeSpec, Window
 from urewrite.errors import UrewriteError
 from urewrite.rewriter.layout import Placement, align_up
-from urewrite.trampolines import arguments, region
+from urewrite.trampolines import arguments, live_note, region
 
 CODE_ALIGN = 16
 
@@ -32,6 +32,7 @@ class SegmentImage:
     template: Tuple[int, int]  # (address, size)
     text: Tuple[int, int]  # (address, size): runtime and trampolines
     probes: List[region.ProbeInfo] = field(default_factory=list)
+    live: bytes = b""  # the .urewrite.live descriptor (trampolines/live_note.py)
 
 
 def _patches(backend: Backend, plan, trampoline: int,
@@ -157,6 +158,9 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
                                 f"reach of {plan.window.address:#x}")
         if progress:
             progress(1)
+    live = live_note.build(backend.elf_machine, runtime_at, placement.state_vaddr,
+                           placement.state_size, template_at + align_up(copied, 8),
+                           backend.live_state, file_tag) if backend.live_state else b""
     return SegmentImage(bytes(code), patches, runtime.exe_start, runtime.dso_start,
                         (template_at, len(template)), (runtime_at, base + len(code) - runtime_at),
-                        probes)
+                        probes, live)

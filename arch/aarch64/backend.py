@@ -26,6 +26,7 @@ class AArch64Backend(Backend):
     insn_alignment = 4
     branch_reach = (1 << 27) - 4  # b: +-128 MiB
     state_size = runtime.STATE_SIZE
+    live_state = runtime.LIVE_STATE
     redirects_returns = True
     shadow_stack_name = "the Guarded Control Stack (GCS)"
 

@@ -27,6 +27,11 @@ SHADOW_THREADS = 1024  # threads (thread pointers) that can have a shadow stack
 SHADOW_DEPTH = 1 << 20  # open redirected calls per thread: more than an 8 MiB stack holds
 SHADOW_MAP_SIZE = 16 * (SHADOW_DEPTH + 1)  # depth and a reserved word, then the entries
 STATE_SIZE = 4096 + 4096 * PS_SHADOW_PAGES + 16 * SHADOW_THREADS
+# What a live tracer writes (trampolines/live_note.py): offsets in the state memory
+# (page 1, x20, is 4096 bytes in; the file name is at x20 + 4096).
+LIVE_STATE = {"region": 0, "setup_lock": 8, "started": 4096 + PS_STARTED,
+              "dir_too_long": 4096 + PS_TOO_LONG, "ring_entries": 4096 + PS_TRACE,
+              "dir": 4096 + PS_DIR, "dir_max": DIR_MAX, "name": 8192}
 LOST_MESSAGE = "urewrite: a redirected return address was lost; stopping"
 
 # Registers the runtime's entry points save: x0-x25, x30 and the flags.

@@ -226,8 +226,9 @@ sr_claim:
     cbnz x9, sr_busy
     stlxr w10, x12, [x13]
     cbnz w10, sr_claim
-    ldr x9, [x19]
-    cbz x9, sr_setup
+    dmb ish                                // the claim is seen before the state is read:
+    ldr x9, [x19]                          // a live tracer that disarms (stores 1, then
+    cbz x9, sr_setup                       // reads the claim) never misses a set-up
     str xzr, [x19, #8]                     // set up by another thread meanwhile
     b sr_ret
 sr_busy:
@@ -298,7 +299,7 @@ sr_suffix:
     add x1, x20, #1, lsl #12
     movz x2, #0xc2
     movk x2, #8, lsl #16                   // O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC
-    mov x3, #0x1a4                         // 0644
+    mov x3, #0x180                         // 0600: traced arguments are the program's data
     mov x8, #56                            // openat
     svc #0
     cmn x0, #17                            // EEXIST
@@ -426,7 +427,8 @@ sr_calibrate:                              // events and latencies need the cloc
     bl calibrate_clock
 sr_publish:
     stlr x24, [x19]                        // publish: a release store orders the set-up before it
-    str xzr, [x19, #8]
+    add x9, x19, #8
+    stlr xzr, [x9]                         // and the region before the claim's release
 sr_ret:
     ldr x30, [sp], #16
     ret
@@ -611,8 +613,11 @@ trace_event:
     ldr x22, [x16], #8                     // x22 = events left
     mov x23, x16                           // x23 = the next event's description
     bl load_state
-    ldr x24, [x19]                         // x24 = region
+    ldr x24, [x19]                         // x24 = region: read again, so a live tracer
+    cmp x24, #1                            // may have disarmed (1) or re-armed (0, or a
+    b.ls te_return                         // region without a ring) since the hit counted
     ldr x26, [x24, #{OFF_RING}]
+    cbz x26, te_return
     add x26, x24, x26                      // x26 = ring
     ldr w9, [x24, #{OFF_RING_ENTRIES}]
     sub x9, x9, #1                         // x9 = position mask

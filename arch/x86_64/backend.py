@@ -47,6 +47,7 @@ class X86_64Backend(Backend):
     insn_alignment = 1
     branch_reach = (1 << 31) - 1
     state_size = runtime.STATE_SIZE
+    live_state = runtime.LIVE_STATE
     redirects_returns = True
     shadow_stack_name = "the CET shadow stack"
 

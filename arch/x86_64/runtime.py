@@ -28,6 +28,10 @@ SHADOW_THREADS = 1024  # threads (thread pointers) that can have a shadow stack
 SHADOW_DEPTH = 1 << 20  # open redirected calls per thread: more than an 8 MiB stack holds
 SHADOW_MAP_SIZE = 16 * (SHADOW_DEPTH + 1)  # depth and a reserved word, then the entries
 STATE_SIZE = PS_SHADOW + 16 * SHADOW_THREADS
+# What a live tracer writes (trampolines/live_note.py): offsets in the state memory.
+LIVE_STATE = {"region": 0, "setup_lock": 8, "started": PS_STARTED,
+              "dir_too_long": PS_DIR_TOO_LONG, "ring_entries": PS_TRACE, "dir": PS_DIR,
+              "dir_max": DIR_MAX, "name": PS_NAME}
 LOST_MESSAGE = "urewrite: a redirected return address was lost; stopping"
 
 # What shadow_push saves (the trampoline saved rax, rcx, rdx, rsi), and shadow_pop

@@ -293,7 +293,7 @@ sr_suffix:
     mov byte ptr [rdi + 4], 0
     lea rdi, [rbx + {PS_NAME}]
     mov esi, 0x800c2                       # O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC
-    mov edx, 0x1a4                         # 0644
+    mov edx, 0x180                         # 0600: traced arguments are the program's data
     mov eax, 2                             # open
     syscall
     cmp rax, -17                           # EEXIST
@@ -409,6 +409,7 @@ sr_ring_ready:
     mov qword ptr [rbx + 16], 1            # tracing
     jmp sr_calibrate
 sr_untraced:
+    mov qword ptr [rbx + 16], 0            # a live re-arm without tracing: no ring now
     cmp dword ptr [r10 + {OFF_LATENCY_COUNT}], 0
     je sr_publish
 sr_calibrate:                              # events and latencies need the clock
@@ -572,8 +573,12 @@ trace_event:
     mov r14, rdx
     mov r15, rcx
     call load_state
-    mov r8, qword ptr [rbx]                # region
+    mov r8, qword ptr [rbx]                # region: read again, so a live tracer may have
+    cmp r8, 1                              # disarmed (1) or re-armed (0, or a region
+    jbe te_skip                            # without a ring) since the hit was counted
     mov r9, qword ptr [r8 + {OFF_RING}]
+    test r9, r9
+    jz te_skip
     add r9, r8                             # ring
     mov eax, 1
     lock xadd qword ptr [r9 + {RING_HEAD}], rax
@@ -641,6 +646,8 @@ te_done:
     ret
 te_drop:
     lock inc qword ptr [r9 + {RING_DROPPED}]
+    ret
+te_skip:                                   # no ring to write to: the event is not recorded
     ret
 
 # rsi = descriptor (u8 kind, size, signed, base, index, scale; i64 value),

@@ -141,6 +141,10 @@ def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
         for reg in ("rcx", "rax", "rdx", "rsi"):
             w.push(reg)
         w.mov_reg_rip("rdx", refs.state)
+        # read again since the check: a live tracer may have disarmed (1) or re-armed (0)
+        # the probes in between; this hit then goes uncounted (flags carry nothing here)
+        w.cmp_rdx_imm8(1)
+        w.jcc("be", L.traced)
     w.label(L.count)
     _owner_entry(w)
     w.cmp_rdx_rsi_disp_rcx(refs.owners_offset)

@@ -11,6 +11,7 @@ from typing import Callable, Dict, List, Optional
 
 from urewrite.bench.common import ENV_VAR, BenchError, clean_env, log
 from urewrite.bench.kernel import KernelEvents, bpftrace_probe, run_bpftrace
+from urewrite.bench.live_row import live_row
 from urewrite.bench.program import TRIGGERS, run_trigger
 
 UREWRITE_KINDS = ("entry", "return", "entry+return")
@@ -140,6 +141,7 @@ def trigger_rows(plain: str, probed: Dict[str, str], offsets: Dict[str, int],
     rows += [urewrite_row(probed[k], t, k, iterations, threads, work)
              for k in UREWRITE_KINDS for t in TRIGGERS]
     rows.append(urewrite_row(probed["entry"], "usdt", "usdt", iterations, threads, work))
+    rows.append(live_row(probed["entry"], "nop", iterations, threads))
     rows += [urewrite_row(probed["entry-hop"], t, "entry", iterations, threads, work, "hop")
              for t in TRIGGERS]
     return rows

@@ -6,7 +6,8 @@
  * "usdt" fires a USDT probe with 2 arguments in the loop instead of calling a
  * function. With THREADS (default 1), THREADS threads each run ITERATIONS
  * iterations at once. Prints the wall-clock nanoseconds per iteration of all
- * threads (total time / (ITERATIONS * THREADS)) on stdout.
+ * threads (total time / (ITERATIONS * THREADS)) on stdout (after a line "ready"
+ * when TRIGGER_WAIT is set: see main).
  *
  * urewrite bench builds this file (shipped in the package); samples/trigger.c
  * is the same file. Link with -pthread on a glibc older than 2.34. */
@@ -95,6 +96,12 @@ int main(int argc, char **argv) {
             fprintf(stderr, "trigger: cannot create thread %ld\n", t);
             return 2;
         }
+    /* TRIGGER_WAIT set: say "ready", then wait for a line on stdin before the loop
+     * (urewrite bench arms this process live meanwhile) */
+    char go[8];
+    if (getenv("TRIGGER_WAIT") && (printf("ready\n") < 0 || fflush(stdout) != 0 ||
+                                   !fgets(go, sizeof go, stdin)))
+        return 2;
     clock_gettime(CLOCK_MONOTONIC, &a);
     loop(NULL);
     for (long t = 1; t < threads; t++)

@@ -1,0 +1,89 @@
+"""`stat -p` and `trace -p`: a live session (urewrite/live.py) with the usual reports."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable, Dict, List
+
+import click
+
+from urewrite import live
+from urewrite.errors import UrewriteError
+from urewrite.trampolines.region import FILE_SUFFIX
+from urewrite.trampolines.ring import RingReader, open_ring
+from urewrite.tracer import RingSummary
+
+EXIT_ERROR = 1
+
+
+def _announce(processes: List[live.LiveProcess]) -> None:
+    """One line on stderr once every process is armed (scripts wait for it)."""
+    what = ", ".join(f"{p.pid} ({', '.join(a.obj.name for a in p.objects)})" for p in processes)
+    click.echo(f"urewrite: armed pid {what}; Ctrl-C to disarm", err=True)
+
+
+def _warn(problems: List[str]) -> None:
+    for problem in problems:
+        click.echo(f"urewrite: warning: {problem}", err=True)
+
+
+def stat_live(pids, all_of, duration, as_json: bool, output, report: Callable) -> int:
+    """Arms, waits, disarms, then prints the hits the processes made while armed (and
+    those of children they forked meanwhile). Returns the exit status."""
+    session = None
+    try:
+        session = live.run(pids, all_of, duration, 0, _announce, lambda *_: None)
+        problems: List[str] = []
+        regions = live.regions_of(session.processes, problems)
+    except UrewriteError as e:
+        click.echo(f"urewrite: {e}", err=True)
+        return EXIT_ERROR
+    finally:
+        if session is not None:
+            live.remove(session.processes)
+    _warn(session.problems + [f"skipped {p}" for p in problems])
+    text = report(0, regions, as_json)
+    if output:
+        with open(output, "w") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    if not regions:
+        click.echo("urewrite: no probe was hit while armed", err=True)
+    return 0
+
+
+def trace_live(pids, all_of, duration):
+    """A stand-in for tracer.run_and_trace that traces running processes."""
+    def run_and_trace(_command, ring_entries: int, on_events):
+        readers: Dict[str, RingReader] = {}
+
+        def sweep(processes, final: bool) -> None:
+            for p in processes:
+                for name in sorted(os.listdir(p.directory)):
+                    path = os.path.join(p.directory, name)
+                    if name.endswith(FILE_SUFFIX) and path not in readers:
+                        reader = open_ring(path)
+                        if reader is not None and reader.has_ring:
+                            readers[path] = reader
+                        elif reader is not None:
+                            reader.close()
+            batch = [e for r in readers.values() for e in r.poll(final=final)]
+            if batch:
+                on_events(sorted(batch, key=lambda e: e.ts_ns))
+
+        session = None
+        try:
+            session = live.run(pids, all_of, duration, ring_entries, _announce, sweep)
+            sweep(session.processes, True)
+            _warn(session.problems)
+            return 0, [RingSummary(r.info.object, r.info.pid, r.head(), r.lost())
+                       for r in readers.values()]
+        finally:
+            for reader in readers.values():
+                reader.close()
+            if session is not None:
+                live.remove(session.processes)
+    return run_and_trace
