@@ -96,10 +96,12 @@ def _append_sections(elf: ElfFile, out: BinaryIO, end: int, placement: Placement
         placement.state_size, PAGE)
     new[-1] = replace(new[-1], offset=placement.state_offset)
     if image.live:  # not loaded: a live tracer reads it from the file (trampolines/live_note.py)
-        out += bytes(align_up(len(out), 8) - len(out))
+        live_at = align_up(end, 8)
+        out.seek(end)
+        out.write(bytes(live_at - end) + image.live)
         add(".urewrite.live", SHT_PROGBITS, 0, 0, len(image.live), 8)
-        new[-1] = replace(new[-1], addr=0, offset=len(out))
-        out += image.live
+        new[-1] = replace(new[-1], addr=0, offset=live_at)
+        end = live_at + len(image.live)
 
     names_at = end
     sections = [replace(s, offset=names_at, size=len(names)) if s.index == elf.shstrndx else s
