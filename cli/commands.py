@@ -190,23 +190,8 @@ def _list_rows(input_file: str, tactics, patchable: bool = False, progress=None)
     from urewrite.rewriter.planner import Plan
     from urewrite.trampolines.region import KIND_RETURN, KIND_USDT
 
-    analysis, outcomes = list_sites(input_file, tactics, progress)
+    analysis, outcomes, returns = list_sites(input_file, tactics, progress)
     split_off = analysis.planner.fragments()
-    # return probes: patched at every exit, or redirected at the entry, or refused
-    exits, redirected, return_refusals = {}, set(), {}
-    exit_tactics = {}  # function -> {tactic: exits patched so}
-    for o in outcomes:
-        for site in (o.sites if isinstance(o, Plan) else (o.site,)):
-            if site.kind != KIND_RETURN:
-                continue
-            if isinstance(o, Plan) and site.redirect:
-                redirected.add(site.function.address)
-            elif isinstance(o, Plan):
-                exits[site.function.address] = exits.get(site.function.address, 0) + 1
-                per_tactic = exit_tactics.setdefault(site.function.address, {})
-                per_tactic[o.tactic] = per_tactic.get(o.tactic, 0) + 1
-            else:
-                return_refusals[site.function.address] = o.reason
     functions, probes = [], []
     for o in outcomes:
         ok = isinstance(o, Plan)
@@ -226,14 +211,7 @@ def _list_rows(input_file: str, tactics, patchable: bool = False, progress=None)
                               "size": fn.size, "sized_by": fn.sized_by, "origin": fn.origin,
                               "split_off": fn.address in split_off or ".cold" in fn.name,
                               **status,
-                              "return": {"mechanism": _return_mechanism(
-                                             fn.address, redirected, return_refusals),
-                                         "exits": exits.get(fn.address, 0),
-                                         "tactics": exit_tactics.get(fn.address, {}),
-                                         "reason": return_refusals.get(
-                                             fn.address,
-                                             analysis.planner.redirected_because.get(
-                                                 fn.address))}})
+                              "return": _return_row(returns[fn.address])})
     return functions, probes
 
 
@@ -357,11 +335,11 @@ def _names(row) -> str:
     return " = ".join([row["name"]] + row["aliases"])
 
 
-def _return_mechanism(address: int, redirected: set, refusals: dict):
-    """How a return probe of the function at `address` would work: None when refused."""
-    if address in redirected:
-        return "redirection"
-    return None if address in refusals else "exit sites"
+def _return_row(probe) -> dict:
+    """How a return probe of a function would work (mechanism None: refused)."""
+    mechanism = "redirection" if probe.redirected else None if probe.refusal else "exit sites"
+    return {"mechanism": mechanism, "exits": probe.exits, "tactics": probe.tactics,
+            "reason": probe.refusal or probe.redirected_because}
 
 
 def _status(row) -> str:

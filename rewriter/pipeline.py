@@ -7,11 +7,11 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 from urewrite.arch import backend_for
 from urewrite.errors import UrewriteError
-from urewrite.rewriter import elf_symbols, elf_writer, layout, usdt
+from urewrite.rewriter import elf_symbols, elf_writer, layout, parallel, usdt
 from urewrite.rewriter.elf_file import DT_INIT, ElfFile
 from urewrite.rewriter.functions import Function, discover
 from urewrite.rewriter.usdt import UsdtSite
@@ -72,18 +72,49 @@ def _steps(progress: Progress, label: str, total: int) -> Optional[Callable[[int
     return progress(label, total) if progress else None
 
 
+@dataclass
+class ReturnProbe:
+    """What `list` reports of a function's return probe."""
+    exits: int  # exit sites patched
+    tactics: Dict[str, int]  # tactic -> exits patched so
+    redirected: bool  # its return address is redirected at the entry instead
+    refusal: Optional[str]  # why it cannot be probed at all
+    redirected_because: Optional[str]  # why its exits are not patched, when redirected
+
+
 def list_sites(path: str, tactics: Optional[tuple] = None, progress: Progress = None):
-    """Every function entry and USDT site, each with its plan or refusal."""
+    """Every function entry and USDT site, each with its plan or refusal (plans that
+    are only reported: no code is generated from them), and every function's return
+    probe, planned in a child process meanwhile (parallel.py)."""
     a = analyse(path, tactics)
+    a.planner.keep_detail = False
+    returns = parallel.Forked(lambda: return_probes(a))
     entries = [Site(fn, fn.address, KIND_ENTRY, fn.name, fn.name, exact=False)
                for fn in a.functions]
     usdt_sites = select(["usdt:*:*"], a.functions, a.planner.boundaries, a.usdt) if a.usdt else []
-    returns = [Site(fn, fn.address, KIND_RETURN, fn.name, fn.name, exact=False)
-               for fn in a.functions]
     outcomes = (a.planner.plan(entries, _steps(progress, "entries", len(entries)))
-                + a.planner.plan(usdt_sites)
-                + a.planner.plan(returns, _steps(progress, "returns", len(returns))))
-    return a, outcomes
+                + a.planner.plan(usdt_sites))
+    return a, outcomes, returns.result()
+
+
+def return_probes(a: Analysis) -> Dict[int, ReturnProbe]:
+    """Function address -> its return probe, every function planned at once."""
+    sites = [Site(fn, fn.address, KIND_RETURN, fn.name, fn.name, exact=False)
+             for fn in a.functions]
+    found = {fn.address: ReturnProbe(0, {}, False, None, None) for fn in a.functions}
+    for o in a.planner.plan(sites):
+        for site in (o.sites if isinstance(o, Plan) else (o.site,)):
+            probe = found[site.function.address]
+            if not isinstance(o, Plan):
+                probe.refusal = o.reason
+            elif site.redirect:
+                probe.redirected = True
+            else:
+                probe.exits += 1
+                probe.tactics[o.tactic] = probe.tactics.get(o.tactic, 0) + 1
+    for address, reason in a.planner.redirected_because.items():
+        found[address].redirected_because = reason
+    return found
 
 
 def _same_file(a: str, b: str) -> bool:

@@ -134,6 +134,7 @@ class Planner:
         self.redirected_because: Dict[int, str] = {}  # function -> why its exits are not patched
         self._cold_parts: Dict[str, List[Function]] = {}  # "f" -> f.cold, f.cold.1, ...
         self.copied = copied_code.find(elf)  # code never to patch, sorted
+        self.keep_detail = True  # plans keep detailed instructions (to generate code)
         for f in functions:
             if ".cold" in f.name:
                 self._cold_parts.setdefault(f.name.split(".cold")[0], []).append(f)
@@ -571,7 +572,9 @@ class Planner:
                                                       self._shadow_stack)
             if problem:
                 raise _Refused(f"cannot relocate {problem}")
-        return tuple(detailed)
+        # `list` only reports plans: it keeps the light instructions (a detailed one
+        # holds its decoder's whole record, and a big file has 100,000s of windows)
+        return tuple(detailed) if self.keep_detail else tuple(insns)
 
     MAX_LOOK_BACK = 24  # bytes a window may start before an inner site
 

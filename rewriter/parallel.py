@@ -1,0 +1,64 @@
+"""Runs a piece of independent work in a forked child while the caller does its own.
+
+`list` plans a file's return probes in a child while it plans the entries: the
+two share nothing but the file read before the fork, so the result is the one a
+single process gets, in about the time of the longer half. The child sends its
+result back pickled through a pipe; an error there is raised here. With one core
+(or where fork is missing) the work runs in the caller, when asked for.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from typing import Callable, Generic, TypeVar
+
+from urewrite.errors import UrewriteError
+
+T = TypeVar("T")
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+class Forked(Generic[T]):
+    """`work()` started in a child process at once (when there are cores to spare);
+    `result()` waits for it."""
+
+    def __init__(self, work: Callable[[], T]):
+        self._work = work
+        self._pid = None
+        if cores() < 2 or not hasattr(os, "fork"):
+            return
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: do the work, send it back, and leave at once
+            os.close(read_end)
+            try:
+                payload = pickle.dumps((True, work()))
+            except BaseException as e:  # (sent back, raised in the parent)
+                payload = pickle.dumps((False, str(e) if isinstance(e, UrewriteError)
+                                        else f"{type(e).__name__}: {e}"))
+            with os.fdopen(write_end, "wb") as out:
+                out.write(payload)
+            os._exit(0)
+        os.close(write_end)
+        self._pid, self._read_end = pid, read_end
+
+    def result(self) -> T:
+        if self._pid is None:
+            return self._work()
+        with os.fdopen(self._read_end, "rb") as source:
+            payload = source.read()
+        _, status = os.waitpid(self._pid, 0)
+        if not payload:
+            raise UrewriteError(f"a worker process failed (wait status {status})")
+        ok, value = pickle.loads(payload)
+        if not ok:
+            raise UrewriteError(value)
+        return value
