@@ -307,6 +307,26 @@ def test_rewrite_scaling_rows():
     assert any(t["target"] == "rewrite with 1 probe under 0.5 s" for t in data["targets"])
 
 
+def test_big_file_rows(builder):
+    """--big FILE: list, one probe (main) and every function, each timed, counted and
+    judged against the issue's limits; the text table names each step."""
+    built = builder.build("counts", ["counts.c"], ["-O2"])
+    data = bench_json("--no-trigger", "--big", str(built.path))
+    row, = data["big_files"]["rows"]
+    assert row["file"] == str(built.path) and row["one_probe_name"] == "main"
+    listed = row["list"]["functions"]
+    assert listed >= len(built.own_functions)
+    assert row["one probe"]["probes"] == 1
+    assert listed - 5 <= row["every function"]["probes"] <= listed
+    for step in ("list", "one probe", "every function"):
+        assert row[step]["seconds"] > 0 and row[step]["peak_rss_mib"] > 10
+    judged = [t for t in data["targets"] if t["target"].startswith("counts: ")]
+    assert len(judged) == 6 and all(t["met"] in (True, False) for t in judged)
+    text = urewrite("bench", "--no-trigger", "--big", str(built.path))
+    assert text.returncode == 0, text.stderr
+    assert "every function" in text.stdout and "one probe" in text.stdout
+
+
 # -- redis ---------------------------------------------------------------------------------------
 
 needs_redis = pytest.mark.skipif(bench.redis_unavailable() is not None,

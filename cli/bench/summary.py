@@ -35,14 +35,6 @@ def summarize(rows: List[Row]) -> List[dict]:
             ref = by_key.get((reference_name(r, tool), r.threads))
             j[key] = ref.ns / r.ns if ref and ref.ns and r.ns else None
         out.append(j)
-    for r in result.get("big_files", {}).get("rows", []):
-        for step, (seconds, mib) in result["big_files"]["limits"].items():
-            s = r[step]
-            name = os.path.basename(r["file"])
-            add(f"{name}: {step} within {seconds} s", s["seconds"], s["seconds"] <= seconds,
-                " s")
-            add(f"{name}: {step} within {mib} MiB", s["peak_rss_mib"],
-                s["peak_rss_mib"] <= mib, " MiB")
     return out
 
 
