@@ -27,14 +27,23 @@ _REL32_ADDRESS = re.compile(rb"[\xe8\xe9]|\x0f[\x80-\x8f]|[\x48\x4c]\x8d[\x05\x0
                             re.DOTALL)
 
 
+# (a file has millions of instructions and few distinct mnemonics: both are cached)
+_BARE: dict = {}  # full mnemonic -> without prefixes
 _EXIT_MNEMONICS: dict = {}  # full mnemonic -> the one that matters for exits, or None
 
 
+def _bare_mnemonic(full: str) -> str:
+    """The mnemonic without prefixes such as "bnd", "notrack", "rep"."""
+    bare = _BARE.get(full)
+    if bare is None:
+        bare = _BARE[full] = full.split()[-1]
+    return bare
+
+
 def _exit_mnemonic(full: str) -> Optional[str]:
-    """The mnemonic without prefixes ("bnd", "notrack", "rep") when it is a return or a
-    branch other than a call, else None; cached, as a file has few distinct ones."""
+    """The bare mnemonic when it is a return or a branch other than a call, else None."""
     if full not in _EXIT_MNEMONICS:
-        mnemonic = full.split()[-1]
+        mnemonic = _bare_mnemonic(full)
         _EXIT_MNEMONICS[full] = mnemonic if mnemonic in ("ret", "retq") or (
             mnemonic in _BRANCH_MNEMONICS and mnemonic != "call") else None
     return _EXIT_MNEMONICS[full]
@@ -69,8 +78,7 @@ class X86_64Backend(Backend):
         return 4 if first.mnemonic == "endbr64" else 0
 
     def direct_branch_target(self, insn: Insn) -> Optional[int]:
-        mnemonic = insn.mnemonic.split()[-1]  # drop prefixes such as "bnd"
-        if mnemonic in _BRANCH_MNEMONICS and insn.op_str.startswith("0x"):
+        if _bare_mnemonic(insn.mnemonic) in _BRANCH_MNEMONICS and insn.op_str.startswith("0x"):
             return int(insn.op_str, 16)
         return None
 
@@ -132,7 +140,7 @@ class X86_64Backend(Backend):
         return False, None
 
     def is_indirect_jump(self, insn: Insn) -> bool:
-        return insn.mnemonic.split()[-1] == "jmp" and self.direct_branch_target(insn) is None
+        return _bare_mnemonic(insn.mnemonic) == "jmp" and not insn.op_str.startswith("0x")
 
     def jump_table(self, insns: list, index: int, read):
         return jump_tables.jump_table(self, insns, index, read)
@@ -152,8 +160,7 @@ class X86_64Backend(Backend):
         return insn.mnemonic in ("nop", "int3") or insn.mnemonic.endswith(" nop")
 
     def ends_flow(self, insn: Insn) -> bool:
-        mnemonic = insn.mnemonic.split()[-1]  # drop prefixes such as "bnd", "notrack"
-        return mnemonic in ("ret", "retq", "jmp", "ud2", "hlt", "int3")
+        return _bare_mnemonic(insn.mnemonic) in ("ret", "retq", "jmp", "ud2", "hlt", "int3")
 
     hop_size = 2  # jmp rel8
 
