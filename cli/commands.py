@@ -236,17 +236,34 @@ def _percent(part: int, whole: int) -> str:
     return f"{100 * part / whole:.2f}%" if whole else "-"
 
 
+def _file_coverage(job) -> tuple:
+    """(the --summary row of one file, None), or (None, why it was skipped)."""
+    path, tactics = job
+    try:
+        return {"file": path, **_coverage(*_list_rows(path, tactics))}, None
+    except UrewriteError as e:
+        return None, str(e)
+
+
 def _print_summary(paths, tactics, as_json: bool, quiet: bool = False) -> None:
     """Coverage per file and in total; a file that cannot be read is skipped with a
     warning (a directory scan meets scripts and data), an error only if all are."""
+    from urewrite.rewriter import parallel
+
     rows, skipped = [], []
-    bar = click.progressbar(paths, label="listing", file=sys.stderr) \
+    bar = click.progressbar(length=len(paths), label="listing", file=sys.stderr) \
         if len(paths) > 1 and sys.stderr.isatty() and not quiet else None
-    for path in (bar.__enter__() if bar else paths):
-        try:
-            rows.append({"file": path, **_coverage(*_list_rows(path, tactics))})
-        except UrewriteError as e:
-            skipped.append({"file": path, "reason": str(e)})
+    if bar:
+        bar.__enter__()
+    # files on all cores, results in the order given
+    for path, (row, reason) in zip(paths, parallel.map_ordered(
+            _file_coverage, [(path, tactics) for path in paths])):
+        if row is not None:
+            rows.append(row)
+        else:
+            skipped.append({"file": path, "reason": reason})
+        if bar:
+            bar.update(1)
     if bar:
         bar.__exit__(None, None, None)
     if not rows:

@@ -1,21 +1,33 @@
-"""Runs a piece of independent work in a forked child while the caller does its own.
+"""Independent work on the other cores: in a forked child while the caller does its own
+(`Forked`), or over a list of items in a pool of processes (`map_ordered`).
 
 `list` plans a file's return probes in a child while it plans the entries: the
 two share nothing but the file read before the fork, so the result is the one a
 single process gets, in about the time of the longer half. The child sends its
 result back pickled through a pipe; an error there is raised here. With one core
 (or where fork is missing) the work runs in the caller, when asked for.
+
+`list --summary` lists its files in a pool, one file per process at a time, in the
+order given; a worker of the pool runs its own `Forked` work inline (the pool already
+uses the cores).
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
-from typing import Callable, Generic, TypeVar
+from typing import Callable, Generic, Iterable, Iterator, TypeVar
 
 from urewrite.errors import UrewriteError
 
 T = TypeVar("T")
+_in_pool = False  # set in the workers of map_ordered's pool
+
+
+def _enter_pool() -> None:
+    global _in_pool
+    _in_pool = True
 
 
 def cores() -> int:
@@ -33,7 +45,7 @@ class Forked(Generic[T]):
     def __init__(self, work: Callable[[], T]):
         self._work = work
         self._pid = None
-        if cores() < 2 or not hasattr(os, "fork"):
+        if cores() < 2 or _in_pool or not hasattr(os, "fork"):
             return
         read_end, write_end = os.pipe()
         pid = os.fork()
@@ -62,3 +74,16 @@ class Forked(Generic[T]):
         if not ok:
             raise UrewriteError(value)
         return value
+
+
+def map_ordered(function: Callable, items: Iterable, workers: int = 0) -> Iterator:
+    """function(item) for each item, in order, computed by `workers` forked processes
+    (the cores by default); `function` must be a module's own function and its result
+    picklable. One item, one core or no fork: in this process."""
+    items = list(items)
+    workers = min(workers or cores(), len(items))
+    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        yield from map(function, items)
+        return
+    with multiprocessing.get_context("fork").Pool(workers, initializer=_enter_pool) as pool:
+        yield from pool.imap(function, items, chunksize=1)
