@@ -23,7 +23,7 @@ from urewrite.errors import UrewriteError
 from urewrite.rewriter.elf_file import (PF_R, PF_W, PF_X, PT_LOAD, PT_PHDR,
                                         ElfFile, Section, Segment)
 from urewrite.rewriter.layout import PAGE, Placement, align_up
-from urewrite.trampolines.segment import SegmentImage
+from urewrite.rewriter.segment import SegmentImage
 
 SHT_PROGBITS, SHT_NOBITS = 1, 8
 SHF_WRITE, SHF_ALLOC, SHF_EXECINSTR = 1, 2, 4

@@ -17,7 +17,8 @@ from urewrite.rewriter.functions import Function, discover
 from urewrite.rewriter.usdt import UsdtSite
 from urewrite.rewriter.planner import TACTICS, Plan, Planner, Refusal
 from urewrite.rewriter.selectors import Site, select
-from urewrite.trampolines import arguments, region, segment
+from urewrite.rewriter import segment
+from urewrite.trampolines import arguments, region
 from urewrite.trampolines.region import KIND_ENTRY, KIND_RETURN, KIND_USDT
 
 
