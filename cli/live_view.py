@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import time
 from typing import Callable, List, Optional, TextIO, Tuple
 
@@ -147,10 +148,15 @@ def _watch_directory(directory: str, interval: Optional[float], duration: Option
         ticker = Ticker(watcher, interval, lambda b, a: printer(b, a))
         printer = IntervalPrinter(sink, as_json, ticker.start)
         deadline = None if duration is None else ticker.start + duration
+        # Ctrl-C ends the watch between two ticks, never inside one (an interval printed
+        # but not yet taken as the last would be counted again by the report)
+        stop = []
+        previous = signal.signal(signal.SIGINT, lambda *_: stop.append(True))
         try:
-            ticker.run(lambda: deadline is not None and time.monotonic() >= deadline)
-        except KeyboardInterrupt:
-            pass  # Ctrl-C ends the watch; the report follows
+            ticker.run(lambda: bool(stop) or
+                       (deadline is not None and time.monotonic() >= deadline))
+        finally:
+            signal.signal(signal.SIGINT, previous)
         return ticker.finish().as_regions(), problems
     finally:
         watcher.close()
