@@ -917,9 +917,33 @@ class Planner:
             return None
         if address not in self._taken_reasons:
             self._taken_reasons[address] = next(
-                (m.describe() for m in taken[address]
-                 if m.source is None or self._really_refers(m, address)), None)
+                (m.describe() for m in taken[address] if self._counts(m, address)), None)
         return self._taken_reasons[address]
+
+    def _counts(self, match: taken_addresses.Match, address: int) -> bool:
+        """Whether a match may really take `address`: a match in code must be confirmed
+        by its instruction; a plain constant in the data of a position-dependent file
+        that names the middle of an instruction is taken for what it most likely is,
+        data that looks like a code address ("ABC\0..." is 0x434241), when every
+        function holding it decodes whole; relocations always count."""
+        if match.source is not None:
+            return self._really_refers(match, address)
+        if match.kind != taken_addresses.CONSTANT:
+            return True
+        holders = self._holders(address)
+        return not holders or not all(self._inside_an_instruction(fn, address)
+                                      for fn in holders)
+
+    def _inside_an_instruction(self, fn: Function, address: int) -> bool:
+        """Whether `address` lies after the first byte of an instruction of the
+        function's linear sweep, the sweep decoding the whole function."""
+        insns = self.instructions(fn)
+        if not insns or insns[-1].end != fn.end:
+            return False
+        if fn.address not in self._starts_in:
+            self._starts_in[fn.address] = [i.address for i in insns]
+        i = bisect.bisect_right(self._starts_in[fn.address], address) - 1
+        return i >= 0 and insns[i].address < address < insns[i].end
 
     def _near_functions(self, window: Window) -> List[Function]:
         """Functions with code within rel8 reach of the window. Ranges may overlap (one

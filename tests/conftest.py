@@ -241,8 +241,11 @@ class Uprobes:
         finally:
             os.close(fd)
 
-    def count(self, binary, addresses: Dict[str, int], action: Callable[[], object]) -> Dict[str, int]:
-        """Probe `binary` (the file, by path) at each address, run `action`, return the hits."""
+    def count(self, binary, addresses: Dict[str, int], action: Callable[[], object],
+              semaphores: Optional[Dict[str, int]] = None) -> Dict[str, int]:
+        """Probe `binary` (the file, by path) at each address, run `action`, return the hits.
+        `semaphores` gives a USDT probe's semaphore address by name: the kernel then
+        counts the processes that have the probe enabled in it, as a tracer does."""
         path = os.path.realpath(binary)
         self._serial += 1
         prefix = f"u{os.getpid()}_{self._serial}_"
@@ -252,7 +255,10 @@ class Uprobes:
             lines = []
             for i, (name, address) in enumerate(sorted(addresses.items())):
                 event = f"{prefix}{i}"
-                lines.append(f"p:{self.group}/{event} {path}:{file_offset(path, address):#x}")
+                semaphore = (semaphores or {}).get(name)
+                ref_ctr = f"({file_offset(path, semaphore):#x})" if semaphore else ""
+                lines.append(f"p:{self.group}/{event} "
+                             f"{path}:{file_offset(path, address):#x}{ref_ctr}")
                 events[event] = name
             if lines:
                 self._write("\n".join(lines))

@@ -70,3 +70,40 @@ def test_every_function_returns_as_often_as_it_is_entered(tmp_path):
     unequal = {name: (entries[name], hits) for name, hits in returns.items()
                if name in entries and entries[name] != hits}
     assert unequal == {"_start": (1, 0)}  # the one frame that never returns
+
+
+LOOP = "import sys\nfor i in range(int(sys.argv[1])):\n    x = i * 2\n"
+
+
+def test_every_usdt_site_and_python_line_counts_as_uprobes_do(tmp_path, uprobes):
+    """All of python's USDT sites take a probe (python:line is a 1-byte nop before a
+    jmp, next to a data word that only looks like an address inside it). The line
+    events that 1,000 more loop iterations add are the same under urewrite as under
+    a kernel uprobe with the probe's semaphore: startup, which depends on where the
+    binary lies, cancels out."""
+    probed = tmp_path / "python3.probed"
+    result = json.loads(urewrite(PYTHON, "-p", "usdt:python:*", "--json", "-o", probed).stdout)
+    assert result["refused"] == []
+    sites = {p["name"] for p in result["probes"]}
+    assert "python:line" in sites and len(sites) >= 8
+    usdt = {f"{u['provider']}:{u['name']}": u
+            for u in json.loads(urewrite("list", "--json", PYTHON).stdout)["usdt"]}
+    line = usdt["python:line"]
+    assert line["patchable"] and line["semaphore"]
+    script = tmp_path / "loop.py"
+    script.write_text(LOOP)
+
+    def kernel(n: int) -> int:
+        return uprobes.count(PYTHON, {"line": line["address"]},
+                             lambda: subprocess.run([PYTHON, script, str(n)], check=True),
+                             semaphores={"line": line["semaphore"]})["line"]
+
+    def ours(n: int) -> int:
+        run = urewrite("stat", "--json", "-o", tmp_path / f"r{n}.json", "--", probed, script, n)
+        assert run.returncode == 0, run.stderr
+        report = json.loads((tmp_path / f"r{n}.json").read_text())
+        return sum(p["hits"] for p in report["probes"] if p["name"] == "python:line")
+
+    added = kernel(1100) - kernel(100)
+    assert added >= 2000  # two lines an iteration
+    assert ours(1100) - ours(100) == added
