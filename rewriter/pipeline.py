@@ -22,6 +22,9 @@ from urewrite.trampolines import arguments, region
 from urewrite.trampolines.region import KIND_ENTRY, KIND_RETURN, KIND_USDT
 
 
+PREPARE_AT = 2000  # sites from which a rewrite analyses every function up front
+
+
 @dataclass
 class Analysis:
     """A file read, with its functions and USDT sites."""
@@ -154,6 +157,8 @@ def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: boo
         sites = [s for s in sites if not _excluded(s, exclude)]
         if not sites:
             raise UrewriteError("--exclude leaves no site to probe")
+    if len(sites) >= PREPARE_AT:  # most of the file: analyse every function on all cores
+        a.planner.prepare(a.functions)
     outcomes = a.planner.plan(sites, _steps(progress, "planning", len(sites)))
     plans = [o for o in outcomes if isinstance(o, Plan)]
     refusals = [o for o in outcomes if isinstance(o, Refusal)]

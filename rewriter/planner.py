@@ -26,7 +26,7 @@ from typing import Callable, Dict, List, Optional, Set, Union
 from urewrite.arch.base import Backend, Window
 from urewrite.arch.jump_tables import JumpTable
 from urewrite.rewriter import (copied_code, elf_symbols, except_table, free_space,
-                               jump_table_guard, redirection, taken_addresses)
+                               jump_table_guard, parallel, redirection, taken_addresses)
 from urewrite.rewriter.free_space import Occupancy
 from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.functions import Function
@@ -116,6 +116,7 @@ class Planner:
         self._starts = [f.address for f in functions]
         self._ends_so_far = list(itertools.accumulate((f.end for f in functions), max))
         self._decoded: Dict[int, list] = {}
+        self._heads: Dict[int, list] = {}  # function -> its first instructions (head())
         self._starts_in: Dict[int, List[int]] = {}  # function -> its instruction addresses
         self._taken_reasons: Dict[int, Optional[str]] = {}  # address -> why it is taken
         self._targets: Dict[int, Dict[int, int]] = {}
@@ -146,6 +147,43 @@ class Planner:
             code = self.elf.data[offset:offset + fn.size] if offset is not None else b""
             self._decoded[fn.address] = self.backend.decode(code, fn.address)
         return self._decoded[fn.address]
+
+    HEAD = 64  # bytes decoded for an entry window when the whole function is not needed
+
+    def head(self, fn: Function) -> list:
+        """The function's first instructions (its first HEAD bytes, whole ones): what an
+        entry window needs. The same as the start of the full sweep, which is used when
+        it is already there."""
+        if fn.address in self._decoded or fn.size <= self.HEAD:
+            return self.instructions(fn)
+        if fn.address not in self._heads:
+            offset = self.elf.offset_of(fn.address, self.HEAD)
+            code = self.elf.data[offset:offset + self.HEAD] if offset is not None else b""
+            self._heads[fn.address] = self.backend.decode(code, fn.address)
+        return self._heads[fn.address]
+
+    def prepare(self, functions: List[Function]) -> None:
+        """Work out the branch targets and jump tables of many functions at once, the
+        second half in a forked child (parallel.py) while this process does the first:
+        the caches are what each function's own analysis would fill, so plans do not
+        change. Only the first half stays decoded here; entry windows of the rest read
+        their head alone (`head`)."""
+        half = len(functions) // 2
+
+        def analyse(part: List[Function]) -> tuple:
+            for fn in part:
+                self.branch_targets(fn)
+            return ({fn.address: self._direct[fn.address] for fn in part},
+                    {fn.address: self._tables[fn.address] for fn in part},
+                    {fn.address: self._targets[fn.address] for fn in part})
+
+        second = parallel.Forked(lambda: analyse(functions[half:]))
+        analyse(functions[:half])
+        direct, tables, targets = second.result()
+        for mine, theirs in ((self._direct, direct), (self._tables, tables),
+                             (self._targets, targets)):
+            for address, value in theirs.items():
+                mine.setdefault(address, value)
 
     def boundaries(self, fn: Function) -> Set[int]:
         return {i.address for i in self.instructions(fn)}
@@ -536,7 +574,7 @@ class Planner:
         fn = site.function
         if not fn.size:
             raise _Refused("its size is unknown (no symbol size and no .eh_frame entry)")
-        insns = self.instructions(fn)
+        insns = self.head(fn)
         if not insns:
             raise _Refused("its first instruction cannot be decoded")
         start = site.address + self.backend.landing_pad_size(insns[0])
