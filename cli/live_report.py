@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from typing import Callable, Dict, List, Optional
 
@@ -71,7 +72,16 @@ def stat_intervals(pids, all_of, duration, interval: float, as_json: bool, outpu
         nonlocal ticker
         ticker = Ticker(watcher, interval, lambda b, a: printer(b, a), from_zero=True)
         printer = IntervalPrinter(sink, as_json, ticker.start)
-        ticker.run(over)
+        # Ctrl-C, SIGTERM and SIGHUP end the watch between two ticks, never inside one
+        # (an interval printed but not yet taken as the last would be printed again)
+        stop = []
+        saved = {sig: signal.signal(sig, lambda *_: stop.append(True))
+                 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            ticker.run(lambda: bool(stop) or over())
+        finally:
+            for sig, handler in saved.items():
+                signal.signal(sig, handler)
 
     def after(_watcher: Watcher) -> None:
         regions = ticker.finish().as_regions() if ticker else []

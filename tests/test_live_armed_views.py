@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -144,14 +145,16 @@ def test_stat_pid_interval_adds_up_to_the_report(programs):
 def test_stat_pid_interval_on_a_busy_process_counts_from_arming(programs):
     """Armed in the middle of a long batch, the region counts from its first hit on,
     before the first read: the first interval still counts from zero, so the intervals
-    add up to the report."""
+    add up to the report. Ctrl-C ends it between two ticks, never inside one."""
     program = programs / "live_server.probed"
     server = Server(program, programs / "lib")
     try:
         server.proc.stdin.write("work 100000000\n")  # seconds of work, answered at the end
         server.proc.stdin.flush()
-        stat = Tracer("stat", "--json", "-p", server.pid, "--interval", 0.3, "--duration", 1)
+        stat = Tracer("stat", "--json", "-p", server.pid, "--interval", 0.1)
         stat.armed()
+        time.sleep(1)
+        stat.proc.send_signal(signal.SIGINT)
         code, out, err = stat.finish()
         assert code == 0, err
         *intervals, report = [json.loads(line) for line in out.splitlines()]
