@@ -384,7 +384,7 @@ def stat(as_json, output, interval, directory, pids, all_of, duration, command):
     \b
       urewrite stat -- ./app.probed ARGS
       urewrite stat --interval 1 -- ./app.probed ARGS
-      urewrite stat -p 1234 --duration 10
+      urewrite stat -p 1234 --duration 10 [--interval 1]
       urewrite stat --dir /dev/shm/app --interval 1 --duration 10
     The command's own output is left alone; the exit status is passed through.
     """
@@ -392,11 +392,13 @@ def stat(as_json, output, interval, directory, pids, all_of, duration, command):
     from urewrite.runner import run_and_collect
 
     if pids is not None or all_of is not None:
-        if directory is not None or interval is not None:
-            raise click.UsageError("-p and --all go without --dir and --interval")
+        if directory is not None:
+            raise click.UsageError("-p and --all go without --dir")
         live_or_command(pids, all_of, duration, command)
-        from urewrite.live_report import stat_live as stat_armed
-        sys.exit(stat_armed(pids, all_of, duration, as_json, output, _stat_report))
+        from urewrite.live_report import stat_intervals, stat_live as stat_armed
+        sys.exit(stat_armed(pids, all_of, duration, as_json, output, _stat_report)
+                 if interval is None else
+                 stat_intervals(pids, all_of, duration, interval, as_json, output, _stat_report))
     if bool(command) == (directory is not None):
         raise click.UsageError("give a command (after --) or --dir DIR, not both"
                                if command else "give a command (after --), -p PID or --dir DIR")

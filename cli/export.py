@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from typing import Callable, Dict, Iterator, List, Tuple
 
 from urewrite.errors import UrewriteError
-from urewrite.region_source import DirectorySource, Snapshot, Watcher
+from urewrite.region_source import Snapshot, Watcher
 
 # le bounds: (2^k - 1) ns for k = 1 .. LAST_BUCKET (2^36 ns is about 69 s), then +Inf
 LAST_BUCKET = 36
@@ -135,15 +135,16 @@ def _per_region(snap: Snapshot) -> Dict[tuple, tuple]:
 
 
 @contextmanager
-def serve(directory: str, host: str, port: int,
+def serve(source, host: str, port: int,
           on_problem: Callable[[str], None]) -> Iterator[str]:
-    """Serve /metrics for the regions in `directory` while the block runs; yields the URL."""
+    """Serve /metrics for the regions of `source` (region_source.py) while the block
+    runs; yields the URL."""
     try:
         from prometheus_client import CollectorRegistry, start_http_server
     except ImportError:
         raise UrewriteError("export needs the prometheus-client package "
                             "(pip install prometheus-client)")
-    watcher = Watcher(DirectorySource(directory), on_problem)
+    watcher = Watcher(source, on_problem)
     registry = CollectorRegistry(auto_describe=False)
     collector = RegionCollector(watcher)
     registry.register(collector)

@@ -25,8 +25,9 @@ import socket
 import struct
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 from urewrite.errors import UrewriteError
 from urewrite.trampolines import live_note
@@ -478,8 +479,17 @@ def processes_mapping(path: Optional[str]) -> List[int]:
 
 @dataclass
 class Session:
+    """The processes armed, a line per problem, and when to stop (see `over`)."""
     processes: List[LiveProcess]
     problems: List[str]
+    deadline: Optional[float] = None  # time.monotonic() at which --duration ends
+    interrupted: bool = False  # Ctrl-C (or SIGTERM, SIGHUP) came while arming
+
+    def over(self) -> bool:
+        """The duration ended, Ctrl-C came while arming, or every process has exited."""
+        return self.interrupted or \
+            (self.deadline is not None and time.monotonic() >= self.deadline) or \
+            not any(p.alive() for p in self.processes)
 
 
 def _stop_signals():
@@ -490,60 +500,78 @@ def _stop_signals():
         signal.signal(sig, raise_interrupt)
 
 
-def run(pids_text: Optional[str], all_of: Optional[str], duration: Optional[float],
-        ring_entries: int, on_armed: Callable[[List[LiveProcess]], None],
-        on_poll: Callable[[List[LiveProcess], bool], None]) -> Session:
-    """Arms the processes, calls on_poll every POLL_SECONDS until the duration ends,
-    Ctrl-C, or every armed process has exited; disarms them; calls on_poll(final=True).
-    A process we cannot arm ends the session with an error (after disarming the
-    others), for -p; --all skips processes we may not inspect."""
-    only = None
-    if all_of is not None:
-        file = None if all_of in ("", "-") else all_of
-        pids = processes_mapping(file)
-        if file is not None:
-            only = (os.stat(file).st_ino, os.path.basename(file))
-        if not pids:
-            raise LiveError("no running process maps " + (
-                file if file else "an object rewritten by urewrite"))
-    else:
-        pids = parse_pids(pids_text or "")
-    processes: List[LiveProcess] = []
-    problems: List[str] = []
+def _targets(pids_text: Optional[str], all_of: Optional[str]) -> tuple:
+    """(pids, the (inode, base name) of the one file to arm or None) of -p or --all."""
+    if all_of is None:
+        return parse_pids(pids_text or ""), None
+    file = None if all_of in ("", "-") else all_of
+    pids = processes_mapping(file)
+    if not pids:
+        raise LiveError("no running process maps " + (
+            file if file else "an object rewritten by urewrite"))
+    return pids, None if file is None else (os.stat(file).st_ino, os.path.basename(file))
+
+
+@contextmanager
+def armed(pids_text: Optional[str], all_of: Optional[str], duration: Optional[float],
+          ring_entries: int = 0) -> Iterator[Session]:
+    """Arms the processes for the block, then disarms them, however it ends. Ctrl-C
+    in the block ends it as `session.over()` does; the regions stay for the caller to
+    read (live.remove deletes them) unless the block failed. A process we cannot arm
+    is an error (after disarming the others) for -p; --all skips processes we may not
+    inspect. Every reader of armed processes (stat, trace, top, export) runs here."""
+    pids, only = _targets(pids_text, all_of)
+    session = Session([], [])
     _stop_signals()
     finished = False
     try:
-        for pid in pids:
-            try:
-                processes.append(arm(pid, ring_entries, only))
-            except LiveError as e:
-                if all_of is None:
-                    raise
-                problems.append(str(e))  # --all: arm the others
-        if not processes:
-            raise LiveError(problems[0] if len(problems) == 1 else
-                            f"no process could be armed ({len(problems)} refused)")
-        on_armed(processes)
-        end = time.monotonic() + duration if duration else None
-        while end is None or time.monotonic() < end:
-            on_poll(processes, False)
-            if not any(p.alive() for p in processes):
-                break
-            time.sleep(POLL_SECONDS)
-        finished = True
-    except KeyboardInterrupt:
+        try:
+            for pid in pids:
+                try:
+                    session.processes.append(arm(pid, ring_entries, only))
+                except LiveError as e:
+                    if all_of is None:
+                        raise
+                    session.problems.append(str(e))  # --all: arm the others
+            if not session.processes:
+                problems = session.problems
+                raise LiveError(problems[0] if len(problems) == 1 else
+                                f"no process could be armed ({len(problems)} refused)")
+        except KeyboardInterrupt:
+            session.interrupted = True
+        if duration is not None:
+            session.deadline = time.monotonic() + duration
+        try:
+            yield session
+        except KeyboardInterrupt:
+            pass
         finished = True
     finally:
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # never half disarmed
         try:
-            for process in processes:
-                problems += disarm(process)
+            for process in session.processes:
+                session.problems += disarm(process)
             time.sleep(POLL_SECONDS)  # hits already past the check land in the region
         finally:
             signal.signal(signal.SIGINT, previous)
             if not finished:
-                remove(processes)
-    return Session(processes, problems)
+                remove(session.processes)
+
+
+def run(pids_text: Optional[str], all_of: Optional[str], duration: Optional[float],
+        ring_entries: int, on_armed: Callable[[List[LiveProcess]], None],
+        on_poll: Callable[[List[LiveProcess], bool], None]) -> Session:
+    """Arms the processes, calls on_poll every POLL_SECONDS until the session is over
+    (or Ctrl-C), and disarms them."""
+    with armed(pids_text, all_of, duration, ring_entries) as session:
+        if not session.interrupted:
+            on_armed(session.processes)
+        while True:
+            on_poll(session.processes, False)
+            if session.over():
+                break
+            time.sleep(POLL_SECONDS)
+    return session
 
 
 def regions_of(processes: List[LiveProcess], problems: List[str]):

@@ -11,12 +11,26 @@ import time
 import click
 
 from urewrite.errors import UrewriteError
+from urewrite.live_options import arm_options
 
 
 def _source_options(f):
-    """Where the regions come from. (-p PID plugs in here as another source.)"""
+    """Where the regions come from: --dir DIR, or processes armed while they run."""
+    f = arm_options(f)
     return click.option("--dir", "directory", metavar="DIR", type=click.Path(file_okay=False),
                         help="Read the regions of processes started with UREWRITE_DIR=DIR.")(f)
+
+
+def _armed(pids, all_of) -> bool:
+    if pids is not None and all_of is not None:
+        raise click.UsageError("-p and --all exclude each other")
+    return pids is not None or all_of is not None
+
+
+def _deadline(duration):
+    """done() for --duration S (never done without one)."""
+    end = None if duration is None else time.monotonic() + duration
+    return lambda: end is not None and time.monotonic() >= end
 
 
 def _fail(message: str) -> None:
@@ -34,16 +48,20 @@ def _fail(message: str) -> None:
 @click.option("--plain", is_flag=True,
               help="Print each refresh as a plain table (the default when stdout is not a "
                    "terminal).")
+@click.option("--duration", type=click.FloatRange(min=0), metavar="S",
+              help="With --dir, -p or --all: stop after S seconds (-p, --all: then disarm).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def top(directory, interval, refreshes, once, plain, command):
+def top(directory, pids, all_of, interval, refreshes, once, plain, duration, command):
     """Probes sorted by hits/s, refreshed in place: hits/s, total, and p50/p99
     latency for functions probed at entry and return.
 
     \b
+      urewrite top -p 1234                    arm a running process; disarm on exit
       urewrite top --dir /dev/shm/app         processes started with UREWRITE_DIR=/dev/shm/app
       urewrite top -- ./app.probed ARGS       run the command, watch it until it exits
       urewrite top --dir DIR --once | cat     one plain table after one interval
-    q or Ctrl-C quits. With a command, its exit status is passed through.
+    q or Ctrl-C quits (-p, --all: and disarms; so does the processes' exit). With a
+    command, its exit status is passed through.
     """
     from urewrite.live_view import Ticker
     from urewrite.region_source import DirectorySource, Watcher
@@ -51,19 +69,28 @@ def top(directory, interval, refreshes, once, plain, command):
     from urewrite.top import run_top
     from urewrite.trampolines.region import ENV_VAR
 
-    if bool(command) == (directory is not None):
-        raise click.UsageError("give a command (after --) or --dir DIR, not both"
-                               if command else "give a command (after --) or --dir DIR")
+    armed = _armed(pids, all_of)
+    if bool(command) + (directory is not None) + armed != 1:
+        raise click.UsageError("give one of: a command (after --), --dir DIR, -p PID, --all")
+    if duration is not None and command:
+        raise click.UsageError("--duration goes with --dir, -p or --all")
     refreshes = 1 if once else refreshes
     plain = plain or not sys.stdout.isatty()
+    if armed:
+        from urewrite.live_report import view_armed
+
+        def during(watcher, over):
+            ticker = Ticker(watcher, interval, None, from_zero=True)
+            run_top(ticker, watcher.source.label, interval, over, refreshes, sys.stdout, plain)
+        sys.exit(view_armed(pids, all_of, duration, during))
     problems = []
     if directory is not None:
         try:
             watcher = Watcher(DirectorySource(directory), problems.append)
             ticker = Ticker(watcher, interval, None)
             try:
-                run_top(ticker, directory, interval, lambda: False, refreshes, sys.stdout,
-                        plain)
+                run_top(ticker, directory, interval, _deadline(duration), refreshes,
+                        sys.stdout, plain)
             except KeyboardInterrupt:
                 pass
         except UrewriteError as e:
@@ -92,33 +119,43 @@ def top(directory, interval, refreshes, once, plain, command):
               help="Where to serve /metrics: 127.0.0.1:9464, :9464 (every address), "
                    "[::1]:9464; port 0 picks a free one.")
 @click.option("--duration", type=click.FloatRange(min=0), metavar="S",
-              help="Stop after S seconds [default: until Ctrl-C].")
-def export(directory, listen, duration):
+              help="Stop after S seconds [default: until Ctrl-C; -p, --all: or until the "
+                   "processes exit, then disarm].")
+def export(directory, pids, all_of, listen, duration):
     """Serve the probes' counts as Prometheus metrics, read at every scrape.
 
     \b
+      urewrite export -p 1234 --listen 127.0.0.1:9464     arm a running process
       urewrite export --dir /dev/shm/app --listen 127.0.0.1:9464
     A counter per probe (urewrite_probe_hits_total), a histogram per function probed
     at entry and return (urewrite_probe_latency_seconds), the event ring's counters.
     """
     from urewrite.export import parse_listen, serve
+    from urewrite.region_source import DirectorySource
 
-    if directory is None:
-        raise click.UsageError("give --dir DIR, the UREWRITE_DIR of the processes to export")
+    armed = _armed(pids, all_of)
+    if (directory is not None) == armed:
+        raise click.UsageError("give --dir DIR (the UREWRITE_DIR of the processes to "
+                               "export), -p PID or --all" if not armed else
+                               "give --dir DIR or -p/--all, not both")
     try:
         host, port = parse_listen(listen)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--listen")
-    try:
-        with serve(directory, host, port,
+
+    def serving(source, over) -> None:
+        with serve(source, host, port,
                    lambda m: click.echo(f"urewrite: warning: skipped {m}", err=True)) as url:
-            click.echo(f"urewrite: serving {url} (regions in {directory})", err=True)
-            deadline = None if duration is None else time.monotonic() + duration
+            click.echo(f"urewrite: serving {url} (regions of {source.label})", err=True)
             try:
-                while deadline is None or time.monotonic() < deadline:
-                    time.sleep(0.1 if deadline is None else
-                               max(0.0, min(0.1, deadline - time.monotonic())))
+                while not over():
+                    time.sleep(0.1)
             except KeyboardInterrupt:
                 pass
+    if armed:
+        from urewrite.live_report import view_armed
+        sys.exit(view_armed(pids, all_of, duration, lambda w, over: serving(w.source, over)))
+    try:
+        serving(DirectorySource(directory), _deadline(duration))
     except UrewriteError as e:
         _fail(str(e))

@@ -11,6 +11,11 @@ def live_options(f):
                      help="With -p or --all: disarm after S seconds [default: at Ctrl-C, or "
                           "when the processes exit]. With --dir: stop after S seconds (0: "
                           "read once now).")(f)
+    return arm_options(f)
+
+
+def arm_options(f):
+    """-p PID, --all [FILE] (export has a --duration of its own)."""
     f = click.option("--all", "all_of", is_flag=False, flag_value="-", default=None,
                      metavar="[FILE]", help="Arm every running process that maps an object "
                                             "rewritten by urewrite (or FILE).")(f)

@@ -1,15 +1,19 @@
-"""`stat -p` and `trace -p`: a live session (urewrite/live.py) with the usual reports."""
+"""`stat -p`, `trace -p`, `top -p` and `export -p`: a live session (urewrite/live.py)
+with the usual reports, or a live view (region_source.py) of the armed processes."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import sys
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import click
 
 from urewrite import live
 from urewrite.errors import UrewriteError
+from urewrite.region_source import ArmedSource, Watcher
 from urewrite.trampolines.region import FILE_SUFFIX
 from urewrite.trampolines.ring import RingReader, open_ring
 from urewrite.tracer import RingSummary
@@ -17,7 +21,7 @@ from urewrite.tracer import RingSummary
 EXIT_ERROR = 1
 
 
-def _announce(processes: List[live.LiveProcess]) -> None:
+def announce(processes: List[live.LiveProcess]) -> None:
     """One line on stderr once every process is armed (scripts wait for it)."""
     what = ", ".join(f"{p.pid} ({', '.join(a.obj.name for a in p.objects)})" for p in processes)
     click.echo(f"urewrite: armed pid {what}; Ctrl-C to disarm", err=True)
@@ -28,12 +32,76 @@ def _warn(problems: List[str]) -> None:
         click.echo(f"urewrite: warning: {problem}", err=True)
 
 
+def view_armed(pids, all_of, duration,
+               during: Callable[[Watcher, Callable[[], bool]], None],
+               after: Optional[Callable[[Watcher], None]] = None) -> int:
+    """Arms the processes, runs during(watcher, over) on their regions while they are
+    armed (`over()`: --duration ended or every process exited; Ctrl-C ends it too),
+    disarms them, then calls after(watcher) on what they hold. Returns the exit status."""
+    session, watcher, problems = None, None, []
+    try:
+        with live.armed(pids, all_of, duration) as session:
+            watcher = Watcher(ArmedSource(session.processes), problems.append)
+            if not session.interrupted:
+                announce(session.processes)
+                during(watcher, session.over)
+        if after is not None:
+            after(watcher)
+    except UrewriteError as e:
+        click.echo(f"urewrite: {e}", err=True)
+        return EXIT_ERROR
+    finally:
+        if watcher is not None:
+            watcher.close()
+        if session is not None:
+            live.remove(session.processes)
+    _warn(session.problems + [f"skipped {p}" for p in problems])
+    return 0
+
+
+def stat_intervals(pids, all_of, duration, interval: float, as_json: bool, output,
+                   report: Callable) -> int:
+    """`stat -p --interval`: a table every S seconds while armed, then the report of
+    the last snapshot, taken after disarming: the intervals add up to it."""
+    from urewrite.live_view import IntervalPrinter, Sink, Ticker
+
+    sink = Sink(output, sys.stdout)
+    ticker = None
+
+    def during(watcher: Watcher, over: Callable[[], bool]) -> None:
+        nonlocal ticker
+        ticker = Ticker(watcher, interval, lambda b, a: printer(b, a), from_zero=True)
+        printer = IntervalPrinter(sink, as_json, ticker.start)
+        # Ctrl-C, SIGTERM and SIGHUP end the watch between two ticks, never inside one
+        # (an interval printed but not yet taken as the last would be printed again)
+        stop = []
+        saved = {sig: signal.signal(sig, lambda *_: stop.append(True))
+                 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            ticker.run(lambda: bool(stop) or over())
+        finally:
+            for sig, handler in saved.items():
+                signal.signal(sig, handler)
+
+    def after(_watcher: Watcher) -> None:
+        regions = ticker.finish().as_regions() if ticker else []
+        text = report(0, regions, as_json)
+        sink.write(json.dumps(json.loads(text)) + "\n" if as_json else text)
+        if not regions:
+            click.echo("urewrite: no probe was hit while armed", err=True)
+
+    try:
+        return view_armed(pids, all_of, duration, during, after)
+    finally:
+        sink.close()
+
+
 def stat_live(pids, all_of, duration, as_json: bool, output, report: Callable) -> int:
     """Arms, waits, disarms, then prints the hits the processes made while armed (and
     those of children they forked meanwhile). Returns the exit status."""
     session = None
     try:
-        session = live.run(pids, all_of, duration, 0, _announce, lambda *_: None)
+        session = live.run(pids, all_of, duration, 0, announce, lambda *_: None)
         problems: List[str] = []
         regions = live.regions_of(session.processes, problems)
     except UrewriteError as e:
@@ -76,7 +144,7 @@ def trace_live(pids, all_of, duration):
 
         session = None
         try:
-            session = live.run(pids, all_of, duration, ring_entries, _announce, sweep)
+            session = live.run(pids, all_of, duration, ring_entries, announce, sweep)
             sweep(session.processes, True)
             _warn(session.problems)
             return 0, [RingSummary(r.info.object, r.info.pid, r.head(), r.lost())

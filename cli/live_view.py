@@ -51,9 +51,13 @@ class Ticker:
     until `done()`, and hands each interval to `on_interval(before, after)`."""
 
     def __init__(self, watcher: Watcher, interval: Optional[float],
-                 on_interval: Callable[[Snapshot, Snapshot], None]):
+                 on_interval: Callable[[Snapshot, Snapshot], None],
+                 from_zero: bool = False):
+        """from_zero: every region of the source is new since it began (processes
+        armed just now, whose regions may already count), so the first interval
+        counts them from zero rather than from a first read."""
         self.watcher, self.interval, self.on_interval = watcher, interval, on_interval
-        self.last = watcher.snapshot()
+        self.last = Snapshot(time.monotonic()) if from_zero else watcher.snapshot()
         self.start = self.last.time
 
     def run(self, done: Callable[[], bool], wake: Optional[Callable[[float], bool]] = None,

@@ -1,9 +1,9 @@
 """Where live views find regions, and what they read from them over time.
 
-A *source* names region files: today a directory that processes started with
-UREWRITE_DIR write into. Anything else that can name region files (processes
-armed while they run, say) plugs in as another source with a `paths()` method;
-`stat --interval`, `top` and `export` only ever see a `Watcher` over a source.
+A *source* names region files: a directory that processes started with
+UREWRITE_DIR write into (`DirectorySource`), or the directories of processes
+armed while they run (`ArmedSource`, for -p and --all). `stat --interval`, `top`
+and `export` only ever see a `Watcher` over a source.
 
 A `Watcher` keeps each file mapped read-only (`LiveRegion`) and takes
 `Snapshot`s: every probe's hits and latency buckets per region, at one time.
@@ -36,12 +36,27 @@ class DirectorySource:
         self.label = directory
 
     def paths(self) -> List[str]:
-        try:
-            names = os.listdir(self.directory)
-        except OSError as e:
-            raise UrewriteError(f"{self.directory}: {e.strerror}")
-        return [os.path.join(self.directory, n) for n in sorted(names)
-                if n.endswith(R.FILE_SUFFIX)]
+        return region_files(self.directory)
+
+
+def region_files(directory: str) -> List[str]:
+    try:
+        names = os.listdir(directory)
+    except OSError as e:
+        raise UrewriteError(f"{directory}: {e.strerror}")
+    return [os.path.join(directory, n) for n in sorted(names) if n.endswith(R.FILE_SUFFIX)]
+
+
+class ArmedSource:
+    """The region files of processes armed while they run (cli/live.py, `live.armed`):
+    each has a directory of its own, which its forked children write into too."""
+
+    def __init__(self, processes):
+        self.processes = processes
+        self.label = "pid " + ",".join(str(p.pid) for p in processes)
+
+    def paths(self) -> List[str]:
+        return [path for p in self.processes for path in region_files(p.directory)]
 
 
 @dataclass(frozen=True)
