@@ -190,11 +190,6 @@ class TakenIndex:
         return np.concatenate(offsets), np.concatenate(values)
 
 
-def find(elf: ElfFile, backend, wanted: Set[int]) -> Dict[int, List[Match]]:
-    """One question, for callers without an index of their own."""
-    return TakenIndex(elf, backend).find(wanted)
-
-
 def _contents(elf: ElfFile, section) -> bytes:
     return elf.data[section.offset:section.offset + section.size]
 
