@@ -226,8 +226,8 @@ def _argument_encoder(a: Analysis, backend, entry_args: int, warnings: List[str]
             try:
                 if site.kind == KIND_USDT:
                     specs = backend.sdt_arguments(site.arguments, symbol)
-                elif site.kind == KIND_RETURN:
-                    specs = backend.return_value()
+                elif site.kind == KIND_RETURN:  # (unknown yet at a tail call's jump)
+                    specs = [] if site.tail_call else backend.return_value()
                 else:
                     specs = backend.abi_arguments(entry_args) if entry_args else []
             except ValueError as e:

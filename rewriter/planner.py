@@ -373,8 +373,9 @@ class Planner:
                 leaves, problem = self.backend.exit_kind(insn, inside)
                 if problem:
                     raise _Refused(f"a return probe cannot see every exit: {problem}")
-                if leaves:
-                    exits.append(replace(site, address=insn.address))
+                if leaves:  # a return, or a tail call (a direct jump: it has a target)
+                    tail_call = self.backend.direct_branch_target(insn) is not None
+                    exits.append(replace(site, address=insn.address, tail_call=tail_call))
                 if leaves == "taken":
                     self._conditional_exits.add(insn.address)
         shared = self._branch_from_outside(fn, parts, inside)

@@ -25,6 +25,8 @@ class Site:
     semaphore: int = 0  # USDT: address of the probe's semaphore, 0 if none
     arguments: str = ""  # USDT: sdt.h argument specs
     redirect: bool = False  # return probe: counted by a stub its entry redirects the return to
+    tail_call: bool = False  # return probe: an exit that jumps to another function, whose
+    #                          return value is not known yet there (its event carries none)
 
     @property
     def at_entry(self) -> bool:
