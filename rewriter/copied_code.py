@@ -18,7 +18,7 @@ blob there; docs/design.md warns about it and `--exclude` leaves code out by nam
 from __future__ import annotations
 
 import struct
-from typing import Dict, List, NamedTuple, Optional
+from typing import List, NamedTuple, Optional
 
 from urewrite.rewriter import elf_symbols
 from urewrite.rewriter.elf_file import ElfFile
@@ -50,11 +50,8 @@ def find(elf: ElfFile) -> List[CopiedCode]:
     present = [m for m in _MARKERS if _in_string_tables(elf, m[0])]
     if not present:
         return []
-    wanted = {name for marker in present for name in marker[:2]}
-    values: Dict[str, int] = {}
-    for sym in elf_symbols.symbols(elf):
-        if sym.name in wanted and sym.value:
-            values.setdefault(sym.name, sym.value)
+    values = elf_symbols.table(elf).values_of(
+        [name for marker in present for name in marker[:2]])
     found = []
     for start_name, size_name, what in present:
         start = values.get(start_name)
@@ -67,9 +64,10 @@ def find(elf: ElfFile) -> List[CopiedCode]:
 
 
 def _in_string_tables(elf: ElfFile, name: str) -> bool:
-    needle = b"\0" + name.encode() + b"\0"
-    return any(elf.data.find(needle, s.offset - 1, s.offset + s.size) >= 0
-               for s in elf.sections if s.type == SHT_STRTAB and s.offset)
+    """Whether a string table holds `name` (perhaps as the tail of a longer string)."""
+    needle = name.encode() + b"\0"
+    return any(elf.data.find(needle, s.offset, s.offset + s.size) >= 0
+               for s in elf.sections if s.type == SHT_STRTAB)
 
 
 def _end(elf: ElfFile, start: int, size_at: Optional[int]) -> int:

@@ -9,7 +9,7 @@ symbols only add knowledge.
 
 from __future__ import annotations
 
-from typing import Iterator, NamedTuple
+from typing import Dict, Iterator, NamedTuple
 
 import numpy as np
 
@@ -71,6 +71,24 @@ class SymbolTable:
             return ""
         stop = self._data.find(b"\0", start, end)
         return self._data[start:stop if stop >= 0 else end].decode("utf-8", "replace")
+
+    def values_of(self, names) -> Dict[str, int]:
+        """name -> value of the first defined symbol of each name found: a byte search of
+        the string tables, then of the entries naming what it found (names may share the
+        tail of a longer string), without decoding every name."""
+        found: Dict[str, int] = {}
+        for t, (start, end) in enumerate(self._strings):
+            in_table = self._table == t
+            for name in names:
+                needle = name.encode() + b"\0"
+                at = self._data.find(needle, start, end)
+                while at >= 0 and name not in found:
+                    hits = np.flatnonzero(in_table & (self._name_at == at - start)
+                                          & (self.values != 0))
+                    if len(hits):
+                        found[name] = int(self.values[hits[0]])
+                    at = self._data.find(needle, at + 1, end)
+        return found
 
     def table_name(self, i: int) -> str:
         return self._table_names[self._table[i]]
