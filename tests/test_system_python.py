@@ -13,6 +13,9 @@ import textwrap
 
 import pytest
 
+from urewrite.rewriter import usdt
+from urewrite.rewriter.elf_file import ElfFile
+
 PYTHON = "/usr/bin/python3.11"
 pytestmark = pytest.mark.skipif(not os.path.exists(PYTHON), reason="needs Debian's python3.11")
 
@@ -86,17 +89,15 @@ def test_every_usdt_site_and_python_line_counts_as_uprobes_do(tmp_path, uprobes)
     assert result["refused"] == []
     sites = {p["name"] for p in result["probes"]}
     assert "python:line" in sites and len(sites) >= 8
-    usdt = {f"{u['provider']}:{u['name']}": u
-            for u in json.loads(urewrite("list", "--json", PYTHON).stdout)["usdt"]}
-    line = usdt["python:line"]
-    assert line["patchable"] and line["semaphore"]
+    line = next(u for u in usdt.discover(ElfFile.open(PYTHON)) if u.probe == "python:line")
+    assert line.semaphore and any(p["address"] == line.pc for p in result["probes"])
     script = tmp_path / "loop.py"
     script.write_text(LOOP)
 
     def kernel(n: int) -> int:
-        return uprobes.count(PYTHON, {"line": line["address"]},
+        return uprobes.count(PYTHON, {"line": line.pc},
                              lambda: subprocess.run([PYTHON, script, str(n)], check=True),
-                             semaphores={"line": line["semaphore"]})["line"]
+                             semaphores={"line": line.semaphore})["line"]
 
     def ours(n: int) -> int:
         run = urewrite("stat", "--json", "-o", tmp_path / f"r{n}.json", "--", probed, script, n)
