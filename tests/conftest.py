@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -25,6 +26,12 @@ SAMPLES = ROOT / "samples"
 ENV_VAR = "UREWRITE_DIR"
 TRACEFS = Path("/sys/kernel/tracing")
 TIMEOUT = 180
+
+# Tests stop tools with Ctrl-C (SIGINT). A run started in the background of a shell
+# without job control (as CI may start it) inherits SIGINT ignored, and so would every
+# program the tests start; handling it here gives them the default back at exec.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # -- running things ----------------------------------------------------------------
