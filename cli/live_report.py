@@ -4,7 +4,6 @@ with the usual reports, or a live view (region_source.py) of the armed processes
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 from typing import Callable, Dict, List, Optional
@@ -14,9 +13,8 @@ import click
 from urewrite import live
 from urewrite.errors import UrewriteError
 from urewrite.region_source import ArmedSource, Watcher
-from urewrite.trampolines.region import FILE_SUFFIX
-from urewrite.trampolines.ring import RingReader, open_ring
-from urewrite.tracer import RingSummary
+from urewrite.trampolines.ring import RingReader
+from urewrite.tracer import RingSummary, sweep_rings
 
 EXIT_ERROR = 1
 
@@ -129,18 +127,7 @@ def trace_live(pids, all_of, duration):
         readers: Dict[str, RingReader] = {}
 
         def sweep(processes, final: bool) -> None:
-            for p in processes:
-                for name in sorted(os.listdir(p.directory)):
-                    path = os.path.join(p.directory, name)
-                    if name.endswith(FILE_SUFFIX) and path not in readers:
-                        reader = open_ring(path)
-                        if reader is not None and reader.has_ring:
-                            readers[path] = reader
-                        elif reader is not None:
-                            reader.close()
-            batch = [e for r in readers.values() for e in r.poll(final=final)]
-            if batch:
-                on_events(sorted(batch, key=lambda e: e.ts_ns))
+            sweep_rings([p.directory for p in processes], readers, on_events, final)
 
         session = None
         try:

@@ -23,6 +23,24 @@ class RingSummary:
     lost: int  # of those, not delivered: the ring was full
 
 
+def sweep_rings(directories: List[str], readers: Dict[str, RingReader],
+                on_events: Callable[[List[Event]], None], final: bool) -> None:
+    """Open the rings that appeared in `directories` (readers: path -> reader, kept
+    across sweeps), and pass their new events, in time order, to `on_events`."""
+    for directory in directories:
+        for name in sorted(os.listdir(directory)):
+            path = os.path.join(directory, name)
+            if name.endswith(FILE_SUFFIX) and path not in readers:
+                reader = open_ring(path)
+                if reader is not None and reader.has_ring:
+                    readers[path] = reader
+                elif reader is not None:
+                    reader.close()
+    batch = [e for r in readers.values() for e in r.poll(final=final)]
+    if batch:
+        on_events(sorted(batch, key=lambda e: e.ts_ns))
+
+
 def run_and_trace(command: List[str], ring_entries: int,
                   on_events: Callable[[List[Event]], None]) -> Tuple[int, List[RingSummary]]:
     """Run `command`; pass each batch of events, in time order, to `on_events` while
@@ -32,16 +50,7 @@ def run_and_trace(command: List[str], ring_entries: int,
     readers: Dict[str, RingReader] = {}
 
     def sweep(final: bool) -> None:
-        for name in sorted(os.listdir(directory)):
-            if name.endswith(FILE_SUFFIX) and name not in readers:
-                reader = open_ring(os.path.join(directory, name))
-                if reader is not None and reader.has_ring:
-                    readers[name] = reader
-                elif reader is not None:
-                    reader.close()
-        batch = [e for r in readers.values() for e in r.poll(final=final)]
-        if batch:
-            on_events(sorted(batch, key=lambda e: e.ts_ns))
+        sweep_rings([directory], readers, on_events, final)
 
     try:
         env = dict(os.environ, **{ENV_VAR: directory, TRACE_ENV_VAR: str(ring_entries)})
