@@ -93,6 +93,10 @@ class CountPoint:
     # the probes count only when the conditional branch at `address` is taken: a
     # conditional tail call out of the function, one of its exits
     taken: bool = False
+    # an indirect jump at `address` that may stay in its function: the probes count
+    # only when its target lies in none of these [start, end) ranges (docs/design.md,
+    # "Return probes")
+    stays_within: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -192,9 +196,18 @@ class Backend(ABC):
     def exit_kind(self, insn: Insn, inside) -> tuple:
         """(leaves, problem): whether `insn` leaves its function for good (True: a
         return, a tail call; "taken": a conditional tail call, which leaves only when
-        its branch is taken, counted then by a CountPoint with `taken`), or a reason
-        it may leave in a way no probe can follow. `inside(address)` tells whether an
-        address belongs to the function."""
+        its branch is taken, counted then by a CountPoint with `taken`; "outside": an
+        indirect jump, which leaves only when its target is outside the function,
+        counted then by a CountPoint with `stays_within`), or a reason it may leave
+        in a way no probe can follow. `inside(address)` tells whether an address
+        belongs to the function."""
+
+    def computed_address(self, insn: Insn) -> Optional[int]:
+        """The address an instruction puts in a register, if it may be one: computed
+        relative to its own (x86_64: `lea reg, [rip + disp]`) or an immediate (`mov
+        reg, imm`); where offsets to a function's code may be counted from. Else None.
+        (A backend whose windows hold one instruction each has no use for it.)"""
+        return None
 
     def is_indirect_jump(self, insn: Insn) -> bool:
         """Whether `insn` jumps to an address held in a register or in memory (not a
@@ -246,6 +259,20 @@ class Backend(ABC):
     def hop_patch(self, window: Window, landing: int) -> bytes:
         """The bytes that replace the window: a hop to `landing`, then filler."""
         raise NotImplementedError(f"{self.name} has no short hops")
+
+    # -- punned jumps (docs/design.md, "Patch tactics") ----------------------
+    # A window shorter than the jump may still take one whose last bytes are the
+    # bytes after the window, left as they are: the jump then goes wherever those
+    # bytes say, and a stub placed there goes on to the trampoline.
+    puns = False  # whether the backend offers them
+
+    def pun(self, window: Window, following: bytes, accept) -> Optional[tuple]:
+        """(the bytes that replace the window, the stub address, the bytes the jump
+        spans from the window's start) of a jump written in the window whose
+        displacement ends in `following` (the bytes after the window, kept), for the
+        first stub address `accept(address)` takes; None if none. The stub holds a
+        `site_patch` jump to the trampoline."""
+        raise NotImplementedError(f"{self.name} has no punned jumps")
 
     # -- can I? ------------------------------------------------------------
     @abstractmethod

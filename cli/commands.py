@@ -83,7 +83,7 @@ def main():
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing on success.")
 @click.option("--tactics", callback=lambda _c, _p, v: _parse_tactics(v), default=None,
-              metavar="LIST", help="Patch tactics to try, in order, from jump,hop,evict "
+              metavar="LIST", help="Patch tactics to try, in order, from jump,hop,evict,pun "
                                    "[default: all].")
 @click.option("--exclude", "excludes", multiple=True, metavar="GLOB",
               help="Leave out functions with a name (or USDT probes, usdt:P:N) matching GLOB, "
@@ -156,9 +156,11 @@ def _tactic_counts(tactics) -> dict:
     return counts
 
 
-def _tactic_note(tactics: dict) -> str:
-    """' (2 by hop)' for exits patched by other tactics than the plain jump."""
+def _tactic_note(tactics: dict, checked: int = 0) -> str:
+    """' (2 by hop)' for exits patched by other tactics than the plain jump; ' (1 by
+    hop, 3 checked)' when some are indirect jumps counted only when they leave."""
     other = [f"{n} by {t}" for t, n in sorted(tactics.items()) if t != "jump"]
+    other += [f"{checked} checked"] if checked else []
     return f" ({', '.join(other)})" if other else ""
 
 
@@ -299,7 +301,7 @@ def _print_summary(paths, tactics, as_json: bool, quiet: bool = False) -> None:
               help="Print coverage per file and in total: entry, return and USDT sites "
                    "that can be probed, and sites per tactic (several FILEs allowed).")
 @click.option("--tactics", callback=lambda _c, _p, v: _parse_tactics(v), default=None,
-              metavar="LIST", help="Patch tactics to try, from jump,hop,evict [default: all].")
+              metavar="LIST", help="Patch tactics to try, from jump,hop,evict,pun [default: all].")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no closing count.")
 def list_command(input_files, as_json, patchable, summary, tactics, quiet):
     """Show what FILE offers to probe: every function entry and USDT site,
@@ -328,7 +330,7 @@ def list_command(input_files, as_json, patchable, summary, tactics, quiet):
                    if ret["mechanism"] == "redirection" else
                    "never returns: reports 0" if ret["mechanism"] and not ret["exits"] else
                    f"patches {ret['exits']} exit{'s' if ret['exits'] != 1 else ''}"
-                   f"{_tactic_note(ret['tactics'])}"
+                   f"{_tactic_note(ret['tactics'], ret['checked'])}"
                    if ret["mechanism"] else f"no: {ret['reason']}")
         click.echo(f"{r['address']:#018x} {r['size']:>6}  {_names(r):<{width}}  {_status(r)}; "
                    f"return: {returns}")
@@ -356,7 +358,7 @@ def _return_row(probe) -> dict:
     """How a return probe of a function would work (mechanism None: refused)."""
     mechanism = "redirection" if probe.redirected else None if probe.refusal else "exit sites"
     return {"mechanism": mechanism, "exits": probe.exits, "tactics": probe.tactics,
-            "reason": probe.refusal or probe.redirected_because}
+            "checked": probe.checked, "reason": probe.refusal or probe.redirected_because}
 
 
 def _status(row) -> str:

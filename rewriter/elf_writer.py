@@ -2,7 +2,8 @@
 
 - site windows are overwritten in place (same offsets, same addresses);
 - a new program header table goes at the start of the new code segment, with
-  PT_PHDR pointing at it and the two new PT_LOADs after the last original one;
+  PT_PHDR pointing at it and the two new PT_LOADs after the last original one, then
+  one per run of pages holding punned jumps' stubs, their bytes after the code's;
 - a new section header table goes at the very end, with the new sections
   (.urewrite.rodata, .urewrite.text, .urewrite.state, .urewrite.live) appended after the
   original ones so that every section index stays valid; the section name table
@@ -22,6 +23,7 @@ from typing import BinaryIO, Callable, Optional
 from urewrite.errors import UrewriteError
 from urewrite.rewriter.elf_file import (PF_R, PF_W, PF_X, PT_LOAD, PT_PHDR,
                                         ElfFile, Section, Segment)
+from urewrite.rewriter import layout
 from urewrite.rewriter.layout import PAGE, Placement, align_up
 from urewrite.rewriter.segment import SegmentImage
 
@@ -50,6 +52,11 @@ def render(elf: ElfFile, placement: Placement, image: SegmentImage,
                     placement.state_vaddr, 0, placement.state_size, placement.align)
     code = Segment(PT_LOAD, PF_R | PF_X, placement.code_offset, placement.code_vaddr,
                    placement.code_vaddr, len(image.code), len(image.code), placement.align)
+    stub_runs, at = [], align_up(placement.code_offset + len(image.code), PAGE)
+    for address, stubs in layout.stub_pages(image.stubs):
+        stub_runs.append((Segment(PT_LOAD, PF_R | PF_X, at, address, address, len(stubs),
+                                  len(stubs), PAGE), stubs))
+        at += len(stubs)
     last_load = max(i for i, s in enumerate(elf.segments) if s.type == PT_LOAD)
     table = []
     for i, seg in enumerate(elf.segments):
@@ -59,7 +66,7 @@ def render(elf: ElfFile, placement: Placement, image: SegmentImage,
                           memsz=placement.phdr_size)
         table.append(seg)
         if i == last_load:
-            table += [code, state]  # in address order, as loaders require
+            table += [code, state] + [run for run, _ in stub_runs]  # in address order
     assert len(table) == placement.phdr_count
     segment = bytearray(image.code)
     segment[:placement.phdr_size] = b"".join(s.pack() for s in table)
@@ -68,6 +75,10 @@ def render(elf: ElfFile, placement: Placement, image: SegmentImage,
     out.write(bytes(placement.code_offset - len(elf.data)))
     out.write(segment)
     end = placement.code_offset + len(segment)
+    for run, stubs in stub_runs:
+        out.write(bytes(run.offset - end))
+        out.write(stubs)
+        end = run.offset + len(stubs)
     out.seek(_E_PHOFF)
     out.write(struct.pack("<Q", placement.code_offset))
     out.seek(_E_PHNUM)

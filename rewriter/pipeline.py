@@ -84,6 +84,7 @@ class ReturnProbe:
     redirected: bool  # its return address is redirected at the entry instead
     refusal: Optional[str]  # why it cannot be probed at all
     redirected_because: Optional[str]  # why its exits are not patched, when redirected
+    checked: int = 0  # exits at indirect jumps, counted only when they leave (checked each time)
 
 
 def list_sites(path: str, tactics: Optional[tuple] = None, progress: Progress = None):
@@ -115,6 +116,7 @@ def return_probes(a: Analysis) -> Dict[int, ReturnProbe]:
                 probe.redirected = True
             else:
                 probe.exits += 1
+                probe.checked += bool(site.stays_within)
                 probe.tactics[o.tactic] = probe.tactics.get(o.tactic, 0) + 1
     for address, reason in a.planner.redirected_because.items():
         found[address].redirected_because = reason
@@ -187,10 +189,16 @@ def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: boo
     # The state memory follows the code: place it after a bound on the code's size
     # (a gap there costs address space, no file bytes) and build once; should the
     # bound ever fall short, build again with the state right after the code.
-    placement = layout.place(elf, segment.size_bound(plans), backend.state_size)
+    # Punned jumps' stubs lie above both, where the bytes their jumps end in say
+    # (planner.stub_floor), each page run a segment of its own.
+    stubs = [(p.pun.stub, bytes(backend.patch_size)) for p in plans if p.pun]
+    segments = 2 + len(layout.stub_pages(stubs))
+    stubs_from = a.planner.stub_floor if stubs else 0
+    placement = layout.place(elf, segment.size_bound(plans), backend.state_size, segments,
+                             stubs_from)
     image = build(placement, progress=_steps(progress, "generating trampolines", len(plans)))
     if placement.code_vaddr + len(image.code) > placement.state_vaddr:
-        placement = layout.place(elf, len(image.code), backend.state_size)
+        placement = layout.place(elf, len(image.code), backend.state_size, segments, stubs_from)
         image = build(placement)
     entry = image.exe_start if exe_entry is not None else None
     elf_writer.write_atomically(

@@ -26,7 +26,8 @@ from typing import Callable, Dict, List, Optional, Set, Union
 from urewrite.arch.base import Backend, Window
 from urewrite.arch.jump_tables import JumpTable
 from urewrite.rewriter import (copied_code, elf_symbols, except_table, free_space,
-                               jump_table_guard, parallel, redirection, taken_addresses)
+                               jump_table_guard, layout, parallel, redirection,
+                               taken_addresses)
 from urewrite.rewriter.free_space import Occupancy
 from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.functions import Function
@@ -34,7 +35,8 @@ from urewrite.rewriter.selectors import Site
 from urewrite.trampolines.region import KIND_RETURN
 
 NEAR_BRANCH_REACH = 130  # farthest a rel8 branch reaches, with its own size
-TACTICS = ("jump", "hop", "evict")  # Plan.tactic, in the order they are tried
+TACTICS = ("jump", "hop", "evict", "pun")  # Plan.tactic, in the order they are tried
+DT_TEXTREL, DT_FLAGS, DF_TEXTREL = 22, 30, 4
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class ProbePoint:
     sites: tuple
     flags_live: bool
     taken: bool = False  # they fire only when the branch there is taken (a conditional exit)
+    stays_within: tuple = ()  # they fire only when the indirect jump there leaves these ranges
 
 
 @dataclass(frozen=True)
@@ -54,17 +57,29 @@ class Hop:
 
 
 @dataclass(frozen=True)
+class Pun:
+    """A jump written over a window shorter than itself, its last bytes the ones after
+    the window, left as they are; they say where it goes: a stub there jumps on to the
+    trampoline (docs/design.md, "Patch tactics")."""
+    patch: bytes  # what replaces the window
+    stub: int  # where the jump goes
+
+
+@dataclass(frozen=True)
 class Plan:
     """A window, and the points in it where probes fire (one trampoline)."""
     window: Window
     points: tuple
     hop: Optional[Hop] = None
+    pun: Optional[Pun] = None
 
     @property
     def tactic(self) -> str:
         """How the window is patched: "jump" (a jump to the trampoline in the window),
         "hop" (a short jump to a landing in padding), "evict" (to a landing that an
-        evicted neighbour window frees)."""
+        evicted neighbour window frees), "pun" (a jump ending in the bytes after it)."""
+        if self.pun is not None:
+            return "pun"
         if self.hop is None:
             return "jump"
         return "evict" if self.hop.evicted else "hop"
@@ -122,6 +137,8 @@ class Planner:
         self._targets: Dict[int, Dict[int, int]] = {}
         self._direct: Dict[int, Dict[int, int]] = {}
         self._tables: Dict[int, Dict[int, JumpTable]] = {}
+        self._unknown_jumps: Dict[int, Optional[int]] = {}  # function -> _indirect_jump()
+        self._offset_tables: Dict[int, Optional[int]] = {}  # function -> _case_base()
         self._by_name: Optional[Dict[str, Function]] = None
         self.siteless: List[Site] = []  # return probes of functions without an exit
         self._shadow_stack = elf.shadow_stack
@@ -136,6 +153,9 @@ class Planner:
         self._cold_parts: Dict[str, List[Function]] = {}  # "f" -> f.cold, f.cold.1, ...
         self.copied = copied_code.find(elf)  # code never to patch, sorted
         self.keep_detail = True  # plans keep detailed instructions (to generate code)
+        # punned jumps' stubs go at or above this (layout.stub_floor); set by plan()
+        self.stub_floor: Optional[int] = None
+        self._stubs = Occupancy()  # the stubs of the punned jumps planned so far
         for f in functions:
             if ".cold" in f.name:
                 self._cold_parts.setdefault(f.name.split(".cold")[0], []).append(f)
@@ -227,6 +247,8 @@ class Planner:
         (redirection.py); else it is refused with both reasons. `progress(n)` is
         told as sites are done.
         """
+        if self.stub_floor is None:
+            self.stub_floor = layout.stub_floor(self.elf, len(sites))
         in_copy, sites = self._refuse_copied(sites)
         if progress and in_copy:
             progress(len(in_copy))
@@ -373,6 +395,13 @@ class Planner:
                 leaves, problem = self.backend.exit_kind(insn, inside)
                 if problem:
                     raise _Refused(f"a return probe cannot see every exit: {problem}")
+                if leaves == "outside":  # an indirect jump: checked where it goes, each time
+                    within = self._stays_within(fn, parts)
+                    if within:
+                        exits.append(replace(site, address=insn.address, tail_call=True,
+                                             stays_within=within))
+                        continue
+                    leaves = True  # the jump is all there is: it can only leave
                 if leaves:  # a return, or a tail call (a direct jump: it has a target)
                     tail_call = self.backend.direct_branch_target(insn) is not None
                     exits.append(replace(site, address=insn.address, tail_call=tail_call))
@@ -385,6 +414,15 @@ class Planner:
         if not exits:  # it never returns: its probe exists, with no site to patch
             self.siteless.append(site)
         return exits
+
+    def _stays_within(self, fn: Function, parts: List[Function]) -> tuple:
+        """The [start, end) ranges an indirect jump of `fn` may go to and stay in the
+        function: its parts, less its entry (going there enters it anew: its entry
+        probe fires again, so this call has ended). Empty when no instruction of the
+        function lies in them."""
+        if len(parts) == 1 and len(self.instructions(fn)) <= 1:
+            return ()
+        return ((fn.address + 1, fn.end),) + tuple((p.address, p.end) for p in parts[1:])
 
     def _check_inferred_extent(self, fn: Function) -> None:
         """A function without a size extends to whatever follows it (functions.py).
@@ -485,18 +523,21 @@ class Planner:
 
     def _by_address(self, items, site_of=lambda site: site) -> list:
         """Sites (or items holding one) grouped by the point they share, in address
-        order (a conditional exit counts on its taken edge only: it shares no point)."""
+        order (a conditional exit counts on its taken edge only, an indirect jump's
+        when it leaves: they share no point)."""
         groups: Dict[tuple, list] = {}
         for item in items:
             site = site_of(item)
-            groups.setdefault((site.address, self._counts_when_taken(site)), []).append(item)
+            key = (site.address, self._counts_when_taken(site), site.stays_within)
+            groups.setdefault(key, []).append(item)
         return [groups[key] for key in sorted(groups)]
 
-    def _group_window(self, group: List[Site], size: Optional[int] = None) -> Plan:
+    def _group_window(self, group: List[Site], size: Optional[int] = None,
+                      avoid_taken: bool = False) -> Plan:
         """One window for the sites at one point, all counted there."""
         # a site inside a function follows the stricter rules (flags live)
         primary = next((s for s in group if not s.at_entry), group[0])
-        plan = self._window(primary, size)
+        plan = self._window(primary, size, avoid_taken)
         copy = self.copied_at(plan.window.address, plan.window.end)
         if copy:
             raise _Refused(copy.reason())
@@ -505,6 +546,7 @@ class Planner:
             [primary] + [s for s in group if s is not primary])),))
 
     def _plan_sites(self, sites: List[Site], progress=None) -> List[Outcome]:
+        self._stubs = Occupancy()  # (planned afresh: a second round re-plans every site)
         tentative = []
         for group in self._by_address(sites):
             if progress and group[0].kind != KIND_RETURN:
@@ -523,6 +565,10 @@ class Planner:
         for outcome in tentative:
             if isinstance(outcome, Plan):
                 reason = self._branch_into(outcome, taken)
+                if reason and not outcome.site.at_entry:
+                    retried = self._window_clear_of_taken(outcome, previous)
+                    if retried:
+                        outcome, reason = retried, None
                 if reason is None and previous and outcome.window.address < previous.window.end:
                     merged = self._merge(previous, outcome, taken)
                     if merged:
@@ -534,9 +580,24 @@ class Planner:
                     continue
                 previous = outcome
             outcomes.append(outcome)
-        if self.backend.hop_size and {"hop", "evict"} & set(self.tactics):
+        if self.backend.hop_size and {"hop", "evict", "pun"} & set(self.tactics):
             outcomes = self._hop_tight_sites(outcomes)
         return outcomes
+
+    def _window_clear_of_taken(self, plan: Plan, previous: Optional[Plan]) -> Optional[Plan]:
+        """Another window for an inner site whose first window has a taken address (or
+        a branch target) inside: one that starts earlier and keeps clear of them, and of
+        the window before it. None if there is none."""
+        try:
+            retried = self._group_window(list(plan.sites), avoid_taken=True)
+        except _Refused:
+            return None
+        if retried.window == plan.window or \
+                previous and retried.window.address < previous.window.end:
+            return None
+        if self._branch_into(retried, self._taken_addresses([retried])):
+            return None
+        return retried
 
     def _merge(self, a: Plan, b: Plan, taken: Dict[int, list]) -> Optional[Plan]:
         """One window for two overlapping ones (an entry and a return probe of a short
@@ -560,18 +621,19 @@ class Planner:
         for point in a.points + b.points:
             if point.address in points:
                 old = points[point.address]
-                if old.taken != point.taken:
+                if (old.taken, old.stays_within) != (point.taken, point.stays_within):
                     return None
                 point = replace(old, sites=old.sites + point.sites,
                                 flags_live=old.flags_live or point.flags_live)
             points[point.address] = point
         return Plan(window, tuple(points[k] for k in sorted(points)))
 
-    def _window(self, site: Site, size: Optional[int] = None) -> Plan:
-        """The window a jump of `size` bytes (the backend's jump by default) needs."""
+    def _window(self, site: Site, size: Optional[int] = None, avoid_taken: bool = False) -> Plan:
+        """The window a jump of `size` bytes (the backend's jump by default) needs.
+        `avoid_taken`: an inner site's window also keeps clear of taken addresses."""
         size = size or self.backend.patch_size
         if not site.at_entry:
-            return self._inner_window(site, size)
+            return self._inner_window(site, size, avoid_taken)
         fn = site.function
         if not fn.size:
             raise _Refused("its size is unknown (no symbol size and no .eh_frame entry)")
@@ -617,12 +679,14 @@ class Planner:
 
     MAX_LOOK_BACK = 24  # bytes a window may start before an inner site
 
-    def _inner_window(self, site: Site, size: int) -> Plan:
-        """A window around a site inside a function (USDT, address).
+    def _inner_window(self, site: Site, size: int, avoid_taken: bool = False) -> Plan:
+        """A window around a site inside a function (USDT, address, exit).
 
         Tried in order: starting at the site, then one more instruction before it
         each time. Windows with a known branch target inside, or an instruction
-        that cannot move, are skipped; the first that fits wins.
+        that cannot move, are skipped; the first that fits wins. With `avoid_taken`,
+        so are windows with a taken address inside (the scans are asked only then:
+        the first window rarely has one, and _plan_sites checks every window).
         """
         fn = self._holding(site)
         if not fn.size:
@@ -633,13 +697,18 @@ class Planner:
             raise _Refused(f"{site.address:#x} is not the start of an instruction")
         targets = self._near_targets(fn)
         reason = "too few instructions follow it for a jump"
+        alone = self._unknown_targets(site, fn)
         for first in range(index, -1, -1):
             start = insns[first].address
-            if site.address - start > self.MAX_LOOK_BACK:
+            if site.address - start > self.MAX_LOOK_BACK or alone and first < index:
                 break
             last = index  # the window always holds the site's own instruction
             while last < len(insns) and insns[last].end - start < size:
                 last += 1
+            if alone and index < last < len(insns):
+                reason = (f"{alone}: a window may hold its own instruction only, and that is "
+                          f"{insns[index].size} bytes long, too short for a {size}-byte jump")
+                break
             if last < len(insns):
                 end = insns[last].end
             else:  # the function ends first: borrow the padding after it, if any
@@ -653,6 +722,13 @@ class Planner:
             if inside:
                 reason = f"a branch lands at {inside[0]:#x}, inside every window around it"
                 continue
+            if avoid_taken:
+                taken = self.taken_index.find(set(range(start + 1, end)))
+                why = next(((a, w) for a in range(start + 1, end)
+                            for w in [self._taken_reason(taken, a)] if w), None)
+                if why:
+                    reason = f"{why[1]} may lead to {why[0]:#x}, inside every window around it"
+                    continue
             pad = self._landing_pad_in(start, end, insns[first:last + 1])
             if pad:
                 reason = f"{pad}, inside every window around it"
@@ -664,10 +740,55 @@ class Planner:
                 continue
             window = Window(start, end - start, displaced)
             # at a return or tail call the flags carry nothing (SysV ABI), as at an entry;
-            # a conditional tail call is counted on its taken edge, into the callee
-            return Plan(window, (ProbePoint(site.address, (site,), site.kind != KIND_RETURN,
-                                            self._counts_when_taken(site)),))
+            # a conditional tail call is counted on its taken edge, into the callee; an
+            # indirect jump may stay in the function, flags and all
+            flags_live = site.kind != KIND_RETURN or bool(site.stays_within)
+            return Plan(window, (ProbePoint(site.address, (site,), flags_live,
+                                            self._counts_when_taken(site),
+                                            site.stays_within),))
         raise _Refused(reason)
+
+    def _unknown_targets(self, site: Site, fn: Function) -> Optional[str]:
+        """Why branches may land on any instruction near an inner site, or None: the
+        function holding it (or the function it is an exit of) has an indirect jump that
+        is no recovered table, and it computes an address that could be the base of
+        offsets to its cases: one inside the function (glibc's vfprintf adds offsets to
+        a label's address), or of data whose first 4 bytes, read as an offset from
+        there, lead into it (a table of offsets the recovery did not recognise). Tables
+        of addresses are seen by the scans for taken addresses; a jump through a
+        pointer to another function (a vtable's) computes no such base. A window there
+        holds the site's instruction alone; hops and punned jumps keep to that."""
+        parts = self._parts(site.function if site.kind == KIND_RETURN else fn)
+        jump = next((j for j in map(self._indirect_jump, parts) if j is not None), None)
+        if jump is None:
+            return None
+        base = self._case_base(parts)
+        if base is None:
+            return None
+        return (f"the indirect jump at {jump:#x} may go to any instruction of its function "
+                f"(by offsets from {base:#x})")
+
+    def _case_base(self, parts: List[Function]) -> Optional[int]:
+        """The first address the parts compute that lies in them, or whose first 4 bytes,
+        a signed offset from there, lead into them; or None."""
+        key = parts[0].address
+        if key not in self._offset_tables:
+            found = None
+            for part in parts:
+                for insn in self.instructions(part):
+                    base = self.backend.computed_address(insn)
+                    if base is None:
+                        continue
+                    at = self.elf.offset_of(base, 4)
+                    target = base + int.from_bytes(self.elf.data[at:at + 4], "little",
+                                                   signed=True) if at is not None else base
+                    if any(p.address <= t < p.end for p in parts for t in (base, target)):
+                        found = base
+                        break
+                if found is not None:
+                    break
+            self._offset_tables[key] = found
+        return self._offset_tables[key]
 
     def _holding(self, site: Site) -> Function:
         """The function (or .cold part) whose code holds the site."""
@@ -819,10 +940,56 @@ class Planner:
                 result.append(hopped[plan.window.address])
                 continue
             why = plan if isinstance(plan, str) else reasons[plan.window.address]
-            result.extend(Refusal(r.site, r.reason if why == r.reason else
-                                  f"jump: {r.reason}; hop: {why}") for r in group)
+            punned = self._pun([r.site for r in group], used) \
+                if "pun" in self.tactics and self.backend.puns else None
+            if isinstance(punned, Plan):
+                result.append(punned)
+                continue
+            for r in group:
+                tried_so = [("jump", r.reason), ("hop", why)] + ([("pun", punned)] if punned else [])
+                result.append(Refusal(r.site, r.reason if {w for _, w in tried_so} == {r.reason}
+                                      else "; ".join(f"{t}: {w}" for t, w in tried_so)))
         result.sort(key=lambda o: o.window.address if isinstance(o, Plan) else o.site.address)
         return result
+
+    def _pun(self, sites: List[Site], used: Occupancy) -> Union[Plan, str, None]:
+        """A punned jump for sites no other tactic could patch: a window of just their
+        instruction, shorter than the jump, whose last bytes are the bytes after it, so
+        that these must stay as they are (no window or landing over them), and the
+        stub where those bytes make it go must be free, above the new code and state,
+        and within the stub's reach of the trampoline. The plan, or why not."""
+        try:
+            plan = self._group_window(sites, 1)
+        except _Refused as why:
+            return str(why)
+        window, size = plan.window, self.backend.patch_size
+        if window.size >= size:
+            return None  # the plain jump was refused for a reason no pun lifts
+        if self._text_relocations():
+            return "the file has text relocations: the bytes after it may change"
+        following = self.elf.offset_of(window.end, size)
+        if following is None or not used.is_free(window.address, window.end + size - 1):
+            return "the bytes after it are not kept as they are"
+        reason = self._branch_into(plan, self._taken_addresses([plan]))
+        if reason:
+            return reason
+        floor, reach = self.stub_floor, window.address + (1 << 31) - 64
+
+        def accept(stub: int) -> bool:
+            return floor <= stub <= reach and self._stubs.is_free(stub, stub + size)
+
+        found = self.backend.pun(window, self.elf.data[following:following + size], accept)
+        if found is None:
+            return (f"the bytes after it make the jump go below the new code ({floor:#x}), "
+                    f"or onto another stub")
+        patch, stub, jump_size = found
+        used.take(window.address, window.address + jump_size)
+        self._stubs.take(stub, stub + size)
+        return replace(plan, pun=Pun(patch, stub))
+
+    def _text_relocations(self) -> bool:
+        entries = {tag: value for tag, value, _ in self.elf.dynamic_entries()}
+        return DT_TEXTREL in entries or bool(entries.get(DT_FLAGS, 0) & DF_TEXTREL)
 
     def _merge_overlaps(self, tried: list, taken: Dict[int, list]) -> list:
         """Hop windows that overlap (the entry and the exit of a tiny function) become
@@ -937,9 +1104,17 @@ class Planner:
     def _has_indirect_jump(self, fn: Function) -> bool:
         """Whether the function has an indirect jump that is not a recovered jump table:
         where it goes is unknown, maybe into a window we would make."""
-        tables = self.jump_tables(fn)
-        return any(self.backend.is_indirect_jump(insn) and insn.address not in tables
-                   for insn in self.instructions(fn))
+        return self._indirect_jump(fn) is not None
+
+    def _indirect_jump(self, fn: Function) -> Optional[int]:
+        """The address of the first indirect jump of the function that is not a recovered
+        jump table, or None."""
+        if fn.address not in self._unknown_jumps:
+            insns = self.instructions(fn)
+            jumps = [i.address for i in insns if self.backend.is_indirect_jump(i)]
+            tables = self.jump_tables(fn) if jumps else {}
+            self._unknown_jumps[fn.address] = next((a for a in jumps if a not in tables), None)
+        return self._unknown_jumps[fn.address]
 
     # -- branch targets ------------------------------------------------------------
     def _taken_addresses(self, plans: List[Plan]) -> Dict[int, list]:

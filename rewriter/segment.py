@@ -33,13 +33,17 @@ class SegmentImage:
     text: Tuple[int, int]  # (address, size): runtime and trampolines
     probes: List[region.ProbeInfo] = field(default_factory=list)
     live: bytes = b""  # the .urewrite.live descriptor (trampolines/live_note.py)
+    stubs: List[Tuple[int, bytes]] = field(default_factory=list)  # (address, code) of pun stubs
 
 
 def _patches(backend: Backend, plan, trampoline: int,
              moved_to: Optional[int]) -> List[Tuple[int, bytes]]:
     """The bytes written over original code for one plan, in the order they are
     written: its window's jump; or its hop, the jump of the neighbour evicted to
-    `moved_to` (if any), and the landing's jump, last, over that neighbour's filler."""
+    `moved_to` (if any), and the landing's jump, last, over that neighbour's filler; or
+    its punned jump (its stub is written with the stubs)."""
+    if plan.pun is not None:
+        return [(plan.window.address, plan.pun.patch)]
     if plan.hop is None:
         return [(plan.window.address, backend.site_patch(plan.window, trampoline))]
     patches = [(plan.window.address, backend.hop_patch(plan.window, plan.hop.landing))]
@@ -120,14 +124,15 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
     code += template
     code += bytes(runtime_at - base - len(code))
     code += runtime.code
-    patches = []
+    patches, stubs = [], []
     for plan in plans:
         at = base + align_up(len(code), CODE_ALIGN)
         code += bytes(at - base - len(code))
         try:
             points = []
 
-            def count_point(address, sites, flags_live, redirect=None, taken=False):
+            def count_point(address, sites, flags_live, redirect=None, taken=False,
+                            stays_within=()):
                 per_probe = {index_of[site.probe_key]: site for site in sites}
                 indexes = tuple(sorted(per_probe))
                 enters = any(s.kind != region.KIND_RETURN and s.probe_key in measured
@@ -136,7 +141,7 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
                                        if s.probe_key in histogram_of}))
                 return CountPoint(address, indexes, flags_live,
                                   tuple(arguments_of(per_probe[i]) for i in indexes),
-                                  enters, leaves, redirect, taken)
+                                  enters, leaves, redirect, taken, stays_within)
 
             for point in plan.points:
                 # a redirected return probe is counted by its stub, not at the entry
@@ -144,7 +149,7 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
                 counted = [s for s in point.sites if not s.redirect]
                 redirect = count_point(point.address, redirected, False) if redirected else None
                 points.append(count_point(point.address, counted, point.flags_live, redirect,
-                                          point.taken))
+                                          point.taken, point.stays_within))
             code += backend.trampoline(at, plan.window, points, refs)
             moved_to = None
             if plan.hop and plan.hop.evicted:
@@ -153,6 +158,9 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
                 code += bytes(moved_to - base - len(code))
                 code += backend.trampoline(moved_to, plan.hop.evicted, (), refs)
             patches += _patches(backend, plan, at, moved_to)
+            if plan.pun is not None:
+                stubs.append((plan.pun.stub, backend.site_patch(
+                    Window(plan.pun.stub, backend.patch_size, ()), at)))
         except OverflowError:
             raise UrewriteError(f"{plan.site.name}: the trampoline at {at:#x} is out of branch "
                                 f"reach of {plan.window.address:#x}")
@@ -163,4 +171,4 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
                            backend.live_state, file_tag) if backend.live_state else b""
     return SegmentImage(bytes(code), patches, runtime.exe_start, runtime.dso_start,
                         (template_at, len(template)), (runtime_at, base + len(code) - runtime_at),
-                        probes, live)
+                        probes, live, stubs)

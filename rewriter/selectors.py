@@ -27,6 +27,9 @@ class Site:
     redirect: bool = False  # return probe: counted by a stub its entry redirects the return to
     tail_call: bool = False  # return probe: an exit that jumps to another function, whose
     #                          return value is not known yet there (its event carries none)
+    # return probe, at an indirect jump: [start, end) ranges its target may land in and
+    # stay in the function; the exit counts only when the target is in none of them
+    stays_within: tuple = ()
 
     @property
     def at_entry(self) -> bool:

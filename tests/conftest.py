@@ -249,10 +249,13 @@ class Uprobes:
             os.close(fd)
 
     def count(self, binary, addresses: Dict[str, int], action: Callable[[], object],
-              semaphores: Optional[Dict[str, int]] = None) -> Dict[str, int]:
+              semaphores: Optional[Dict[str, int]] = None,
+              returns: Optional[Dict[str, int]] = None) -> Dict[str, int]:
         """Probe `binary` (the file, by path) at each address, run `action`, return the hits.
         `semaphores` gives a USDT probe's semaphore address by name: the kernel then
-        counts the processes that have the probe enabled in it, as a tracer does."""
+        counts the processes that have the probe enabled in it, as a tracer does.
+        `returns`: functions (name -> entry address) to count returns of, with
+        uretprobes; their hits are under the name too (keep names apart)."""
         path = os.path.realpath(binary)
         self._serial += 1
         prefix = f"u{os.getpid()}_{self._serial}_"
@@ -260,11 +263,13 @@ class Uprobes:
         enable = TRACEFS / "events" / self.group / "enable"
         try:
             lines = []
-            for i, (name, address) in enumerate(sorted(addresses.items())):
+            probes = [("p", n, a) for n, a in sorted(addresses.items())] + \
+                [("r", n, a) for n, a in sorted((returns or {}).items())]
+            for i, (kind, name, address) in enumerate(probes):
                 event = f"{prefix}{i}"
-                semaphore = (semaphores or {}).get(name)
+                semaphore = (semaphores or {}).get(name) if kind == "p" else None
                 ref_ctr = f"({file_offset(path, semaphore):#x})" if semaphore else ""
-                lines.append(f"p:{self.group}/{event} "
+                lines.append(f"{kind}:{self.group}/{event} "
                              f"{path}:{file_offset(path, address):#x}{ref_ctr}")
                 events[event] = name
             if lines:

@@ -157,6 +157,8 @@ BRANCHES = [
     ("cbnz w", lambda w, t: w.cbnz(17, t, wide=False), "cbnz w17, #{d}", "cbnz"),
     ("ldr_literal", lambda w, t: w.ldr_literal(0, t), "ldr x0, #{d}", "ldr"),
     ("adr", lambda w, t: w.adr(5, t), "adr x5, #{d}", "adr"),
+    ("tbnz 63", lambda w, t: w.tbnz(1, 63, t), "tbnz x1, #63, #{d}", "tbnz"),
+    ("tbnz 3", lambda w, t: w.tbnz(17, 3, t), "tbnz w17, #3, #{d}", "tbnz"),
 ]
 SHORT_DELTAS = [0, 4, -4, 0x100, -0x100, 0xFFFFC, -0x100000]  # imm19: +-1 MiB
 LONG_DELTAS = SHORT_DELTAS + [0x7FFFFFC, -0x8000000, 0x1234568]  # imm26: +-128 MiB
@@ -167,6 +169,8 @@ def _cases():
         deltas = LONG_DELTAS if name in ("b", "bl") else SHORT_DELTAS
         if name == "adr":
             deltas = [0, 1, -1, 3, 0xFFFFF, -0x100000, 0x1001]
+        if name.startswith("tbnz"):  # imm14: +-32 KiB
+            deltas = [0, 4, -4, 0x100, -0x100, 0x7FFC, -0x8000]
         for d in deltas:
             yield pytest.param(emit, text, mnemonic, d, id=f"{name}{d:+#x}")
 

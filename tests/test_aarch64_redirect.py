@@ -179,10 +179,10 @@ def test_return_probes_redirect_unless_the_function_signs_its_return_address(pre
     assert "work" in redirected  # a leaf: bti c, no paciasp
 
 
-def test_an_indirect_tail_call_redirects_without_the_variable(prepared):
+def test_an_indirect_tail_call_is_an_exit_without_the_variable(prepared):
+    """`br` of a tail call through a pointer: an exit checked where it goes."""
     p = prepared["redirect-O2-pie"].ok()
-    assert p.natural["via"]["mechanism"] == "redirection"
-    assert "the indirect branch" in p.natural["via"]["reason"]
+    assert p.natural["via"]["mechanism"] == "exit sites"
 
 
 @pytest.mark.parametrize("vid,args", CASES, ids=[f"{v}-{'-'.join(a)}" for v, a in CASES])
@@ -220,8 +220,8 @@ REFUSED = r"""
 #include <stdio.h>
 static volatile int sink;
 __attribute__((noipa)) int helper(int x) { return x + sink; }
-/* signs x30 (paciasp), then leaves by an indirect tail call: no exit patch, and
-   the stub's address would fail autiasp */
+/* signs x30 (paciasp), then leaves by an indirect tail call: an exit checked where
+   it goes; redirected, the stub's address would fail autiasp */
 __attribute__((noipa)) int signed_via(int (*f)(int), int x) { return f(helper(x)); }
 __attribute__((noipa)) void *whence(int x) {
     if (x < 0)
@@ -248,14 +248,15 @@ def test_refusals_and_their_reasons(tmp_path):
     (tmp_path / "refused.c").write_text(REFUSED)
     plain = tmp_path / "refused"
     check([CC, "-O2", BP, "-static", tmp_path / "refused.c", "-o", plain])
-    ret = _returns(plain)["signed_via"]
-    assert ret["mechanism"] is None
-    assert "the indirect branch" in ret["reason"]
-    assert "cannot be redirected: 'paciasp' at" in ret["reason"]
-    assert "pointer authentication" in ret["reason"]
+    assert _returns(plain)["signed_via"]["mechanism"] == "exit sites"
+    signed = analyse(str(plain))
+    fn = next(fn for fn in signed.functions if "signed_via" in fn.names)
+    problem = redirection.function_problem(signed.elf, signed.planner.backend, fn,
+                                           redirection.entry_frames(signed.elf))
+    assert "'paciasp' at" in problem and "pointer authentication" in problem
     out = urewrite(plain, "-r", "signed_via", "-o", tmp_path / "out")
-    assert out.returncode == 1 and "pointer authentication" in out.stderr
-    assert not (tmp_path / "out").exists()
+    assert out.returncode == 0, out.stderr
+    assert run(emulate(tmp_path / "out")).stdout == run(emulate(plain)).stdout
 
     unsigned = tmp_path / "unsigned"  # where pointer authentication says nothing first
     check([CC, "-O2", "-static", tmp_path / "refused.c", "-o", unsigned])
@@ -302,11 +303,14 @@ def test_refused_under_the_guarded_control_stack(tmp_path):
     plain = tmp_path / "libgcs.so"
     check([CC, "-O2", BP, "-fPIC", "-shared", "-nostartfiles", "-Wl,-init,lib_init",
            tmp_path / "gcs.c", "-o", plain])
-    assert _returns(plain)["via"]["mechanism"] == "redirection"
+    from urewrite.rewriter import redirection
+    from urewrite.rewriter.pipeline import analyse
+    assert _returns(plain, FORCE)["via"]["mechanism"] == "redirection"
     plain.write_bytes(_with_gcs(bytearray(plain.read_bytes())))
-    ret = _returns(plain)["via"]
-    assert ret["mechanism"] is None
-    assert "cannot be redirected: the file enables the Guarded Control Stack" in ret["reason"]
+    a = analyse(str(plain))
+    assert "the file enables the Guarded Control Stack" in \
+        redirection.file_problem(a.elf, a.planner.backend)
+    assert _returns(plain, FORCE)["via"]["mechanism"] == "exit sites"  # patched instead
 
 
 def test_stack_switching(tmp_path):

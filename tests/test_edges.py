@@ -30,12 +30,15 @@ DISPLACED = {"edge_rip_load": 6, "edge_rip_store": 6, "edge_jrcxz": 5, "edge_loo
 
 
 def refusal_reasons(sym):
-    """Refused entries -> the reason urewrite must give, from the sample's addresses."""
+    """Refused entries -> how the reason urewrite gives starts, from the sample's addresses
+    (edge_one's punned jump fails for the bytes after it: patched themselves when
+    edge_after_one is probed too, else they make the jump go below the file)."""
     xbegin = sym["edge_xbegin"]
     return {
         "edge_one": "jump: it is 1 bytes long, too short for a 5-byte jump, and the next "
                     "function follows without padding; hop: it is 1 bytes long, too short for "
-                    "a 2-byte jump, and the next function follows without padding",
+                    "a 2-byte jump, and the next function follows without padding; pun: the "
+                    "bytes after it ",
         # the same reason for every tactic: said once
         "edge_xbegin": f"cannot relocate 'xbegin {xbegin + 15:#x}' has an abort target relative "
                        f"to its address",
@@ -122,7 +125,7 @@ def test_list_json(edges):
     assert 5 <= tiny["displaced"] <= edges.sym["edge_one"] - edges.sym["edge_tiny"]
     for name, reason in refusal_reasons(edges.sym).items():
         assert not rows[name]["patchable"], name
-        assert rows[name]["reason"] == reason
+        assert rows[name]["reason"].startswith(reason)
     assert rows["edge_one"]["size"] == 1
     nosize = rows["edge_nosize"]
     assert nosize["sized_by"] == "next symbol"
@@ -160,7 +163,8 @@ def test_refused_when_named_exactly(pie_edges, tmp_path, name):
     assert proc.returncode == 1
     assert proc.stdout == ""
     reason = refusal_reasons(pie_edges.sym)[name]
-    assert proc.stderr == f"urewrite: cannot probe {name}: {reason}\n"
+    assert proc.stderr.startswith(f"urewrite: cannot probe {name}: {reason}")
+    assert proc.stderr.count("\n") == 1
     assert not out.exists()
     assert os.listdir(tmp_path) == []
 
@@ -189,7 +193,7 @@ def test_glob_refusals_are_warnings(pie_edges, tmp_path):
     assert proc.returncode == 0, proc.stderr
     reasons = refusal_reasons(pie_edges.sym)
     for name, reason in reasons.items():
-        assert f"urewrite: warning: not probing {name}: {reason}\n" in proc.stderr
+        assert f"urewrite: warning: not probing {name}: {reason}" in proc.stderr
     patchable = [n for n in EXPECTED if n.startswith("edge_")]
     last = proc.stderr.splitlines()[-1]
     assert re.fullmatch(rf"urewrite: wrote {re.escape(str(out))}: {len(patchable)} probes"
@@ -214,9 +218,9 @@ def test_call_refused_under_cet_shadow_stack(builder):
     assert "SHSTK" in run(["readelf", "-n", built.path]).stdout
     rows = {r["name"]: r for r in listing(built.path)["functions"]}
     assert not rows["edge_call"]["patchable"]
-    assert rows["edge_call"]["reason"] == ("cannot relocate 'call "
-                                           f"{all_symbols(built.path)['edge_callee']:#x}' cannot be "
-                                           "emulated under the CET shadow stack this file enables")
+    assert ("cannot relocate 'call "
+            f"{all_symbols(built.path)['edge_callee']:#x}' cannot be "
+            "emulated under the CET shadow stack this file enables") in rows["edge_call"]["reason"]
     assert rows["edge_jrcxz"]["patchable"]
 
 

@@ -17,12 +17,16 @@ SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SOURCE = os.path.join(SAMPLES, "redirect.c")
 FUNCTIONS = ["depth", "work", "maybe_jump", "dive", "nested", "twice", "via", "forker", "die"]
 # functions that redirect (the others patch their exits) at each build; at -O2 the
-# others' shapes depend on the compiler version, the indirect tail call's does not.
+# shapes depend on the compiler version: the indirect tail call of `via` is an exit
+# checked where it goes, unless every return that can be redirected is (+redirect-all,
+# the UREWRITE_REDIRECT_RETURNS switch of the rewrite).
 # `die` leaves by no exit at all: its jump table's cases are all its own.
+REDIRECT_ALL = " +redirect-all"
 REDIRECTED = {
     "-O0": set(FUNCTIONS) - {"die"},
     "-O0 -static": set(FUNCTIONS) - {"die"},
-    "-O2": {"via"},
+    "-O2": set(),
+    "-O2" + REDIRECT_ALL: {"via"},
 }
 CASES = ["recursion", "threads", "longjmp", "dive", "signal", "tail", "chain", "fork", "die"]
 
@@ -50,8 +54,8 @@ def expected_returns(program_output: str) -> dict:
             for m in re.finditer(r"^returns (\w+) (\d+)$", program_output, re.M)}
 
 
-def mechanisms(path) -> dict:
-    listed = json.loads(urewrite("list", "--json", path).stdout)["functions"]
+def mechanisms(path, env=None) -> dict:
+    listed = json.loads(urewrite("list", "--json", path, env=env).stdout)["functions"]
     return {f["name"]: f["return"] for f in listed}
 
 
@@ -59,20 +63,24 @@ def mechanisms(path) -> dict:
 def build(request, tmp_path_factory):
     work = tmp_path_factory.mktemp("redirect")
     plain, probed = work / "redirect", work / "redirect.probed"
-    subprocess.run(["gcc", *request.param.split(), "-pthread", SOURCE, "-o", plain], check=True)
+    flags = request.param.replace(REDIRECT_ALL, "")
+    subprocess.run(["gcc", *flags.split(), "-pthread", SOURCE, "-o", plain], check=True)
     args = [a for name in FUNCTIONS for a in ("-r", name)] + ["-p", "depth", "-p", "work"]
-    out = urewrite(plain, *args, "-o", probed)
+    env = dict(os.environ, UREWRITE_REDIRECT_RETURNS="1") \
+        if request.param.endswith(REDIRECT_ALL) else None
+    out = urewrite(plain, *args, "-o", probed, env=env)
     assert out.returncode == 0, out.stderr
-    listed = mechanisms(plain)
+    listed = mechanisms(plain, env)
     redirected = {name for name in FUNCTIONS if listed[name]["mechanism"] == "redirection"}
     assert redirected >= REDIRECTED[request.param]
     assert all(listed[name]["mechanism"] for name in FUNCTIONS)  # none refused
-    return plain, probed
+    # (at -O0 via calls twice and returns after it, as a redirected via does)
+    return plain, probed, env is not None or flags.startswith("-O0")
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_redirected_returns_are_counted_exactly(build, case):
-    plain, probed = build
+    plain, probed, _ = build
     args = [case] + (["2"] if case == "die" else [])
     original = subprocess.run([plain, *args], capture_output=True, text=True)
     out, program, report = stat([probed, *args])
@@ -96,7 +104,7 @@ def test_redirected_returns_are_counted_exactly(build, case):
 
 
 def test_disarmed_behaviour_is_unchanged(build):
-    plain, probed = build
+    plain, probed, _ = build
     for case in CASES:
         a = subprocess.run([plain, case], capture_output=True, text=True)
         b = subprocess.run([probed, case], capture_output=True, text=True)
@@ -104,12 +112,17 @@ def test_disarmed_behaviour_is_unchanged(build):
 
 
 def test_events_through_the_stub_carry_the_return_value(build):
-    _, probed = build
+    _, probed, via_redirected = build
     out = urewrite("trace", "--json", "--", probed, "tail")
     events = [json.loads(l) for l in out.stdout.splitlines() if l.startswith("{")]
-    returns = [(e["probe"], e["args"][0]) for e in events if e["kind"] == "return"]
-    # via tail-calls twice: twice returns first (to via's stub), then via, same value
-    assert returns == [(name, 2 * x) for x in range(30) for name in ("twice", "via")]
+    returns = [(e["probe"], e["args"][:1]) for e in events if e["kind"] == "return"]
+    if via_redirected:
+        # via tail-calls twice: twice returns first (to via's stub), then via, same value
+        assert returns == [(name, [2 * x]) for x in range(30) for name in ("twice", "via")]
+    else:
+        # via's return counts at its tail call, before twice runs: no value yet
+        assert returns == [(name, value) for x in range(30)
+                           for name, value in (("via", []), ("twice", [2 * x]))]
 
 
 STALE = r"""
@@ -299,7 +312,8 @@ __attribute__((noinline)) int check(int i) {
         return 0;
     return i + sink;
 }
-/* an indirect tail call at -O2: no exit patch can follow it */
+/* -O0: its `ret` follows `call *%rdx; leave`, and no window of the plain jump fits;
+   -O2: an indirect tail call, an exit checked where it goes */
 __attribute__((noinline)) int via(int (*f)(int), int x) { return f(x); }
 int main() {
     int caught = 0;
@@ -314,10 +328,12 @@ int main() {
 def test_refused_where_cxx_exceptions_are_thrown(tmp_path):
     (tmp_path / "x.cc").write_text(CXX)
     plain = tmp_path / "x"
-    subprocess.run(["g++", "-O2", tmp_path / "x.cc", "-o", plain], check=True)
+    subprocess.run(["g++", "-O0", tmp_path / "x.cc", "-o", plain], check=True)
     ret = mechanisms(plain)["_Z3viaPFiiEi"]
     assert ret["mechanism"] is None
     assert "cannot be redirected: the file can throw C++ exceptions" in ret["reason"]
+    subprocess.run(["g++", "-O2", tmp_path / "x.cc", "-o", plain], check=True)
+    assert mechanisms(plain)["_Z3viaPFiiEi"]["mechanism"] == "exit sites"
 
 
 WHENCE = r"""

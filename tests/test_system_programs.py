@@ -41,7 +41,7 @@ def test_program_with_every_function_probed_runs_as_the_original(name, tmp_path)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     used = {t for t, n in result["tactics"].items() if n}
-    assert used == {"jump", "hop", "evict"}  # each of these has tight sites
+    assert used >= {"jump", "hop", "evict"}  # each of these has tight sites (some a pun)
 
     def execute(program, env=None):
         return subprocess.run([str(program), *args], input=stdin.encode(), capture_output=True,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import check, run, rewrite, stat, urewrite
+from conftest import Uprobes, check, run, rewrite, stat, uprobes_unavailable, urewrite
 
 SAMPLE = Path(__file__).resolve().parent.parent / "samples" / "tactics.c"
 CFLAGS = ["-fcf-protection=none"]
@@ -104,7 +104,7 @@ def test_every_function_probed_runs_and_counts(tactics, tmp_path):
     out = tmp_path / "tactics.probed"
     result = rewrite(tactics.path, out, "*", extra=["-r", "*"])
     # each probe lists its tactic; the counts are per patched window
-    assert set(result["tactics"]) == {"jump", "hop", "evict"}
+    assert set(result["tactics"]) == {"jump", "hop", "evict", "pun"}
     assert result["tactics"]["evict"] >= 1 and result["tactics"]["jump"] >= 1
     assert {p["tactic"] for p in result["probes"] if p["name"] == "tac_evict"} == {"evict"}
     refused = {r["name"] for r in result["refused"]}
@@ -131,22 +131,105 @@ def test_counts_equal_uprobes(builder, uprobes, tmp_path):
     assert {n: hits[a] for n, a in addresses.items()} == oracle == _expected_counts(2)
 
 
-def test_a_refusal_names_each_tactic_tried(builder, tmp_path):
-    """A 1-byte function followed at once by the next one: no tactic fits."""
-    source = tmp_path / "one.c"
-    source.write_text(
-        '__asm__(".text\\n.p2align 4\\n.globl one\\n.type one,@function\\none: ret\\n'
-        '.size one,1\\n.globl two\\n.type two,@function\\ntwo: ret\\n.size two,1\\n");\n'
-        "void one(void); void two(void);\nint main(void) { one(); two(); return 0; }\n")
-    exe = tmp_path / "one"
-    check(["gcc", "-O2", str(source), "-o", str(exe)])
+# A 1-byte function followed at once by the next one, whose first bytes say where a
+# punned jump at the first would go: `mov ecx, IMM` is b9 and IMM's 4 bytes, so the jump's
+# displacement is 0x??0000b9 with ?? the third byte of IMM (0x20: 512 MiB on, above the
+# new code; 0x80: 2 GiB back, below the file).
+PUN_SAMPLE = r"""
+__asm__(".text\n.p2align 4\n"
+        ".globl one\n.type one,@function\none: ret\n.size one,1\n"
+        ".globl two\n.type two,@function\ntwo: mov $0x%s, %%ecx\n ret\n.size two,6\n");
+void one(void);
+void two(void);
+#ifndef PUN_LIBRARY
+#include <stdio.h>
+#include <stdlib.h>
+int main(int argc, char **argv) {
+    int n = argc > 1 ? atoi(argv[1]) : 1;
+    for (int i = 0; i < n; i++) { one(); two(); }
+    printf("%%d\n", n);
+    return 0;
+}
+#endif
+"""
+
+
+@pytest.fixture
+def uprobes_or_none():
+    """The kernel's uprobes to compare with where they can be used, else None."""
+    return None if uprobes_unavailable() else Uprobes()
+
+
+def _pun_sample(tmp_path, immediate: str, flags=("-O2",), name="one"):
+    source = tmp_path / f"{name}.c"
+    source.write_text(PUN_SAMPLE % immediate)
+    exe = tmp_path / name
+    check(["gcc", *flags, str(source), "-o", str(exe)])
+    return exe
+
+
+def test_a_refusal_names_each_tactic_tried(tmp_path):
+    """No tactic fits: the punned jump would go below the file."""
+    exe = _pun_sample(tmp_path, "800000")
     proc = urewrite(str(exe), "-p", "one", "-o", str(tmp_path / "out"))
     assert proc.returncode == 1
     assert proc.stderr.startswith("urewrite: cannot probe one: jump: it is 1 bytes long, "
                                   "too short for a 5-byte jump, and ")
-    assert proc.stderr.endswith("; hop: it is 1 bytes long, too short for a 2-byte jump, and "
-                                "the next function follows without padding\n")
+    assert "; hop: it is 1 bytes long, too short for a 2-byte jump, and the next function " \
+           "follows without padding; pun: the bytes after it make the jump go below the " \
+           "new code" in proc.stderr
     assert proc.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flags", [("-O0", "-pie"), ("-O2", "-pie"), ("-O2", "-no-pie"),
+                                   ("-O2", "-static"), ("-O3", "-no-pie", "-fcf-protection")],
+                         ids=lambda f: "".join(f))
+def test_a_punned_jump(flags, uprobes_or_none, tmp_path):
+    """`one` is probed at entry and return through a jump that ends in `two`'s bytes;
+    its stub lies where they say, in a segment of its own."""
+    exe = _pun_sample(tmp_path, "200000", flags)
+    out = tmp_path / "one.probed"
+    result = rewrite(exe, out, "one", extra=["-r", "one"])
+    assert sorted((p["name"], p["kind"], p["tactic"]) for p in result["probes"]) == \
+        [("one", "entry", "pun"), ("one", "return", "pun")]
+    assert result["tactics"]["pun"] == 1  # one window for both
+    one = int(check(["nm", str(exe)]).stdout.split(" T one")[0].split()[-1], 16)
+    stub = one + 5 + 0x200000B9
+    loads = [line.split() for line in check(["readelf", "-lW", str(out)]).stdout.splitlines()
+             if line.split()[:1] == ["LOAD"]]
+    assert [int(l[2], 16) for l in loads][-1] == stub & -0x1000
+    patched, original_bytes = out.read_bytes(), exe.read_bytes()
+    offset = original_bytes.index(bytes.fromhex("c3b9000020"))
+    assert patched[offset:offset + 5] == bytes.fromhex("e9b9000020")  # `two` kept as it was
+    original = run([exe, "7"])
+    assert run([out, "7"]).stdout == original.stdout  # disarmed
+    st = stat([out, "7"], tmp_path)
+    assert (st.proc.returncode, st.proc.stdout) == (0, original.stdout)
+    hits = {(p["name"], p["kind"]): p["hits"] for p in st.probes}
+    assert hits == {("one", "entry"): 7, ("one", "return"): 7}
+    if uprobes_or_none:
+        assert uprobes_or_none.count(exe, {"one": one}, lambda: run([exe, "7"])) == {"one": 7}
+
+
+def test_a_punned_jump_in_a_shared_object(tmp_path):
+    source = tmp_path / "libone.c"
+    source.write_text(PUN_SAMPLE % "200000")
+    lib_dir = tmp_path / "lib"
+    lib_dir.mkdir()
+    check(["gcc", "-O2", "-fPIC", "-shared", "-DPUN_LIBRARY", str(source), "-o",
+           str(tmp_path / "libone.so")])
+    main = tmp_path / "main.c"
+    main.write_text("#include <stdio.h>\nvoid one(void); void two(void);\n"
+                    "int main(void) { for (int i = 0; i < 9; i++) { one(); two(); } "
+                    "puts(\"done\"); return 0; }\n")
+    exe = tmp_path / "main"
+    check(["gcc", "-O2", str(main), "-L", str(tmp_path), "-lone", "-o", str(exe)])
+    result = rewrite(tmp_path / "libone.so", lib_dir / "libone.so", "one")
+    assert [p["tactic"] for p in result["probes"]] == ["pun"]
+    st = stat([exe], tmp_path, env={"LD_LIBRARY_PATH": str(lib_dir)})
+    assert (st.proc.returncode, st.proc.stdout) == (0, "done\n")
+    assert [(p["name"], p["hits"]) for p in st.probes] == [("one", 9)]
 
 
 # -- the cases of real files that had no tactic but the plain jump ---------------------------
@@ -254,13 +337,13 @@ def test_list_summary_counts_what_list_shows(tactics, tmp_path):
     exit_tactics = [t for r in rows.values() for t, n in r["return"]["tactics"].items()
                     for _ in range(n)]
     assert row["tactics"] == {t: (entry_tactics + exit_tactics).count(t)
-                              for t in ("jump", "hop", "evict")}
+                              for t in ("jump", "hop", "evict", "pun")}
     assert row["tactics"]["evict"] >= 2 and row["tactics"]["hop"] >= 1
     assert report["total"]["files"] == 1 and report["skipped"] == [
         {"file": str(not_elf), "reason": f"{not_elf}: not an ELF file"}]
     text = urewrite("list", "--summary", str(tactics.path)).stdout.splitlines()
     assert text[0].split() == ["FILE", "FUNCTIONS", "ENTRY", "RETURN", "USDT", "JUMP", "HOP",
-                               "EVICT"]
+                               "EVICT", "PUN"]
     assert text[-1].split()[0] == "TOTAL" and text[-1].split()[1] == str(len(rows))
 
 

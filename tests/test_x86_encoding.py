@@ -53,6 +53,10 @@ def keystone_bytes(text: str, address: int = BASE) -> bytes:
     (lambda w: w.push_r(3), "push rbx"),
     (lambda w: w.mov_rdi_rsp(), "mov rdi, rsp"),
     (lambda w: w.lea_rcx_rsp(0x100), "lea rcx, [rsp + 0x100]"),
+    (lambda w: w.mov_rcx_rsp_disp(8), "mov rcx, qword ptr [rsp + 8]"),
+    (lambda w: w.sub_rdx_rcx(), "sub rdx, rcx"),
+    (lambda w: w.add_rdx_rcx(), "add rdx, rcx"),
+    (lambda w: w.cmp_rdx_imm32(0x12345), "cmp rdx, 0x12345"),
 ])
 def test_fixed_encodings_match_keystone(emit, text):
     w = Writer(BASE)
@@ -194,3 +198,49 @@ def test_call_refused_under_shadow_stack():
     insn = backend.decode(keystone_bytes("call 0x402000"), BASE, detail=True)[0]
     assert "shadow stack" in relocator.relocation_problem(insn, True, shadow_stack=True)
     assert relocator.relocation_problem(insn, True, shadow_stack=False) is None
+
+
+@pytest.mark.parametrize("jump, load", [
+    ("jmp rax", "mov rdx, rax"),
+    ("jmp r11", "mov rdx, r11"),
+    ("jmp qword ptr [rdx + rax*8]", "mov rdx, qword ptr [rdx + rax*8]"),
+    ("jmp qword ptr [r12 + 0x10]", "mov rdx, qword ptr [r12 + 0x10]"),  # base r12: no rsp
+    ("jmp qword ptr [r13 + r14*8 + 0x1234]", "mov rdx, qword ptr [r13 + r14*8 + 0x1234]"),
+    ("jmp qword ptr fs:[rax]", "mov rdx, qword ptr fs:[rax]"),
+    ("jmp qword ptr [rsp]", "mov rdx, qword ptr [rsp + 0xa0]"),  # rsp is 160 lower there
+    ("jmp qword ptr [rsp + 8]", "mov rdx, qword ptr [rsp + 0xa8]"),
+    ("jmp qword ptr [rsp + 0x70]", "mov rdx, qword ptr [rsp + 0x110]"),  # disp8 -> disp32
+])
+@pytest.mark.parametrize("prefix", [b"", b"\x3e", b"\xf2"], ids=["", "notrack", "bnd"])
+def test_an_indirect_jump_target_is_loaded_as_the_jump_reads_it(jump, load, prefix):
+    (insn,) = X86_64Backend().decode(prefix + keystone_bytes(jump), BASE, detail=True)
+    code = relocator.load_jump_target(insn, BASE + 0x5000, 160)
+    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    (mov,) = md.disasm(code, BASE + 0x5000)
+    assert (f"{mov.mnemonic} {mov.op_str}", mov.size) == (load, len(code))
+
+
+def test_an_rip_relative_jump_target_is_read_from_the_same_slot():
+    for prefix in (b"", b"\x3e"):
+        (insn,) = X86_64Backend().decode(prefix + keystone_bytes("jmp qword ptr [rip + 0x100]"),
+                                         BASE, detail=True)
+        code = relocator.load_jump_target(insn, BASE + 0x5000, 160)
+        md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+        (mov,) = md.disasm(code, BASE + 0x5000)
+        slot = mov.address + mov.size + int(mov.op_str.split("rip ")[1].replace(" ", "").rstrip("]"), 16)
+        assert mov.mnemonic == "mov" and slot == insn.end + 0x100
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("lea rcx, [rip + 5]", BASE + 7 + 5),  # Capstone writes small displacements in decimal
+    ("lea rdx, [rip + 0xd73]", BASE + 7 + 0xd73),
+    ("lea rdx, [rip - 0x40]", BASE + 7 - 0x40),
+    ("mov edx, 0x401234", 0x401234),
+    ("movabs rax, 0x7f0012345678", 0x7F0012345678),
+    ("mov eax, 3", None),
+    ("lea rax, [rbx + 8]", None),
+])
+def test_computed_addresses(text, expected):
+    """What may be the base of offsets to a function's code (planner._case_base)."""
+    (insn,) = X86_64Backend().decode(keystone_bytes(text), BASE)
+    assert X86_64Backend().computed_address(insn) == expected

@@ -74,7 +74,9 @@ class AArch64Backend(Backend):
         word = int.from_bytes(insn.raw, "little")
         if word & 0xFFFFFBFF == 0xD65F0BFF or word & 0xFFFFFC1F == 0xD65F0000:
             return True, None  # ret, retaa, retab
-        if self.is_indirect_jump(insn):  # br, braa, brab, braaz, brabz (blr* are calls)
+        if insn.mnemonic == "br":  # an exit when it goes outside (checked in the trampoline)
+            return "outside", None
+        if self.is_indirect_jump(insn):  # braa, brab, braaz, brabz (blr* are calls)
             return False, f"the indirect branch at {insn.address:#x} may leave it"
         target = self.direct_branch_target(insn)
         if target is None or inside(target) or insn.mnemonic == "bl":

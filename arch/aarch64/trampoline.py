@@ -9,6 +9,8 @@ routines it calls save them), so they need no saving even inside a function.
             cbz  x16 - 1 -> resume       disarmed: one load, one branch
             cbz  x16 -> setup
     armed:  stp  x0, x1, [sp, #16]
+            [br xN that may stay in its function: x0 = xN; per range of the
+             function: x1 = x0 - start, tbnz x1 sign; x1 -= size, tbnz x1 sign -> traced]
             x17 = tpidr_el0 (thread pointer); x0 = &owner[hash(x17)]
             ldp  x1, x0, [x0]           owner thread, its counter row
             cbnz x1 - x17 -> slow
@@ -92,7 +94,7 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
     assert point.address == window.address
     w = Writer(address)
     w.stp_pre(X16, X17, SP, -FRAME)
-    _point(w, _Labels(""), point, refs, lambda: _displaced(w, window))
+    _point(w, _Labels(""), point, refs, lambda: _displaced(w, window), window.insns[0])
     if point.redirect:
         _return_stub(w, point.redirect, refs)
     return w.bytes()
@@ -128,9 +130,27 @@ class _Labels:
         return self.prefix + name
 
 
-def _point(w: Writer, L: _Labels, point, refs: RuntimeRefs, displaced) -> None:
+def _exit_check(w: Writer, L: _Labels, point, rn: int) -> None:
+    """`br xN` that may stay in its function, armed: its probes count only when it
+    goes outside the function's ranges (a tail call, or its own entry anew). x0, x1
+    are saved in the frame, every other register is as at the branch; no flags are
+    set (tbnz on the sign of differences: addresses are below 2**63)."""
+    if rn in (X16, X17):
+        w.ldr(X0, SP, FRAME_X16 + 8 * (rn - X16))
+    elif rn != X0:
+        w.mov(X0, rn)  # (x1 is still the site's)
+    for k, (start, end) in enumerate(point.stays_within):
+        w.address_of(X1, start)
+        w.sub_reg(X1, X0, X1)  # target - start
+        w.tbnz(X1, 63, f"{L.below}{k}")
+        _sub_imm(w, X1, X1, end - start)
+        w.tbnz(X1, 63, L.traced)  # start <= target < end: it stays, nothing to count
+        w.label(f"{L.below}{k}")
+
+
+def _point(w: Writer, L: _Labels, point, refs: RuntimeRefs, displaced, jump=None) -> None:
     """From the check on, with the frame pushed: count the point's probes, then run
-    `displaced()`, then the out-of-line parts."""
+    `displaced()`, then the out-of-line parts. `jump`: the point's instruction."""
     probe_indexes = point.probes
     _load_state(w, refs.state)
     w.sub_imm(X17, X16, 1)
@@ -139,6 +159,8 @@ def _point(w: Writer, L: _Labels, point, refs: RuntimeRefs, displaced) -> None:
 
     w.label(L.armed)
     w.stp(X0, X1, SP, FRAME_X0)
+    if point.stays_within:
+        _exit_check(w, L, point, relocator.word_of(jump) >> 5 & 31)
     w.mrs_tpidr_el0(X17)
     w.ldr_literal(X0, L.hash)
     w.mul(X0, X17, X0)

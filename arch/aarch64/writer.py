@@ -94,6 +94,10 @@ class Writer:
     def cbnz(self, rt: int, target, wide: bool = True) -> None:
         self._later("imm19", target, (0xB5000000 if wide else 0x35000000) | rt)
 
+    def tbnz(self, rt: int, bit: int, target) -> None:
+        """tbnz xt, #bit, target: a test that sets no flags"""
+        self._later("imm14", target, 0x37000000 | (bit >> 5) << 31 | (bit & 31) << 19 | rt)
+
     def br(self, rn: int) -> None:
         self.word(0xD61F0000 | rn << 5)
 

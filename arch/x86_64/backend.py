@@ -44,9 +44,26 @@ def _exit_mnemonic(full: str) -> Optional[str]:
     """The bare mnemonic when it is a return or a branch other than a call, else None."""
     if full not in _EXIT_MNEMONICS:
         mnemonic = _bare_mnemonic(full)
-        _EXIT_MNEMONICS[full] = mnemonic if mnemonic in ("ret", "retq") or (
+        _EXIT_MNEMONICS[full] = mnemonic if mnemonic in ("ret", "retq", "ljmp") or (
             mnemonic in _BRANCH_MNEMONICS and mnemonic != "call") else None
     return _EXIT_MNEMONICS[full]
+
+
+# prefixes a `jmp rel32` ignores, for 0, 1 or 2 bytes before it: REX.W (the operand is
+# 64-bit anyway), then an ES override (no memory operand); never 0x66, which would
+# truncate the target
+_PUN_PREFIXES = (b"", b"\x48", b"\x26\x48")
+
+_RIP_DISPLACEMENT = re.compile(r"\[rip( [+-] (?:0x[0-9a-f]+|[0-9]+))?\]")  # (small: decimal)
+_IMMEDIATE = re.compile(r"[a-z0-9]+, (0x[0-9a-f]{4,})$")  # mov reg, imm (big enough to be one)
+
+_REG16 = frozenset("ax cx dx bx sp bp si di".split() + [f"r{n}w" for n in range(8, 16)])
+
+
+def _target_readable(op_str: str) -> bool:
+    """Whether an indirect jmp's target can be loaded into a register by a trampoline
+    (relocator.load_jump_target): a 64-bit operand, other than rsp itself."""
+    return not (op_str == "rsp" or op_str in _REG16 or op_str.startswith("word ptr"))
 
 
 class X86_64Backend(Backend):
@@ -126,9 +143,15 @@ class X86_64Backend(Backend):
             return False, None  # most instructions: no branch at all
         if mnemonic in ("ret", "retq"):
             return True, None
+        if mnemonic == "ljmp":
+            return False, f"the far jump at {insn.address:#x} may leave it"
         if mnemonic in _BRANCH_MNEMONICS and mnemonic != "call":
             target = self.direct_branch_target(insn)
             if target is None:
+                # an exit when it goes outside (checked in the trampoline), if its target
+                # can be read as it reads it: a 64-bit register or memory operand
+                if mnemonic == "jmp" and _target_readable(insn.op_str):
+                    return "outside", None
                 return False, f"the indirect jump at {insn.address:#x} may leave it"
             if inside(target):
                 return False, None
@@ -138,6 +161,16 @@ class X86_64Backend(Backend):
                 return "taken", None  # a conditional tail call
             return False, f"the conditional jump at {insn.address:#x} leaves it"
         return False, None
+
+    def computed_address(self, insn: Insn) -> Optional[int]:
+        if insn.mnemonic == "lea":
+            match = _RIP_DISPLACEMENT.search(insn.op_str)
+            return insn.end + int((match.group(1) or "0").replace(" ", ""), 0) \
+                if match else None
+        if insn.mnemonic in ("mov", "movabs"):
+            match = _IMMEDIATE.match(insn.op_str)
+            return int(match.group(1), 16) if match else None
+        return None
 
     def is_indirect_jump(self, insn: Insn) -> bool:
         return _bare_mnemonic(insn.mnemonic) == "jmp" and not insn.op_str.startswith("0x")
@@ -169,6 +202,26 @@ class X86_64Backend(Backend):
 
     def hop_patch(self, window: Window, landing: int) -> bytes:
         return jmp_rel8(window.address, landing) + bytes([INT3]) * (window.size - 2)
+
+    puns = True
+
+    def pun(self, window: Window, following: bytes, accept) -> Optional[tuple]:
+        # `jmp rel32` at window + j, after j prefixes it ignores; of its displacement
+        # the low `free` bytes are still in the window (ours to choose), the rest are
+        # the kept bytes that follow it
+        for j in range(min(window.size, len(_PUN_PREFIXES))):
+            free = window.size - 1 - j
+            if free > 2:
+                continue  # (a 4-byte window: its 2 free bytes are plenty at j = 1)
+            high = int.from_bytes(following[:4 - free], "little") << (8 * free)
+            displacement = high - (1 << 32) if high >> 31 else high
+            end = window.address + j + 5
+            for low in range(0, 1 << (8 * free), 8):  # (8 apart: fewer tries)
+                stub = end + displacement + low
+                if accept(stub):
+                    return (_PUN_PREFIXES[j] + b"\xe9" + low.to_bytes(free, "little"), stub,
+                            j + 5)
+        return None
 
     # -- can I? ------------------------------------------------------------
     def relocation_problem(self, insn: Insn, is_last: bool, shadow_stack: bool) -> Optional[str]:

@@ -12,6 +12,7 @@ Rules:
 
 from __future__ import annotations
 
+import struct
 from typing import Optional
 
 from capstone import x86_const as X
@@ -186,3 +187,32 @@ def _retarget_indirect(insn: Insn, new_address: int, as_jump: bool) -> bytes:
         code[d.disp_offset:d.disp_offset + 4] = rel32(new_end, old_target)
     return bytes(code)
 
+
+
+_KEPT_PREFIXES = (0x64, 0x65, 0x67)  # fs, gs, address size: they change what is read
+
+
+def load_jump_target(insn: Insn, new_address: int, rsp_shift: int) -> bytes:
+    """`mov rdx, <operand>` at `new_address`, for the indirect `jmp <operand>` (FF /4,
+    decoded in detail): what the jump would go to, read the same way, with rsp
+    lower by `rsp_shift` bytes than at the jump. notrack and bnd are dropped."""
+    d = insn.detail
+    raw = insn.raw
+    opcode = d.modrm_offset - 1
+    if raw[opcode] != 0xFF or (raw[d.modrm_offset] >> 3) & 7 != 4:
+        raise ValueError(f"'{insn}' is not an indirect jmp")
+    rex = d.rex if d.rex else 0
+    legacy = bytes(b for b in raw[:opcode - (1 if rex else 0)] if b in _KEPT_PREFIXES)
+    modrm = raw[d.modrm_offset]
+    mod, rm = modrm >> 6, modrm & 7
+    tail = raw[d.modrm_offset + 1:]  # SIB, displacement
+    on_stack = mod != 3 and rm == 4 and tail[0] & 7 == 4 and not rex & 1  # base rsp
+    if on_stack:
+        disp = {0: 0, 1: struct.unpack("<b", tail[1:2])[0] if mod == 1 else 0,
+                2: struct.unpack("<i", tail[1:5])[0] if mod == 2 else 0}[mod] + rsp_shift
+        mod, tail = (1, tail[:1] + struct.pack("<b", disp)) if -128 <= disp < 128 else \
+            (2, tail[:1] + struct.pack("<i", disp))
+    code = bytearray(legacy + bytes((0x48 | rex & 3, 0x8B, mod << 6 | 2 << 3 | rm)) + tail)
+    if mod == 0 and rm == 5:  # rip-relative: the displacement is the last 4 bytes
+        code[-4:] = rel32(new_address + len(code), insn.end + d.disp)
+    return bytes(code)

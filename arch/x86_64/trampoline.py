@@ -6,10 +6,16 @@
     check, inside a function (flags may be live; none of this touches them):
             lea rsp,[rsp-128] ; push rcx      keep out of the red zone
             rcx = state - 1 ; jrcxz resume    disarmed
-            jmp armed
+            jmp armed                         (an indirect jump that may stay in
+                                              the function: jmp exit_check)
     resume: [pop rcx ; lea rsp,[rsp+128]]
             displaced instructions from the probe point on, relocated
             jmp back
+    exit_check (out of line): push rcx ; rcx = the site's ; pushfq ; push rdx
+            rdx = the jump's target, read as the jump reads it
+            per range of the function: jb stays when start <= rdx < end
+            pop rdx ; popfq ; pop rcx ; jmp armed     it leaves: count
+    stays:  pop rdx ; popfq ; pop rcx ; jmp resume
     armed (out of line):
             [lea rsp,-128 ; push rcx] push rax [seto al ; lahf: flags into rax]
             push rdx, rsi ; rdx = region (0: set up first)
@@ -49,7 +55,7 @@ SAVED = 4  # rcx, rax, rdx, rsi
 def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
     """The displaced instructions with each point's check before its instruction; then
     the out-of-line parts of each point."""
-    gaps = {p.address: len(_check(Writer(address), _Labels(k), p.flags_live, refs, dry_run=True))
+    gaps = {p.address: len(_check(Writer(address), _Labels(k), p, refs, dry_run=True))
             for k, p in enumerate(points) if not p.taken}
     where = relocator.layout(window.insns, address, gaps)
     by_address = {p.address: (k, p) for k, p in enumerate(points)}
@@ -58,7 +64,7 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
     for insn in window.insns:
         k, point = by_address.get(insn.address, (None, None))
         if point is not None and not point.taken:
-            _check(w, _Labels(k), point.flags_live, refs)
+            _check(w, _Labels(k), point, refs)
         taken_to = _Labels(k).taken if point is not None and point.taken else None
         falls_through = relocator.emit_one(w, insn, where, taken_to)
     if falls_through:
@@ -66,9 +72,11 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
     for k, point in enumerate(points):
         if point.taken:  # a conditional tail call, taken: count, then on to its target
             w.label(_Labels(k).taken)
-            _check(w, _Labels(k), False, refs)  # flags carry nothing into a function
+            _check(w, _Labels(k), point, refs, flags_live=False)  # nothing flows into a callee
             branch = next(i for i in window.insns if i.address == point.address)
             w.jmp(relocator.direct_target(branch))
+        if point.stays_within:
+            _exit_check(w, _Labels(k), point, window)
         _armed(w, _Labels(k), point, refs)
         _trace_path(w, _Labels(k), point.probes, refs, point.arguments)
         if point.redirect:
@@ -84,7 +92,7 @@ def _return_stub(w: Writer, entry: _Labels, L: _Labels, point, refs: RuntimeRefs
     w.label(entry.stub)
     w.lea_rsp(-8)
     w.call(refs.shadow_pop)
-    _check(w, L, False, refs)
+    _check(w, L, point, refs, flags_live=False)
     w.raw(b"\xc3")  # ret
     _armed(w, L, point, refs)
     _trace_path(w, L, point.probes, refs, point.arguments)
@@ -100,14 +108,16 @@ class _Labels:
         return f"p{self.k}_{name}"
 
 
-def _check(w: Writer, L: _Labels, flags_live: bool, refs: RuntimeRefs, dry_run: bool = False):
+def _check(w: Writer, L: _Labels, point, refs: RuntimeRefs, dry_run: bool = False,
+           flags_live: bool = None):
+    flags_live = point.flags_live if flags_live is None else flags_live
     if flags_live:
         w.lea_rsp(-RED_ZONE)
         w.push("rcx")
         w.mov_reg_rip("rcx", refs.state)
         w.lea_rcx_rcx(-1)
         w.jrcxz_short(5)  # over the jmp below
-        w.jmp(L.armed)
+        w.jmp(L.exit_check if point.stays_within else L.armed)
         w.label(L.resume)
         w.pop("rcx")
         w.lea_rsp(RED_ZONE)
@@ -120,8 +130,40 @@ def _check(w: Writer, L: _Labels, flags_live: bool, refs: RuntimeRefs, dry_run: 
     if dry_run:  # only the size is wanted: give the out-of-line labels a place
         w.label(L.armed)
         w.label(L.set_up_first)
+        w.label(L.exit_check)
         return w.bytes()
     return None
+
+
+def _exit_check(w: Writer, L: _Labels, point, window: Window) -> None:
+    """An indirect jump that may stay in its function, armed: its probes count only
+    when it goes outside the function's ranges (a tail call, or its own entry anew).
+    Entered from the flags-live check (rcx = state - 1, the site's rcx on the stack);
+    the target is read as the jump reads it, every register and flag as at the jump."""
+    jump = next(i for i in window.insns if i.address == point.address)
+    w.label(L.exit_check)
+    w.push("rcx")  # state - 1, for the armed path
+    w.mov_rcx_rsp_disp(8)  # the site's rcx
+    w.pushfq()
+    w.push("rdx")
+    w.raw(relocator.load_jump_target(jump, w.pc, RED_ZONE + 4 * 8))  # rdx = the target
+    for start, end in point.stays_within:
+        w.lea_reg_rip("rcx", start)
+        w.sub_rdx_rcx()
+        w.cmp_rdx_imm32(end - start)
+        w.jcc("b", L.stays)  # unsigned: start <= target < end
+        w.add_rdx_rcx()
+    _restore_after_exit_check(w)
+    w.jmp(L.armed)  # it leaves: count
+    w.label(L.stays)
+    _restore_after_exit_check(w)
+    w.jmp(L.resume)
+
+
+def _restore_after_exit_check(w: Writer) -> None:
+    w.pop("rdx")
+    w.popfq()
+    w.pop("rcx")  # state - 1 again
 
 
 def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:

@@ -239,3 +239,17 @@ class Writer:
 
     def mov_ecx_imm(self, value: int) -> None:
         self.code += b"\xb9" + struct.pack("<I", value)
+
+    # -- the exit check of an indirect jump ----------------------------------------
+    def mov_rcx_rsp_disp(self, disp: int) -> None:
+        """mov rcx, qword ptr [rsp + disp8]"""
+        self.code += b"\x48\x8b\x4c\x24" + struct.pack("<b", disp)
+
+    def sub_rdx_rcx(self) -> None:
+        self.code += b"\x48\x29\xca"
+
+    def add_rdx_rcx(self) -> None:
+        self.code += b"\x48\x01\xca"
+
+    def cmp_rdx_imm32(self, imm: int) -> None:
+        self.code += b"\x48\x81\xfa" + struct.pack("<i", imm)
