@@ -138,6 +138,7 @@ class Planner:
         self._direct: Dict[int, Dict[int, int]] = {}
         self._tables: Dict[int, Dict[int, JumpTable]] = {}
         self._unknown_jumps: Dict[int, Optional[int]] = {}  # function -> _indirect_jump()
+        self._parts_of: Dict[int, List[Function]] = {}  # function -> _parts()
         self._offset_tables: Dict[int, Optional[int]] = {}  # function -> _case_base()
         self._by_name: Optional[Dict[str, Function]] = None
         self.siteless: List[Site] = []  # return probes of functions without an exit
@@ -355,7 +356,9 @@ class Planner:
     def _parts(self, fn: Function) -> List[Function]:
         """The function and the parts split off from it: its .cold parts by name, and
         every fragment its parts branch to directly."""
-        parts = [fn] + self._cold_parts.get(fn.name, [])
+        if fn.address in self._parts_of:
+            return self._parts_of[fn.address]
+        parts = self._parts_of[fn.address] = [fn] + self._cold_parts.get(fn.name, [])
         fragments = self.fragments()
         for part in parts:  # grows while we walk it
             for target in self.branch_targets(part):
@@ -758,10 +761,11 @@ class Planner:
         of addresses are seen by the scans for taken addresses; a jump through a
         pointer to another function (a vtable's) computes no such base. A window there
         holds the site's instruction alone; hops and punned jumps keep to that."""
-        parts = self._parts(site.function if site.kind == KIND_RETURN else fn)
+        parts = self._parts(site.function) if site.kind == KIND_RETURN else [fn]
         jump = next((j for j in map(self._indirect_jump, parts) if j is not None), None)
         if jump is None:
             return None
+        parts = self._parts(parts[0])  # (its cases may lie in a part split off)
         base = self._case_base(parts)
         if base is None:
             return None
