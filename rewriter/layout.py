@@ -23,7 +23,7 @@ PAGE = 0x1000  # the smallest page size; files may ask for more (arm64 links for
 MAX_PADDING = 64 << 20  # refuse layouts that would bloat the file more than this
 # room below punned jumps' stubs for the new code and state: far more than any code
 # segment needs (segment.size_bound), so that stubs can be chosen before it is built
-STUB_ROOM, STUB_ROOM_PER_SITE = 64 << 20, 8 << 10
+STUB_ROOM, STUB_ROOM_PER_SITE = 64 << 20, 4 << 10
 
 
 def align_up(value: int, to: int) -> int:
@@ -66,6 +66,12 @@ def stub_floor(elf: ElfFile, sites: int) -> int:
     """The lowest address a punned jump's stub may take, for a rewrite of `sites` sites."""
     code_vaddr, _, _ = _code_start(elf)
     return align_up(code_vaddr + STUB_ROOM + STUB_ROOM_PER_SITE * sites, 1 << 20)
+
+
+def room_below(elf: ElfFile, stubs_from: int, state_size: int) -> int:
+    """The most code that fits with its state below `stubs_from`."""
+    code_vaddr, align, _ = _code_start(elf)
+    return stubs_from - code_vaddr - align_up(state_size, PAGE) - align
 
 
 def stub_pages(stubs: List[Tuple[int, bytes]]) -> List[Tuple[int, bytes]]:

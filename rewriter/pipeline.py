@@ -194,8 +194,10 @@ def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: boo
     stubs = [(p.pun.stub, bytes(backend.patch_size)) for p in plans if p.pun]
     segments = 2 + len(layout.stub_pages(stubs))
     stubs_from = a.planner.stub_floor if stubs else 0
-    placement = layout.place(elf, segment.size_bound(plans), backend.state_size, segments,
-                             stubs_from)
+    bound = segment.size_bound(plans)
+    if stubs_from:  # (a bound is only a bound: the code itself must fit below the stubs)
+        bound = min(bound, layout.room_below(elf, stubs_from, backend.state_size))
+    placement = layout.place(elf, bound, backend.state_size, segments, stubs_from)
     image = build(placement, progress=_steps(progress, "generating trampolines", len(plans)))
     if placement.code_vaddr + len(image.code) > placement.state_vaddr:
         placement = layout.place(elf, len(image.code), backend.state_size, segments, stubs_from)

@@ -157,3 +157,46 @@ def test_in_a_file_that_throws(tmp_path):
     hits = {(p["name"], p["kind"]): p["hits"] for p in st.probes}
     assert hits[("_Z3viai", "entry")] == hits[("_Z3viai", "return")] == 20
     assert hits[("_Z5checki", "return")] == 16  # 4 throw
+
+
+STACK_JUMP = r"""
+#include <stdio.h>
+int stays(int), leaves(int), helper(int);
+__asm__(".text\n"
+        /* jumps through a slot on the stack to its own label: it stays */
+        ".globl stays\n.type stays,@function\nstays:\n"
+        "    lea 1f(%rip), %rax\n    push %rax\n    mov %edi, %eax\n    add $3, %eax\n"
+        "    jmp *(%rsp)\n    int3\n"
+        "1:  pop %rcx\n    ret\n.size stays, .-stays\n"
+        /* jumps through a slot 8 bytes up the stack to another function: it leaves */
+        ".globl leaves\n.type leaves,@function\nleaves:\n"
+        "    lea helper(%rip), %rax\n    push %rax\n    push %rax\n    pop %rcx\n"
+        "    cmp $-1, %edi\n    je 2f\n    pop %rcx\n    jmp *-8(%rsp)\n"
+        "2:  pop %rcx\n    xor %eax, %eax\n    ret\n.size leaves, .-leaves\n");
+__attribute__((noinline)) int helper(int x) { return 2 * x; }
+int main(void) {
+    long s = 0;
+    for (int i = 0; i < 50; i++) s += stays(i) + leaves(i);
+    printf("%ld\n", s);
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("link", ["-pie", "-no-pie"])
+def test_jumps_through_the_stack(link, tmp_path):
+    """The target of `jmp *disp(%rsp)` is read where the jump reads it, though the
+    trampoline has moved rsp: a wrong read would count the jump that stays, or miss the
+    one that leaves."""
+    (tmp_path / "s.c").write_text(STACK_JUMP)
+    plain, probed = tmp_path / "s", tmp_path / "s.probed"
+    check(["gcc", "-O2", link, str(tmp_path / "s.c"), "-o", str(plain)])
+    listed = _listing(plain)
+    assert listed["stays"]["checked"] == listed["leaves"]["checked"] == 1
+    rewrite(plain, probed, "stays", extra=["-r", "stays", "-r", "leaves", "-r", "helper"])
+    original = run([plain])
+    st = stat([probed], tmp_path)
+    assert (st.proc.returncode, st.proc.stdout) == (0, original.stdout) == (0, "3825\n")
+    hits = {(p["name"], p["kind"]): p["hits"] for p in st.probes}
+    assert hits == {("stays", "entry"): 50, ("stays", "return"): 50,
+                    ("leaves", "return"): 50, ("helper", "return"): 50}

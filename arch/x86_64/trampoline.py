@@ -11,11 +11,12 @@
     resume: [pop rcx ; lea rsp,[rsp+128]]
             displaced instructions from the probe point on, relocated
             jmp back
-    exit_check (out of line): push rcx ; rcx = the site's ; pushfq ; push rdx
+    exit_check (out of line): push rcx ; rcx = the site's ; push rdx
             rdx = the jump's target, read as the jump reads it
+            push rax ; seto al ; lahf                 the flags, into rax
             per range of the function: jb stays when start <= rdx < end
-            pop rdx ; popfq ; pop rcx ; jmp armed     it leaves: count
-    stays:  pop rdx ; popfq ; pop rcx ; jmp resume
+            add al,0x7f ; sahf ; pop rax, rdx, rcx ; jmp armed     it leaves: count
+    stays:  add al,0x7f ; sahf ; pop rax, rdx, rcx ; jmp resume
     armed (out of line):
             [lea rsp,-128 ; push rcx] push rax [seto al ; lahf: flags into rax]
             push rdx, rsi ; rdx = region (0: set up first)
@@ -144,9 +145,11 @@ def _exit_check(w: Writer, L: _Labels, point, window: Window) -> None:
     w.label(L.exit_check)
     w.push("rcx")  # state - 1, for the armed path
     w.mov_rcx_rsp_disp(8)  # the site's rcx
-    w.pushfq()
     w.push("rdx")
-    w.raw(relocator.load_jump_target(jump, w.pc, RED_ZONE + 4 * 8))  # rdx = the target
+    w.raw(relocator.load_jump_target(jump, w.pc, RED_ZONE + 3 * 8))  # rdx = the target
+    w.push("rax")  # then the flags into rax (lahf and seto: pushfq/popfq cost ~10 ns)
+    w.seto_al()
+    w.lahf()
     for start, end in point.stays_within:
         w.lea_reg_rip("rcx", start)
         w.sub_rdx_rcx()
@@ -161,8 +164,10 @@ def _exit_check(w: Writer, L: _Labels, point, window: Window) -> None:
 
 
 def _restore_after_exit_check(w: Writer) -> None:
+    w.add_al_7f()
+    w.sahf()
+    w.pop("rax")
     w.pop("rdx")
-    w.popfq()
     w.pop("rcx")  # state - 1 again
 
 
