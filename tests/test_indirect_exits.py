@@ -200,3 +200,44 @@ def test_jumps_through_the_stack(link, tmp_path):
     hits = {(p["name"], p["kind"]): p["hits"] for p in st.probes}
     assert hits == {("stays", "entry"): 50, ("stays", "return"): 50,
                     ("leaves", "return"): 50, ("helper", "return"): 50}
+
+
+CONDITIONAL_A64 = r"""
+#include <stdio.h>
+long cexit(long), other(long);
+__asm__(".text\n"
+        ".globl cexit\n.type cexit,%function\ncexit:\n"
+        "    mov x1, x0\n"  /* (the entry probe's own instruction) */
+        "    cbz x1, other\n"
+        "    tbnz x0, #3, other\n"
+        "    cmp x0, #5\n    b.eq other\n"
+        "    add x0, x0, #100\n    ret\n.size cexit, .-cexit\n");
+__attribute__((noinline)) long other(long x) { return x * 2 + 1; }
+int main(void) {
+    long s = 0;
+    for (long i = 0; i < 20; i++) s += cexit(i);
+    printf("%ld\n", s);
+    return 0;
+}
+"""
+
+
+@pytest.mark.skipif(any(shutil.which(t) is None for t in (A64_CC, QEMU)),
+                    reason=f"needs {A64_CC} and {QEMU}")
+@pytest.mark.parametrize("link", ["-pie", "-static"])
+def test_arm64_conditional_tail_calls_are_exits(link, tmp_path):
+    """`cbz`, `tbnz` and `b.eq` to another function leave when taken: each is an exit
+    counted on its taken edge (as x86_64's `jcc` tail calls are)."""
+    (tmp_path / "c.c").write_text(CONDITIONAL_A64)
+    plain, probed = tmp_path / "c", tmp_path / "c.probed"
+    check([A64_CC, "-O2", link, str(tmp_path / "c.c"), "-o", str(plain)])
+    listed = _listing(plain)
+    assert (listed["cexit"]["mechanism"], listed["cexit"]["exits"]) == ("exit sites", 4)
+    rewrite(plain, probed, "cexit", extra=["-r", "cexit", "-r", "other"])
+    prefix = [QEMU, "-L", _sysroot()]
+    original = run(prefix + [str(plain)])
+    st = stat(prefix + [probed], tmp_path)
+    assert (st.proc.returncode, st.proc.stdout) == (0, original.stdout) == (0, "1297\n")
+    hits = {(p["name"], p["kind"]): p["hits"] for p in st.probes}
+    # other: for 0, 5 and 8..15 (bit 3)
+    assert hits == {("cexit", "entry"): 20, ("cexit", "return"): 20, ("other", "return"): 10}

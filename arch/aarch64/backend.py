@@ -83,7 +83,7 @@ class AArch64Backend(Backend):
             return False, None
         if insn.mnemonic == "b":
             return True, None  # a tail call
-        return False, f"the conditional branch at {insn.address:#x} leaves it"
+        return "taken", None  # a conditional tail call (b.cond, cbz, tbz ...): when taken
 
     def is_indirect_jump(self, insn: Insn) -> bool:
         return insn.mnemonic in ("br", "braa", "brab", "braaz", "brabz")

@@ -54,6 +54,20 @@ def relocate(insns, new_address: int) -> tuple:
     return w.bytes(), falls_through
 
 
+def emit_condition(w: Writer, insn: Insn) -> int:
+    """A conditional branch (B.cond, CB(N)Z, TB(N)Z) whose taken edge falls through to
+    what is written next, its other edge back to after the original; its target."""
+    word, pc = word_of(insn), insn.address
+    if _is(word, 0x7E000000, 0x36000000):  # TBZ/TBNZ (imm14 at bit 5)
+        target = pc + 4 * _sext(word >> 5 & 0x3FFF, 14)
+        w.word(word & ~(0x3FFF << 5) | 2 << 5)
+    else:  # B.cond, BC.cond, CBZ/CBNZ (imm19 at bit 5)
+        target = pc + 4 * _sext(word >> 5 & 0x7FFFF, 19)
+        w.word(word & ~(0x7FFFF << 5) | 2 << 5)
+    w.b(pc + 4)
+    return target
+
+
 def _emit(w: Writer, insn: Insn) -> bool:
     word, pc = word_of(insn), insn.address
     if _is(word, 0x7C000000, 0x14000000):  # B / BL

@@ -93,6 +93,12 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
     (point,) = points
     assert point.address == window.address
     w = Writer(address)
+    if point.taken:  # a conditional tail call: counted on its taken edge, then on to the callee
+        (branch,) = window.insns
+        target = relocator.emit_condition(w, branch)
+        w.stp_pre(X16, X17, SP, -FRAME)
+        _point(w, _Labels(""), point, refs, lambda: w.b(target))
+        return w.bytes()
     w.stp_pre(X16, X17, SP, -FRAME)
     _point(w, _Labels(""), point, refs, lambda: _displaced(w, window), window.insns[0])
     if point.redirect:
