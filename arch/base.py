@@ -274,6 +274,14 @@ class Backend(ABC):
         `site_patch` jump to the trampoline."""
         raise NotImplementedError(f"{self.name} has no punned jumps")
 
+    def pun_over_successor(self, window: Window, accept) -> Optional[tuple]:
+        """A punned jump whose kept bytes are those of a jump written over the window that
+        follows (the successor, moved to a trampoline of its own, E9Patch's successor
+        eviction): both displacements chosen so that both go to free stubs. (the bytes
+        that replace the window, its stub, the successor's jump's first bytes, its stub)
+        for the first pair of stub addresses `accept(a, b)` takes; None if none."""
+        raise NotImplementedError(f"{self.name} has no punned jumps")
+
     # -- can I? ------------------------------------------------------------
     @abstractmethod
     def relocation_problem(self, insn: Insn, is_last: bool, shadow_stack: bool) -> Optional[str]:

@@ -191,7 +191,8 @@ def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: boo
     # bound ever fall short, build again with the state right after the code.
     # Punned jumps' stubs lie above both, where the bytes their jumps end in say
     # (planner.stub_floor), each page run a segment of its own.
-    stubs = [(p.pun.stub, bytes(backend.patch_size)) for p in plans if p.pun]
+    stubs = [(stub, bytes(backend.patch_size)) for p in plans if p.pun
+             for stub in (p.pun.stub, p.pun.successor_stub) if stub]
     segments = 2 + len(layout.stub_pages(stubs))
     stubs_from = a.planner.stub_floor if stubs else 0
     bound = segment.size_bound(plans)

@@ -63,6 +63,12 @@ class Pun:
     trampoline (docs/design.md, "Patch tactics")."""
     patch: bytes  # what replaces the window
     stub: int  # where the jump goes
+    # E9Patch's successor eviction: the instructions after the window, moved to a
+    # trampoline of their own, reached by a jump (through `successor_stub`) whose first
+    # bytes are the ones the punned jump ends in
+    successor: Optional[Window] = None
+    successor_jump: bytes = b""
+    successor_stub: int = 0
 
 
 @dataclass(frozen=True)
@@ -405,8 +411,11 @@ class Planner:
                                              stays_within=within))
                         continue
                     leaves = True  # the jump is all there is: it can only leave
+                target = self.backend.direct_branch_target(insn) if leaves else None
+                if target is not None and self._outermost(target):
+                    continue  # a new thread's first frame (clone's child): this call never ends
                 if leaves:  # a return, or a tail call (a direct jump: it has a target)
-                    tail_call = self.backend.direct_branch_target(insn) is not None
+                    tail_call = target is not None
                     exits.append(replace(site, address=insn.address, tail_call=tail_call))
                 if leaves == "taken":
                     self._conditional_exits.add(insn.address)
@@ -417,6 +426,13 @@ class Planner:
         if not exits:  # it never returns: its probe exists, with no site to patch
             self.siteless.append(site)
         return exits
+
+    def _outermost(self, address: int) -> bool:
+        """Whether a function starting at `address` is an outermost frame (its unwind info
+        leaves the return address undefined: _start, clone's thread_start): a branch there
+        starts a new thread of execution, it leaves no call."""
+        frame = self.entry_frames().get(address)
+        return frame is not None and frame.return_address == ("undefined",)
 
     def _stays_within(self, fn: Function, parts: List[Function]) -> tuple:
         """The [start, end) ranges an indirect jump of `fn` may go to and stay in the
@@ -984,12 +1000,79 @@ class Planner:
 
         found = self.backend.pun(window, self.elf.data[following:following + size], accept)
         if found is None:
+            moved = self._successor(window, used)
+            if isinstance(moved, Window):
+                return self._pun_over_successor(plan, moved, used) or (
+                    f"the bytes after it make the jump go below the new code ({floor:#x}), "
+                    f"and no stubs were free for it and the instructions after it")
             return (f"the bytes after it make the jump go below the new code ({floor:#x}), "
-                    f"or onto another stub")
+                    f"or onto another stub; and {moved}")
         patch, stub, jump_size = found
         used.take(window.address, window.address + jump_size)
         self._stubs.take(stub, stub + size)
         return replace(plan, pun=Pun(patch, stub))
+
+    def _pun_over_successor(self, plan: Plan, moved: Window, used: Occupancy) -> Optional[Plan]:
+        """The punned jump of `plan`'s window ending in the jump that moves `moved` (the
+        instructions after it) away, both displacements chosen so that both go to free
+        stubs; None if no pair is free."""
+        size, floor = self.backend.patch_size, self.stub_floor
+
+        def free(stub: int, source: int) -> bool:
+            return floor <= stub <= source + (1 << 31) - 64 and \
+                self._stubs.is_free(stub, stub + size)
+
+        def accept(site_stub: int, stub: Optional[int]) -> bool:
+            if not free(site_stub, plan.window.address):
+                return False
+            return stub is None or free(stub, moved.address) and \
+                (stub + size <= site_stub or site_stub + size <= stub)
+
+        found = self.backend.pun_over_successor(plan.window, accept)
+        if found is None:
+            return None
+        patch, site_stub, successor_jump, stub = found
+        used.take(plan.window.address, moved.end)
+        self._stubs.take(site_stub, site_stub + size)
+        self._stubs.take(stub, stub + size)
+        return replace(plan, pun=Pun(patch, site_stub, moved, successor_jump, stub))
+
+    def _successor(self, window: Window, used: Occupancy) -> Union[Window, str]:
+        """The whole instructions right after `window` that a jump could replace, moved to a
+        trampoline of their own (as an evicted neighbour is): one function's, at least a
+        jump long, each relocatable, none a landing pad (endbr64), nothing aimed after the
+        first one's first byte; or why there are none."""
+        at, size = window.end, self.backend.patch_size
+        k = bisect.bisect_right(self._starts, at) - 1
+        fn = self.functions[k] if k >= 0 else None
+        if fn is None or not fn.address <= at < fn.end:
+            return "no function's code follows it, to move away"
+        insns = self.instructions(fn)
+        first = next((i for i, insn in enumerate(insns) if insn.address == at), None)
+        if first is None:
+            return "no instruction starts right after it, to move away"
+        last = first
+        while last < len(insns) and insns[last].end - at < size:
+            last += 1
+        if last == len(insns):
+            return "the instructions after it end before a jump would"
+        chosen = insns[first:last + 1]
+        end = chosen[-1].end
+        if last > first and self._indirect_jump(fn) is not None and \
+                self._case_base(self._parts(fn)) is not None:
+            return "the instructions after it lie where any one may be a case of a table"
+        if not used.is_free(at, end) or any(self.backend.landing_pad_size(i) for i in chosen):
+            return "the instructions after it cannot move"
+        if any(at < t < end for t in self._near_targets(fn)):
+            return "a branch lands inside the instructions after it"
+        taken = self.taken_index.find(set(range(at + 1, end)))
+        if any(self._taken_reason(taken, a) for a in range(at + 1, end)) or \
+                self._landing_pad_in(at, end, chosen):
+            return "a branch may land inside the instructions after it"
+        try:
+            return Window(at, end - at, self._displaced(chosen))
+        except _Refused as why:
+            return f"the instructions after it {why}"
 
     def _text_relocations(self) -> bool:
         entries = {tag: value for tag, value, _ in self.elf.dynamic_entries()}

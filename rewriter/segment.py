@@ -43,7 +43,12 @@ def _patches(backend: Backend, plan, trampoline: int,
     `moved_to` (if any), and the landing's jump, last, over that neighbour's filler; or
     its punned jump (its stub is written with the stubs)."""
     if plan.pun is not None:
-        return [(plan.window.address, plan.pun.patch)]
+        patches = [(plan.window.address, plan.pun.patch)]
+        if plan.pun.successor:  # its jump, whose first bytes the punned jump ends in
+            jump = backend.site_patch(plan.pun.successor, plan.pun.successor_stub)
+            assert jump.startswith(plan.pun.successor_jump)
+            patches.append((plan.pun.successor.address, jump))
+        return patches
     if plan.hop is None:
         return [(plan.window.address, backend.site_patch(plan.window, trampoline))]
     patches = [(plan.window.address, backend.hop_patch(plan.window, plan.hop.landing))]
@@ -63,6 +68,8 @@ def size_bound(plans) -> int:
         bound += 40 * sites + 600  # the region template's share: probe entry, name, semaphores
         if plan.hop and plan.hop.evicted:
             bound += 64 + 64 * len(plan.hop.evicted.insns)
+        if plan.pun and plan.pun.successor:
+            bound += 64 + 64 * len(plan.pun.successor.insns)
     return bound
 
 
@@ -152,6 +159,13 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
                                           point.taken, point.stays_within))
             code += backend.trampoline(at, plan.window, points, refs)
             moved_to = None
+            if plan.pun is not None and plan.pun.successor:
+                # the successor runs from a trampoline of its own, with no probe
+                moved_to = base + align_up(len(code), CODE_ALIGN)
+                code += bytes(moved_to - base - len(code))
+                code += backend.trampoline(moved_to, plan.pun.successor, (), refs)
+                stubs.append((plan.pun.successor_stub, backend.site_patch(
+                    Window(plan.pun.successor_stub, backend.patch_size, ()), moved_to)))
             if plan.hop and plan.hop.evicted:
                 # the neighbour runs from a trampoline of its own, with no probe
                 moved_to = base + align_up(len(code), CODE_ALIGN)

@@ -214,5 +214,8 @@ def test_arm64_libc_probed_at_every_entry_and_return(tmp_path):
                if f["return"]["mechanism"] == "exit sites" and f["return"]["exits"] == 0}
     unequal = {name: pair for name, pair in both.items() if pair[0] != pair[1]}
     assert {"exit": [1, 0], "_exit": [1, 0]}.items() <= unequal.items()
-    assert all(name in no_exit and returns == 0 for name, (_, returns) in unequal.items()
-               if name not in ("exit", "_exit")), unequal
+    # the others never returned either (__libc_start_main and the like: besides the
+    # functions with no exit at all, some have exits, conditional tail calls or checked
+    # indirect jumps, that this run never took)
+    assert all(returns == 0 for name, (_, returns) in unequal.items()), unequal
+    assert {name for name in no_exit if both.get(name, [0])[0]} <= set(unequal)

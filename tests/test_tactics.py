@@ -132,26 +132,30 @@ def test_counts_equal_uprobes(builder, uprobes, tmp_path):
 
 
 # A 1-byte function followed at once by the next one, whose first bytes say where a
-# punned jump at the first would go: `mov ecx, IMM` is b9 and IMM's 4 bytes, so the jump's
-# displacement is 0x??0000b9 with ?? the third byte of IMM (0x20: 512 MiB on, above the
-# new code; 0x80: 2 GiB back, below the file).
+# punned jump at the first would go: `mov eax, IMM` is b8 and IMM's 4 bytes, so the jump's
+# displacement is 0x??0000b8 with ?? the third byte of IMM (0x20: 512 MiB on, above the
+# new code; 0x80: 2 GiB back, below the file: then `two` itself moves away, its jump's
+# bytes chosen for the punned one; unless it starts with endbr64, which cannot move).
 PUN_SAMPLE = r"""
 __asm__(".text\n.p2align 4\n"
         ".globl one\n.type one,@function\none: ret\n.size one,1\n"
-        ".globl two\n.type two,@function\ntwo: mov $0x%s, %%ecx\n ret\n.size two,6\n");
+        ".globl two\n.type two,@function\ntwo: %s mov $0x%s, %%eax\n add %%edi, %%eax\n ret\n"
+        ".size two, .-two\n");
 void one(void);
-void two(void);
+int two(int);
 #ifndef PUN_LIBRARY
 #include <stdio.h>
 #include <stdlib.h>
 int main(int argc, char **argv) {
     int n = argc > 1 ? atoi(argv[1]) : 1;
-    for (int i = 0; i < n; i++) { one(); two(); }
-    printf("%%d\n", n);
+    long sum = 0;
+    for (int i = 0; i < n; i++) { one(); sum += two(i); }
+    printf("%%d %%ld\n", n, sum);
     return 0;
 }
 #endif
 """
+ABOVE, BELOW = "200000", "800000"
 
 
 @pytest.fixture
@@ -160,17 +164,18 @@ def uprobes_or_none():
     return None if uprobes_unavailable() else Uprobes()
 
 
-def _pun_sample(tmp_path, immediate: str, flags=("-O2",), name="one"):
+def _pun_sample(tmp_path, immediate: str, flags=("-O2",), name="one", endbr=False):
     source = tmp_path / f"{name}.c"
-    source.write_text(PUN_SAMPLE % immediate)
+    source.write_text(PUN_SAMPLE % ("endbr64\\n" if endbr else "", immediate))
     exe = tmp_path / name
     check(["gcc", *flags, str(source), "-o", str(exe)])
     return exe
 
 
 def test_a_refusal_names_each_tactic_tried(tmp_path):
-    """No tactic fits: the punned jump would go below the file."""
-    exe = _pun_sample(tmp_path, "800000")
+    """No tactic fits: the punned jump would go below the file, and what follows is a
+    landing pad (endbr64), which cannot move."""
+    exe = _pun_sample(tmp_path, BELOW, endbr=True)
     proc = urewrite(str(exe), "-p", "one", "-o", str(tmp_path / "out"))
     assert proc.returncode == 1
     assert proc.stderr.startswith("urewrite: cannot probe one: jump: it is 1 bytes long, "
@@ -178,57 +183,72 @@ def test_a_refusal_names_each_tactic_tried(tmp_path):
     assert "; hop: it is 1 bytes long, too short for a 2-byte jump, and the next function " \
            "follows without padding; pun: the bytes after it make the jump go below the " \
            "new code" in proc.stderr
+    assert proc.stderr.endswith("; and the instructions after it cannot move\n")
     assert proc.stderr.count("\n") == 1
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("flags", [("-O0", "-pie"), ("-O2", "-pie"), ("-O2", "-no-pie"),
-                                   ("-O2", "-static"), ("-O3", "-no-pie", "-fcf-protection")],
-                         ids=lambda f: "".join(f))
-def test_a_punned_jump(flags, uprobes_or_none, tmp_path):
-    """`one` is probed at entry and return through a jump that ends in `two`'s bytes;
-    its stub lies where they say, in a segment of its own."""
-    exe = _pun_sample(tmp_path, "200000", flags)
+FLAGS = [("-O0", "-pie"), ("-O2", "-pie"), ("-O2", "-no-pie"), ("-O2", "-static"),
+         ("-O3", "-no-pie", "-fcf-protection")]
+
+
+@pytest.mark.parametrize("flags", FLAGS, ids=lambda f: "".join(f))
+@pytest.mark.parametrize("immediate", [ABOVE, BELOW], ids=["kept", "successor-moved"])
+def test_a_punned_jump(flags, immediate, uprobes_or_none, tmp_path):
+    """`one` is probed at entry and return through a jump that ends in `two`'s bytes,
+    kept, or, where those go below the file, in the bytes of a jump that moves `two`
+    away; stubs lie where they say, in segments of their own."""
+    exe = _pun_sample(tmp_path, immediate, flags)
     out = tmp_path / "one.probed"
     result = rewrite(exe, out, "one", extra=["-r", "one"])
     assert sorted((p["name"], p["kind"], p["tactic"]) for p in result["probes"]) == \
         [("one", "entry", "pun"), ("one", "return", "pun")]
     assert result["tactics"]["pun"] == 1  # one window for both
     one = int(check(["nm", str(exe)]).stdout.split(" T one")[0].split()[-1], 16)
-    stub = one + 5 + 0x200000B9
-    loads = [line.split() for line in check(["readelf", "-lW", str(out)]).stdout.splitlines()
+    loads = [int(line.split()[2], 16) for line in
+             check(["readelf", "-lW", str(out)]).stdout.splitlines()
              if line.split()[:1] == ["LOAD"]]
-    assert [int(l[2], 16) for l in loads][-1] == stub & -0x1000
     patched, original_bytes = out.read_bytes(), exe.read_bytes()
-    offset = original_bytes.index(bytes.fromhex("c3b9000020"))
-    assert patched[offset:offset + 5] == bytes.fromhex("e9b9000020")  # `two` kept as it was
+    offset = original_bytes.index(bytes.fromhex("c3b8000000")[:2] + bytes(2)
+                                  + bytes.fromhex(immediate[:2]))
+    if immediate == ABOVE:
+        stub = one + 5 + 0x200000B8
+        assert loads[-1] == stub & -0x1000
+        assert patched[offset:offset + 5] == bytes.fromhex("e9b8000020")  # `two` kept
+    else:  # `two`'s first 5 bytes: its own jump, e9 and the bytes the punned one ends in
+        assert patched[offset] == 0xE9 and patched[offset + 1] == 0xE9
+        site_stub = one + 5 + int.from_bytes(patched[offset + 1:offset + 5], "little")
+        two_stub = one + 6 + int.from_bytes(patched[offset + 2:offset + 6], "little")
+        assert {site_stub & -0x1000, two_stub & -0x1000} <= set(loads)
     original = run([exe, "7"])
     assert run([out, "7"]).stdout == original.stdout  # disarmed
     st = stat([out, "7"], tmp_path)
     assert (st.proc.returncode, st.proc.stdout) == (0, original.stdout)
     hits = {(p["name"], p["kind"]): p["hits"] for p in st.probes}
-    assert hits == {("one", "entry"): 7, ("one", "return"): 7}
+    assert hits == {("one", "entry"): 7, ("one", "return"): 7}  # (two's sum is printed)
     if uprobes_or_none:
         assert uprobes_or_none.count(exe, {"one": one}, lambda: run([exe, "7"])) == {"one": 7}
 
 
-def test_a_punned_jump_in_a_shared_object(tmp_path):
+@pytest.mark.parametrize("immediate", [ABOVE, BELOW], ids=["kept", "successor-moved"])
+def test_a_punned_jump_in_a_shared_object(immediate, tmp_path):
     source = tmp_path / "libone.c"
-    source.write_text(PUN_SAMPLE % "200000")
+    source.write_text(PUN_SAMPLE % ("", immediate))
     lib_dir = tmp_path / "lib"
     lib_dir.mkdir()
     check(["gcc", "-O2", "-fPIC", "-shared", "-DPUN_LIBRARY", str(source), "-o",
            str(tmp_path / "libone.so")])
     main = tmp_path / "main.c"
-    main.write_text("#include <stdio.h>\nvoid one(void); void two(void);\n"
-                    "int main(void) { for (int i = 0; i < 9; i++) { one(); two(); } "
-                    "puts(\"done\"); return 0; }\n")
+    main.write_text("#include <stdio.h>\nvoid one(void); int two(int);\n"
+                    "int main(void) { long s = 0; for (int i = 0; i < 9; i++) { one(); "
+                    "s += two(i); } printf(\"%ld\\n\", s); return 0; }\n")
     exe = tmp_path / "main"
     check(["gcc", "-O2", str(main), "-L", str(tmp_path), "-lone", "-o", str(exe)])
     result = rewrite(tmp_path / "libone.so", lib_dir / "libone.so", "one")
     assert [p["tactic"] for p in result["probes"]] == ["pun"]
+    original = run([exe], env={"LD_LIBRARY_PATH": str(tmp_path)})
     st = stat([exe], tmp_path, env={"LD_LIBRARY_PATH": str(lib_dir)})
-    assert (st.proc.returncode, st.proc.stdout) == (0, "done\n")
+    assert (st.proc.returncode, st.proc.stdout) == (0, original.stdout)
     assert [(p["name"], p["hits"]) for p in st.probes] == [("one", 9)]
 
 

@@ -223,6 +223,25 @@ class X86_64Backend(Backend):
                             j + 5)
         return None
 
+    def pun_over_successor(self, window: Window, accept) -> Optional[tuple]:
+        # the site's `jmp rel32` ends 4 bytes into the successor, after window.size - 1
+        # prefixes: its displacement is the successor's jump's e9 and the low 3 bytes of
+        # that one's displacement, whose top byte is free
+        j = window.size - 1
+        if j >= len(_PUN_PREFIXES):
+            return None
+        site_end, successor_end = window.end + 4, window.end + 5
+        for low in range(0, 0x800000, 0x100):  # (keeps the site's displacement positive)
+            site_stub = site_end + (low << 8 | 0xE9)
+            if not accept(site_stub, None):
+                continue
+            for top in range(0x80):
+                stub = successor_end + (top << 24 | low)
+                if accept(site_stub, stub):
+                    return (_PUN_PREFIXES[j] + b"\xe9", site_stub,
+                            b"\xe9" + (top << 24 | low).to_bytes(4, "little"), stub)
+        return None
+
     # -- can I? ------------------------------------------------------------
     def relocation_problem(self, insn: Insn, is_last: bool, shadow_stack: bool) -> Optional[str]:
         return relocator.relocation_problem(insn, is_last, shadow_stack)
