@@ -68,6 +68,20 @@ def stub_floor(elf: ElfFile, sites: int) -> int:
     return align_up(code_vaddr + STUB_ROOM + STUB_ROOM_PER_SITE * sites, 1 << 20)
 
 
+# Linux kernels have refused an executable whose program headers take more than a page
+# (ELF_MIN_ALIGN in load_elf_phdrs; this machine's 6.18 takes more, older ones may not)
+MAX_PHDRS = 4096 // PHDR.size
+MAX_LIBRARY_STUB_PAGES = 512  # a shared object's (the dynamic loader has no such limit)
+
+
+def stub_page_cap(elf: ElfFile) -> int:
+    """How many pages punned jumps' stubs may take: each may be a program header of its
+    own, after the original ones and the two new segments."""
+    if elf.is_executable:
+        return max(0, MAX_PHDRS - elf.phnum - 2)
+    return MAX_LIBRARY_STUB_PAGES
+
+
 def room_below(elf: ElfFile, stubs_from: int, state_size: int) -> int:
     """The most code that fits with its state below `stubs_from`."""
     code_vaddr, align, _ = _code_start(elf)

@@ -163,6 +163,8 @@ class Planner:
         # punned jumps' stubs go at or above this (layout.stub_floor); set by plan()
         self.stub_floor: Optional[int] = None
         self._stubs = Occupancy()  # the stubs of the punned jumps planned so far
+        self._stub_pages: Set[int] = set()  # the pages they are on
+        self._stub_page_cap: Optional[int] = None  # how many pages they may take
         for f in functions:
             if ".cold" in f.name:
                 self._cold_parts.setdefault(f.name.split(".cold")[0], []).append(f)
@@ -566,6 +568,7 @@ class Planner:
 
     def _plan_sites(self, sites: List[Site], progress=None) -> List[Outcome]:
         self._stubs = Occupancy()  # (planned afresh: a second round re-plans every site)
+        self._stub_pages = set()
         tentative = []
         for group in self._by_address(sites):
             if progress and group[0].kind != KIND_RETURN:
@@ -996,7 +999,7 @@ class Planner:
         floor, reach = self.stub_floor, window.address + (1 << 31) - 64
 
         def accept(stub: int) -> bool:
-            return floor <= stub <= reach and self._stubs.is_free(stub, stub + size)
+            return floor <= stub <= reach and self._stub_fits(stub)
 
         found = self.backend.pun(window, self.elf.data[following:following + size], accept)
         if found is None:
@@ -1004,12 +1007,13 @@ class Planner:
             if isinstance(moved, Window):
                 return self._pun_over_successor(plan, moved, used) or (
                     f"the bytes after it make the jump go below the new code ({floor:#x}), "
-                    f"and no stubs were free for it and the instructions after it")
+                    f"and no stubs were free for it and the instructions after it (within "
+                    f"the cap on pages of stubs)")
             return (f"the bytes after it make the jump go below the new code ({floor:#x}), "
-                    f"or onto another stub; and {moved}")
+                    f"onto another stub, or to a new page of stubs past the cap; and {moved}")
         patch, stub, jump_size = found
         used.take(window.address, window.address + jump_size)
-        self._stubs.take(stub, stub + size)
+        self._take_stub(stub)
         return replace(plan, pun=Pun(patch, stub))
 
     def _pun_over_successor(self, plan: Plan, moved: Window, used: Occupancy) -> Optional[Plan]:
@@ -1019,8 +1023,7 @@ class Planner:
         size, floor = self.backend.patch_size, self.stub_floor
 
         def free(stub: int, source: int) -> bool:
-            return floor <= stub <= source + (1 << 31) - 64 and \
-                self._stubs.is_free(stub, stub + size)
+            return floor <= stub <= source + (1 << 31) - 64 and self._stub_fits(stub)
 
         def accept(site_stub: int, stub: Optional[int]) -> bool:
             if not free(site_stub, plan.window.address):
@@ -1033,9 +1036,28 @@ class Planner:
             return None
         patch, site_stub, successor_jump, stub = found
         used.take(plan.window.address, moved.end)
-        self._stubs.take(site_stub, site_stub + size)
-        self._stubs.take(stub, stub + size)
+        self._take_stub(site_stub)
+        self._take_stub(stub)
         return replace(plan, pun=Pun(patch, site_stub, moved, successor_jump, stub))
+
+    def _stub_fits(self, stub: int) -> bool:
+        """Whether a stub may go at `stub`: no other stub there, and its pages are ones
+        stubs already use, or new ones within the cap (each run of pages is a program
+        header, and an executable's must fit in a page for older kernels: layout.py)."""
+        size = self.backend.patch_size
+        if not self._stubs.is_free(stub, stub + size):
+            return False
+        new = {stub & -layout.PAGE, (stub + size - 1) & -layout.PAGE} - self._stub_pages
+        if not new:
+            return True
+        if self._stub_page_cap is None:
+            self._stub_page_cap = layout.stub_page_cap(self.elf)
+        return len(self._stub_pages) + len(new) <= self._stub_page_cap
+
+    def _take_stub(self, stub: int) -> None:
+        size = self.backend.patch_size
+        self._stubs.take(stub, stub + size)
+        self._stub_pages |= {stub & -layout.PAGE, (stub + size - 1) & -layout.PAGE}
 
     def _successor(self, window: Window, used: Occupancy) -> Union[Window, str]:
         """The whole instructions right after `window` that a jump could replace, moved to a

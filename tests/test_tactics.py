@@ -373,3 +373,33 @@ def test_list_summary_of_nothing_readable_is_an_error(tmp_path):
     proc = urewrite("list", "--summary", str(not_elf))
     assert proc.returncode == 1
     assert proc.stderr == f"urewrite: {not_elf}: not an ELF file\n"
+
+
+def test_stubs_stay_within_the_program_headers_an_executable_may_have(tmp_path):
+    """100 one-byte functions whose punned jumps go to 100 different pages: an executable's
+    program headers must fit in one page for older kernels (73 of them; without the cap
+    there were 115), so past that cap the stubs go to
+    pages already taken, the functions after the sites moved away (their jumps' bytes
+    chosen so), and the program still starts."""
+    count = 100
+    asm = "".join(
+        f'".globl f{n}\\n.type f{n},@function\\nf{n}: ret\\n.size f{n},1\\n'
+        f'.globl g{n}\\n.type g{n},@function\\ng{n}: mov ${0x200000 + n * 0x100:#x}, %eax\\n'
+        f' ret\\n.size g{n},6\\n"\n' for n in range(count))
+    decls = "".join(f"void f{n}(void); int g{n}(void);\n" for n in range(count))
+    calls = "".join(f"f{n}(); s += g{n}();\n" for n in range(count))
+    (tmp_path / "many.c").write_text(
+        f'__asm__(".text\\n"\n{asm});\n{decls}#include <stdio.h>\n'
+        f"int main(void) {{ long s = 0;\n{calls}printf(\"%ld\\n\", s); return 0; }}\n")
+    exe, out = tmp_path / "many", tmp_path / "many.probed"
+    check(["gcc", "-O2", str(tmp_path / "many.c"), "-o", str(exe)])
+    result = rewrite(exe, out, "f[0-9]*", extra=["--keep-going"])
+    punned = [p["name"] for p in result["probes"] if p["tactic"] == "pun"]
+    phnum = int(re.search(r"There are (\d+) program headers",
+                          check(["readelf", "-lW", str(out)]).stdout).group(1))
+    assert len(punned) == count and phnum <= 4096 // 56
+    assert phnum == 4096 // 56  # (as many as fit: 58 pages of stubs, 42 sites sharing them)
+    original = run([exe])
+    st = stat([out], tmp_path)
+    assert (st.proc.returncode, st.proc.stdout) == (0, original.stdout)
+    assert {p["name"]: p["hits"] for p in st.probes} == {name: 1 for name in punned}

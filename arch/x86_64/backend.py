@@ -231,10 +231,14 @@ class X86_64Backend(Backend):
         if j >= len(_PUN_PREFIXES):
             return None
         site_end, successor_end = window.end + 4, window.end + 5
+        tries = 64  # site stubs to try a successor's stub with (each: 128 of those)
         for low in range(0, 0x800000, 0x100):  # (keeps the site's displacement positive)
             site_stub = site_end + (low << 8 | 0xE9)
             if not accept(site_stub, None):
                 continue
+            tries -= 1
+            if tries < 0:
+                break
             for top in range(0x80):
                 stub = successor_end + (top << 24 | low)
                 if accept(site_stub, stub):
