@@ -21,7 +21,8 @@ PT_GNU_PROPERTY = 0x6474E553
 PF_X, PF_W, PF_R = 1, 2, 4
 SHT_NOBITS = 8
 SHF_EXECINSTR = 4
-DT_NULL, DT_INIT, DT_FLAGS_1 = 0, 12, 0x6FFFFFFB
+DT_NULL, DT_INIT, DT_TEXTREL, DT_FLAGS, DT_FLAGS_1 = 0, 12, 22, 30, 0x6FFFFFFB
+DF_TEXTREL = 4
 DF_1_PIE = 0x08000000
 GNU_PROPERTY_X86_FEATURE_1_AND = 0xC0000002
 GNU_PROPERTY_X86_FEATURE_1_SHSTK = 2
@@ -228,6 +229,12 @@ class ElfFile:
             if owner == b"GNU" and kind == 3:
                 return desc
         return b""
+
+    @property
+    def text_relocations(self) -> bool:
+        """Whether the dynamic loader may write into the code (DT_TEXTREL)."""
+        entries = {tag: value for tag, value, _ in self.dynamic_entries()}
+        return DT_TEXTREL in entries or bool(entries.get(DT_FLAGS, 0) & DF_TEXTREL)
 
     @property
     def shadow_stack(self) -> bool:

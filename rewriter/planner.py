@@ -36,7 +36,6 @@ from urewrite.trampolines.region import KIND_RETURN
 
 NEAR_BRANCH_REACH = 130  # farthest a rel8 branch reaches, with its own size
 TACTICS = ("jump", "hop", "evict", "pun")  # Plan.tactic, in the order they are tried
-DT_TEXTREL, DT_FLAGS, DF_TEXTREL = 22, 30, 4
 
 
 @dataclass(frozen=True)
@@ -165,6 +164,7 @@ class Planner:
         self._stubs = Occupancy()  # the stubs of the punned jumps planned so far
         self._stub_pages: Set[int] = set()  # the pages they are on
         self._stub_page_cap: Optional[int] = None  # how many pages they may take
+        self._text_relocations: Optional[bool] = None  # the file's, when first needed
         for f in functions:
             if ".cold" in f.name:
                 self._cold_parts.setdefault(f.name.split(".cold")[0], []).append(f)
@@ -745,9 +745,7 @@ class Planner:
                 reason = f"a branch lands at {inside[0]:#x}, inside every window around it"
                 continue
             if avoid_taken:
-                taken = self.taken_index.find(set(range(start + 1, end)))
-                why = next(((a, w) for a in range(start + 1, end)
-                            for w in [self._taken_reason(taken, a)] if w), None)
+                why = self._taken_inside(start, end)
                 if why:
                     reason = f"{why[1]} may lead to {why[0]:#x}, inside every window around it"
                     continue
@@ -780,12 +778,17 @@ class Planner:
         of addresses are seen by the scans for taken addresses; a jump through a
         pointer to another function (a vtable's) computes no such base. A window there
         holds the site's instruction alone; hops and punned jumps keep to that."""
-        parts = self._parts(site.function) if site.kind == KIND_RETURN else [fn]
-        jump = next((j for j in map(self._indirect_jump, parts) if j is not None), None)
+        return self._unknown_cases(self._parts(site.function) if site.kind == KIND_RETURN
+                                   else [fn])
+
+    def _unknown_cases(self, functions: List[Function]) -> Optional[str]:
+        """Why any instruction of `functions[0]` may be a case of a table not recognised
+        (see _unknown_targets): an indirect jump of one of `functions` that is no
+        recovered table, and a base of offsets into the first one's parts; or None."""
+        jump = next((j for j in map(self._indirect_jump, functions) if j is not None), None)
         if jump is None:
             return None
-        parts = self._parts(parts[0])  # (its cases may lie in a part split off)
-        base = self._case_base(parts)
+        base = self._case_base(self._parts(functions[0]))  # (cases may lie in a part)
         if base is None:
             return None
         return (f"the indirect jump at {jump:#x} may go to any instruction of its function "
@@ -988,7 +991,9 @@ class Planner:
         window, size = plan.window, self.backend.patch_size
         if window.size >= size:
             return None  # the plain jump was refused for a reason no pun lifts
-        if self._text_relocations():
+        if self._text_relocations is None:
+            self._text_relocations = self.elf.text_relocations
+        if self._text_relocations:
             return "the file has text relocations: the bytes after it may change"
         following = self.elf.offset_of(window.end, size)
         if following is None or not used.is_free(window.address, window.end + size - 1):
@@ -996,12 +1001,9 @@ class Planner:
         reason = self._branch_into(plan, self._taken_addresses([plan]))
         if reason:
             return reason
-        floor, reach = self.stub_floor, window.address + (1 << 31) - 64
-
-        def accept(stub: int) -> bool:
-            return floor <= stub <= reach and self._stub_fits(stub)
-
-        found = self.backend.pun(window, self.elf.data[following:following + size], accept)
+        floor = self.stub_floor
+        found = self.backend.pun(window, self.elf.data[following:following + size],
+                                 lambda stub: self._stub_fits(stub, window.address))
         if found is None:
             moved = self._successor(window, used)
             if isinstance(moved, Window):
@@ -1020,15 +1022,12 @@ class Planner:
         """The punned jump of `plan`'s window ending in the jump that moves `moved` (the
         instructions after it) away, both displacements chosen so that both go to free
         stubs; None if no pair is free."""
-        size, floor = self.backend.patch_size, self.stub_floor
-
-        def free(stub: int, source: int) -> bool:
-            return floor <= stub <= source + (1 << 31) - 64 and self._stub_fits(stub)
+        size = self.backend.patch_size
 
         def accept(site_stub: int, stub: Optional[int]) -> bool:
-            if not free(site_stub, plan.window.address):
+            if not self._stub_fits(site_stub, plan.window.address):
                 return False
-            return stub is None or free(stub, moved.address) and \
+            return stub is None or self._stub_fits(stub, moved.address) and \
                 (stub + size <= site_stub or site_stub + size <= stub)
 
         found = self.backend.pun_over_successor(plan.window, accept)
@@ -1040,24 +1039,29 @@ class Planner:
         self._take_stub(stub)
         return replace(plan, pun=Pun(patch, site_stub, moved, successor_jump, stub))
 
-    def _stub_fits(self, stub: int) -> bool:
-        """Whether a stub may go at `stub`: no other stub there, and its pages are ones
-        stubs already use, or new ones within the cap (each run of pages is a program
-        header, and an executable's must fit in a page for older kernels: layout.py)."""
+    def _stub_fits(self, stub: int, source: int) -> bool:
+        """Whether a stub for the jump at `source` may go at `stub`: above the new code
+        and state, within the stub's reach of the trampoline, on no other stub, and on
+        pages stubs already use, or new ones within the cap (each run of pages is a
+        program header, and an executable's must fit in a page for older kernels:
+        layout.py)."""
         size = self.backend.patch_size
-        if not self._stubs.is_free(stub, stub + size):
+        if not self.stub_floor <= stub <= source + (1 << 31) - 64 or \
+                not self._stubs.is_free(stub, stub + size):
             return False
-        new = {stub & -layout.PAGE, (stub + size - 1) & -layout.PAGE} - self._stub_pages
+        new = self._stub_pages_of(stub) - self._stub_pages
         if not new:
             return True
         if self._stub_page_cap is None:
             self._stub_page_cap = layout.stub_page_cap(self.elf)
         return len(self._stub_pages) + len(new) <= self._stub_page_cap
 
+    def _stub_pages_of(self, stub: int) -> Set[int]:
+        return {stub & -layout.PAGE, (stub + self.backend.patch_size - 1) & -layout.PAGE}
+
     def _take_stub(self, stub: int) -> None:
-        size = self.backend.patch_size
-        self._stubs.take(stub, stub + size)
-        self._stub_pages |= {stub & -layout.PAGE, (stub + size - 1) & -layout.PAGE}
+        self._stubs.take(stub, stub + self.backend.patch_size)
+        self._stub_pages |= self._stub_pages_of(stub)
 
     def _successor(self, window: Window, used: Occupancy) -> Union[Window, str]:
         """The whole instructions right after `window` that a jump could replace, moved to a
@@ -1080,25 +1084,18 @@ class Planner:
             return "the instructions after it end before a jump would"
         chosen = insns[first:last + 1]
         end = chosen[-1].end
-        if last > first and self._indirect_jump(fn) is not None and \
-                self._case_base(self._parts(fn)) is not None:
+        if last > first and self._unknown_cases([fn]):
             return "the instructions after it lie where any one may be a case of a table"
         if not used.is_free(at, end) or any(self.backend.landing_pad_size(i) for i in chosen):
             return "the instructions after it cannot move"
         if any(at < t < end for t in self._near_targets(fn)):
             return "a branch lands inside the instructions after it"
-        taken = self.taken_index.find(set(range(at + 1, end)))
-        if any(self._taken_reason(taken, a) for a in range(at + 1, end)) or \
-                self._landing_pad_in(at, end, chosen):
+        if self._taken_inside(at, end) or self._landing_pad_in(at, end, chosen):
             return "a branch may land inside the instructions after it"
         try:
             return Window(at, end - at, self._displaced(chosen))
         except _Refused as why:
             return f"the instructions after it {why}"
-
-    def _text_relocations(self) -> bool:
-        entries = {tag: value for tag, value, _ in self.elf.dynamic_entries()}
-        return DT_TEXTREL in entries or bool(entries.get(DT_FLAGS, 0) & DF_TEXTREL)
 
     def _merge_overlaps(self, tried: list, taken: Dict[int, list]) -> list:
         """Hop windows that overlap (the entry and the exit of a tiny function) become
@@ -1232,6 +1229,13 @@ class Planner:
         step = self.backend.insn_alignment
         wanted = {a for p in plans for a in range(p.window.address, p.window.end, step)}
         return self.taken_index.find(wanted)
+
+    def _taken_inside(self, start: int, end: int) -> Optional[tuple]:
+        """(address, what may take it) for the first taken address in (start, end), or
+        None: the scans asked for these addresses alone."""
+        taken = self.taken_index.find(set(range(start + 1, end)))
+        return next(((a, why) for a in range(start + 1, end)
+                     for why in [self._taken_reason(taken, a)] if why), None)
 
     def _taken_reason(self, taken: Dict[int, list], address: int) -> Optional[str]:
         """What may take `address` (a match in data, or one in code that its instruction

@@ -59,6 +59,11 @@ def _patches(backend: Backend, plan, trampoline: int,
     return patches + [(landing.address, backend.site_patch(landing, trampoline))]
 
 
+def _stub(backend: Backend, address: int, trampoline: int) -> bytes:
+    """A punned jump's stub: the backend's jump to the trampoline."""
+    return backend.site_patch(Window(address, backend.patch_size, ()), trampoline)
+
+
 def size_bound(plans) -> int:
     """More bytes than build() will need for `plans` (a generous estimate)."""
     bound = 64 * 1024  # program headers, runtime, and slack
@@ -159,22 +164,17 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
                                           point.taken, point.stays_within))
             code += backend.trampoline(at, plan.window, points, refs)
             moved_to = None
-            if plan.pun is not None and plan.pun.successor:
-                # the successor runs from a trampoline of its own, with no probe
+            moved = plan.pun.successor if plan.pun else plan.hop.evicted if plan.hop else None
+            if moved:  # an evicted neighbour or successor: a trampoline of its own, no probe
                 moved_to = base + align_up(len(code), CODE_ALIGN)
                 code += bytes(moved_to - base - len(code))
-                code += backend.trampoline(moved_to, plan.pun.successor, (), refs)
-                stubs.append((plan.pun.successor_stub, backend.site_patch(
-                    Window(plan.pun.successor_stub, backend.patch_size, ()), moved_to)))
-            if plan.hop and plan.hop.evicted:
-                # the neighbour runs from a trampoline of its own, with no probe
-                moved_to = base + align_up(len(code), CODE_ALIGN)
-                code += bytes(moved_to - base - len(code))
-                code += backend.trampoline(moved_to, plan.hop.evicted, (), refs)
+                code += backend.trampoline(moved_to, moved, (), refs)
             patches += _patches(backend, plan, at, moved_to)
-            if plan.pun is not None:
-                stubs.append((plan.pun.stub, backend.site_patch(
-                    Window(plan.pun.stub, backend.patch_size, ()), at)))
+            if plan.pun is not None:  # stubs: a jump on to the trampoline each
+                stubs.append((plan.pun.stub, _stub(backend, plan.pun.stub, at)))
+                if plan.pun.successor:
+                    stubs.append((plan.pun.successor_stub,
+                                  _stub(backend, plan.pun.successor_stub, moved_to)))
         except OverflowError:
             raise UrewriteError(f"{plan.site.name}: the trampoline at {at:#x} is out of branch "
                                 f"reach of {plan.window.address:#x}")
