@@ -268,7 +268,9 @@ def test_top_latency_percentiles(service, tmp_path):
     assert nap["entry"]["P50"] == "-"  # only the return probe has the histogram
     # 3 ms lies in [2^21, 2^22) ns: below 4.19 ms
     assert nap["return"]["P50"] == "<4.19ms"
-    assert nap["return"]["P99"] in ("<4.19ms", "<8.39ms")
+    # a loaded machine oversleeps some naps; P99 is then a higher bucket, never a lower one
+    assert nap["return"]["P99"] in ("<4.19ms", "<8.39ms", "<16.8ms", "<33.6ms", "<67.1ms",
+                                    "<134ms", "<268ms", "<537ms", "<1.07s")
     assert rows[0]["PROBE"] == "nap"
 
 
