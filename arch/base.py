@@ -266,20 +266,22 @@ class Backend(ABC):
     # bytes say, and a stub placed there goes on to the trampoline.
     puns = False  # whether the backend offers them
 
-    def pun(self, window: Window, following: bytes, accept) -> Optional[tuple]:
+    def pun(self, window: Window, following: bytes, fit) -> Optional[tuple]:
         """(the bytes that replace the window, the stub address, the bytes the jump
         spans from the window's start) of a jump written in the window whose
         displacement ends in `following` (the bytes after the window, kept), for the
-        first stub address `accept(address)` takes; None if none. The stub holds a
-        `site_patch` jump to the trampoline."""
+        first stub address that may take a stub; None if none. The stub holds a
+        `site_patch` jump to the trampoline. `fit(stubs, source, taken=())`
+        (rewriter/stub_space.py) tells which of an array of stub addresses may take
+        the stub of the jump at `source`, with the stubs `taken` taken too."""
         raise NotImplementedError(f"{self.name} has no punned jumps")
 
-    def pun_over_successor(self, window: Window, accept) -> Optional[tuple]:
+    def pun_over_successor(self, window: Window, fit) -> Optional[tuple]:
         """A punned jump whose kept bytes are those of a jump written over the window that
         follows (the successor, moved to a trampoline of its own, E9Patch's successor
         eviction): both displacements chosen so that both go to free stubs. (the bytes
         that replace the window, its stub, the successor's jump's first bytes, its stub)
-        for the first pair of stub addresses `accept(a, b)` takes; None if none."""
+        for the first pair of stub addresses `fit` (as for `pun`) takes; None if none."""
         raise NotImplementedError(f"{self.name} has no punned jumps")
 
     # -- can I? ------------------------------------------------------------

@@ -31,6 +31,7 @@ from urewrite.rewriter import (copied_code, elf_symbols, except_table, free_spac
 from urewrite.rewriter.free_space import Occupancy
 from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.functions import Function
+from urewrite.rewriter.stub_space import StubSpace
 from urewrite.rewriter.selectors import Site
 from urewrite.trampolines.region import KIND_RETURN
 
@@ -161,9 +162,7 @@ class Planner:
         self.keep_detail = True  # plans keep detailed instructions (to generate code)
         # punned jumps' stubs go at or above this (layout.stub_floor); set by plan()
         self.stub_floor: Optional[int] = None
-        self._stubs = Occupancy()  # the stubs of the punned jumps planned so far
-        self._stub_pages: Set[int] = set()  # the pages they are on
-        self._stub_page_cap: Optional[int] = None  # how many pages they may take
+        self._stubs: Optional[StubSpace] = None  # the punned jumps' stubs; set by plan()
         self._text_relocations: Optional[bool] = None  # the file's, when first needed
         for f in functions:
             if ".cold" in f.name:
@@ -567,8 +566,9 @@ class Planner:
             [primary] + [s for s in group if s is not primary])),))
 
     def _plan_sites(self, sites: List[Site], progress=None) -> List[Outcome]:
-        self._stubs = Occupancy()  # (planned afresh: a second round re-plans every site)
-        self._stub_pages = set()
+        # (planned afresh: a second round re-plans every site)
+        self._stubs = StubSpace(self.stub_floor, self.backend.patch_size,
+                                lambda: layout.stub_page_cap(self.elf))
         tentative = []
         for group in self._by_address(sites):
             if progress and group[0].kind != KIND_RETURN:
@@ -1003,7 +1003,7 @@ class Planner:
             return reason
         floor = self.stub_floor
         found = self.backend.pun(window, self.elf.data[following:following + size],
-                                 lambda stub: self._stub_fits(stub, window.address))
+                                 self._stubs.fit)
         if found is None:
             moved = self._successor(window, used)
             if isinstance(moved, Window):
@@ -1015,53 +1015,21 @@ class Planner:
                     f"onto another stub, or to a new page of stubs past the cap; and {moved}")
         patch, stub, jump_size = found
         used.take(window.address, window.address + jump_size)
-        self._take_stub(stub)
+        self._stubs.take(stub)
         return replace(plan, pun=Pun(patch, stub))
 
     def _pun_over_successor(self, plan: Plan, moved: Window, used: Occupancy) -> Optional[Plan]:
         """The punned jump of `plan`'s window ending in the jump that moves `moved` (the
         instructions after it) away, both displacements chosen so that both go to free
         stubs; None if no pair is free."""
-        size = self.backend.patch_size
-
-        def accept(site_stub: int, stub: Optional[int]) -> bool:
-            if not self._stub_fits(site_stub, plan.window.address):
-                return False
-            return stub is None or self._stub_fits(stub, moved.address) and \
-                (stub + size <= site_stub or site_stub + size <= stub)
-
-        found = self.backend.pun_over_successor(plan.window, accept)
+        found = self.backend.pun_over_successor(plan.window, self._stubs.fit)
         if found is None:
             return None
         patch, site_stub, successor_jump, stub = found
         used.take(plan.window.address, moved.end)
-        self._take_stub(site_stub)
-        self._take_stub(stub)
+        self._stubs.take(site_stub)
+        self._stubs.take(stub)
         return replace(plan, pun=Pun(patch, site_stub, moved, successor_jump, stub))
-
-    def _stub_fits(self, stub: int, source: int) -> bool:
-        """Whether a stub for the jump at `source` may go at `stub`: above the new code
-        and state, within the stub's reach of the trampoline, on no other stub, and on
-        pages stubs already use, or new ones within the cap (each run of pages is a
-        program header, and an executable's must fit in a page for older kernels:
-        layout.py)."""
-        size = self.backend.patch_size
-        if not self.stub_floor <= stub <= source + (1 << 31) - 64 or \
-                not self._stubs.is_free(stub, stub + size):
-            return False
-        new = self._stub_pages_of(stub) - self._stub_pages
-        if not new:
-            return True
-        if self._stub_page_cap is None:
-            self._stub_page_cap = layout.stub_page_cap(self.elf)
-        return len(self._stub_pages) + len(new) <= self._stub_page_cap
-
-    def _stub_pages_of(self, stub: int) -> Set[int]:
-        return {stub & -layout.PAGE, (stub + self.backend.patch_size - 1) & -layout.PAGE}
-
-    def _take_stub(self, stub: int) -> None:
-        self._stubs.take(stub, stub + self.backend.patch_size)
-        self._stub_pages |= self._stub_pages_of(stub)
 
     def _successor(self, window: Window, used: Occupancy) -> Union[Window, str]:
         """The whole instructions right after `window` that a jump could replace, moved to a

@@ -205,7 +205,7 @@ class X86_64Backend(Backend):
 
     puns = True
 
-    def pun(self, window: Window, following: bytes, accept) -> Optional[tuple]:
+    def pun(self, window: Window, following: bytes, fit) -> Optional[tuple]:
         # `jmp rel32` at window + j, after j prefixes it ignores; of its displacement
         # the low `free` bytes are still in the window (ours to choose), the rest are
         # the kept bytes that follow it
@@ -216,14 +216,15 @@ class X86_64Backend(Backend):
             high = int.from_bytes(following[:4 - free], "little") << (8 * free)
             displacement = high - (1 << 32) if high >> 31 else high
             end = window.address + j + 5
-            for low in range(0, 1 << (8 * free), 8):  # (8 apart: fewer tries)
-                stub = end + displacement + low
-                if accept(stub):
-                    return (_PUN_PREFIXES[j] + b"\xe9" + low.to_bytes(free, "little"), stub,
-                            j + 5)
+            lows = np.arange(0, 1 << (8 * free), 8, dtype=np.int64)  # (8 apart: fewer tries)
+            found = np.flatnonzero(fit(end + displacement + lows, window.address))
+            if len(found):
+                low = int(lows[found[0]])
+                return (_PUN_PREFIXES[j] + b"\xe9" + low.to_bytes(free, "little"),
+                        end + displacement + low, j + 5)
         return None
 
-    def pun_over_successor(self, window: Window, accept) -> Optional[tuple]:
+    def pun_over_successor(self, window: Window, fit) -> Optional[tuple]:
         # the site's `jmp rel32` ends 4 bytes into the successor, after window.size - 1
         # prefixes: its displacement is the successor's jump's e9 and the low 3 bytes of
         # that one's displacement, whose top byte is free
@@ -231,19 +232,18 @@ class X86_64Backend(Backend):
         if j >= len(_PUN_PREFIXES):
             return None
         site_end, successor_end = window.end + 4, window.end + 5
-        tries = 64  # site stubs to try a successor's stub with (each: 128 of those)
-        for low in range(0, 0x800000, 0x100):  # (keeps the site's displacement positive)
-            site_stub = site_end + (low << 8 | 0xE9)
-            if not accept(site_stub, None):
-                continue
-            tries -= 1
-            if tries < 0:
-                break
-            for top in range(0x80):
-                stub = successor_end + (top << 24 | low)
-                if accept(site_stub, stub):
-                    return (_PUN_PREFIXES[j] + b"\xe9", site_stub,
-                            b"\xe9" + (top << 24 | low).to_bytes(4, "little"), stub)
+        lows = np.arange(0, 0x800000, 0x100, dtype=np.int64)  # (the site's displacement > 0)
+        tops = np.arange(0x80, dtype=np.int64) << 24
+        site_stubs = site_end + (lows << 8 | 0xE9)
+        # site stubs to try a successor's stub with (each: 128 of those)
+        for k in np.flatnonzero(fit(site_stubs, window.address))[:64]:
+            site_stub, low = int(site_stubs[k]), int(lows[k])
+            found = np.flatnonzero(fit(successor_end + (tops | low), window.end, (site_stub,)))
+            if len(found):
+                displacement = int(tops[found[0]]) | low
+                return (_PUN_PREFIXES[j] + b"\xe9", site_stub,
+                        b"\xe9" + displacement.to_bytes(4, "little"),
+                        successor_end + displacement)
         return None
 
     # -- can I? ------------------------------------------------------------

@@ -1,0 +1,64 @@
+"""Where the stubs of punned jumps may go (docs/design.md, "Patch tactics").
+
+A punned jump goes wherever the bytes it keeps say; a stub there jumps on to the
+trampoline. A stub may go only above the new code and state (`layout.stub_floor`),
+within the stub's own reach of its trampoline, on no other stub, and on pages that
+stubs already use or on new ones within the cap (each run of stub pages is a program
+header: layout.stub_page_cap).
+
+A backend's search tries many candidate addresses (tens of thousands for one site):
+`fit` answers for a whole array at once, so the search costs a few numpy passes, not a
+Python call per candidate.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Callable, List, Sequence
+
+import numpy as np
+
+from urewrite.rewriter import layout
+
+REACH = (1 << 31) - 64  # a stub's rel32 jump reaches its trampoline in the new code
+
+
+class StubSpace:
+    def __init__(self, floor: int, size: int, page_cap: Callable[[], int]):
+        self.floor = floor
+        self.size = size  # bytes of one stub (the backend's patch jump)
+        self._page_cap = page_cap  # (read when first needed)
+        self._cap = None
+        self._starts: List[int] = []  # the stubs taken, sorted
+        self.pages: set = set()  # the pages they are on
+
+    def fit(self, stubs: np.ndarray, source: int, taken: Sequence[int] = ()) -> np.ndarray:
+        """Which of `stubs` (int64 addresses) may take the stub of the jump at `source`,
+        when the stubs `taken` are taken too: a boolean array."""
+        size = self.size
+        ok = (stubs >= self.floor) & (stubs <= source + REACH)
+        starts = np.array(sorted(self._starts + list(taken)), dtype=np.int64)
+        if len(starts):  # no stub within `size` of another
+            k = np.searchsorted(starts, stubs)
+            after = starts[np.minimum(k, len(starts) - 1)]
+            before = starts[np.maximum(k - 1, 0)]
+            ok &= ((k == len(starts)) | (after - stubs >= size)) & \
+                ((k == 0) | (stubs - before >= size))
+        pages = self.pages | {p for t in taken for p in self._pages_of(t)}
+        first, last = stubs & -layout.PAGE, (stubs + size - 1) & -layout.PAGE
+        known = np.array(sorted(pages), dtype=np.int64)
+        new = (~np.isin(first, known)).astype(np.int64) + \
+            ((last != first) & ~np.isin(last, known))
+        if self._cap is None:
+            self._cap = self._page_cap()
+        return ok & (len(pages) + new <= self._cap)
+
+    def take(self, stub: int) -> None:
+        k = bisect.bisect_left(self._starts, stub)
+        assert (k == len(self._starts) or self._starts[k] - stub >= self.size) and \
+            (k == 0 or stub - self._starts[k - 1] >= self.size), hex(stub)
+        self._starts.insert(k, stub)
+        self.pages |= self._pages_of(stub)
+
+    def _pages_of(self, stub: int) -> set:
+        return {stub & -layout.PAGE, (stub + self.size - 1) & -layout.PAGE}
