@@ -11,6 +11,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Set
 
+import numpy as np
+
 if TYPE_CHECKING:
     from urewrite.arch.jump_tables import JumpTable
 
@@ -52,6 +54,66 @@ class Insn:
 
     def __str__(self) -> str:
         return f"{self.mnemonic} {self.op_str}".strip()
+
+
+# What a sweep's instruction does to the flow of control (Sweep.kinds): all that the
+# planner asks of most instructions. OTHER ones (indirect and far jumps, x86's loop and
+# jrcxz, returns of other kinds) are decoded again and asked of the backend in full.
+PLAIN, CALL, JUMP, BRANCH, RETURN, OTHER = range(6)
+
+
+class Sweep:
+    """A function's linear sweep in compact form: arrays, not an object per instruction
+    (a big file has millions; objects cost seconds and gigabytes). It stops where the
+    instructions stop decoding, as decode() does.
+
+    `edges` holds the instruction starts, then the end of the last one. Only the
+    instructions that branch or return have rows in `rows` (their indexes, ascending),
+    `kinds` (CALL: a direct call or another instruction that goes on after it but may
+    also go to its target; JUMP: a direct jump; BRANCH: a direct conditional branch
+    that may leave as a tail call; RETURN; OTHER) and `targets` (the direct target, or
+    -1)."""
+
+    __slots__ = ("edges", "rows", "kinds", "targets")
+
+    def __init__(self, edges, rows, kinds, targets):
+        self.edges, self.rows, self.kinds, self.targets = edges, rows, kinds, targets
+
+    @classmethod
+    def of(cls, insns: list, flow_kind) -> "Sweep":
+        """The sweep of decoded instructions; `flow_kind(insn)` gives (kind, target)."""
+        edges = [i.address for i in insns] + ([insns[-1].end] if insns else [])
+        rows, kinds, targets = [], [], []
+        for k, insn in enumerate(insns):
+            kind, target = flow_kind(insn)
+            if kind != PLAIN:
+                rows.append(k)
+                kinds.append(kind)
+                targets.append(-1 if target is None else target)
+        return cls(np.array(edges, dtype=np.int64), np.array(rows, dtype=np.int64),
+                   np.array(kinds, dtype=np.uint8), np.array(targets, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return max(len(self.edges) - 1, 0)
+
+    @property
+    def starts(self):
+        return self.edges[:-1]
+
+    @property
+    def end(self) -> int:
+        """Where the sweep stops (its function's end when it decodes whole)."""
+        return int(self.edges[-1]) if len(self.edges) else 0
+
+    def index_at(self, address: int) -> Optional[int]:
+        """The instruction that starts at `address`, or None."""
+        k = int(np.searchsorted(self.edges, address))
+        return k if k < len(self) and self.edges[k] == address else None
+
+    def index_holding(self, address: int) -> Optional[int]:
+        """The instruction whose bytes hold `address`, or None."""
+        k = int(np.searchsorted(self.edges, address, side="right")) - 1
+        return k if 0 <= k < len(self) else None
 
 
 @dataclass(frozen=True)
@@ -161,6 +223,18 @@ class Backend(ABC):
     @abstractmethod
     def decode(self, code: bytes, address: int, detail: bool = False) -> list:
         """Linear sweep: the instructions of `code`, stopping at the first undecodable byte."""
+
+    def sweep(self, code: bytes, address: int) -> Sweep:
+        """decode()'s linear sweep in compact form. (This default decodes; a backend
+        may have a faster way to the same rows.)"""
+        return Sweep.of(self.decode(code, address), self.flow_kind)
+
+    @abstractmethod
+    def flow_kind(self, insn: Insn) -> tuple:
+        """(kind, direct target or None) of an instruction for a Sweep: PLAIN, CALL,
+        JUMP, BRANCH, RETURN or OTHER. The kind must agree with exit_kind(): a RETURN
+        always leaves, a JUMP leaves when its target is outside the function, a BRANCH
+        leaves then only when taken; PLAIN and CALL never leave; OTHER: ask exit_kind."""
 
     @abstractmethod
     def landing_pad_size(self, first: Insn) -> int:
@@ -288,6 +362,12 @@ class Backend(ABC):
     @abstractmethod
     def relocation_problem(self, insn: Insn, is_last: bool, shadow_stack: bool) -> Optional[str]:
         """Why `insn` cannot be executed from a trampoline, or None if it can."""
+
+    def needs_detail(self, insn: Insn) -> bool:
+        """Whether relocation_problem() needs `insn` decoded in detail to answer; if not,
+        the instruction (decoded without detail) surely runs from a trampoline: what
+        `list`, which generates no code, asks of the most windows. (Default: always.)"""
+        return True
 
     @abstractmethod
     def flags_live_at_entry(self) -> bool:

@@ -29,10 +29,12 @@ SHF_ALLOC = 2
 def recover(planner, fn: Function) -> Dict[int, JumpTable]:
     """jump address -> table, for the indirect jumps of `fn` that are trusted tables."""
     backend = planner.backend
-    insns = planner.instructions(fn)
-    jumps = [k for k, insn in enumerate(insns) if backend.is_indirect_jump(insn)]
+    jumps = planner.indirect_jumps(fn)
     if not jumps:
         return {}
+    insns = planner.instructions(fn)  # (the recovery reads the instructions before a jump)
+    edges = planner.sweep(fn).edges
+    jumps = [k for k in jumps if k < len(insns) and insns[k].address == edges[k]]
     read = constant_reader(planner.elf)
     tables = {}
     for k in jumps:

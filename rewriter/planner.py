@@ -23,7 +23,9 @@ import os
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Optional, Set, Union
 
-from urewrite.arch.base import Backend, Window
+import numpy as np
+
+from urewrite.arch.base import BRANCH, JUMP, OTHER, RETURN, Backend, Sweep, Window
 from urewrite.arch.jump_tables import JumpTable
 from urewrite.rewriter import (copied_code, elf_symbols, except_table, free_space,
                                jump_table_guard, layout, parallel, redirection,
@@ -138,7 +140,9 @@ class Planner:
         self._ends_so_far = list(itertools.accumulate((f.end for f in functions), max))
         self._decoded: Dict[int, list] = {}
         self._heads: Dict[int, list] = {}  # function -> its first instructions (head())
-        self._starts_in: Dict[int, List[int]] = {}  # function -> its instruction addresses
+        self._sweeps: Dict[int, Sweep] = {}  # function -> its sweep in compact form
+        self._gaps: Dict[int, int] = {}  # section -> _gap_after()
+        self._near_cache: tuple = (None, set())  # (function, _near_targets())
         self._taken_reasons: Dict[int, Optional[str]] = {}  # address -> why it is taken
         self._targets: Dict[int, Dict[int, int]] = {}
         self._direct: Dict[int, Dict[int, int]] = {}
@@ -169,6 +173,37 @@ class Planner:
                 self._cold_parts.setdefault(f.name.split(".cold")[0], []).append(f)
 
     # -- decoding, cached --------------------------------------------------------
+    # Every function is swept in compact form (Sweep: arrays); instructions as objects
+    # are decoded only where a window, a jump table or a rare question needs them.
+    def sweep(self, fn: Function) -> Sweep:
+        found = self._sweeps.get(fn.address)
+        if found is None:
+            offset = self.elf.offset_of(fn.address, max(fn.size, 1))
+            code = self.elf.data[offset:offset + fn.size] if offset is not None else b""
+            found = self._sweeps[fn.address] = self.backend.sweep(code, fn.address)
+        return found
+
+    def rows(self, fn: Function, first: int, end: int) -> list:
+        """Instructions `first` to `end` (exclusive) of the function's sweep, decoded
+        (_Refused if the decoder does not find the sweep's boundaries there)."""
+        if fn.address in self._decoded:
+            return self._decoded[fn.address][first:end]
+        edges = self.sweep(fn).edges
+        start = int(edges[first])
+        insns = self.backend.decode(self.elf.read(start, int(edges[end]) - start), start)
+        if [i.address for i in insns] != edges[first:end].tolist():
+            raise _Refused(f"its instructions at {start:#x} decode differently in detail")
+        return insns
+
+    def instruction(self, fn: Function, k: int):
+        """Instruction `k` of the function's sweep, decoded; None if it does not decode
+        alone as it does in the sweep."""
+        try:
+            insns = self.rows(fn, k, k + 1)
+        except _Refused:
+            return None
+        return insns[0] if len(insns) == 1 else None
+
     def instructions(self, fn: Function) -> list:
         if fn.address not in self._decoded:
             offset = self.elf.offset_of(fn.address, max(fn.size, 1))
@@ -190,12 +225,13 @@ class Planner:
             self._heads[fn.address] = self.backend.decode(code, fn.address)
         return self._heads[fn.address]
 
-    def prepare(self, functions: List[Function]) -> None:
+    def prepare(self, functions: List[Function], sweeps: bool = False) -> None:
         """Work out the branch targets and jump tables of many functions at once, the
         second half in a forked child (parallel.py) while this process does the first:
         the caches are what each function's own analysis would fill, so plans do not
-        change. Only the first half stays decoded here; entry windows of the rest read
-        their head alone (`head`)."""
+        change. With `sweeps`, the child's sweeps come back too (for work that reads
+        every function's, as return probes do); else entry windows of the second half
+        read their head alone (`head`)."""
         half = len(functions) // 2
 
         def analyse(part: List[Function]) -> tuple:
@@ -203,18 +239,16 @@ class Planner:
                 self.branch_targets(fn)
             return ({fn.address: self._direct[fn.address] for fn in part},
                     {fn.address: self._tables[fn.address] for fn in part},
-                    {fn.address: self._targets[fn.address] for fn in part})
+                    {fn.address: self._sweeps[fn.address] for fn in part} if sweeps else {})
 
         second = parallel.Forked(lambda: analyse(functions[half:]))
         analyse(functions[:half])
-        direct, tables, targets = second.result()
-        for mine, theirs in ((self._direct, direct), (self._tables, tables),
-                             (self._targets, targets)):
+        for mine, theirs in zip((self._direct, self._tables, self._sweeps), second.result()):
             for address, value in theirs.items():
                 mine.setdefault(address, value)
 
     def boundaries(self, fn: Function) -> Set[int]:
-        return {i.address for i in self.instructions(fn)}
+        return set(self.sweep(fn).starts.tolist())
 
     def branch_targets(self, fn: Function) -> Dict[int, int]:
         """Branch targets in a function, direct ones and those of its jump tables:
@@ -228,14 +262,26 @@ class Planner:
         return self._targets[fn.address]
 
     def _direct_targets(self, fn: Function) -> Dict[int, int]:
+        """target -> the first direct branch (or call) to it, in the function's order."""
         if fn.address not in self._direct:
-            targets = {}
-            for insn in self.instructions(fn):
-                target = self.backend.direct_branch_target(insn)
-                if target is not None:
-                    targets.setdefault(target, insn.address)
-            self._direct[fn.address] = targets
+            sweep = self.sweep(fn)
+            direct = sweep.targets >= 0
+            targets, sources = sweep.targets[direct], sweep.edges[sweep.rows[direct]]
+            unique, first = np.unique(targets, return_index=True)
+            order = np.argsort(first)
+            self._direct[fn.address] = dict(zip(unique[order].tolist(),
+                                                sources[first[order]].tolist()))
         return self._direct[fn.address]
+
+    def indirect_jumps(self, fn: Function) -> List[int]:
+        """The indexes in its sweep of the function's indirect jumps."""
+        sweep = self.sweep(fn)
+        found = []
+        for k in sweep.rows[sweep.kinds == OTHER].tolist():
+            insn = self.instruction(fn, k)
+            if insn is not None and self.backend.is_indirect_jump(insn):
+                found.append(k)
+        return found
 
     def jump_tables(self, fn: Function) -> Dict[int, JumpTable]:
         """The jump tables of a function's indirect jumps: jump address -> table. A jump
@@ -398,28 +444,46 @@ class Planner:
         exits = []
         for part in parts:
             tables = self.jump_tables(part)
-            for insn in self.instructions(part):
-                table = tables.get(insn.address)
-                if table is not None and all(inside(t) for t in table.targets):
-                    continue  # a switch: its cases are all in the function
-                leaves, problem = self.backend.exit_kind(insn, inside)
+            sweep = self.sweep(part)
+            kinds, targets = sweep.kinds, sweep.targets
+            inside_all = np.zeros(len(targets), dtype=bool)
+            for p in parts:
+                inside_all |= (p.address <= targets) & (targets < p.end)
+            # what may leave: returns, direct jumps and branches out, and the rest asked
+            maybe = (kinds == RETURN) | (kinds == OTHER) | \
+                (((kinds == JUMP) | (kinds == BRANCH)) & ~inside_all)
+            for k, kind, target in zip(sweep.rows[maybe].tolist(), kinds[maybe].tolist(),
+                                       targets[maybe].tolist()):
+                address = int(sweep.edges[k])
+                if kind == OTHER:
+                    table = tables.get(address)
+                    if table is not None and all(inside(t) for t in table.targets):
+                        continue  # a switch: its cases are all in the function
+                    insn = self.instruction(part, k)
+                    if insn is None:
+                        raise _Refused(f"its instruction at {address:#x} decodes differently "
+                                       f"alone")
+                    leaves, problem = self.backend.exit_kind(insn, inside)
+                    target = self.backend.direct_branch_target(insn) if leaves else None
+                else:  # a return, a tail call, a conditional tail call (when taken)
+                    leaves, problem = "taken" if kind == BRANCH else True, None
+                    target = None if kind == RETURN else target
                 if problem:
                     raise _Refused(f"a return probe cannot see every exit: {problem}")
                 if leaves == "outside":  # an indirect jump: checked where it goes, each time
                     within = self._stays_within(fn, parts)
                     if within:
-                        exits.append(replace(site, address=insn.address, tail_call=True,
+                        exits.append(replace(site, address=address, tail_call=True,
                                              stays_within=within))
                         continue
-                    leaves = True  # the jump is all there is: it can only leave
-                target = self.backend.direct_branch_target(insn) if leaves else None
+                    leaves, target = True, None  # the jump is all there is: it can only leave
                 if target is not None and self._outermost(target):
                     continue  # a new thread's first frame (clone's child): this call never ends
                 if leaves:  # a return, or a tail call (a direct jump: it has a target)
                     tail_call = target is not None
-                    exits.append(replace(site, address=insn.address, tail_call=tail_call))
+                    exits.append(replace(site, address=address, tail_call=tail_call))
                 if leaves == "taken":
-                    self._conditional_exits.add(insn.address)
+                    self._conditional_exits.add(address)
         shared = self._branch_from_outside(fn, parts, inside)
         if shared:
             raise _Refused("other code branches into it (at {:#x}, from {:#x}): its exits "
@@ -440,7 +504,7 @@ class Planner:
         function: its parts, less its entry (going there enters it anew: its entry
         probe fires again, so this call has ended). Empty when no instruction of the
         function lies in them."""
-        if len(parts) == 1 and len(self.instructions(fn)) <= 1:
+        if len(parts) == 1 and len(self.sweep(fn)) <= 1:
             return ()
         return ((fn.address + 1, fn.end),) + tuple((p.address, p.end) for p in parts[1:])
 
@@ -464,7 +528,7 @@ class Planner:
         """(target, source) of a branch from code outside the function's parts to an
         instruction inside them other than its entry (code shared by two functions,
         as glibc's string functions do), or None."""
-        interior = {i.address for part in parts for i in self.instructions(part)}
+        interior = {a for part in parts for a in self.sweep(part).starts.tolist()}
         interior.discard(fn.address)
         references = self.taken_index.branch_sources(interior)
         for target in sorted(references):
@@ -517,16 +581,13 @@ class Planner:
     def _detailed_insn_at(self, fn: Function, address: int):
         """The instruction of the function's linear sweep that holds `address`, decoded
         with detail; None where the sweep does not reach it cleanly."""
-        insns = self.instructions(fn)
-        if fn.address not in self._starts_in:
-            self._starts_in[fn.address] = [i.address for i in insns]
-        i = bisect.bisect_right(self._starts_in[fn.address], address) - 1
-        if i < 0 or address >= insns[i].end:
+        sweep = self.sweep(fn)
+        k = sweep.index_holding(address)
+        if k is None:
             return None
-        insn = insns[i]
-        detailed = self.backend.decode(self.elf.read(insn.address, insn.size), insn.address,
-                                       detail=True)
-        if len(detailed) != 1 or detailed[0].size != insn.size:
+        start, size = int(sweep.edges[k]), int(sweep.edges[k + 1] - sweep.edges[k])
+        detailed = self.backend.decode(self.elf.read(start, size), start, detail=True)
+        if len(detailed) != 1 or detailed[0].size != size:
             return None
         return detailed[0]
 
@@ -685,6 +746,8 @@ class Planner:
     def _displaced(self, insns) -> tuple:
         """`insns` (from the quick sweep) decoded in detail, once every one is known to
         run from a trampoline; else the reason it cannot."""
+        if not self.keep_detail and not any(map(self.backend.needs_detail, insns)):
+            return tuple(insns)  # (`list` only reports it: nothing to relocate, nor to ask)
         start = insns[0].address
         detailed = self.backend.decode(self.elf.read(start, insns[-1].end - start), start,
                                        detail=True)
@@ -713,10 +776,16 @@ class Planner:
         fn = self._holding(site)
         if not fn.size:
             raise _Refused("it lies in no function of known size")
-        insns = self.instructions(fn)
-        index = next((k for k, i in enumerate(insns) if i.address == site.address), None)
-        if index is None:
+        sweep = self.sweep(fn)
+        at = sweep.index_at(site.address)
+        if at is None:
             raise _Refused(f"{site.address:#x} is not the start of an instruction")
+        # the instructions any window may hold: from MAX_LOOK_BACK before the site to
+        # the first that starts a jump's size after it (or the function's end)
+        first_row = int(np.searchsorted(sweep.edges, site.address - self.MAX_LOOK_BACK))
+        end_row = min(int(np.searchsorted(sweep.edges, site.address + size)) + 1, len(sweep))
+        insns = self.rows(fn, first_row, end_row)
+        index = at - first_row
         targets = self._near_targets(fn)
         reason = "too few instructions follow it for a jump"
         alone = self._unknown_targets(site, fn)
@@ -824,10 +893,14 @@ class Planner:
         return site.function
 
     def _near_targets(self, fn: Function) -> Set[int]:
-        targets = set(self._parent_case_labels(fn))
-        for near in self._near_functions(Window(fn.address, fn.size, ())):
-            targets.update(self.branch_targets(near))
-        return targets
+        """Where the branches of the function and of its neighbours land (kept for the
+        last function asked: its windows are planned one after another)."""
+        if self._near_cache[0] != fn.address:
+            targets = set(self._parent_case_labels(fn))
+            for near in self._near_functions(Window(fn.address, fn.size, ())):
+                targets.update(self.branch_targets(near))
+            self._near_cache = (fn.address, targets)
+        return self._near_cache[1]
 
     def _parent_case_labels(self, fn: Function) -> Dict[int, int]:
         """Case labels that the jump tables of the function a named part (f.cold) was
@@ -878,6 +951,11 @@ class Planner:
         """Where the zero bytes the linker left after a section, in the same segment,
         end (the section's end when there are none). Code in no section runs only if
         something branches there, and the window checks see every branch."""
+        if section.addr not in self._gaps:
+            self._gaps[section.addr] = self._find_gap_after(section)
+        return self._gaps[section.addr]
+
+    def _find_gap_after(self, section) -> int:
         following = [s.addr for s in self.elf.sections if s.addr >= section.end and s.flags & 2]
         gap_end = min(following, default=section.end)  # 2: SHF_ALLOC
         if gap_end == section.end or self.elf.offset_of(section.end, gap_end - section.end) \
@@ -1184,8 +1262,8 @@ class Planner:
         """The address of the first indirect jump of the function that is not a recovered
         jump table, or None."""
         if fn.address not in self._unknown_jumps:
-            insns = self.instructions(fn)
-            jumps = [i.address for i in insns if self.backend.is_indirect_jump(i)]
+            edges = self.sweep(fn).edges
+            jumps = [int(edges[k]) for k in self.indirect_jumps(fn)]
             tables = self.jump_tables(fn) if jumps else {}
             self._unknown_jumps[fn.address] = next((a for a in jumps if a not in tables), None)
         return self._unknown_jumps[fn.address]
@@ -1232,13 +1310,11 @@ class Planner:
     def _inside_an_instruction(self, fn: Function, address: int) -> bool:
         """Whether `address` lies after the first byte of an instruction of the
         function's linear sweep, the sweep decoding the whole function."""
-        insns = self.instructions(fn)
-        if not insns or insns[-1].end != fn.end:
+        sweep = self.sweep(fn)
+        if not len(sweep) or sweep.end != fn.end:
             return False
-        if fn.address not in self._starts_in:
-            self._starts_in[fn.address] = [i.address for i in insns]
-        i = bisect.bisect_right(self._starts_in[fn.address], address) - 1
-        return i >= 0 and insns[i].address < address < insns[i].end
+        k = sweep.index_holding(address)
+        return k is not None and sweep.edges[k] < address
 
     def _near_functions(self, window: Window) -> List[Function]:
         """Functions with code within rel8 reach of the window. Ranges may overlap (one

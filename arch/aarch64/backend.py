@@ -11,7 +11,8 @@ import numpy as np
 from urewrite.arch.aarch64 import (arguments, jump_tables, relocator, return_address, runtime,
                                    trampoline)
 from urewrite.arch.aarch64.writer import b_imm
-from urewrite.arch.base import Backend, Insn, Runtime, RuntimeRefs, RuntimeSpec, Window
+from urewrite.arch.base import (BRANCH, CALL, JUMP, OTHER, PLAIN, RETURN, Backend, Insn, Runtime,
+                                RuntimeRefs, RuntimeSpec, Window)
 
 # bti c / bti j / bti jc, paciasp, pacibsp: landing pads that stay where they are
 _LANDING_PADS = {0xD503245F, 0xD503249F, 0xD50324DF, 0xD503233F, 0xD503237F}
@@ -44,6 +45,17 @@ class AArch64Backend(Backend):
             mnemonic, op_str = (decoded[2], decoded[3]) if decoded else (".word", raw.hex())
             out.append(Insn(address + at, 4, mnemonic, op_str, raw))
         return out
+
+    def flow_kind(self, insn: Insn) -> tuple:
+        word = int.from_bytes(insn.raw, "little")
+        if word & 0xFFFFFBFF == 0xD65F0BFF or word & 0xFFFFFC1F == 0xD65F0000:
+            return RETURN, None  # ret, retaa, retab
+        if self.is_indirect_jump(insn):
+            return OTHER, None
+        target = self.direct_branch_target(insn)
+        if target is None:
+            return PLAIN, None
+        return {"bl": CALL, "b": JUMP}.get(insn.mnemonic, BRANCH), target
 
     def landing_pad_size(self, first: Insn) -> int:
         return 4 if int.from_bytes(first.raw, "little") in _LANDING_PADS else 0

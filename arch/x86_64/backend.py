@@ -8,10 +8,12 @@ from sys import intern
 from typing import Iterable, Optional, Set
 
 import capstone
+import iced_x86
 import numpy as np
 from capstone import x86
 
-from urewrite.arch.base import Backend, Insn, Runtime, RuntimeRefs, RuntimeSpec, Window
+from urewrite.arch.base import (BRANCH, CALL, JUMP, OTHER, PLAIN, RETURN, Backend, Insn, Runtime,
+                                RuntimeRefs, RuntimeSpec, Sweep, Window)
 from urewrite.arch.x86_64 import (arguments, jump_tables, relocator, return_address, runtime,
                                   trampoline)
 from urewrite.arch.x86_64.writer import jmp_rel8, jmp_rel32
@@ -48,6 +50,25 @@ def _exit_mnemonic(full: str) -> Optional[str]:
             mnemonic in _BRANCH_MNEMONICS and mnemonic != "call") else None
     return _EXIT_MNEMONICS[full]
 
+
+# iced-x86's flow control -> Sweep kinds (refined in X86_64Backend.sweep)
+_ICED_KINDS = {iced_x86.FlowControl.CALL: CALL,
+               iced_x86.FlowControl.UNCONDITIONAL_BRANCH: JUMP,
+               iced_x86.FlowControl.CONDITIONAL_BRANCH: BRANCH,
+               iced_x86.FlowControl.RETURN: RETURN,
+               iced_x86.FlowControl.INDIRECT_BRANCH: OTHER,
+               iced_x86.FlowControl.INDIRECT_CALL: PLAIN,
+               iced_x86.FlowControl.INTERRUPT: PLAIN,
+               iced_x86.FlowControl.EXCEPTION: PLAIN,
+               iced_x86.FlowControl.XBEGIN_XABORT_XEND: PLAIN}
+_NEXT, _CONDITIONAL = iced_x86.FlowControl.NEXT, iced_x86.FlowControl.CONDITIONAL_BRANCH
+_INVALID = iced_x86.Code.INVALID
+_NEAR_BRANCH = frozenset((iced_x86.OpKind.NEAR_BRANCH16, iced_x86.OpKind.NEAR_BRANCH32,
+                          iced_x86.OpKind.NEAR_BRANCH64))
+_COUNTED = frozenset((iced_x86.Mnemonic.LOOP, iced_x86.Mnemonic.LOOPE, iced_x86.Mnemonic.LOOPNE,
+                      iced_x86.Mnemonic.JRCXZ, iced_x86.Mnemonic.JECXZ, iced_x86.Mnemonic.JCXZ))
+_NEAR_RETURNS = frozenset((iced_x86.Code.RETNQ, iced_x86.Code.RETNQ_IMM16))
+_XBEGIN = frozenset((iced_x86.Code.XBEGIN_REL16, iced_x86.Code.XBEGIN_REL32))
 
 # prefixes a `jmp rel32` ignores, for 0, 1 or 2 bytes before it: REX.W (the operand is
 # 64-bit anyway), then an ES override (no memory operand); never 0x66, which would
@@ -91,12 +112,64 @@ class X86_64Backend(Backend):
         return [Insn(at, size, intern(mnemonic), op_str, b"")
                 for at, size, mnemonic, op_str in self._lite.disasm_lite(code, address)]
 
+    def sweep(self, code: bytes, address: int) -> Sweep:
+        # iced-x86 (docs/design.md, "Big files"): several times faster than Capstone,
+        # and only the instructions that branch are looked at twice. Where it meets an
+        # instruction it cannot decode, Capstone's own sweep decides where that ends.
+        starts, rows, kinds, targets = [], [], [], []
+        decoder = iced_x86.Decoder(64, code, ip=address)
+        for insn in decoder:
+            starts.append(insn.ip)
+            flow = insn.flow_control
+            if flow == _NEXT:
+                continue
+            code_ = insn.code
+            if code_ == _INVALID:
+                return super().sweep(code, address)
+            kind = _ICED_KINDS.get(flow, OTHER)
+            if kind in (CALL, JUMP, BRANCH) and insn.op0_kind not in _NEAR_BRANCH:
+                kind = PLAIN if kind == CALL else OTHER  # syscall, far forms
+            if kind == BRANCH and insn.mnemonic in _COUNTED:
+                kind = OTHER  # loop, jrcxz: exit_kind refuses them as exits
+            elif kind == RETURN and code_ not in _NEAR_RETURNS:
+                kind = OTHER
+            elif kind == PLAIN:
+                if code_ not in _XBEGIN:
+                    continue
+                kind = CALL  # its abort path goes to its target
+            rows.append(len(starts) - 1)
+            kinds.append(kind)
+            targets.append(insn.near_branch_target if kind in (CALL, JUMP, BRANCH) or
+                           flow == _CONDITIONAL else -1)
+        starts.append(address + decoder.position)
+        return Sweep(np.array(starts, dtype=np.int64), np.array(rows, dtype=np.int64),
+                     np.array(kinds, dtype=np.uint8), np.array(targets, dtype=np.int64))
+
+    def flow_kind(self, insn: Insn) -> tuple:
+        mnemonic = _bare_mnemonic(insn.mnemonic)
+        if mnemonic in ("ret", "retq"):
+            return RETURN, None
+        if mnemonic == "xbegin":
+            return CALL, int(insn.op_str, 16)
+        if mnemonic not in _BRANCH_MNEMONICS:
+            return (OTHER if mnemonic == "ljmp" else PLAIN), None
+        target = self.direct_branch_target(insn)
+        if target is None:  # an indirect jump, or call
+            return (PLAIN if mnemonic == "call" else OTHER), None
+        if mnemonic in ("call", "jmp"):
+            return (CALL if mnemonic == "call" else JUMP), target
+        return (OTHER if mnemonic in ("jrcxz", "jecxz") or mnemonic.startswith("loop")
+                else BRANCH), target
+
     def landing_pad_size(self, first: Insn) -> int:
         return 4 if first.mnemonic == "endbr64" else 0
 
     def direct_branch_target(self, insn: Insn) -> Optional[int]:
-        if _bare_mnemonic(insn.mnemonic) in _BRANCH_MNEMONICS and insn.op_str.startswith("0x"):
-            return int(insn.op_str, 16)
+        if _bare_mnemonic(insn.mnemonic) in _BRANCH_MNEMONICS:
+            if insn.op_str.startswith("0x"):
+                return int(insn.op_str, 16)
+            if insn.op_str.isdigit():  # (Capstone writes targets below 10 in decimal)
+                return int(insn.op_str)
         return None
 
     def code_reference_table(self, code: bytes, base: int) -> tuple:
@@ -173,7 +246,7 @@ class X86_64Backend(Backend):
         return None
 
     def is_indirect_jump(self, insn: Insn) -> bool:
-        return _bare_mnemonic(insn.mnemonic) == "jmp" and not insn.op_str.startswith("0x")
+        return _bare_mnemonic(insn.mnemonic) == "jmp" and self.direct_branch_target(insn) is None
 
     def jump_table(self, insns: list, index: int, read):
         return jump_tables.jump_table(self, insns, index, read)
@@ -249,6 +322,11 @@ class X86_64Backend(Backend):
     # -- can I? ------------------------------------------------------------
     def relocation_problem(self, insn: Insn, is_last: bool, shadow_stack: bool) -> Optional[str]:
         return relocator.relocation_problem(insn, is_last, shadow_stack)
+
+    def needs_detail(self, insn: Insn) -> bool:
+        # only calls, branches and xbegin can be refused (relocator.relocation_problem)
+        mnemonic = _bare_mnemonic(insn.mnemonic)
+        return mnemonic in _BRANCH_MNEMONICS or mnemonic == "xbegin"
 
     def flags_live_at_entry(self) -> bool:
         # SysV x86_64 ABI: status flags are not preserved across calls, so no
