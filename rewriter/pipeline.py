@@ -94,7 +94,7 @@ def list_sites(path: str, tactics: Optional[tuple] = None, progress: Progress = 
     a = analyse(path, tactics)
     a.planner.keep_detail = False
     if len(a.functions) >= PREPARE_AT:  # (both halves then need every function's)
-        a.planner.prepare(a.functions, sweeps=True)
+        a.planner.prepare(a.functions)
     returns = parallel.Forked(lambda: return_probes(a))
     entries = [Site(fn, fn.address, KIND_ENTRY, fn.name, fn.name, exact=False)
                for fn in a.functions]
@@ -162,7 +162,7 @@ def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: boo
         if not sites:
             raise UrewriteError("--exclude leaves no site to probe")
     if len(sites) >= PREPARE_AT:  # most of the file: analyse every function on all cores
-        a.planner.prepare(a.functions, sweeps=any(s.kind == KIND_RETURN for s in sites))
+        a.planner.prepare(a.functions)
     outcomes = a.planner.plan(sites, _steps(progress, "planning", len(sites)))
     plans = [o for o in outcomes if isinstance(o, Plan)]
     refusals = [o for o in outcomes if isinstance(o, Refusal)]

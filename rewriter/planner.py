@@ -139,7 +139,6 @@ class Planner:
         self._starts = [f.address for f in functions]
         self._ends_so_far = list(itertools.accumulate((f.end for f in functions), max))
         self._decoded: Dict[int, list] = {}
-        self._heads: Dict[int, list] = {}  # function -> its first instructions (head())
         self._sweeps: Dict[int, Sweep] = {}  # function -> its sweep in compact form
         self._gaps: Dict[int, int] = {}  # section -> _gap_after()
         self._near_cache: tuple = (None, set())  # (function, _near_targets())
@@ -211,27 +210,18 @@ class Planner:
             self._decoded[fn.address] = self.backend.decode(code, fn.address)
         return self._decoded[fn.address]
 
-    HEAD = 64  # bytes decoded for an entry window when the whole function is not needed
+    def head(self, fn: Function, size: int) -> list:
+        """The function's first instructions, decoded: as many as an entry window of
+        `size` bytes needs after a landing pad (endbr64, bti: 4 bytes)."""
+        sweep = self.sweep(fn)
+        end_row = int(np.searchsorted(sweep.edges, fn.address + 16 + size)) + 1
+        return self.rows(fn, 0, min(end_row, len(sweep)))
 
-    def head(self, fn: Function) -> list:
-        """The function's first instructions (its first HEAD bytes, whole ones): what an
-        entry window needs. The same as the start of the full sweep, which is used when
-        it is already there."""
-        if fn.address in self._decoded or fn.size <= self.HEAD:
-            return self.instructions(fn)
-        if fn.address not in self._heads:
-            offset = self.elf.offset_of(fn.address, self.HEAD)
-            code = self.elf.data[offset:offset + self.HEAD] if offset is not None else b""
-            self._heads[fn.address] = self.backend.decode(code, fn.address)
-        return self._heads[fn.address]
-
-    def prepare(self, functions: List[Function], sweeps: bool = False) -> None:
-        """Work out the branch targets and jump tables of many functions at once, the
-        second half in a forked child (parallel.py) while this process does the first:
-        the caches are what each function's own analysis would fill, so plans do not
-        change. With `sweeps`, the child's sweeps come back too (for work that reads
-        every function's, as return probes do); else entry windows of the second half
-        read their head alone (`head`)."""
+    def prepare(self, functions: List[Function]) -> None:
+        """Sweep many functions and work out their branch targets and jump tables at
+        once, the second half in a forked child (parallel.py) while this process does
+        the first: the caches are what each function's own analysis would fill, so
+        plans do not change."""
         half = len(functions) // 2
 
         def analyse(part: List[Function]) -> tuple:
@@ -239,7 +229,7 @@ class Planner:
                 self.branch_targets(fn)
             return ({fn.address: self._direct[fn.address] for fn in part},
                     {fn.address: self._tables[fn.address] for fn in part},
-                    {fn.address: self._sweeps[fn.address] for fn in part} if sweeps else {})
+                    {fn.address: self._sweeps[fn.address] for fn in part})
 
         second = parallel.Forked(lambda: analyse(functions[half:]))
         analyse(functions[:half])
@@ -445,6 +435,9 @@ class Planner:
         for part in parts:
             tables = self.jump_tables(part)
             sweep = self.sweep(part)
+            if sweep.end != part.end:
+                raise _Refused(f"its code does not decode past {sweep.end:#x}: an exit may "
+                               f"lie beyond")
             kinds, targets = sweep.kinds, sweep.targets
             inside_all = np.zeros(len(targets), dtype=bool)
             for p in parts:
@@ -720,7 +713,7 @@ class Planner:
         fn = site.function
         if not fn.size:
             raise _Refused("its size is unknown (no symbol size and no .eh_frame entry)")
-        insns = self.head(fn)
+        insns = self.head(fn, size)
         if not insns:
             raise _Refused("its first instruction cannot be decoded")
         start = site.address + self.backend.landing_pad_size(insns[0])
@@ -784,12 +777,14 @@ class Planner:
         # the first that starts a jump's size after it (or the function's end)
         first_row = int(np.searchsorted(sweep.edges, site.address - self.MAX_LOOK_BACK))
         end_row = min(int(np.searchsorted(sweep.edges, site.address + size)) + 1, len(sweep))
-        insns = self.rows(fn, first_row, end_row)
-        index = at - first_row
+        insns, index = self.rows(fn, at, end_row), 0
         targets = self._near_targets(fn)
         reason = "too few instructions follow it for a jump"
         alone = self._unknown_targets(site, fn)
-        for first in range(index, -1, -1):
+        for back in range(at - first_row + 1):
+            if back == 1:  # (the instructions before the site: decoded once needed)
+                insns, index = self.rows(fn, first_row, at) + insns, at - first_row
+            first = index - back
             start = insns[first].address
             if site.address - start > self.MAX_LOOK_BACK or alone and first < index:
                 break

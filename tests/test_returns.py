@@ -157,6 +157,26 @@ def test_a_function_that_never_returns_reports_no_return(tmp_path):
         assert hits == {("die", "entry"): len(args), ("die", "return"): 0}
 
 
+@pytest.mark.parametrize("level", ["-O0", "-O2"])
+def test_a_function_that_does_not_decode_whole_has_no_return_probe(tmp_path, level):
+    # past the byte that decodes as nothing, its exits are unseen: a return probe
+    # patched at the exits before it would miss returns, so it is refused
+    plain = tmp_path / "undecodable"
+    subprocess.run(["gcc", level, os.path.join(SAMPLES, "undecodable.c"), "-o", plain],
+                   check=True)
+    listed = json.loads(urewrite("list", "--json", plain).stdout)
+    row = next(f for f in listed["functions"] if f["name"] == "hidden_exits")
+    assert row["patchable"] and row["return"]["mechanism"] != "exit sites", row
+    assert "does not decode past" in (row["return"]["reason"] or ""), row
+    # the entry is probed as usual, and counts every call
+    out = urewrite(plain, "-p", "hidden_exits", "-o", tmp_path / "out")
+    assert out.returncode == 0, out.stderr
+    code, program, report = stat([tmp_path / "out"])
+    assert (code, program) == (0, "54\n")
+    assert {(p["name"], p["kind"]): p["hits"] for p in report["probes"]} == \
+        {("hidden_exits", "entry"): 8}
+
+
 LIBRARY = r"""
 __attribute__((noipa)) int lib_twice(int x) { return 2 * x; }
 __attribute__((noipa)) int lib_sum(int n) { int s = 0; for (int i = 0; i < n; i++) s += lib_twice(i); return s; }
