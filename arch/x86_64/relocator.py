@@ -27,12 +27,16 @@ _JCC = {
     X.X86_INS_JL: "l", X.X86_INS_JGE: "ge", X.X86_INS_JLE: "le", X.X86_INS_JG: "g",
 }
 _LOOPS = {X.X86_INS_JRCXZ, X.X86_INS_JECXZ, X.X86_INS_LOOP, X.X86_INS_LOOPE, X.X86_INS_LOOPNE}
+# the instructions that may have a direct target
+_BRANCHES = frozenset({X.X86_INS_CALL, X.X86_INS_JMP, X.X86_INS_XBEGIN, *_JCC, *_LOOPS})
 
 # Fixed sizes of what each relocated form takes, so a window's layout is known up front.
 _CALL_EMULATION_PREFIX = 5 + 1 + 7 + 5 + 1  # lea rsp; push rax; lea rax,[rip]; mov [rsp+8],rax; pop rax
 
 
 def _is_rip_relative(insn: Insn) -> bool:
+    if "rip" not in insn.op_str:
+        return False  # (asked before the operands: Capstone builds them on first use, slowly)
     d = insn.detail
     return any(op.type == X.X86_OP_MEM and op.mem.base == X.X86_REG_RIP for op in d.operands)
 
@@ -45,6 +49,8 @@ def _uses_rsp(insn: Insn) -> bool:
 
 def direct_target(insn: Insn) -> Optional[int]:
     """The target of a direct branch or call (decoded in detail), else None."""
+    if insn.detail.id not in _BRANCHES:
+        return None  # (asked before the operands: Capstone builds them on first use, slowly)
     ops = insn.detail.operands
     if len(ops) == 1 and ops[0].type == X.X86_OP_IMM:
         return ops[0].imm
@@ -169,7 +175,10 @@ def _emit(w: Writer, insn: Insn, layout: dict) -> bool:
         w.jmp(_mapped(target, layout))
         return True
     w.raw(_retarget_indirect(insn, w.pc, as_jump=False))
-    return not (ident == X.X86_INS_JMP or insn.detail.group(X.X86_GRP_RET))
+    # (every instruction of the RET group has "ret" in its mnemonic: asked first, as the
+    # group makes Capstone build the instruction's whole detail)
+    return not (ident == X.X86_INS_JMP or "ret" in insn.mnemonic and
+                insn.detail.group(X.X86_GRP_RET))
 
 
 def _retarget_indirect(insn: Insn, new_address: int, as_jump: bool) -> bytes:
