@@ -17,6 +17,7 @@ from typing import List, Optional, Tuple
 
 from urewrite.arch.base import Backend, CountPoint, RuntimeRefs, RuntimeSpec, Window
 from urewrite.errors import UrewriteError
+from urewrite.rewriter import parallel
 from urewrite.rewriter.layout import Placement, align_up
 from urewrite.trampolines import arguments, live_note, region
 
@@ -78,6 +79,56 @@ def size_bound(plans) -> int:
     return bound
 
 
+PARALLEL_AT = 1000  # trampolines from which each half is made on a core of its own
+
+
+def _trampolines(backend: Backend, plans, start: int, refs: RuntimeRefs, count_point,
+                 progress=None) -> tuple:
+    """(code, patches, stubs) of the trampolines of `plans`, the code starting at `start`
+    (aligned): each trampoline, and the one of a window its plan moves away, at the next
+    CODE_ALIGN boundary."""
+    code, patches, stubs = bytearray(), [], []
+    for plan in plans:
+        at = start + align_up(len(code), CODE_ALIGN)
+        code += bytes(at - start - len(code))
+        try:
+            points = []
+            for point in plan.points:
+                # a redirected return probe is counted by its stub, not at the entry
+                redirected = [s for s in point.sites if s.redirect]
+                counted = [s for s in point.sites if not s.redirect]
+                redirect = count_point(point.address, redirected, False) if redirected else None
+                points.append(count_point(point.address, counted, point.flags_live, redirect,
+                                          point.taken, point.stays_within))
+            code += backend.trampoline(at, plan.window, points, refs)
+            moved_to = None
+            moved = plan.pun.successor if plan.pun else plan.hop.evicted if plan.hop else None
+            if moved:  # an evicted neighbour or successor: a trampoline of its own, no probe
+                moved_to = start + align_up(len(code), CODE_ALIGN)
+                code += bytes(moved_to - start - len(code))
+                code += backend.trampoline(moved_to, moved, (), refs)
+            patches += _patches(backend, plan, at, moved_to)
+            if plan.pun is not None:  # stubs: a jump on to the trampoline each
+                stubs.append((plan.pun.stub, _stub(backend, plan.pun.stub, at)))
+                if plan.pun.successor:
+                    stubs.append((plan.pun.successor_stub,
+                                  _stub(backend, plan.pun.successor_stub, moved_to)))
+        except OverflowError:
+            raise UrewriteError(f"{plan.site.name}: the trampoline at {at:#x} is out of branch "
+                                f"reach of {plan.window.address:#x}")
+        if progress:
+            progress(1)
+    return code, patches, stubs
+
+
+def _expected_size(trampolines, plans, start: int) -> int:
+    """Bytes the trampolines of `plans` are expected to take, a little more: those of
+    one plan in 16 made (a trampoline's size does not depend on its address), scaled."""
+    sample = plans[::16]
+    made = sum(align_up(len(trampolines([plan], start)[0]), CODE_ALIGN) for plan in sample)
+    return made * len(plans) // len(sample) * 105 // 100 + 4096
+
+
 def build(backend: Backend, plans, placement: Placement, object_name: str, build_id: bytes,
           file_tag: str, exe_entry: Optional[int], dso_init: Optional[int],
           arguments_of=lambda site: arguments.encode(()), progress=None,
@@ -136,50 +187,45 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
     code += template
     code += bytes(runtime_at - base - len(code))
     code += runtime.code
-    patches, stubs = [], []
-    for plan in plans:
-        at = base + align_up(len(code), CODE_ALIGN)
-        code += bytes(at - base - len(code))
-        try:
-            points = []
 
-            def count_point(address, sites, flags_live, redirect=None, taken=False,
-                            stays_within=()):
-                per_probe = {index_of[site.probe_key]: site for site in sites}
-                indexes = tuple(sorted(per_probe))
-                enters = any(s.kind != region.KIND_RETURN and s.probe_key in measured
-                             for s in sites)
-                leaves = tuple(sorted({histogram_of[s.probe_key] for s in sites
-                                       if s.probe_key in histogram_of}))
-                return CountPoint(address, indexes, flags_live,
-                                  tuple(arguments_of(per_probe[i]) for i in indexes),
-                                  enters, leaves, redirect, taken, stays_within)
+    def count_point(address, sites, flags_live, redirect=None, taken=False, stays_within=()):
+        per_probe = {index_of[site.probe_key]: site for site in sites}
+        indexes = tuple(sorted(per_probe))
+        enters = any(s.kind != region.KIND_RETURN and s.probe_key in measured for s in sites)
+        leaves = tuple(sorted({histogram_of[s.probe_key] for s in sites
+                               if s.probe_key in histogram_of}))
+        return CountPoint(address, indexes, flags_live,
+                          tuple(arguments_of(per_probe[i]) for i in indexes),
+                          enters, leaves, redirect, taken, stays_within)
 
-            for point in plan.points:
-                # a redirected return probe is counted by its stub, not at the entry
-                redirected = [s for s in point.sites if s.redirect]
-                counted = [s for s in point.sites if not s.redirect]
-                redirect = count_point(point.address, redirected, False) if redirected else None
-                points.append(count_point(point.address, counted, point.flags_live, redirect,
-                                          point.taken, point.stays_within))
-            code += backend.trampoline(at, plan.window, points, refs)
-            moved_to = None
-            moved = plan.pun.successor if plan.pun else plan.hop.evicted if plan.hop else None
-            if moved:  # an evicted neighbour or successor: a trampoline of its own, no probe
-                moved_to = base + align_up(len(code), CODE_ALIGN)
-                code += bytes(moved_to - base - len(code))
-                code += backend.trampoline(moved_to, moved, (), refs)
-            patches += _patches(backend, plan, at, moved_to)
-            if plan.pun is not None:  # stubs: a jump on to the trampoline each
-                stubs.append((plan.pun.stub, _stub(backend, plan.pun.stub, at)))
-                if plan.pun.successor:
-                    stubs.append((plan.pun.successor_stub,
-                                  _stub(backend, plan.pun.successor_stub, moved_to)))
-        except OverflowError:
-            raise UrewriteError(f"{plan.site.name}: the trampoline at {at:#x} is out of branch "
-                                f"reach of {plan.window.address:#x}")
+    def trampolines(part, start: int, step=None) -> tuple:
+        return _trampolines(backend, part, start, refs, count_point, step)
+
+    first_at = base + align_up(len(code), CODE_ALIGN)
+    half = len(plans) // 2
+    if half < PARALLEL_AT:
+        chunk, patches, stubs = trampolines(plans, first_at, progress)
+    else:
+        # The second half goes after the room the first half is expected to take,
+        # and is made meanwhile on another core; where the first half takes more, it
+        # is made again after it. The same on one core: the result does not depend on
+        # the cores.
+        second_at = align_up(first_at + _expected_size(trampolines, plans[:half], first_at),
+                             CODE_ALIGN)
+        second = parallel.Forked(lambda: trampolines(plans[half:], second_at))
+        chunk, patches, stubs = trampolines(plans[:half], first_at, progress)
+        rest, rest_at = second.result(), second_at
+        if first_at + len(chunk) > second_at:
+            rest_at = align_up(first_at + len(chunk), CODE_ALIGN)
+            rest = trampolines(plans[half:], rest_at)
         if progress:
-            progress(1)
+            progress(len(plans) - half)
+        chunk += bytes(rest_at - first_at - len(chunk))
+        chunk += rest[0]
+        patches += rest[1]
+        stubs += rest[2]
+    code += bytes(first_at - base - len(code))
+    code += chunk
     live = live_note.build(backend.elf_machine, runtime_at, placement.state_vaddr,
                            placement.state_size, template_at + align_up(copied, 8),
                            backend.live_state, file_tag) if backend.live_state else b""
