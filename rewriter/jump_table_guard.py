@@ -32,7 +32,8 @@ def recover(planner, fn: Function) -> Dict[int, JumpTable]:
     jumps = planner.indirect_jumps(fn)
     if not jumps:
         return {}
-    insns = planner.instructions(fn)  # (the recovery reads the instructions before a jump)
+    # (the recovery reads the instructions before a jump)
+    insns = planner.instructions(fn, keep=False)
     edges = planner.sweep(fn).edges
     jumps = [k for k in jumps if k < len(insns) and insns[k].address == edges[k]]
     read = constant_reader(planner.elf)

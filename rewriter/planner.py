@@ -203,12 +203,17 @@ class Planner:
             return None
         return insns[0] if len(insns) == 1 else None
 
-    def instructions(self, fn: Function) -> list:
-        if fn.address not in self._decoded:
+    def instructions(self, fn: Function, keep: bool = True) -> list:
+        """The function's whole sweep, decoded (kept for the next question unless not
+        `keep`: a big file's jump tables alone would keep 100 MB of them)."""
+        found = self._decoded.get(fn.address)
+        if found is None:
             offset = self.elf.offset_of(fn.address, max(fn.size, 1))
             code = self.elf.data[offset:offset + fn.size] if offset is not None else b""
-            self._decoded[fn.address] = self.backend.decode(code, fn.address)
-        return self._decoded[fn.address]
+            found = self.backend.decode(code, fn.address)
+            if keep:
+                self._decoded[fn.address] = found
+        return found
 
     def head(self, fn: Function, size: int) -> list:
         """The function's first instructions, decoded: as many as an entry window of
@@ -244,10 +249,13 @@ class Planner:
         """Branch targets in a function, direct ones and those of its jump tables:
         target -> address of a branch to it."""
         if fn.address not in self._targets:
-            targets = dict(self._direct_targets(fn))
-            for table in self.jump_tables(fn).values():
-                for target in table.targets:
-                    targets.setdefault(target, table.jump)
+            targets = self._direct_targets(fn)
+            tables = self.jump_tables(fn)
+            if tables:  # (else the direct targets themselves: most functions, no copy)
+                targets = dict(targets)
+                for table in tables.values():
+                    for target in table.targets:
+                        targets.setdefault(target, table.jump)
             self._targets[fn.address] = targets
         return self._targets[fn.address]
 

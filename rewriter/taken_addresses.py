@@ -90,7 +90,7 @@ class TakenIndex:
             sorted((s.addr, s.end) for s in elf.executable_sections() if s.size)
         self._data_tables: Optional[List[_Table]] = None
         self._code_tables: Optional[List[_Table]] = None
-        self._branches: Optional[Dict[int, List[int]]] = None  # target -> sources, all code
+        self._branches: Optional[_Table] = None  # every branch in code, by target
 
     # -- questions -------------------------------------------------------------
     def find(self, wanted: Iterable[int]) -> Dict[int, List[Match]]:
@@ -107,19 +107,20 @@ class TakenIndex:
 
     def branch_sources(self, targets: Iterable[int]) -> Dict[int, List[int]]:
         """target -> where the code may branch to it or compute it (the byte scan), for
-        the given targets. Asked once per function, with few targets each time: a dict
-        lookup per target, no numpy call."""
+        the given targets (asked once per function, with its instructions' addresses):
+        a binary search in one table of every code scan's branches, sorted by target."""
         if self._branches is None:
             tables = [t for t in self.code_tables() if t.kind == BRANCH]
-            merged = _Table.of(BRANCH, "", np.concatenate(
+            self._branches = _Table.of(BRANCH, "", np.concatenate(
                 [t.values for t in tables] or [np.zeros(0, np.int64)]), np.concatenate(
                 [t.sources for t in tables] or [np.zeros(0, np.int64)]))
-            targets_found, first = np.unique(merged.values, return_index=True)
-            bounds = np.append(first, len(merged.values)).tolist()
-            sources = merged.sources.tolist()
-            self._branches = {t: sources[bounds[k]:bounds[k + 1]]
-                              for k, t in enumerate(targets_found.tolist())}
-        return {t: self._branches[t] for t in targets if t in self._branches}
+        table = self._branches
+        wanted = np.fromiter(targets, dtype=np.int64)
+        first = np.searchsorted(table.values, wanted, side="left")
+        last = np.searchsorted(table.values, wanted, side="right")
+        present = last > first
+        return {t: table.sources[a:b].tolist() for t, a, b in
+                zip(wanted[present].tolist(), first[present].tolist(), last[present].tolist())}
 
     # -- the scans, each once ----------------------------------------------------
     def _in_code(self, values: np.ndarray) -> np.ndarray:
