@@ -623,6 +623,8 @@ class Planner:
         copy = self.copied_at(plan.window.address, plan.window.end)
         if copy:
             raise _Refused(copy.reason())
+        if len(group) == 1:
+            return plan
         point = plan.points[0]
         return replace(plan, points=(replace(point, sites=tuple(
             [primary] + [s for s in group if s is not primary])),))
@@ -932,7 +934,9 @@ class Planner:
             raise _Refused(f"it is {fn_end - start} bytes long, too short for a "
                            f"{size}-byte jump, and the next function "
                            f"follows without padding")
-        padding = self.backend.decode(self.elf.read(fn_end, min(32, section.end - fn_end)), fn_end)
+        # (the padding up to `need`, and the rest of an instruction that straddles it)
+        padding = self.backend.decode(self.elf.read(fn_end, min(need - fn_end + 15,
+                                                                section.end - fn_end)), fn_end)
         at = fn_end
         for insn in padding:
             if at >= need:
