@@ -95,6 +95,7 @@ def list_sites(path: str, tactics: Optional[tuple] = None, progress: Progress = 
     a.planner.keep_detail = False
     if len(a.functions) >= PREPARE_AT:  # (both halves then need every function's)
         a.planner.prepare(a.functions)
+        a.planner.precompute_returns(_return_sites(a))
     returns = parallel.Forked(lambda: return_probes(a))
     entries = [Site(fn, fn.address, KIND_ENTRY, fn.name, fn.name, exact=False)
                for fn in a.functions]
@@ -106,8 +107,7 @@ def list_sites(path: str, tactics: Optional[tuple] = None, progress: Progress = 
 
 def return_probes(a: Analysis) -> Dict[int, ReturnProbe]:
     """Function address -> its return probe, every function planned at once."""
-    sites = [Site(fn, fn.address, KIND_RETURN, fn.name, fn.name, exact=False)
-             for fn in a.functions]
+    sites = _return_sites(a)
     found = {fn.address: ReturnProbe(0, {}, False, None, None) for fn in a.functions}
     for o in a.planner.plan(sites):
         for site in (o.sites if isinstance(o, Plan) else (o.site,)):
@@ -123,6 +123,11 @@ def return_probes(a: Analysis) -> Dict[int, ReturnProbe]:
     for address, reason in a.planner.redirected_because.items():
         found[address].redirected_because = reason
     return found
+
+
+def _return_sites(a: Analysis) -> List[Site]:
+    return [Site(fn, fn.address, KIND_RETURN, fn.name, fn.name, exact=False)
+            for fn in a.functions]
 
 
 def _same_file(a: str, b: str) -> bool:

@@ -141,6 +141,8 @@ class Planner:
         self._decoded: Dict[int, list] = {}
         self._sweeps: Dict[int, Sweep] = {}  # function -> its sweep in compact form
         self._gaps: Dict[int, int] = {}  # section -> _gap_after()
+        self._exits_known: Dict[int, object] = {}  # function -> _exit_points() (or why not)
+        self._windows_known: Dict[tuple, object] = {}  # _window_key() -> window (or why not)
         self._near_cache: tuple = (None, set())  # (function, _near_targets())
         self._taken_reasons: Dict[int, Optional[str]] = {}  # address -> why it is taken
         self._targets: Dict[int, Dict[int, int]] = {}
@@ -420,6 +422,26 @@ class Planner:
 
     def _exit_sites(self, site: Site) -> List[Site]:
         """One site per instruction that leaves the function for good."""
+        found = self._exits_known.get(site.function.address)
+        if found is None:
+            try:
+                found = self._exit_points(site)
+            except _Refused as why:
+                found = str(why)
+        if isinstance(found, str):
+            raise _Refused(found)
+        points, conditional = found
+        self._conditional_exits |= conditional
+        exits = [replace(site, address=address, tail_call=tail_call, stays_within=within)
+                 for address, tail_call, within in points]
+        if not exits:  # it never returns: its probe exists, with no site to patch
+            self.siteless.append(site)
+        return exits
+
+    def _exit_points(self, site: Site) -> tuple:
+        """(exits, conditional): (address, tail call, stays_within) of each instruction
+        that leaves the function for good; the addresses of those that leave only when
+        their branch is taken."""
         fn = site.function
         if not fn.size:
             raise _Refused("its size is unknown (no symbol size and no .eh_frame entry)")
@@ -439,7 +461,7 @@ class Planner:
             def inside(address: int) -> bool:
                 return any(p.address <= address < p.end for p in parts)
 
-        exits = []
+        exits, conditional = [], set()
         for part in parts:
             tables = self.jump_tables(part)
             sweep = self.sweep(part)
@@ -474,24 +496,73 @@ class Planner:
                 if leaves == "outside":  # an indirect jump: checked where it goes, each time
                     within = self._stays_within(fn, parts)
                     if within:
-                        exits.append(replace(site, address=address, tail_call=True,
-                                             stays_within=within))
+                        exits.append((address, True, within))
                         continue
                     leaves, target = True, None  # the jump is all there is: it can only leave
                 if target is not None and self._outermost(target):
                     continue  # a new thread's first frame (clone's child): this call never ends
                 if leaves:  # a return, or a tail call (a direct jump: it has a target)
-                    tail_call = target is not None
-                    exits.append(replace(site, address=address, tail_call=tail_call))
+                    exits.append((address, target is not None, ()))
                 if leaves == "taken":
-                    self._conditional_exits.add(address)
+                    conditional.add(address)
         shared = self._branch_from_outside(fn, parts, inside)
         if shared:
             raise _Refused("other code branches into it (at {:#x}, from {:#x}): its exits "
                            "are not only its own".format(*shared))
-        if not exits:  # it never returns: its probe exists, with no site to patch
-            self.siteless.append(site)
-        return exits
+        return exits, conditional
+
+    def precompute_returns(self, sites: List[Site]) -> None:
+        """For plans that are only reported (`list`): the exits of these return probes,
+        and a window for each, worked out ahead, the second half of them in a forked child
+        (parallel.py) while this process does the first: plan() takes them as it would
+        have found them itself, so the plans are the same, in about half the time. (Only
+        for plans without detailed instructions: those could not be sent.)"""
+        assert not self.keep_detail, "detailed instructions cannot be sent"
+
+        def work(part: List[Site]) -> tuple:
+            exits, windows = {}, {}
+            for site in part:
+                try:
+                    points, conditional = exits[site.function.address] = \
+                        self._exit_points(site)
+                except _Refused as why:
+                    exits[site.function.address] = str(why)
+                    continue
+                self._conditional_exits |= conditional  # (a window asks)
+                for address, tail_call, within in points:
+                    exit_site = replace(site, address=address, tail_call=tail_call,
+                                        stays_within=within)
+                    try:
+                        plan = self._window(exit_site)
+                        windows[self._window_key(exit_site)] = (plan.window,
+                                                                plan.points[0].flags_live)
+                    except _Refused as why:
+                        windows[self._window_key(exit_site)] = str(why)
+            return exits, windows
+
+        half = len(sites) // 2
+        second = parallel.Forked(lambda: work(sites[half:]))
+        for exits, windows in (work(sites[:half]), second.result()):
+            self._exits_known.update(exits)
+            self._windows_known.update(windows)
+
+    def _window_key(self, site: Site) -> tuple:
+        """What an exit's window depends on (precompute_returns)."""
+        return (site.address, site.function.address, site.stays_within,
+                self._counts_when_taken(site))
+
+    def _known_window(self, site: Site) -> Optional[Plan]:
+        """The plan of the window precompute_returns found for an exit site; None if it
+        found none."""
+        known = self._windows_known.get(self._window_key(site)) \
+            if site.kind == KIND_RETURN else None
+        if known is None:
+            return None
+        if isinstance(known, str):
+            raise _Refused(known)
+        window, flags_live = known
+        return Plan(window, (ProbePoint(site.address, (site,), flags_live,
+                                        self._counts_when_taken(site), site.stays_within),))
 
     def _outermost(self, address: int) -> bool:
         """Whether a function starting at `address` is an outermost frame (its unwind info
@@ -619,7 +690,9 @@ class Planner:
         """One window for the sites at one point, all counted there."""
         # a site inside a function follows the stricter rules (flags live)
         primary = next((s for s in group if not s.at_entry), group[0])
-        plan = self._window(primary, size, avoid_taken)
+        plan = self._known_window(primary) if size is None and not avoid_taken else None
+        if plan is None:
+            plan = self._window(primary, size, avoid_taken)
         copy = self.copied_at(plan.window.address, plan.window.end)
         if copy:
             raise _Refused(copy.reason())
