@@ -141,6 +141,7 @@ class Planner:
         self._decoded: Dict[int, list] = {}
         self._sweeps: Dict[int, Sweep] = {}  # function -> its sweep in compact form
         self._gaps: Dict[int, int] = {}  # section -> _gap_after()
+        self._gap_ends: tuple = (None, [])  # (padding gaps, their ends): _landing_in_padding
         self._exits_known: Dict[int, object] = {}  # function -> _exit_points() (or why not)
         self._windows_known: Dict[tuple, object] = {}  # _window_key() -> window (or why not)
         self._near_cache: tuple = (None, set())  # (function, _near_targets())
@@ -1257,8 +1258,9 @@ class Planner:
             k = bisect.bisect_left(lows, end)
             return k > 0 and highs[k - 1] >= start
 
-        return free_space.padding_gaps(self.elf, self.backend, self.functions,
-                                       self.instructions, self._symbol_starts, in_reach)
+        return sorted(free_space.padding_gaps(self.elf, self.backend, self.functions,
+                                              self.instructions, self._symbol_starts,
+                                              in_reach))
 
     def _landing_in_padding(self, window: Window, gaps, used: Occupancy,
                             taken: Dict[int, list]) -> Optional[int]:
@@ -1266,9 +1268,14 @@ class Planner:
         lo, hi = self.backend.hop_reach(window.address)
         size = self.backend.patch_size
         spots = []
-        for start, end in gaps:
+        if self._gap_ends[0] is not gaps:  # (gaps are sorted and disjoint: so are their ends)
+            self._gap_ends = (gaps, [end for _, end in gaps])
+        k = bisect.bisect_left(self._gap_ends[1], lo + size)  # the first gap reaching lo
+        while k < len(gaps) and gaps[k][0] <= hi:
+            start, end = gaps[k]
             for at in range(max(start, lo), min(end - size, hi) + 1):
                 spots.append((abs(at - window.address), at))
+            k += 1
         for _, at in sorted(spots):
             clear = at + size <= window.address or at >= window.end  # of the hop's own window
             if clear and used.is_free(at, at + size) and \

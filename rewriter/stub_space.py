@@ -31,24 +31,26 @@ class StubSpace:
         self._cap = None
         self._starts: List[int] = []  # the stubs taken, sorted
         self.pages: set = set()  # the pages they are on
+        self._arrays = None  # (starts, pages) as sorted arrays, made again after a take
 
     def fit(self, stubs: np.ndarray, source: int, taken: Sequence[int] = ()) -> np.ndarray:
         """Which of `stubs` (int64 addresses) may take the stub of the jump at `source`,
         when the stubs `taken` are taken too: a boolean array."""
         size = self.size
-        ok = (stubs >= self.floor) & (stubs <= source + REACH)
-        starts = np.array(sorted(self._starts + list(taken)), dtype=np.int64)
-        if len(starts):  # no stub within `size` of another
-            k = np.searchsorted(starts, stubs)
-            after = starts[np.minimum(k, len(starts) - 1)]
-            before = starts[np.maximum(k - 1, 0)]
-            ok &= ((k == len(starts)) | (after - stubs >= size)) & \
-                ((k == 0) | (stubs - before >= size))
-        pages = self.pages | {p for t in taken for p in self._pages_of(t)}
+        if self._arrays is None:
+            self._arrays = (np.array(self._starts, dtype=np.int64),
+                            np.array(sorted(self.pages), dtype=np.int64))
+        starts, known = self._arrays
+        ok = (stubs >= self.floor) & (stubs <= source + REACH) & _clear_of(stubs, starts, size)
+        pages = set(self.pages)
+        for stub in taken:
+            ok &= np.abs(stubs - stub) >= size
+            pages |= self._pages_of(stub)
+        if len(pages) != len(known):
+            known = np.array(sorted(pages), dtype=np.int64)
         first, last = stubs & -layout.PAGE, (stubs + size - 1) & -layout.PAGE
-        known = np.array(sorted(pages), dtype=np.int64)
-        new = (~np.isin(first, known)).astype(np.int64) + \
-            ((last != first) & ~np.isin(last, known))
+        new = (~_member(first, known)).astype(np.int64) + \
+            ((last != first) & ~_member(last, known))
         if self._cap is None:
             self._cap = self._page_cap()
         return ok & (len(pages) + new <= self._cap)
@@ -59,6 +61,25 @@ class StubSpace:
             (k == 0 or stub - self._starts[k - 1] >= self.size), hex(stub)
         self._starts.insert(k, stub)
         self.pages |= self._pages_of(stub)
+        self._arrays = None
 
     def _pages_of(self, stub: int) -> set:
         return {stub & -layout.PAGE, (stub + self.size - 1) & -layout.PAGE}
+
+
+def _clear_of(stubs: np.ndarray, starts: np.ndarray, size: int) -> np.ndarray:
+    """Which stubs lie `size` bytes or more from each of `starts` (sorted)."""
+    if not len(starts):
+        return np.ones(len(stubs), dtype=bool)
+    k = np.searchsorted(starts, stubs)
+    after = starts[np.minimum(k, len(starts) - 1)]
+    before = starts[np.maximum(k - 1, 0)]
+    return ((k == len(starts)) | (after - stubs >= size)) & ((k == 0) | (stubs - before >= size))
+
+
+def _member(values: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """Which values are in `known` (sorted): a binary search each (np.isin sorts both)."""
+    if not len(known):
+        return np.zeros(len(values), dtype=bool)
+    k = np.minimum(np.searchsorted(known, values), len(known) - 1)
+    return known[k] == values
