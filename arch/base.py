@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable, Optional, Sequence, Set
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 

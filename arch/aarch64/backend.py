@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from array import array
-from typing import Iterable, Optional, Set
+from typing import Optional
 
 import capstone
 import numpy as np

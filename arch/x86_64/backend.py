@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import re
-import struct
 from sys import intern
-from typing import Iterable, Optional, Set
+from typing import Optional
 
 import capstone
 import iced_x86
