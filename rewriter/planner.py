@@ -423,15 +423,10 @@ class Planner:
 
     def _exit_sites(self, site: Site) -> List[Site]:
         """One site per instruction that leaves the function for good."""
-        found = self._exits_known.get(site.function.address)
-        if found is None:
-            try:
-                found = self._exit_points(site)
-            except _Refused as why:
-                found = str(why)
+        found = self._exits_known.get(site.function.address)  # (precompute_returns)
         if isinstance(found, str):
             raise _Refused(found)
-        points, conditional = found
+        points, conditional = found if found is not None else self._exit_points(site)
         self._conditional_exits |= conditional
         exits = [replace(site, address=address, tail_call=tail_call, stays_within=within)
                  for address, tail_call, within in points]
