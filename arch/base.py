@@ -72,26 +72,48 @@ class Sweep:
     `kinds` (CALL: a direct call or another instruction that goes on after it but may
     also go to its target; JUMP: a direct jump; BRANCH: a direct conditional branch
     that may leave as a tail call; RETURN; OTHER) and `targets` (the direct target, or
-    -1)."""
+    -1). `marked` holds the indexes (ascending) of the instructions whose decoded form
+    the planner may have to read: those that branch or call in any way (what
+    Backend.needs_detail asks of), and landing pads (endbr64, bti). Any other
+    instruction is plain code: its address and size say all the planner needs."""
 
-    __slots__ = ("edges", "rows", "kinds", "targets")
+    __slots__ = ("edges", "rows", "kinds", "targets", "marked")
 
-    def __init__(self, edges, rows, kinds, targets):
+    def __init__(self, edges, rows, kinds, targets, marked):
         self.edges, self.rows, self.kinds, self.targets = edges, rows, kinds, targets
+        self.marked = marked
 
     @classmethod
-    def of(cls, insns: list, flow_kind) -> "Sweep":
-        """The sweep of decoded instructions; `flow_kind(insn)` gives (kind, target)."""
+    def of(cls, insns: list, flow_kind, marks) -> "Sweep":
+        """The sweep of decoded instructions; `flow_kind(insn)` gives (kind, target),
+        `marks(insn)` whether its decoded form may be read (see `marked`)."""
         edges = [i.address for i in insns] + ([insns[-1].end] if insns else [])
-        rows, kinds, targets = [], [], []
+        rows, kinds, targets, marked = [], [], [], []
         for k, insn in enumerate(insns):
             kind, target = flow_kind(insn)
             if kind != PLAIN:
                 rows.append(k)
                 kinds.append(kind)
                 targets.append(-1 if target is None else target)
+            if kind != PLAIN or marks(insn):
+                marked.append(k)
         return cls(np.array(edges, dtype=np.int64), np.array(rows, dtype=np.int64),
-                   np.array(kinds, dtype=np.uint8), np.array(targets, dtype=np.int64))
+                   np.array(kinds, dtype=np.uint8), np.array(targets, dtype=np.int64),
+                   np.array(marked, dtype=np.int64))
+
+    @staticmethod
+    def pack(sweeps: list) -> tuple:
+        """Many sweeps as a few long arrays, quick to send to another process (pickling
+        100,000 sweeps array by array took seconds); unpack() gives them back."""
+        fields = [[getattr(sweep, name) for sweep in sweeps] for name in Sweep.__slots__]
+        return tuple((np.concatenate(arrays) if arrays else np.zeros(0, np.int64),
+                      np.array([len(a) for a in arrays], dtype=np.int64)) for arrays in fields)
+
+    @staticmethod
+    def unpack(packed: tuple) -> list:
+        fields = [np.split(values, np.cumsum(lengths)[:-1]) if len(lengths) else []
+                  for values, lengths in packed]
+        return [Sweep(*arrays) for arrays in zip(*fields)]
 
     def __len__(self) -> int:
         return max(len(self.edges) - 1, 0)
@@ -227,7 +249,8 @@ class Backend(ABC):
     def sweep(self, code: bytes, address: int) -> Sweep:
         """decode()'s linear sweep in compact form. (This default decodes; a backend
         may have a faster way to the same rows.)"""
-        return Sweep.of(self.decode(code, address), self.flow_kind)
+        return Sweep.of(self.decode(code, address), self.flow_kind,
+                        lambda insn: self.needs_detail(insn) or self.landing_pad_size(insn))
 
     @abstractmethod
     def flow_kind(self, insn: Insn) -> tuple:
@@ -288,13 +311,14 @@ class Backend(ABC):
         call, not a return): what a switch's jump table ends in."""
         return False
 
-    def jump_table(self, insns: list, index: int, read) -> Optional["JumpTable"]:
-        """The jump table (arch/jump_tables.py) that the indirect jump insns[index] of a
-        function (`insns`, its instructions in order) goes through: the exact set of
-        its targets, with the entry count taken from the bounds check that dominates
-        the jump. `read(address, size)` gives the file's bytes there, or raises when
-        they are not constant data. None when anything does not match exactly."""
-        return None
+    def jump_tables(self, insns: list, indexes: list, read) -> list:
+        """The jump tables (arch/jump_tables.py) that the indirect jumps insns[k], k in
+        `indexes`, of a function (`insns`, its instructions in order) go through, for
+        those where every step matches exactly: the exact set of each one's targets,
+        with the entry count taken from the bounds check that dominates the jump.
+        `read(address, size)` gives the file's bytes there, or raises when they are not
+        constant data."""
+        return []
 
     redirects_returns = False  # whether its trampolines can redirect a return address
     shadow_stack_name = "a hardware shadow stack"  # what ElfFile.shadow_stack means here

@@ -115,9 +115,30 @@ class Semantics:
     def __init__(self, insns: list, read: Callable[[int, int], bytes]):
         self.insns = insns
         self.read = read
+        # facts of the function, shared by the walks from each of its indirect jumps
         self._details: Dict[int, object] = {}
+        self._owners: Dict[str, object] = {}  # register -> _writers()
+        self._targets: Optional[Dict[int, List[int]]] = None
+        self._position: Optional[Dict[int, int]] = None
+        # of the walk from one jump (recover)
         self._invariants: Dict[str, object] = {}
         self.dispatch = 0  # position of the dispatch's first instruction
+
+    def targets(self) -> Dict[int, List[int]]:
+        """Direct branch target -> the addresses of the branches to it."""
+        if self._targets is None:
+            self._targets = {}
+            for insn in self.insns:
+                target = self.branch_target(insn)
+                if target is not None:
+                    self._targets.setdefault(target, []).append(insn.address)
+        return self._targets
+
+    def position(self) -> Dict[int, int]:
+        """Instruction address -> its index in `insns`."""
+        if self._position is None:
+            self._position = {i.address: k for k, i in enumerate(self.insns)}
+        return self._position
 
     def branch_target(self, insn) -> Optional[int]:
         raise NotImplementedError
@@ -202,18 +223,30 @@ class Semantics:
             self._invariants[family] = self._find_invariant(family)
         return self._invariants[family]
 
+    def _writers(self, family: str) -> Optional[list]:
+        """(position, detailed) of every instruction of the function that writes the
+        register; None when a call may change it or an instruction does not decode."""
+        if family not in self._owners:
+            owners = []
+            for k, insn in enumerate(self.insns):
+                if self.is_call(insn) and family not in self.callee_saved:
+                    owners = None
+                    break
+                if not self.may_write(insn, family):
+                    continue
+                detailed = self.detail(insn)
+                if detailed is None:
+                    owners = None
+                    break
+                if family in self.written(detailed):
+                    owners.append((k, detailed))
+            self._owners[family] = owners
+        return self._owners[family]
+
     def _find_invariant(self, family: str):
-        owners = []  # (position, detailed) of every instruction writing the register
-        for k, insn in enumerate(self.insns):
-            if self.is_call(insn) and family not in self.callee_saved:
-                return None
-            if not self.may_write(insn, family):
-                continue
-            detailed = self.detail(insn)
-            if detailed is None:
-                return None
-            if family in self.written(detailed):
-                owners.append((k, detailed))
+        owners = self._writers(family)
+        if owners is None:
+            return None
         if len(owners) == 1:
             definition = self.constant_definition(owners[0][1])
         elif len(owners) == 2 and self._dominates(owners[0][0], owners[1][0]):  # adrp, add
@@ -230,7 +263,7 @@ class Semantics:
         """Whether every path from the function's entry to insns[dispatch] runs
         insns[at] first: the function's own direct branches and fall-throughs, where
         any indirect jump reached first could lead anywhere."""
-        position = {i.address: k for k, i in enumerate(self.insns)}
+        position = self.position()
         seen, todo = set(), [0]
         while todo:
             k = todo.pop()
@@ -253,14 +286,17 @@ class Semantics:
         return None
 
 
+def recover_all(sem: Semantics, indexes: List[int]) -> List[JumpTable]:
+    """The jump tables of the indirect jumps sem.insns[k] for k in `indexes` (those
+    recovered), the function's facts worked out once for all of them."""
+    return [t for t in (recover(sem, k) for k in indexes) if t is not None]
+
+
 def recover(sem: Semantics, index: int) -> Optional[JumpTable]:
     """The jump table of the indirect jump sem.insns[index], or None."""
     insns = sem.insns
-    targets: Dict[int, List[int]] = {}
-    for insn in insns:
-        target = sem.branch_target(insn)
-        if target is not None:
-            targets.setdefault(target, []).append(insn.address)
+    targets = sem.targets()
+    sem._invariants = {}  # (they depend on where the dispatch is)
     # the dispatch: straight-line code back from the jump
     start = index
     while start > 0 and insns[start].address not in targets:
@@ -272,7 +308,7 @@ def recover(sem: Semantics, index: int) -> Optional[JumpTable]:
     first, before = insns[start], insns[start - 1]
     if any(i.address in targets for i in insns[start + 1:index + 1]):
         return None
-    position = {i.address: k for k, i in enumerate(insns)}
+    position = sem.position()
     sem.dispatch = start
     paths = [(start - 1, False)] if sem.falls_through(before) else []
     hops = []  # unconditional jumps to the dispatch, right after a check's branch

@@ -188,11 +188,16 @@ def _progress_bar(label: str, total: int):
 
 def _list_rows(input_file: str, tactics, patchable: bool = False, progress=None):
     """The rows `list` shows: (functions, USDT sites), each with its plan or refusal."""
-    from urewrite.rewriter.pipeline import list_sites
+    from urewrite.rewriter.pipeline import list_sites, no_cycle_collection
+
+    with no_cycle_collection():  # (the rows too: the file's analysis is still alive)
+        return _rows(*list_sites(input_file, tactics, progress), patchable)
+
+
+def _rows(analysis, outcomes, returns, patchable: bool) -> tuple:
     from urewrite.rewriter.planner import Plan
     from urewrite.trampolines.region import KIND_RETURN, KIND_USDT
 
-    analysis, outcomes, returns = list_sites(input_file, tactics, progress)
     split_off = analysis.planner.fragments()
     functions, probes = [], []
     for o in outcomes:

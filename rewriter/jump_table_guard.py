@@ -37,11 +37,7 @@ def recover(planner, fn: Function) -> Dict[int, JumpTable]:
     edges = planner.sweep(fn).edges
     jumps = [k for k in jumps if k < len(insns) and insns[k].address == edges[k]]
     read = constant_reader(planner.elf)
-    tables = {}
-    for k in jumps:
-        table = backend.jump_table(insns, k, read)
-        if table is not None:
-            tables[table.jump] = table
+    tables = {table.jump: table for table in backend.jump_tables(insns, jumps, read)}
     if not tables:
         return {}
     case_labels = set().union(*(t.targets for t in tables.values()))

@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional, Set, Union
 
 import numpy as np
 
-from urewrite.arch.base import BRANCH, JUMP, OTHER, RETURN, Backend, Sweep, Window
+from urewrite.arch.base import BRANCH, JUMP, OTHER, RETURN, Backend, Insn, Sweep, Window
 from urewrite.arch.jump_tables import JumpTable
 from urewrite.rewriter import (copied_code, elf_symbols, except_table, free_space,
                                jump_table_guard, layout, parallel, redirection,
@@ -102,6 +102,8 @@ class Plan:
 
     def without(self, keys) -> "Plan":
         """This plan less the sites whose probe key is in `keys` (None if none is left)."""
+        if not any(s.probe_key in keys for p in self.points for s in p.sites):
+            return self
         points = tuple(replace(p, sites=tuple(s for s in p.sites if s.probe_key not in keys))
                        for p in self.points)
         points = tuple(p for p in points if p.sites)
@@ -119,6 +121,9 @@ Outcome = Union[Plan, Refusal]
 
 class _Refused(Exception):
     pass
+
+
+_UNKNOWN = object()  # (not worked out ahead)
 
 
 # Set: return probes redirect the return address wherever that is allowed, even
@@ -147,6 +152,10 @@ class Planner:
         self._near_cache: tuple = (None, set())  # (function, _near_targets())
         self._taken_reasons: Dict[int, Optional[str]] = {}  # address -> why it is taken
         self._targets: Dict[int, Dict[int, int]] = {}
+        # every branch target of every function, sorted, once prepare() has seen them
+        # all: a window with none inside needs no look at its neighbours' targets
+        self._all_targets: Optional[np.ndarray] = None
+        self._entered: Optional[np.ndarray] = None  # _entered_from_outside(), with them
         self._direct: Dict[int, Dict[int, int]] = {}
         self._tables: Dict[int, Dict[int, JumpTable]] = {}
         self._unknown_jumps: Dict[int, Optional[int]] = {}  # function -> _indirect_jump()
@@ -165,6 +174,8 @@ class Planner:
         self.redirected_because: Dict[int, str] = {}  # function -> why its exits are not patched
         self._cold_parts: Dict[str, List[Function]] = {}  # "f" -> f.cold, f.cold.1, ...
         self.copied = copied_code.find(elf)  # code never to patch, sorted
+        self._copied_starts = [c.start for c in self.copied]
+        self._copied_reach = list(itertools.accumulate((c.end for c in self.copied), max))
         self.keep_detail = True  # plans keep detailed instructions (to generate code)
         # punned jumps' stubs go at or above this (layout.stub_floor); set by plan()
         self.stub_floor: Optional[int] = None
@@ -186,15 +197,32 @@ class Planner:
         return found
 
     def rows(self, fn: Function, first: int, end: int) -> list:
-        """Instructions `first` to `end` (exclusive) of the function's sweep, decoded
-        (_Refused if the decoder does not find the sweep's boundaries there)."""
+        """Instructions `first` to `end` (exclusive) of the function's sweep: the marked
+        ones (Sweep.marked: branches, calls, landing pads) decoded, the others plain code
+        that only their address and size describe (_Refused if the decoder does not find
+        the sweep's boundaries at a marked one). Windows are made of these: decoding
+        every instruction of 200,000 windows took seconds; those that move are decoded
+        in detail anyway (_displaced)."""
         if fn.address in self._decoded:
             return self._decoded[fn.address][first:end]
-        edges = self.sweep(fn).edges
-        start = int(edges[first])
-        insns = self.backend.decode(self.elf.read(start, int(edges[end]) - start), start)
-        if [i.address for i in insns] != edges[first:end].tolist():
-            raise _Refused(f"its instructions at {start:#x} decode differently in detail")
+        sweep = self.sweep(fn)
+        edges = sweep.edges[first:end + 1].tolist()
+        insns = [Insn(a, b - a, "", "", b"") for a, b in zip(edges, edges[1:])]
+        lo, hi = np.searchsorted(sweep.marked, (first, end))
+        marked = (sweep.marked[lo:hi] - first).tolist()
+        run = 0
+        while run < len(marked):  # each run of consecutive marked ones, decoded at once
+            last = run
+            while last + 1 < len(marked) and marked[last + 1] == marked[last] + 1:
+                last += 1
+            a, b = marked[run], marked[last] + 1
+            decoded = self.backend.decode(self.elf.read(edges[a], edges[b] - edges[a]),
+                                          edges[a])
+            if [i.address for i in decoded] != edges[a:b]:
+                raise _Refused(f"its instructions at {edges[0]:#x} decode differently "
+                               f"in detail")
+            insns[a:b] = decoded
+            run = last + 1
         return insns
 
     def instruction(self, fn: Function, k: int):
@@ -237,13 +265,64 @@ class Planner:
                 self.branch_targets(fn)
             return ({fn.address: self._direct[fn.address] for fn in part},
                     {fn.address: self._tables[fn.address] for fn in part},
-                    {fn.address: self._sweeps[fn.address] for fn in part})
+                    Sweep.pack([self._sweeps[fn.address] for fn in part]))
 
         second = parallel.Forked(lambda: analyse(functions[half:]))
         analyse(functions[:half])
-        for mine, theirs in zip((self._direct, self._tables, self._sweeps), second.result()):
+        direct, tables, sweeps = second.result()
+        sweeps = dict(zip((fn.address for fn in functions[half:]), Sweep.unpack(sweeps)))
+        for mine, theirs in zip((self._direct, self._tables, self._sweeps),
+                                (direct, tables, sweeps)):
             for address, value in theirs.items():
                 mine.setdefault(address, value)
+        if functions is self.functions:
+            self._all_targets = np.unique(np.fromiter(
+                (t for fn in functions for t in self.branch_targets(fn)), dtype=np.int64))
+            self._entered = self._entered_from_outside()
+
+    def _entered_from_outside(self) -> np.ndarray:
+        """Per function: whether anything may branch into it from outside, past its
+        entry: a direct branch, a jump table's case, or a branch or address computation
+        the byte scans found, landing inside its range from outside it. Functions that
+        overlap another are always marked (their insides are not theirs alone). What is
+        not marked needs no closer look (_branch_from_outside)."""
+        n = len(self.functions)
+        starts = np.array(self._starts, dtype=np.int64)
+        ends = np.array([f.end for f in self.functions], dtype=np.int64)
+        entered = np.zeros(n, dtype=bool)
+        if n > 1:  # overlapping neighbours: the end of one passes the next's start
+            before = np.array(self._ends_so_far, dtype=np.int64)
+            entered[1:] |= starts[1:] < before[:-1]
+            entered[:-1] |= starts[1:] < ends[:-1]
+        targets, sources = [], []
+        for table in self.taken_index.code_tables():
+            if table.kind == taken_addresses.BRANCH:
+                targets.append(table.values)
+                sources.append(table.sources)
+        for fn in self.functions:
+            sweep = self.sweep(fn)
+            direct = sweep.targets >= 0
+            targets.append(sweep.targets[direct])
+            sources.append(sweep.edges[sweep.rows[direct]])
+            for table in self.jump_tables(fn).values():
+                targets.append(np.fromiter(table.targets, dtype=np.int64))
+                sources.append(np.full(len(table.targets), table.jump, dtype=np.int64))
+        targets, sources = np.concatenate(targets), np.concatenate(sources)
+        k = np.searchsorted(starts, targets, side="right") - 1
+        inside = k >= 0
+        k, targets, sources = k[inside], targets[inside], sources[inside]
+        into = (targets < ends[k]) & (targets != starts[k]) & \
+            ((sources < starts[k]) | (sources >= ends[k]))
+        entered[k[into]] = True
+        return entered
+
+    def _targets_between(self, start: int, end: int) -> bool:
+        """Whether any branch of the file may land in (start, end): False only when
+        prepare() has seen every function's targets and none lies there."""
+        if self._all_targets is None:
+            return True
+        k = int(np.searchsorted(self._all_targets, start, side="right"))
+        return k < len(self._all_targets) and int(self._all_targets[k]) < end
 
     def boundaries(self, fn: Function) -> Set[int]:
         return set(self.sweep(fn).starts.tolist())
@@ -360,7 +439,11 @@ class Planner:
     def copied_at(self, start: int, end: Optional[int] = None):
         """The copied code (copied_code.py) that overlaps [start, end), if any."""
         end = start + 1 if end is None else end
-        return next((c for c in self.copied if c.start < end and start < c.end), None)
+        # (asked for every window: a binary search, then a look only where one overlaps)
+        k = bisect.bisect_left(self._copied_starts, end)  # the copies starting before `end`
+        if k == 0 or self._copied_reach[k - 1] <= start:
+            return None
+        return next((c for c in self.copied[:k] if start < c.end), None)
 
     @staticmethod
     def _whole_returns(outcomes: List[Outcome]) -> tuple:
@@ -377,7 +460,7 @@ class Planner:
                 if o.site.kind != KIND_RETURN:
                     kept.append(o)
                 continue
-            remaining = o.without(failed)
+            remaining = o.without(failed) if failed else o
             if remaining:
                 kept.append(remaining)
         return kept, failed
@@ -507,33 +590,43 @@ class Planner:
                            "are not only its own".format(*shared))
         return exits, conditional
 
-    def precompute_returns(self, sites: List[Site]) -> None:
-        """For plans that are only reported (`list`): the exits of these return probes,
-        and a window for each, worked out ahead, the second half of them in a forked child
-        (parallel.py) while this process does the first: plan() takes them as it would
-        have found them itself, so the plans are the same, in about half the time. (Only
-        for plans without detailed instructions: those could not be sent.)"""
+    def precompute(self, sites: List[Site]) -> None:
+        """For plans that are only reported (`list`): a window for each of these sites
+        (for a return probe, its exits first, then a window for each) and whether
+        anything may branch into it, worked out ahead, the second half of the sites in
+        a forked child (parallel.py) while this process does the first: plan() takes
+        them as it would have found them itself, so the plans are the same, in about
+        half the time. (Only for plans without detailed instructions: those could not
+        be sent.)"""
         assert not self.keep_detail, "detailed instructions cannot be sent"
+        self.taken_index.data_tables()  # (the scans, made once before the fork)
+        self.taken_index.code_tables()
 
         def work(part: List[Site]) -> tuple:
-            exits, windows = {}, {}
+            exits, windows, plans = {}, {}, []
             for site in part:
-                try:
-                    points, conditional = exits[site.function.address] = \
-                        self._exit_points(site)
-                except _Refused as why:
-                    exits[site.function.address] = str(why)
-                    continue
-                self._conditional_exits |= conditional  # (a window asks)
-                for address, tail_call, within in points:
-                    exit_site = replace(site, address=address, tail_call=tail_call,
-                                        stays_within=within)
+                if site.kind != KIND_RETURN:
+                    targets = [site]
+                else:
                     try:
-                        plan = self._window(exit_site)
-                        windows[self._window_key(exit_site)] = (plan.window,
-                                                                plan.points[0].flags_live)
+                        points, conditional = exits[site.function.address] = \
+                            self._exit_points(site)
                     except _Refused as why:
-                        windows[self._window_key(exit_site)] = str(why)
+                        exits[site.function.address] = str(why)
+                        continue
+                    self._conditional_exits |= conditional  # (a window asks)
+                    targets = [replace(site, address=address, tail_call=tail_call,
+                                       stays_within=within)
+                               for address, tail_call, within in points]
+                for target in targets:
+                    try:
+                        plans.append((self._window_key(target), self._window(target)))
+                    except _Refused as why:
+                        windows[self._window_key(target)] = str(why)
+            taken = self._taken_addresses([plan for _, plan in plans])
+            for key, plan in plans:
+                windows[key] = (plan.window, plan.points[0].flags_live,
+                                self._branch_into(plan, taken))
             return exits, windows
 
         half = len(sites) // 2
@@ -543,22 +636,22 @@ class Planner:
             self._windows_known.update(windows)
 
     def _window_key(self, site: Site) -> tuple:
-        """What an exit's window depends on (precompute_returns)."""
-        return (site.address, site.function.address, site.stays_within,
+        """What a site's window depends on (precompute)."""
+        return (site.address, site.function.address, site.at_entry, site.stays_within,
                 self._counts_when_taken(site))
 
-    def _known_window(self, site: Site) -> Optional[Plan]:
-        """The plan of the window precompute_returns found for an exit site; None if it
-        found none."""
-        known = self._windows_known.get(self._window_key(site)) \
-            if site.kind == KIND_RETURN else None
+    def _known_window(self, site: Site) -> Optional[tuple]:
+        """(the plan of the window precompute found for a site, whether anything may
+        branch into it: None or why); None if it found none."""
+        known = self._windows_known.get(self._window_key(site))
         if known is None:
             return None
         if isinstance(known, str):
             raise _Refused(known)
-        window, flags_live = known
+        window, flags_live, verdict = known
         return Plan(window, (ProbePoint(site.address, (site,), flags_live,
-                                        self._counts_when_taken(site), site.stays_within),))
+                                        self._counts_when_taken(site),
+                                        site.stays_within),)), verdict
 
     def _outermost(self, address: int) -> bool:
         """Whether a function starting at `address` is an outermost frame (its unwind info
@@ -596,6 +689,10 @@ class Planner:
         """(target, source) of a branch from code outside the function's parts to an
         instruction inside them other than its entry (code shared by two functions,
         as glibc's string functions do), or None."""
+        if len(parts) == 1 and self._entered is not None:
+            k = bisect.bisect_left(self._starts, fn.address)
+            if self.functions[k] is fn and not self._entered[k]:
+                return None
         interior = {a for part in parts for a in self.sweep(part).starts.tolist()}
         interior.discard(fn.address)
         references = self.taken_index.branch_sources(interior)
@@ -684,42 +781,52 @@ class Planner:
     def _group_window(self, group: List[Site], size: Optional[int] = None,
                       avoid_taken: bool = False) -> Plan:
         """One window for the sites at one point, all counted there."""
+        return self._group_plan(group, size, avoid_taken)[0]
+
+    def _group_plan(self, group: List[Site], size: Optional[int] = None,
+                    avoid_taken: bool = False) -> tuple:
+        """(_group_window(), what may branch into it when precompute found out: None or
+        why; else _UNKNOWN)."""
         # a site inside a function follows the stricter rules (flags live)
         primary = next((s for s in group if not s.at_entry), group[0])
-        plan = self._known_window(primary) if size is None and not avoid_taken else None
-        if plan is None:
-            plan = self._window(primary, size, avoid_taken)
+        known = self._known_window(primary) if size is None and not avoid_taken else None
+        plan, verdict = known if known else (self._window(primary, size, avoid_taken), _UNKNOWN)
         copy = self.copied_at(plan.window.address, plan.window.end)
         if copy:
             raise _Refused(copy.reason())
         if len(group) == 1:
-            return plan
+            return plan, verdict
         point = plan.points[0]
         return replace(plan, points=(replace(point, sites=tuple(
-            [primary] + [s for s in group if s is not primary])),))
+            [primary] + [s for s in group if s is not primary])),)), verdict
 
     def _plan_sites(self, sites: List[Site], progress=None) -> List[Outcome]:
         # (planned afresh: a second round re-plans every site)
         self._stubs = StubSpace(self.stub_floor, self.backend.patch_size,
                                 lambda: layout.stub_page_cap(self.elf))
-        tentative = []
+        tentative, verdicts = [], {}  # (verdicts: id(plan) -> precompute's _branch_into)
         for group in self._by_address(sites):
             if progress and group[0].kind != KIND_RETURN:
                 progress(len(group))
             try:
                 if "jump" not in self.tactics:
                     raise _Refused("not among the tactics to try")
-                tentative.append(self._group_window(group))
+                plan, verdict = self._group_plan(group)
+                tentative.append(plan)
+                if verdict is not _UNKNOWN:
+                    verdicts[id(plan)] = verdict
             except _Refused as why:
                 tentative.extend(Refusal(s, str(why)) for s in group)
-        windows = [o for o in tentative if isinstance(o, Plan)]
-        taken = self._taken_addresses(windows)
+        taken = self._taken_addresses([o for o in tentative if isinstance(o, Plan)
+                                       and id(o) not in verdicts])
         outcomes = []
         previous = None  # the last plan kept
         tentative.sort(key=lambda o: o.window.address if isinstance(o, Plan) else o.site.address)
         for outcome in tentative:
             if isinstance(outcome, Plan):
-                reason = self._branch_into(outcome, taken)
+                reason = verdicts.get(id(outcome), _UNKNOWN)
+                if reason is _UNKNOWN:
+                    reason = self._branch_into(outcome, taken)
                 if reason and not outcome.site.at_entry:
                     retried = self._window_clear_of_taken(outcome, previous)
                     if retried:
@@ -770,8 +877,9 @@ class Planner:
             return None
         if self._landing_pad_in(window.address, window.end, insns):
             return None
-        if b.window.address != a.window.address and self._taken_reason(taken, b.window.address):
-            return None  # b's first byte is no longer a window start
+        if b.window.address != a.window.address and self._taken_reason(
+                self.taken_index.find([b.window.address]), b.window.address):
+            return None  # b's first byte is no longer a window start (merges are rare)
         points = {}
         for point in a.points + b.points:
             if point.address in points:
@@ -857,7 +965,6 @@ class Planner:
         first_row = int(np.searchsorted(sweep.edges, site.address - self.MAX_LOOK_BACK))
         end_row = min(int(np.searchsorted(sweep.edges, site.address + size)) + 1, len(sweep))
         insns, index = self.rows(fn, at, end_row), 0
-        targets = self._near_targets(fn)
         reason = "too few instructions follow it for a jump"
         alone = self._unknown_targets(site, fn)
         for back in range(at - first_row + 1):
@@ -883,7 +990,8 @@ class Planner:
                 except _Refused as why:
                     reason = str(why)
                     continue
-            inside = [t for t in targets if start < t < end]
+            inside = [t for t in self._near_targets(fn) if start < t < end] \
+                if self._targets_between(start, end) else []
             if inside:
                 reason = f"a branch lands at {inside[0]:#x}, inside every window around it"
                 continue
@@ -1352,8 +1460,8 @@ class Planner:
 
     # -- branch targets ------------------------------------------------------------
     def _taken_addresses(self, plans: List[Plan]) -> Dict[int, list]:
-        # window interiors, and window starts (for when two windows merge into one);
-        # only where an instruction could start: nothing can be aimed anywhere else
+        # window interiors (and starts, as _merge asks of windows of hops); only where
+        # an instruction could start: nothing can be aimed anywhere else
         step = self.backend.insn_alignment
         wanted = {a for p in plans for a in range(p.window.address, p.window.end, step)}
         return self.taken_index.find(wanted)
@@ -1420,7 +1528,9 @@ class Planner:
             if why:
                 return f"{why} may lead to {target:#x}, inside the displaced bytes"
         holder = self._holding(plan.site)
-        for fn in self._near_functions(plan.window) + [None]:
+        near = self._near_functions(plan.window) \
+            if self._targets_between(plan.window.address, plan.window.end) else []
+        for fn in near + [None]:
             found = self.branch_targets(fn) if fn else self._parent_case_labels(holder)
             for target, source in found.items():
                 if lo <= target < hi:

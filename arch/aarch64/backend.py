@@ -99,8 +99,8 @@ class AArch64Backend(Backend):
     def is_indirect_jump(self, insn: Insn) -> bool:
         return insn.mnemonic in ("br", "braa", "brab", "braaz", "brabz")
 
-    def jump_table(self, insns: list, index: int, read):
-        return jump_tables.jump_table(self, insns, index, read)
+    def jump_tables(self, insns: list, indexes: list, read) -> list:
+        return jump_tables.jump_tables(self, insns, indexes, read)
 
     def return_value(self) -> list:
         return arguments.abi_return()

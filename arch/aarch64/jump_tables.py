@@ -22,7 +22,7 @@ import capstone
 from capstone import arm64_const as A
 
 from urewrite.arch.jump_tables import (INDEX, MASK64, Affine, Check, Entry, Semantics,
-                                       add, read_index, recover)
+                                       add, read_index, recover_all)
 
 _NO_FALL_THROUGH = frozenset("b br braa brab braaz brabz ret retaa retab udf brk hlt".split())
 _CALLS = frozenset("bl blr blraa blrab blraaz blrabz".split())
@@ -244,5 +244,5 @@ class _IndexOperand:
         self.shift = mem_op.shift
 
 
-def jump_table(backend, insns: list, index: int, read):
-    return recover(_AArch64(backend, insns, read), index)
+def jump_tables(backend, insns: list, indexes: list, read) -> list:
+    return recover_all(_AArch64(backend, insns, read), indexes)

@@ -37,7 +37,7 @@ def _bare_mnemonic(full: str) -> str:
     """The mnemonic without prefixes such as "bnd", "notrack", "rep"."""
     bare = _BARE.get(full)
     if bare is None:
-        bare = _BARE[full] = full.split()[-1]
+        bare = _BARE[full] = full.split()[-1] if full else ""
     return bare
 
 
@@ -61,6 +61,9 @@ _ICED_KINDS = {iced_x86.FlowControl.CALL: CALL,
                iced_x86.FlowControl.EXCEPTION: PLAIN,
                iced_x86.FlowControl.XBEGIN_XABORT_XEND: PLAIN}
 _NEXT, _CONDITIONAL = iced_x86.FlowControl.NEXT, iced_x86.FlowControl.CONDITIONAL_BRANCH
+# flows of instructions that neither branch nor call (Sweep.marked: not marked for that)
+_UNMARKED = frozenset((iced_x86.FlowControl.RETURN, iced_x86.FlowControl.INTERRUPT,
+                       iced_x86.FlowControl.EXCEPTION))
 _INVALID = iced_x86.Code.INVALID
 _NEAR_BRANCH = frozenset((iced_x86.OpKind.NEAR_BRANCH16, iced_x86.OpKind.NEAR_BRANCH32,
                           iced_x86.OpKind.NEAR_BRANCH64))
@@ -115,7 +118,7 @@ class X86_64Backend(Backend):
         # iced-x86 (docs/design.md, "Big files"): several times faster than Capstone,
         # and only the instructions that branch are looked at twice. Where it meets an
         # instruction it cannot decode, Capstone's own sweep decides where that ends.
-        starts, rows, kinds, targets = [], [], [], []
+        starts, rows, kinds, targets, marked = [], [], [], [], []
         decoder = iced_x86.Decoder(64, code, ip=address)
         for insn in decoder:
             starts.append(insn.ip)
@@ -125,6 +128,8 @@ class X86_64Backend(Backend):
             code_ = insn.code
             if code_ == _INVALID:
                 return super().sweep(code, address)
+            if flow not in _UNMARKED:  # (any branch or call: needs_detail may say yes)
+                marked.append(len(starts) - 1)
             kind = _ICED_KINDS.get(flow, OTHER)
             if kind in (CALL, JUMP, BRANCH) and insn.op0_kind not in _NEAR_BRANCH:
                 kind = PLAIN if kind == CALL else OTHER  # syscall, far forms
@@ -141,8 +146,18 @@ class X86_64Backend(Backend):
             targets.append(insn.near_branch_target if kind in (CALL, JUMP, BRANCH) or
                            flow == _CONDITIONAL else -1)
         starts.append(address + decoder.position)
-        return Sweep(np.array(starts, dtype=np.int64), np.array(rows, dtype=np.int64),
-                     np.array(kinds, dtype=np.uint8), np.array(targets, dtype=np.int64))
+        edges = np.array(starts, dtype=np.int64)
+        # landing pads, by their bytes (rare but at function entries): the instruction
+        # that holds them
+        at = code.find(ENDBR64)
+        while at >= 0:
+            k = int(np.searchsorted(edges, address + at, side="right")) - 1
+            if 0 <= k < len(starts) - 1:
+                marked.append(k)
+            at = code.find(ENDBR64, at + 1)
+        return Sweep(edges, np.array(rows, dtype=np.int64), np.array(kinds, dtype=np.uint8),
+                     np.array(targets, dtype=np.int64),
+                     np.unique(np.array(marked, dtype=np.int64)))
 
     def flow_kind(self, insn: Insn) -> tuple:
         mnemonic = _bare_mnemonic(insn.mnemonic)
@@ -247,8 +262,8 @@ class X86_64Backend(Backend):
     def is_indirect_jump(self, insn: Insn) -> bool:
         return _bare_mnemonic(insn.mnemonic) == "jmp" and self.direct_branch_target(insn) is None
 
-    def jump_table(self, insns: list, index: int, read):
-        return jump_tables.jump_table(self, insns, index, read)
+    def jump_tables(self, insns: list, indexes: list, read) -> list:
+        return jump_tables.jump_tables(self, insns, indexes, read)
 
     def is_call_frame(self, frame) -> bool:
         # CFA = rsp + 8, the return address at CFA - 8: what `call` leaves (DWARF rsp = 7)

@@ -20,7 +20,7 @@ import capstone
 from capstone import x86_const as X
 
 from urewrite.arch.jump_tables import (INDEX, MASK64, Affine, Check, Entry, LowIndex,
-                                       Semantics, add, read_index, recover)
+                                       Semantics, add, read_index, recover_all)
 
 _CONDITIONAL = frozenset("jo jno jb jae je jne jbe ja js jns jp jnp jl jge jle jg jrcxz jecxz "
                          "jcxz loop loope loopne".split())
@@ -253,5 +253,5 @@ class _X86(Semantics):
         return value if isinstance(value, Entry) else None
 
 
-def jump_table(backend, insns: list, index: int, read):
-    return recover(_X86(backend, insns, read), index)
+def jump_tables(backend, insns: list, indexes: list, read) -> list:
+    return recover_all(_X86(backend, insns, read), indexes)
