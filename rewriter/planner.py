@@ -218,7 +218,7 @@ class Planner:
             a, b = marked[run], marked[last] + 1
             decoded = self.backend.decode(self.elf.read(edges[a], edges[b] - edges[a]),
                                           edges[a])
-            if [i.address for i in decoded] != edges[a:b]:
+            if [i.address for i in decoded] != edges[a:b] or decoded[-1].end != edges[b]:
                 raise _Refused(f"its instructions at {edges[0]:#x} decode differently "
                                f"in detail")
             insns[a:b] = decoded
@@ -926,13 +926,17 @@ class Planner:
     def _displaced(self, insns) -> tuple:
         """`insns` (from the quick sweep) decoded in detail, once every one is known to
         run from a trampoline; else the reason it cannot."""
+        start, end = insns[0].address, insns[-1].end
+        # (the decoder that moves them must see the very instructions the sweep saw:
+        # where two decoders disagree, as on the length of a ud1, nothing is moved)
         if not self.keep_detail and not any(map(self.backend.needs_detail, insns)):
+            quick = self.backend.decode(self.elf.read(start, end - start), start)
+            if [(i.address, i.size) for i in quick] != [(i.address, i.size) for i in insns]:
+                raise _Refused(f"its instructions at {start:#x} decode differently in detail")
             return tuple(insns)  # (`list` only reports it: nothing to relocate, nor to ask)
-        start = insns[0].address
-        detailed = self.backend.decode(self.elf.read(start, insns[-1].end - start), start,
-                                       detail=True)
-        if [i.address for i in detailed] != [i.address for i in insns]:
-            raise _Refused("its instructions decode differently in detail")
+        detailed = self.backend.decode(self.elf.read(start, end - start), start, detail=True)
+        if [(i.address, i.size) for i in detailed] != [(i.address, i.size) for i in insns]:
+            raise _Refused(f"its instructions at {start:#x} decode differently in detail")
         for k, insn in enumerate(detailed):
             problem = self.backend.relocation_problem(insn, k == len(detailed) - 1,
                                                       self._shadow_stack)
@@ -1176,8 +1180,8 @@ class Planner:
                 tried.append((group, str(why)))
         plans = [p for _, p in tried if isinstance(p, Plan)]
         gaps = self._padding_gaps(plans)
-        # window interiors and starts (for merges), and every byte a landing may take
-        wanted = {a for p in plans for a in range(p.window.address, p.window.end)}
+        # window interiors, and every byte a landing may take
+        wanted = {a for p in plans for a in range(p.window.address + 1, p.window.end)}
         wanted |= {a for start, end in gaps for a in range(start, end)}
         taken = self.taken_index.find(wanted)
         tried = self._merge_overlaps(tried, taken)
@@ -1460,10 +1464,11 @@ class Planner:
 
     # -- branch targets ------------------------------------------------------------
     def _taken_addresses(self, plans: List[Plan]) -> Dict[int, list]:
-        # window interiors (and starts, as _merge asks of windows of hops); only where
-        # an instruction could start: nothing can be aimed anywhere else
+        # window interiors, only where an instruction could start: nothing can be aimed
+        # anywhere else. (Not their starts: a function's entry is named by every call to
+        # it, and those matches took seconds to list. _merge asks of a start itself.)
         step = self.backend.insn_alignment
-        wanted = {a for p in plans for a in range(p.window.address, p.window.end, step)}
+        wanted = {a for p in plans for a in range(p.window.address + step, p.window.end, step)}
         return self.taken_index.find(wanted)
 
     def _taken_inside(self, start: int, end: int) -> Optional[tuple]:
