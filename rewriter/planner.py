@@ -506,7 +506,7 @@ class Planner:
 
     def _exit_sites(self, site: Site) -> List[Site]:
         """One site per instruction that leaves the function for good."""
-        found = self._exits_known.get(site.function.address)  # (precompute_returns)
+        found = self._exits_known.get(site.function.address)  # (precompute)
         if isinstance(found, str):
             raise _Refused(found)
         points, conditional = found if found is not None else self._exit_points(site)

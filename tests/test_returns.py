@@ -214,3 +214,34 @@ def test_return_probes_in_a_shared_object(tmp_path):
                     ("lib_twice", "return"): calls}
     lib_sum = next(p for p in report["probes"] if p["name"] == "lib_sum" and p["kind"] == "return")
     assert sum(b["count"] for b in lib_sum["histogram"]) == 50  # the first call too
+
+
+@pytest.mark.parametrize("level", ["-O2", "-O2 -no-pie"])
+def test_windows_keep_clear_of_bytes_the_decoders_read_differently(tmp_path, level):
+    # a ud1 that iced-x86 (the sweep) reads as 5 bytes and Capstone (what displaces) as
+    # 3: no window may hold it, in list as in the rewrite; windows that end before it do
+    plain = tmp_path / "disagree"
+    subprocess.run(["gcc", *level.split(), os.path.join(SAMPLES, "decoders_disagree.c"),
+                    "-o", plain], check=True)
+    listed = {f["name"]: f for f in json.loads(urewrite("list", "--json", plain).stdout)
+              ["functions"]}
+    elf = ElfFile.open(str(plain))
+    ud1 = bytes.fromhex("670fb94016")
+    starts = {}
+    for name in ("ud1_after_ret", "ud1_tight"):
+        row = listed[name]
+        code = elf.read(row["address"], row["size"])
+        starts[name] = row["address"] + code.index(ud1)
+        assert row["patchable"] and row["return"]["mechanism"] == "exit sites", row
+        # a plain jump at ud1_tight's entry would have to cover part of the ud1
+        if name == "ud1_tight":
+            assert row["tactic"] != "jump", row
+    out = urewrite(plain, "-p", "ud1_*", "-r", "ud1_*", "-o", tmp_path / "out")
+    assert out.returncode == 0, out.stderr
+    rewritten = ElfFile.open(str(tmp_path / "out"))
+    for name, at in starts.items():
+        assert rewritten.read(at, len(ud1)) == ud1, name  # not patched over
+    code, program, report = stat([tmp_path / "out"])
+    assert (code, program) == (0, "36\n")
+    assert {(p["name"], p["kind"]): p["hits"] for p in report["probes"]} == \
+        {(name, kind): 6 for name in starts for kind in ("entry", "return")}
