@@ -39,6 +39,12 @@ class Insn:
     def end(self) -> int:
         return self.address + self.size
 
+    def __reduce__(self):
+        # (pickled as a call with its fields: `list` sends 100,000s of windows between
+        # processes, and the default for slots is several times slower)
+        return Insn, (self.address, self.size, self.mnemonic, self.op_str, self.raw,
+                      self.detail)
+
     def _key(self) -> tuple:
         return self.address, self.size, self.mnemonic, self.op_str, self.raw
 
@@ -129,12 +135,12 @@ class Sweep:
 
     def index_at(self, address: int) -> Optional[int]:
         """The instruction that starts at `address`, or None."""
-        k = int(np.searchsorted(self.edges, address))
+        k = int(self.edges.searchsorted(address))
         return k if k < len(self) and self.edges[k] == address else None
 
     def index_holding(self, address: int) -> Optional[int]:
         """The instruction whose bytes hold `address`, or None."""
-        k = int(np.searchsorted(self.edges, address, side="right")) - 1
+        k = int(self.edges.searchsorted(address, side="right")) - 1
         return k if 0 <= k < len(self) else None
 
 
@@ -245,6 +251,12 @@ class Backend(ABC):
     @abstractmethod
     def decode(self, code: bytes, address: int, detail: bool = False) -> list:
         """Linear sweep: the instructions of `code`, stopping at the first undecodable byte."""
+
+    def boundaries(self, code: bytes, address: int) -> list:
+        """Where decode()'s instructions of `code` start, then where the last one ends.
+        (A backend may have a quicker way than making the instructions.)"""
+        insns = self.decode(code, address)
+        return [i.address for i in insns] + [insns[-1].end if insns else address]
 
     def sweep(self, code: bytes, address: int) -> Sweep:
         """decode()'s linear sweep in compact form. (This default decodes; a backend

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from urewrite.arch import machine_name
 from urewrite.errors import UrewriteError
@@ -121,6 +121,8 @@ class ElfFile:
             self._fail("truncated ELF: program headers lie past the end of the file")
         self.segments: List[Segment] = [
             Segment(*PHDR.unpack_from(data, self.phoff + i * PHDR.size)) for i in range(self.phnum)]
+        # (asked for every address read: a list made once)
+        self._loads = tuple(s for s in self.segments if s.type == PT_LOAD)
         for seg in self.segments:
             # (a segment with no file bytes may have any offset, as a rewrite's state has)
             if seg.type in (PT_LOAD, PT_DYNAMIC) and seg.filesz and \
@@ -150,8 +152,8 @@ class ElfFile:
 
     # -- questions -------------------------------------------------------------
     @property
-    def loads(self) -> List[Segment]:
-        return [s for s in self.segments if s.type == PT_LOAD]
+    def loads(self) -> Tuple[Segment, ...]:
+        return self._loads
 
     def has_segment(self, kind: int) -> bool:
         return any(s.type == kind for s in self.segments)

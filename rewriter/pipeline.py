@@ -116,10 +116,11 @@ def list_sites(path: str, tactics: Optional[tuple] = None, progress: Progress = 
         a.planner.keep_detail = False
         entries = [Site(fn, fn.address, KIND_ENTRY, fn.name, fn.name, exact=False)
                    for fn in a.functions]
+        return_sites = _return_sites(a)
         if len(a.functions) >= PREPARE_AT:  # (both halves then need every function's)
             a.planner.prepare(a.functions)
-            a.planner.precompute(_return_sites(a))
-        returns = parallel.Forked(lambda: return_probes(a))
+            a.planner.precompute(return_sites)
+        returns = parallel.Forked(lambda: return_probes(a, return_sites))
         usdt_sites = select(["usdt:*:*"], a.functions, a.planner.boundaries, a.usdt) \
             if a.usdt else []
         outcomes = (a.planner.plan(entries, _steps(progress, "entries", len(entries)))
@@ -127,9 +128,9 @@ def list_sites(path: str, tactics: Optional[tuple] = None, progress: Progress = 
         return a, outcomes, returns.result()
 
 
-def return_probes(a: Analysis) -> Dict[int, ReturnProbe]:
-    """Function address -> its return probe, every function planned at once."""
-    sites = _return_sites(a)
+def return_probes(a: Analysis, sites: List[Site]) -> Dict[int, ReturnProbe]:
+    """Function address -> its return probe (of `sites`, every function's), planned
+    at once."""
     found = {fn.address: ReturnProbe(0, {}, False, None, None) for fn in a.functions}
     for o in a.planner.plan(sites):
         for site in (o.sites if isinstance(o, Plan) else (o.site,)):

@@ -18,6 +18,7 @@ backend's patch size) with a jump. That is safe only when:
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import os
 from dataclasses import dataclass, replace
@@ -125,6 +126,9 @@ class _Refused(Exception):
 
 _UNKNOWN = object()  # (not worked out ahead)
 
+# The share of prepare()'s work done here: the child sends its half back (pickled), meanwhile.
+PARENT_SHARE = 0.5
+
 
 # Set: return probes redirect the return address wherever that is allowed, even
 # where every exit could be patched (tests reach the fallback with it on arm64,
@@ -165,6 +169,7 @@ class Planner:
         self.siteless: List[Site] = []  # return probes of functions without an exit
         self._shadow_stack = elf.shadow_stack
         self._redirect_file_problem: Optional[str] = None  # computed when first needed
+        self._redirect_problems: Dict[int, Optional[str]] = {}  # function -> its own problem
         self._frames: Optional[dict] = None  # FDE start -> frame there, when first needed
         self._fragments: Optional[Dict[int, Function]] = None
         self._taken_index: Optional[taken_addresses.TakenIndex] = None  # when first needed
@@ -208,7 +213,7 @@ class Planner:
         sweep = self.sweep(fn)
         edges = sweep.edges[first:end + 1].tolist()
         insns = [Insn(a, b - a, "", "", b"") for a, b in zip(edges, edges[1:])]
-        lo, hi = np.searchsorted(sweep.marked, (first, end))
+        lo, hi = sweep.marked.searchsorted((first, end)).tolist()
         marked = (sweep.marked[lo:hi] - first).tolist()
         run = 0
         while run < len(marked):  # each run of consecutive marked ones, decoded at once
@@ -250,7 +255,7 @@ class Planner:
         """The function's first instructions, decoded: as many as an entry window of
         `size` bytes needs after a landing pad (endbr64, bti: 4 bytes)."""
         sweep = self.sweep(fn)
-        end_row = int(np.searchsorted(sweep.edges, fn.address + 16 + size)) + 1
+        end_row = int(sweep.edges.searchsorted(fn.address + 16 + size)) + 1
         return self.rows(fn, 0, min(end_row, len(sweep)))
 
     def prepare(self, functions: List[Function]) -> None:
@@ -258,26 +263,30 @@ class Planner:
         once, the second half in a forked child (parallel.py) while this process does
         the first: the caches are what each function's own analysis would fill, so
         plans do not change."""
-        half = len(functions) // 2
+        # (halves of the code, not of the functions: the first half of node's functions
+        # holds 57% of its bytes)
+        reach = list(itertools.accumulate(f.size for f in functions))
+        half = bisect.bisect_left(reach, reach[-1] * PARENT_SHARE) if reach else 0
 
         def analyse(part: List[Function]) -> tuple:
             for fn in part:
                 self.branch_targets(fn)
             return ({fn.address: self._direct[fn.address] for fn in part},
                     {fn.address: self._tables[fn.address] for fn in part},
-                    Sweep.pack([self._sweeps[fn.address] for fn in part]))
+                    Sweep.pack([self._sweeps[fn.address] for fn in part]),
+                    np.unique(np.fromiter((t for fn in part for t in self.branch_targets(fn)),
+                                          dtype=np.int64)))
 
         second = parallel.Forked(lambda: analyse(functions[half:]))
-        analyse(functions[:half])
-        direct, tables, sweeps = second.result()
+        targets = analyse(functions[:half])[3]
+        direct, tables, sweeps, their_targets = second.result()
         sweeps = dict(zip((fn.address for fn in functions[half:]), Sweep.unpack(sweeps)))
         for mine, theirs in zip((self._direct, self._tables, self._sweeps),
                                 (direct, tables, sweeps)):
             for address, value in theirs.items():
                 mine.setdefault(address, value)
         if functions is self.functions:
-            self._all_targets = np.unique(np.fromiter(
-                (t for fn in functions for t in self.branch_targets(fn)), dtype=np.int64))
+            self._all_targets = np.union1d(targets, their_targets)
             self._entered = self._entered_from_outside()
 
     def _entered_from_outside(self) -> np.ndarray:
@@ -321,7 +330,7 @@ class Planner:
         prepare() has seen every function's targets and none lies there."""
         if self._all_targets is None:
             return True
-        k = int(np.searchsorted(self._all_targets, start, side="right"))
+        k = int(self._all_targets.searchsorted(start, side="right"))
         return k < len(self._all_targets) and int(self._all_targets[k]) < end
 
     def boundaries(self, fn: Function) -> Set[int]:
@@ -346,11 +355,12 @@ class Planner:
         if fn.address not in self._direct:
             sweep = self.sweep(fn)
             direct = sweep.targets >= 0
-            targets, sources = sweep.targets[direct], sweep.edges[sweep.rows[direct]]
-            unique, first = np.unique(targets, return_index=True)
-            order = np.argsort(first)
-            self._direct[fn.address] = dict(zip(unique[order].tolist(),
-                                                sources[first[order]].tolist()))
+            found: Dict[int, int] = {}  # (a few per function: a dict beats np.unique)
+            for target, source in zip(sweep.targets[direct].tolist(),
+                                      sweep.edges[sweep.rows[direct]].tolist()):
+                if target not in found:
+                    found[target] = source
+            self._direct[fn.address] = found
         return self._direct[fn.address]
 
     def indirect_jumps(self, fn: Function) -> List[int]:
@@ -468,8 +478,12 @@ class Planner:
     def _redirect_problem(self, fn: Function) -> Optional[str]:
         if self._redirect_file_problem is None:
             self._redirect_file_problem = redirection.file_problem(self.elf, self.backend) or ""
-        return self._redirect_file_problem or redirection.function_problem(
-            self.elf, self.backend, fn, self.entry_frames())
+        if self._redirect_file_problem:
+            return self._redirect_file_problem
+        if fn.address not in self._redirect_problems:  # (or precompute found it)
+            self._redirect_problems[fn.address] = redirection.function_problem(
+                self.elf, self.backend, fn, self.entry_frames())
+        return self._redirect_problems[fn.address]
 
     def entry_frames(self) -> Optional[dict]:
         if self._frames is None:
@@ -511,8 +525,7 @@ class Planner:
             raise _Refused(found)
         points, conditional = found if found is not None else self._exit_points(site)
         self._conditional_exits |= conditional
-        exits = [replace(site, address=address, tail_call=tail_call, stays_within=within)
-                 for address, tail_call, within in points]
+        exits = [site.at_exit(*point) for point in points]
         if not exits:  # it never returns: its probe exists, with no site to patch
             self.siteless.append(site)
         return exits
@@ -604,6 +617,7 @@ class Planner:
 
         def work(part: List[Site]) -> tuple:
             exits, windows, plans = {}, {}, []
+            at_risk = {}  # return probes with an exit whose window may fail: address -> function
             for site in part:
                 if site.kind != KIND_RETURN:
                     targets = [site]
@@ -613,27 +627,35 @@ class Planner:
                             self._exit_points(site)
                     except _Refused as why:
                         exits[site.function.address] = str(why)
+                        at_risk[site.function.address] = site.function
                         continue
                     self._conditional_exits |= conditional  # (a window asks)
-                    targets = [replace(site, address=address, tail_call=tail_call,
-                                       stays_within=within)
-                               for address, tail_call, within in points]
+                    targets = [site.at_exit(*point) for point in points]
                 for target in targets:
                     try:
-                        plans.append((self._window_key(target), self._window(target)))
+                        plans.append((self._window_key(target), target, self._window(target)))
                     except _Refused as why:
                         windows[self._window_key(target)] = str(why)
-            taken = self._taken_addresses([plan for _, plan in plans])
-            for key, plan in plans:
-                windows[key] = (plan.window, plan.points[0].flags_live,
-                                self._branch_into(plan, taken))
-            return exits, windows
+                        if target.kind == KIND_RETURN:
+                            at_risk[target.function.address] = target.function
+            taken = self._taken_addresses([plan for _, _, plan in plans])
+            for key, target, plan in plans:
+                verdict = self._branch_into(plan, taken)
+                windows[key] = (plan.window, plan.points[0].flags_live, verdict)
+                if verdict and target.kind == KIND_RETURN:
+                    at_risk[target.function.address] = target.function
+            # where a return probe's exits may not all be patched, plan() asks whether its
+            # return address may be redirected instead: a decode of the whole function in
+            # detail (libLLVM: 17 s in one process), answered here on both cores
+            problems = {address: self._redirect_problem(fn) for address, fn in at_risk.items()}
+            return exits, windows, problems
 
         half = len(sites) // 2
         second = parallel.Forked(lambda: work(sites[half:]))
-        for exits, windows in (work(sites[:half]), second.result()):
+        for exits, windows, problems in (work(sites[:half]), second.result()):
             self._exits_known.update(exits)
             self._windows_known.update(windows)
+            self._redirect_problems.update(problems)  # (read only if the file allows it)
 
     def _window_key(self, site: Site) -> tuple:
         """What a site's window depends on (precompute)."""
@@ -802,8 +824,10 @@ class Planner:
 
     def _plan_sites(self, sites: List[Site], progress=None) -> List[Outcome]:
         # (planned afresh: a second round re-plans every site)
+        # (a partial, not a lambda: one would hold the planner in a reference cycle,
+        # and the collector would visit a big file's millions of objects to free it)
         self._stubs = StubSpace(self.stub_floor, self.backend.patch_size,
-                                lambda: layout.stub_page_cap(self.elf))
+                                functools.partial(layout.stub_page_cap, self.elf))
         tentative, verdicts = [], {}  # (verdicts: id(plan) -> precompute's _branch_into)
         for group in self._by_address(sites):
             if progress and group[0].kind != KIND_RETURN:
@@ -930,8 +954,8 @@ class Planner:
         # (the decoder that moves them must see the very instructions the sweep saw:
         # where two decoders disagree, as on the length of a ud1, nothing is moved)
         if not self.keep_detail and not any(map(self.backend.needs_detail, insns)):
-            quick = self.backend.decode(self.elf.read(start, end - start), start)
-            if [(i.address, i.size) for i in quick] != [(i.address, i.size) for i in insns]:
+            if self.backend.boundaries(self.elf.read(start, end - start), start) != \
+                    [i.address for i in insns] + [end]:
                 raise _Refused(f"its instructions at {start:#x} decode differently in detail")
             return tuple(insns)  # (`list` only reports it: nothing to relocate, nor to ask)
         detailed = self.backend.decode(self.elf.read(start, end - start), start, detail=True)
@@ -966,8 +990,8 @@ class Planner:
             raise _Refused(f"{site.address:#x} is not the start of an instruction")
         # the instructions any window may hold: from MAX_LOOK_BACK before the site to
         # the first that starts a jump's size after it (or the function's end)
-        first_row = int(np.searchsorted(sweep.edges, site.address - self.MAX_LOOK_BACK))
-        end_row = min(int(np.searchsorted(sweep.edges, site.address + size)) + 1, len(sweep))
+        first_row = int(sweep.edges.searchsorted(site.address - self.MAX_LOOK_BACK))
+        end_row = min(int(sweep.edges.searchsorted(site.address + size)) + 1, len(sweep))
         insns, index = self.rows(fn, at, end_row), 0
         reason = "too few instructions follow it for a jump"
         alone = self._unknown_targets(site, fn)
@@ -1468,8 +1492,12 @@ class Planner:
         # anywhere else. (Not their starts: a function's entry is named by every call to
         # it, and those matches took seconds to list. _merge asks of a start itself.)
         step = self.backend.insn_alignment
-        wanted = {a for p in plans for a in range(p.window.address + step, p.window.end, step)}
-        return self.taken_index.find(wanted)
+        first = np.fromiter((p.window.address + step for p in plans), np.int64, len(plans))
+        end = np.fromiter((p.window.end for p in plans), np.int64, len(plans))
+        counts = np.maximum((end - first + step - 1) // step, 0)  # (as many as range() has)
+        before = np.repeat(np.cumsum(counts) - counts, counts)  # (each one's first index)
+        return self.taken_index.find(np.repeat(first, counts) +
+                                     step * (np.arange(int(counts.sum())) - before))
 
     def _taken_inside(self, start: int, end: int) -> Optional[tuple]:
         """(address, what may take it) for the first taken address in (start, end), or
@@ -1529,7 +1557,7 @@ class Planner:
     def _branch_into(self, plan: Plan, taken: Dict[int, list]) -> Optional[str]:
         lo, hi = plan.window.address + 1, plan.window.end
         for target in range(lo, hi):
-            why = self._taken_reason(taken, target)
+            why = target in taken and self._taken_reason(taken, target)
             if why:
                 return f"{why} may lead to {target:#x}, inside the displaced bytes"
         holder = self._holding(plan.site)

@@ -31,6 +31,14 @@ class Site:
     # stay in the function; the exit counts only when the target is in none of them
     stays_within: tuple = ()
 
+    def at_exit(self, address: int, tail_call: bool, stays_within: tuple) -> "Site":
+        """This return probe's site at one exit of its function: replace(), quicker (a
+        big file's return probes have 100,000s of exits; replace() checks every field)."""
+        exit_site = object.__new__(Site)
+        exit_site.__dict__.update(self.__dict__, address=address, tail_call=tail_call,
+                                  stays_within=stays_within)
+        return exit_site
+
     @property
     def at_entry(self) -> bool:
         return (self.kind in (KIND_ENTRY, KIND_ADDRESS) or self.redirect) \

@@ -66,8 +66,8 @@ class _Table:
     def lookup(self, wanted: np.ndarray):
         """(value, source) pairs whose value is in `wanted` (sorted, unique), in table
         order: a binary search per wanted address, so few addresses cost little."""
-        first = np.searchsorted(self.values, wanted, side="left")
-        last = np.searchsorted(self.values, wanted, side="right")
+        first = self.values.searchsorted(wanted, side="left")
+        last = self.values.searchsorted(wanted, side="right")
         present = last > first
         first, last = first[present], last[present]
         if self.sources is None:  # data: once per value
@@ -97,7 +97,8 @@ class TakenIndex:
         """Each address of `wanted` that the file may take, with every match naming it:
         matches in data first (they need no checking), then those in code."""
         found: Dict[int, List[Match]] = {}
-        wanted = np.unique(np.fromiter(wanted, dtype=np.int64))
+        wanted = np.unique(wanted if isinstance(wanted, np.ndarray)
+                           else np.fromiter(wanted, dtype=np.int64))
         if not len(wanted):
             return found
         for table in self.data_tables() + self.code_tables():
@@ -116,8 +117,8 @@ class TakenIndex:
                 [t.sources for t in tables] or [np.zeros(0, np.int64)]))
         table = self._branches
         wanted = np.fromiter(targets, dtype=np.int64)
-        first = np.searchsorted(table.values, wanted, side="left")
-        last = np.searchsorted(table.values, wanted, side="right")
+        first = table.values.searchsorted(wanted, side="left")
+        last = table.values.searchsorted(wanted, side="right")
         present = last > first
         return {t: table.sources[a:b].tolist() for t, a, b in
                 zip(wanted[present].tolist(), first[present].tolist(), last[present].tolist())}

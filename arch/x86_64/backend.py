@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import re
 from sys import intern
 from typing import Optional
@@ -114,6 +115,10 @@ class X86_64Backend(Backend):
         return [Insn(at, size, intern(mnemonic), op_str, b"")
                 for at, size, mnemonic, op_str in self._lite.disasm_lite(code, address)]
 
+    def boundaries(self, code: bytes, address: int) -> list:
+        rows = list(self._lite.disasm_lite(code, address))
+        return [at for at, _, _, _ in rows] + [rows[-1][0] + rows[-1][1] if rows else address]
+
     def sweep(self, code: bytes, address: int) -> Sweep:
         # iced-x86 (docs/design.md, "Big files"): several times faster than Capstone,
         # and only the instructions that branch are looked at twice. Where it meets an
@@ -150,14 +155,16 @@ class X86_64Backend(Backend):
         # landing pads, by their bytes (rare but at function entries): the instruction
         # that holds them
         at = code.find(ENDBR64)
-        while at >= 0:
-            k = int(np.searchsorted(edges, address + at, side="right")) - 1
-            if 0 <= k < len(starts) - 1:
-                marked.append(k)
-            at = code.find(ENDBR64, at + 1)
+        if at >= 0:
+            pads = set()
+            while at >= 0:
+                k = bisect.bisect_right(starts, address + at) - 1
+                if 0 <= k < len(starts) - 1:
+                    pads.add(k)
+                at = code.find(ENDBR64, at + 1)
+            marked = sorted(pads.union(marked))  # (else already in order, each once)
         return Sweep(edges, np.array(rows, dtype=np.int64), np.array(kinds, dtype=np.uint8),
-                     np.array(targets, dtype=np.int64),
-                     np.unique(np.array(marked, dtype=np.int64)))
+                     np.array(targets, dtype=np.int64), np.array(marked, dtype=np.int64))
 
     def flow_kind(self, insn: Insn) -> tuple:
         mnemonic = _bare_mnemonic(insn.mnemonic)

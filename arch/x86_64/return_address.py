@@ -27,9 +27,10 @@ def problem(code: bytes, address: int) -> Optional[str]:
     body = insns[1:] if insns and insns[0].id == X.X86_INS_ENDBR64 else insns
     entry = {address, body[0].address} if body else set()
     for insn in insns:
+        if not insn.group(X.X86_GRP_JUMP):
+            continue  # (operands are built on first use, slowly: only a jump's are read)
         ops = insn.operands
-        if insn.group(X.X86_GRP_JUMP) and len(ops) == 1 and ops[0].type == X.X86_OP_IMM \
-                and ops[0].imm in entry:
+        if len(ops) == 1 and ops[0].type == X.X86_OP_IMM and ops[0].imm in entry:
             return (f"'{insn.mnemonic} {insn.op_str}' at {insn.address:#x} jumps back to its "
                     f"entry, which would redirect again and count a return per pass")
     framed = (len(body) >= 2 and body[0].id == X.X86_INS_PUSH and body[0].op_str == "rbp"
