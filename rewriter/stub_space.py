@@ -35,13 +35,17 @@ class StubSpace:
 
     def fit(self, stubs: np.ndarray, source: int, taken: Sequence[int] = ()) -> np.ndarray:
         """Which of `stubs` (int64 addresses) may take the stub of the jump at `source`,
-        when the stubs `taken` are taken too: a boolean array."""
+        when the stubs `taken` are taken too: a boolean array. With 2-D `stubs`, `taken`
+        is an array of one stub per row, taken with that row's alone (many pairs of
+        stubs at once: a punned jump and its successor's)."""
         size = self.size
         if self._arrays is None:
             self._arrays = (np.array(self._starts, dtype=np.int64),
                             np.array(sorted(self.pages), dtype=np.int64))
         starts, known = self._arrays
         ok = (stubs >= self.floor) & (stubs <= source + REACH) & _clear_of(stubs, starts, size)
+        if stubs.ndim == 2:
+            return self._fit_rows(stubs, ok, np.asarray(taken, dtype=np.int64)[:, None], known)
         pages = set(self.pages)
         for stub in taken:
             ok &= np.abs(stubs - stub) >= size
@@ -54,6 +58,26 @@ class StubSpace:
         if self._cap is None:
             self._cap = self._page_cap()
         return ok & (len(pages) + new <= self._cap)
+
+    def _fit_rows(self, stubs: np.ndarray, ok: np.ndarray, taken: np.ndarray,
+                  known: np.ndarray) -> np.ndarray:
+        """fit() of 2-D `stubs` (`ok`: what fits before the stub taken with each row,
+        `taken`: that stub, a column)."""
+        size = self.size
+        ok = ok & (np.abs(stubs - taken) >= size)
+        # the pages of each row's taken stub, and how many of them are new
+        taken_first, taken_last = taken & -layout.PAGE, (taken + size - 1) & -layout.PAGE
+        pages = len(self.pages) + (~_member(taken_first, known)).astype(np.int64) + \
+            ((taken_last != taken_first) & ~_member(taken_last, known))
+
+        def new(page: np.ndarray) -> np.ndarray:  # on no page used, nor the taken stub's
+            return ~_member(page, known) & (page != taken_first) & (page != taken_last)
+
+        first, last = stubs & -layout.PAGE, (stubs + size - 1) & -layout.PAGE
+        added = new(first).astype(np.int64) + ((last != first) & new(last))
+        if self._cap is None:
+            self._cap = self._page_cap()
+        return ok & (pages + added <= self._cap)
 
     def take(self, stub: int) -> None:
         k = bisect.bisect_left(self._starts, stub)
@@ -70,7 +94,7 @@ class StubSpace:
 def _clear_of(stubs: np.ndarray, starts: np.ndarray, size: int) -> np.ndarray:
     """Which stubs lie `size` bytes or more from each of `starts` (sorted)."""
     if not len(starts):
-        return np.ones(len(stubs), dtype=bool)
+        return np.ones(stubs.shape, dtype=bool)
     k = np.searchsorted(starts, stubs)
     after = starts[np.minimum(k, len(starts) - 1)]
     before = starts[np.maximum(k - 1, 0)]
@@ -80,6 +104,6 @@ def _clear_of(stubs: np.ndarray, starts: np.ndarray, size: int) -> np.ndarray:
 def _member(values: np.ndarray, known: np.ndarray) -> np.ndarray:
     """Which values are in `known` (sorted): a binary search each (np.isin sorts both)."""
     if not len(known):
-        return np.zeros(len(values), dtype=bool)
+        return np.zeros(values.shape, dtype=bool)
     k = np.minimum(np.searchsorted(known, values), len(known) - 1)
     return known[k] == values

@@ -329,16 +329,21 @@ class X86_64Backend(Backend):
         lows = np.arange(0, 0x800000, 0x100, dtype=np.int64)  # (the site's displacement > 0)
         tops = np.arange(0x80, dtype=np.int64) << 24
         site_stubs = site_end + (lows << 8 | 0xE9)
-        # site stubs to try a successor's stub with (each: 128 of those)
-        for k in np.flatnonzero(fit(site_stubs, window.address))[:64]:
-            site_stub, low = int(site_stubs[k]), int(lows[k])
-            found = np.flatnonzero(fit(successor_end + (tops | low), window.end, (site_stub,)))
-            if len(found):
-                displacement = int(tops[found[0]]) | low
-                return (_PUN_PREFIXES[j] + b"\xe9", site_stub,
-                        b"\xe9" + displacement.to_bytes(4, "little"),
-                        successor_end + displacement)
-        return None
+        # site stubs to try a successor's stub with (each: 128 of those), all at once:
+        # a row of successor stubs per site stub, the first row with one that fits wins
+        tried = np.flatnonzero(fit(site_stubs, window.address))[:64]
+        if not len(tried):
+            return None
+        found = fit(successor_end + (tops[None, :] | lows[tried][:, None]), window.end,
+                    site_stubs[tried])
+        rows = np.flatnonzero(found.any(axis=1))
+        if not len(rows):
+            return None
+        k = tried[rows[0]]
+        site_stub, low = int(site_stubs[k]), int(lows[k])
+        displacement = int(tops[int(np.argmax(found[rows[0]]))]) | low
+        return (_PUN_PREFIXES[j] + b"\xe9", site_stub,
+                b"\xe9" + displacement.to_bytes(4, "little"), successor_end + displacement)
 
     # -- can I? ------------------------------------------------------------
     def relocation_problem(self, insn: Insn, is_last: bool, shadow_stack: bool) -> Optional[str]:

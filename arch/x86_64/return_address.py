@@ -22,13 +22,36 @@ from capstone import x86_const as X
 _decoder = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
 _decoder.detail = True
 
+# Capstone's Python binding builds an instruction's detail (operands, groups) on first
+# use, slowly: libLLVM's return probes spent 17 s here. So detail is read only where it
+# can matter: groups once per instruction id (they depend on nothing else), operands of
+# jumps, and of instructions whose text names rsp or rbp (a memory operand based on
+# one, or rsp written, always shows it).
+_GROUPS = (X.X86_GRP_JUMP, X.X86_GRP_CALL, X.X86_GRP_RET, X.X86_GRP_INT, X.X86_GRP_IRET)
+_groups_of_id: dict = {}
+
+
+def _groups(insn) -> frozenset:
+    """Which of _GROUPS the instruction is in."""
+    found = _groups_of_id.get(insn.id)
+    if found is None:
+        found = _groups_of_id[insn.id] = frozenset(g for g in _GROUPS if insn.group(g))
+    return found
+
+
+def _operands(insn, register: str) -> list:
+    """The instruction's operands when its text names `register`; else none that
+    matter here."""
+    return insn.operands if register in insn.op_str else []
+
+
 def problem(code: bytes, address: int) -> Optional[str]:
     insns = list(_decoder.disasm(code, address))
     body = insns[1:] if insns and insns[0].id == X.X86_INS_ENDBR64 else insns
     entry = {address, body[0].address} if body else set()
     for insn in insns:
-        if not insn.group(X.X86_GRP_JUMP):
-            continue  # (operands are built on first use, slowly: only a jump's are read)
+        if X.X86_GRP_JUMP not in _groups(insn):
+            continue
         ops = insn.operands
         if len(ops) == 1 and ops[0].type == X.X86_OP_IMM and ops[0].imm in entry:
             return (f"'{insn.mnemonic} {insn.op_str}' at {insn.address:#x} jumps back to its "
@@ -38,7 +61,7 @@ def problem(code: bytes, address: int) -> Optional[str]:
     if framed:
         for insn in insns:
             if any(op.type == X.X86_OP_MEM and op.mem.base == X.X86_REG_RBP
-                   and op.mem.index == 0 and op.mem.disp == 8 for op in insn.operands):
+                   and op.mem.index == 0 and op.mem.disp == 8 for op in _operands(insn, "rbp")):
                 return _reads(insn)
     # the stack depth (bytes pushed since the entry: the return address is at
     # [rsp + depth]) along the paths from the entry, as far as it is known
@@ -49,7 +72,7 @@ def problem(code: bytes, address: int) -> Optional[str]:
         insn = at[pending.pop()]
         depth = depth_at[insn.address]
         if any(op.type == X.X86_OP_MEM and op.mem.base == X.X86_REG_RSP and op.mem.index == 0
-               and op.mem.disp == depth for op in insn.operands):
+               and op.mem.disp == depth for op in _operands(insn, "rsp")):
             return _reads(insn)
         if insn.id == X.X86_INS_POP and depth == 0:
             return f"'{insn.mnemonic} {insn.op_str}' at {insn.address:#x} pops its return address"
@@ -69,11 +92,12 @@ def _reads(insn) -> str:
 
 def _successors(insn) -> tuple:
     following = insn.address + insn.size
-    if insn.group(X.X86_GRP_RET) or insn.group(X.X86_GRP_INT) or insn.group(X.X86_GRP_IRET):
+    groups = _groups(insn)
+    if X.X86_GRP_RET in groups or X.X86_GRP_INT in groups or X.X86_GRP_IRET in groups:
         return ()
-    if insn.group(X.X86_GRP_CALL):
+    if X.X86_GRP_CALL in groups:
         return (following,)  # the callee pops what the call pushed
-    if insn.group(X.X86_GRP_JUMP):
+    if X.X86_GRP_JUMP in groups:
         ops = insn.operands
         target = (ops[0].imm,) if len(ops) == 1 and ops[0].type == X.X86_OP_IMM else ()
         return target if insn.id == X.X86_INS_JMP else target + (following,)
@@ -86,7 +110,7 @@ def _stack_change(insn) -> Optional[int]:
         return 8
     if insn.id in (X.X86_INS_POP, X.X86_INS_POPFQ):
         return -8
-    ops = insn.operands
+    ops = _operands(insn, "rsp")
     writes_rsp = ops and ops[0].type == X.X86_OP_REG and ops[0].reg == X.X86_REG_RSP \
         and ops[0].access & capstone.CS_AC_WRITE
     if not writes_rsp:
