@@ -126,9 +126,6 @@ class _Refused(Exception):
 
 _UNKNOWN = object()  # (not worked out ahead)
 
-# The share of prepare()'s work done here: the child sends its half back (pickled), meanwhile.
-PARENT_SHARE = 0.5
-
 
 # Set: return probes redirect the return address wherever that is allowed, even
 # where every exit could be patched (tests reach the fallback with it on arm64,
@@ -260,13 +257,13 @@ class Planner:
 
     def prepare(self, functions: List[Function]) -> None:
         """Sweep many functions and work out their branch targets and jump tables at
-        once, the second half in a forked child (parallel.py) while this process does
-        the first: the caches are what each function's own analysis would fill, so
-        plans do not change."""
-        # (halves of the code, not of the functions: the first half of node's functions
-        # holds 57% of its bytes)
-        reach = list(itertools.accumulate(f.size for f in functions))
-        half = bisect.bisect_left(reach, reach[-1] * PARENT_SHARE) if reach else 0
+        once, every other function in a forked child (parallel.py) while this process does
+        the rest: the caches are what each function's own analysis would fill, so plans
+        do not change."""
+        # (every other function each: cost is not spread evenly along a file, and
+        # halves of it, even by bytes, left one process waiting for the other 7 s on
+        # libLLVM)
+        mine, theirs = functions[0::2], functions[1::2]
 
         def analyse(part: List[Function]) -> tuple:
             for fn in part:
@@ -277,10 +274,10 @@ class Planner:
                     np.unique(np.fromiter((t for fn in part for t in self.branch_targets(fn)),
                                           dtype=np.int64)))
 
-        second = parallel.Forked(lambda: analyse(functions[half:]))
-        targets = analyse(functions[:half])[3]
+        second = parallel.Forked(lambda: analyse(theirs))
+        targets = analyse(mine)[3]
         direct, tables, sweeps, their_targets = second.result()
-        sweeps = dict(zip((fn.address for fn in functions[half:]), Sweep.unpack(sweeps)))
+        sweeps = dict(zip((fn.address for fn in theirs), Sweep.unpack(sweeps)))
         for mine, theirs in zip((self._direct, self._tables, self._sweeps),
                                 (direct, tables, sweeps)):
             for address, value in theirs.items():
@@ -606,8 +603,8 @@ class Planner:
     def precompute(self, sites: List[Site]) -> None:
         """For plans that are only reported (`list`): a window for each of these sites
         (for a return probe, its exits first, then a window for each) and whether
-        anything may branch into it, worked out ahead, the second half of the sites in
-        a forked child (parallel.py) while this process does the first: plan() takes
+        anything may branch into it, worked out ahead, every other site in a forked
+        child (parallel.py) while this process does the rest: plan() takes
         them as it would have found them itself, so the plans are the same, in about
         half the time. (Only for plans without detailed instructions: those could not
         be sent.)"""
@@ -650,9 +647,8 @@ class Planner:
             problems = {address: self._redirect_problem(fn) for address, fn in at_risk.items()}
             return exits, windows, problems
 
-        half = len(sites) // 2
-        second = parallel.Forked(lambda: work(sites[half:]))
-        for exits, windows, problems in (work(sites[:half]), second.result()):
+        second = parallel.Forked(lambda: work(sites[1::2]))  # (every other: see prepare)
+        for exits, windows, problems in (work(sites[0::2]), second.result()):
             self._exits_known.update(exits)
             self._windows_known.update(windows)
             self._redirect_problems.update(problems)  # (read only if the file allows it)

@@ -43,9 +43,10 @@ class StubSpace:
             self._arrays = (np.array(self._starts, dtype=np.int64),
                             np.array(sorted(self.pages), dtype=np.int64))
         starts, known = self._arrays
-        ok = (stubs >= self.floor) & (stubs <= source + REACH) & _clear_of(stubs, starts, size)
+        ok = (stubs >= self.floor) & (stubs <= source + REACH)
         if stubs.ndim == 2:
-            return self._fit_rows(stubs, ok, np.asarray(taken, dtype=np.int64)[:, None], known)
+            return self._fit_rows(stubs, ok & _clear_of(stubs, starts, size),
+                                  np.asarray(taken, dtype=np.int64)[:, None], known)
         pages = set(self.pages)
         for stub in taken:
             ok &= np.abs(stubs - stub) >= size
@@ -57,7 +58,12 @@ class StubSpace:
             ((last != first) & ~_member(last, known))
         if self._cap is None:
             self._cap = self._page_cap()
-        return ok & (len(pages) + new <= self._cap)
+        ok &= len(pages) + new <= self._cap
+        # the costly test (a search among every stub taken) last, on what is left: past
+        # the cap on pages, most candidates of a search are out already
+        left = np.flatnonzero(ok)
+        ok[left] = _clear_of(stubs[left], starts, size)
+        return ok
 
     def _fit_rows(self, stubs: np.ndarray, ok: np.ndarray, taken: np.ndarray,
                   known: np.ndarray) -> np.ndarray:
@@ -105,5 +111,14 @@ def _member(values: np.ndarray, known: np.ndarray) -> np.ndarray:
     """Which values are in `known` (sorted): a binary search each (np.isin sorts both)."""
     if not len(known):
         return np.zeros(values.shape, dtype=bool)
+    if values.ndim == 1 and len(values) > 8 * len(known) and \
+            bool((values[1:] >= values[:-1]).all()):
+        # sorted (the pages of a search's candidates, in order), and few known: the run
+        # of each known value among them, marked; a binary search per known value
+        # instead of one per value
+        marks = np.zeros(len(values) + 1, dtype=np.int64)
+        np.add.at(marks, np.searchsorted(values, known, side="left"), 1)
+        np.add.at(marks, np.searchsorted(values, known, side="right"), -1)
+        return np.cumsum(marks[:-1]) > 0
     k = np.minimum(np.searchsorted(known, values), len(known) - 1)
     return known[k] == values

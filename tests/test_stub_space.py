@@ -37,3 +37,13 @@ def test_fit_of_rows_is_fit_row_by_row(seed):
     # (the test means something: some fit and some do not)
     if seed == 0:
         assert rows.any() and not rows.all()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_member_is_isin(seed):
+    from urewrite.rewriter.stub_space import _member
+    rng = np.random.default_rng(seed)
+    known = np.unique(rng.integers(0, 300, size=rng.integers(0, 30)))
+    for values in (np.sort(rng.integers(0, 300, size=2000)),  # sorted, many: runs marked
+                   rng.integers(0, 300, size=2000), np.sort(rng.integers(0, 300, size=5))):
+        assert _member(values, known).tolist() == np.isin(values, known).tolist()
