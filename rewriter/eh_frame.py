@@ -144,6 +144,7 @@ class _Walker(ValueReader):
         self.want_frames = frames
         self.cies: Dict[int, _Cie] = {}  # with frames: what the rules need of each CIE
         self.frames: Dict[int, Optional[Frame]] = {}
+        self._cie_frames: Dict[int, Optional[Frame]] = {}  # (CIE instructions -> its frame)
         self.want_lsdas = lsdas
         self.lsda_encodings: Dict[int, Optional[int]] = {}  # CIE with 'L' -> LSDA encoding
         self.lsdas: List[Tuple[int, int, Optional[int]]] = []
@@ -218,12 +219,26 @@ class _Walker(ValueReader):
             if cie.augmented:
                 length, at = self.leb(at, end, signed=False)
                 at += length
+            if at >= end or self._advances(self.data[at]):
+                # nothing before the first advance: the CIE's own frame (most FDEs),
+                # worked out once per CIE
+                if cie.instructions not in self._cie_frames:
+                    state = _Rules(cie)
+                    ok = state.run(self, cie.instructions, cie.end)
+                    self._cie_frames[cie.instructions] = state.frame() if ok else None
+                return self._cie_frames[cie.instructions]
             state = _Rules(cie)
             if not state.run(self, cie.instructions, cie.end) or not state.run(self, at, end):
                 return None
         except Truncated:
             return None
         return state.frame()
+
+    @staticmethod
+    def _advances(op: int) -> bool:
+        """Whether a call frame instruction advances the location (advance_loc*,
+        set_loc)."""
+        return op & 0xC0 == 0x40 or op in (0x01, 0x02, 0x03, 0x04)
 
     def _cie_encoding(self, cie: int) -> Optional[int]:
         """The FDE pointer encoding of the CIE at offset `cie`; None when it is no CIE."""
@@ -317,7 +332,7 @@ class _Rules:
             op = walker.byte(at, end)
             at += 1
             high, low = op & 0xC0, op & 0x3F
-            if high == 0x40 or op in (0x01, 0x02, 0x03, 0x04):  # advance_loc*, set_loc
+            if _Walker._advances(op):
                 return True
             if high == 0x80:  # offset
                 n, at = uleb()
