@@ -410,7 +410,7 @@ def trace(b: Build, *argv, ring: Optional[int] = None,
           retry_losses: bool = True) -> Tuple[str, str, List[dict], int, int]:
     """(program stdout, stderr, events, time before, time after) of `urewrite trace --json`.
 
-    The reader gives up on a record still unwritten after a few polls and counts it
+    The reader gives up on a record still unwritten after a second and counts it
     lost: a writer thread descheduled that long (a loaded machine, qemu) loses its
     event. Such a run is tried again, unless a small ring is what is under test."""
     events = b.probed.parent / f"{b.probed.name}-{len(argv)}-{ring}.jsonl"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import time
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -42,7 +43,12 @@ class Event:
 class RingReader:
     """Follows one region file's ring; `poll()` returns the events completed since."""
 
-    STALE_POLLS = 3  # an unfinished record passed by this many polls is given up
+    # an unfinished record is given up once this many polls and this long have passed
+    # it by: its writer may only be descheduled (a busy machine, threads under qemu
+    # were seen stalled past 30 ms), and then it finishes the record later
+    STALE_POLLS = 3
+    STALE_SECONDS = 1.0
+    clock = staticmethod(time.monotonic)
 
     def __init__(self, path: str):
         self.path = path
@@ -62,7 +68,8 @@ class RingReader:
                                                                   R.OFF_CLOCK_REF_TICKS)
         self.next = 0  # next position to deliver
         self.delivered = 0
-        self._waiting = 0
+        self._waiting = 0  # polls that found the record at `next` unfinished
+        self._waiting_since = 0.0  # when the first of them did
         self._gap = False  # positions lost since the last event delivered
 
     @property
@@ -123,7 +130,7 @@ class RingReader:
             want = 2 * (pos + i) + 2
             if before[i] != want or after[i] != want:
                 if before[i] < want and after[i] < want and not final \
-                        and self._waiting < self.STALE_POLLS:
+                        and not self._stale():
                     self._waiting += 1  # still being written: look again next poll
                     self.next = pos + i
                     return False
@@ -143,6 +150,13 @@ class RingReader:
             self.delivered += 1
         self.next = pos + count
         return True
+
+    def _stale(self) -> bool:
+        """Whether the unfinished record at `next` has been waited for long enough."""
+        if self._waiting == 0:
+            self._waiting_since = self.clock()
+        return self._waiting >= self.STALE_POLLS and \
+            self.clock() - self._waiting_since >= self.STALE_SECONDS
 
     def close(self) -> None:
         self._words.release()

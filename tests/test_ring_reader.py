@@ -1,0 +1,105 @@
+"""The trace reader's handling of a record claimed but not yet published.
+
+A writer claims a position, then fills and publishes its record. A writer
+descheduled in between (a busy machine; threads under qemu) leaves the record
+unfinished for a while: the reader must wait for it rather than count it lost,
+and give it up only when it stays unfinished for long (its writer died).
+These regions are made by hand: a template as the runtime copies it, with a ring.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from urewrite.trampolines import region as R
+from urewrite.trampolines.ring import RingReader
+
+ENTRIES = 16
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_region(path) -> None:
+    template, layout = R.build_template([R.ProbeInfo("f", 0, 0x1000)], "app", b"\x01" * 20, 62)
+    data = bytearray(template.ljust(layout.region_size, b"\0"))
+    ring = len(data)
+    data += bytes(R.RING_RECORDS + ENTRIES * R.RECORD_SIZE)
+    struct.pack_into("<QI", data, R.OFF_RING, ring, ENTRIES)
+    struct.pack_into("<Q", data, R.OFF_REGION_SIZE, len(data))
+    path.write_bytes(bytes(data))
+
+
+def claim(path, head: int) -> None:
+    """Writers have claimed positions up to `head`."""
+    with open(path, "r+b") as f:
+        f.seek(_ring(path) + R.RING_HEAD)
+        f.write(struct.pack("<Q", head))
+
+
+def publish(path, pos: int, arg: int) -> None:
+    """The record at `pos`, complete: sequence 2 * pos + 2, probe 0, one argument."""
+    with open(path, "r+b") as f:
+        f.seek(_ring(path) + R.RING_RECORDS + pos % ENTRIES * R.RECORD_SIZE)
+        f.write(struct.pack("<QQIIIxxxxq", 2 * pos + 2, 0, 0, 7, 1, arg))
+
+
+def _ring(path) -> int:
+    with open(path, "rb") as f:
+        f.seek(R.OFF_RING)
+        return struct.unpack("<Q", f.read(8))[0]
+
+
+def reader(path, clock: Clock) -> RingReader:
+    ring = RingReader(str(path))
+    ring.clock = clock
+    return ring
+
+
+def test_a_record_finished_late_is_delivered_in_order_not_lost(tmp_path):
+    path, clock = tmp_path / "r", Clock()
+    make_region(path)
+    ring = reader(path, clock)
+    claim(path, 3)
+    publish(path, 0, 10)
+    publish(path, 2, 12)  # position 1: claimed, its writer descheduled
+    assert [e.args for e in ring.poll()] == [[10]]
+    for _ in range(10):  # many polls, well within the wait: nothing given up
+        clock.now += 0.05
+        assert ring.poll() == []
+    publish(path, 1, 11)
+    events = ring.poll()
+    assert [(e.args, e.after_loss) for e in events] == [([11], False), ([12], False)]
+    assert ring.lost() == 0
+
+
+def test_a_record_never_finished_is_given_up_after_a_while(tmp_path):
+    path, clock = tmp_path / "r", Clock()
+    make_region(path)
+    ring = reader(path, clock)
+    claim(path, 3)
+    publish(path, 0, 10)
+    publish(path, 2, 12)
+    assert [e.args for e in ring.poll()] == [[10]]
+    for _ in range(5):  # polls in quick succession: not long enough
+        assert ring.poll() == []
+    clock.now += RingReader.STALE_SECONDS
+    events = ring.poll()
+    assert [(e.args, e.after_loss) for e in events] == [([12], True)]
+    assert ring.lost() == 1
+
+
+def test_the_last_poll_gives_up_what_is_unfinished_at_once(tmp_path):
+    path, clock = tmp_path / "r", Clock()
+    make_region(path)
+    ring = reader(path, clock)
+    claim(path, 2)
+    publish(path, 1, 11)
+    assert ring.poll() == []
+    assert [e.args for e in ring.poll(final=True)] == [[11]]
+    assert ring.lost() == 1
