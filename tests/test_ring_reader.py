@@ -103,3 +103,30 @@ def test_the_last_poll_gives_up_what_is_unfinished_at_once(tmp_path):
     assert ring.poll() == []
     assert [e.args for e in ring.poll(final=True)] == [[11]]
     assert ring.lost() == 1
+
+
+def test_a_record_published_while_the_reader_copies_it_is_delivered(tmp_path):
+    # the reader reads every sequence before its copy and again after: a record
+    # finished in between is complete by the second read, and must not count as lost
+    path, clock = tmp_path / "r", Clock()
+    make_region(path)
+    ring = reader(path, clock)
+    claim(path, 3)
+    publish(path, 0, 10)
+    publish(path, 2, 12)
+    reads = []
+    sequences = ring._sequences
+
+    def publishing_meanwhile(first, count):
+        reads.append(first)
+        if len(reads) == 1:
+            found = sequences(first, count)
+            publish(path, 1, 11)  # its writer finishes while the records are copied
+            return found
+        return sequences(first, count)
+
+    ring._sequences = publishing_meanwhile
+    events = ring.poll()
+    assert [(e.args, e.after_loss) for e in events] == [([10], False), ([11], False),
+                                                      ([12], False)]
+    assert ring.lost() == 0

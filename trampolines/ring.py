@@ -110,7 +110,8 @@ class RingReader:
 
     def _read_span(self, head: int, final: bool, events: List[Event]) -> bool:
         """Deliver positions from `next` up to `head` or the ring's end, whichever
-        comes first. False when a record still being written stops us.
+        comes first. False when a record still being written stops us; True with
+        `next` short of that when a record was published while it was copied.
 
         A batched seqlock: every sequence is read before the records are copied
         and again after. A record is delivered only when both reads show it
@@ -120,15 +121,16 @@ class RingReader:
         index = pos % self.entries
         count = min(head - pos, self.entries - index)
         first = (self.ring + R.RING_RECORDS + index * R.RECORD_SIZE) // 8
-        sequences = self._words[first:first + count * _WORDS_PER_RECORD:_WORDS_PER_RECORD]
-        before = sequences.tolist()
+        before = self._sequences(first, count)
         copy = self._words[first:first + count * _WORDS_PER_RECORD].tobytes()
-        after = sequences.tolist()
-        sequences.release()
+        after = self._sequences(first, count)
         probes = self.info.probes
         for i, record in enumerate(_RECORD.iter_unpack(copy)):
             want = 2 * (pos + i) + 2
             if before[i] != want or after[i] != want:
+                if before[i] < want == after[i]:  # published while we copied: copy again
+                    self.next = pos + i
+                    return True
                 if before[i] < want and after[i] < want and not final \
                         and not self._stale():
                     self._waiting += 1  # still being written: look again next poll
@@ -150,6 +152,14 @@ class RingReader:
             self.delivered += 1
         self.next = pos + count
         return True
+
+    def _sequences(self, first: int, count: int) -> List[int]:
+        """The sequences of `count` records from word `first` on."""
+        sequences = self._words[first:first + count * _WORDS_PER_RECORD:_WORDS_PER_RECORD]
+        try:
+            return sequences.tolist()
+        finally:
+            sequences.release()
 
     def _stale(self) -> bool:
         """Whether the unfinished record at `next` has been waited for long enough."""
