@@ -130,3 +130,30 @@ def test_a_record_published_while_the_reader_copies_it_is_delivered(tmp_path):
     assert [(e.args, e.after_loss) for e in events] == [([10], False), ([11], False),
                                                       ([12], False)]
     assert ring.lost() == 0
+
+
+def test_a_reader_opened_while_the_region_is_set_up_waits_for_its_ring(tmp_path, monkeypatch):
+    # set-up copies the header, then writes the pid, ..., and the ring last: a reader
+    # that read the header before the ring could name every event with pid 0
+    path = tmp_path / "r"
+    make_region(path)
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<QI", data, R.OFF_RING, 0, 0)  # set-up under way: no ring yet
+    path.write_bytes(bytes(data))
+    read_region = R.read_region
+
+    def setup_finishing_meanwhile(p):
+        found = read_region(p)
+        make_region(path)  # the rest of set-up, the ring last
+        with open(path, "r+b") as f:
+            f.seek(R.OFF_PID)
+            f.write(struct.pack("<I", 4242))
+        return found
+
+    monkeypatch.setattr(R, "read_region", setup_finishing_meanwhile)
+    ring = RingReader(str(path))
+    assert not ring.has_ring  # (so the tracer opens it again later)
+    ring.close()
+    monkeypatch.setattr(R, "read_region", read_region)
+    ring = RingReader(str(path))
+    assert ring.has_ring and ring.info.pid == 4242

@@ -58,12 +58,15 @@ class RingReader:
         finally:
             os.close(fd)
         self._words = memoryview(self.map)[:len(self.map) // 8 * 8].cast("Q")
+        hdr = self.map
+        # the ring first: set-up stores it after the rest of the header, so the rest
+        # is complete once it is there (read before it, the header may still be being
+        # copied: pid 0, names half written)
+        self.ring = struct.unpack_from("<Q", hdr, R.OFF_RING)[0]
+        self.entries = struct.unpack_from("<I", hdr, R.OFF_RING_ENTRIES)[0]
         self.info = R.read_region(path)
         entries = {p.address for p in self.info.probes if p.kind == "entry"}
         self._paired = entries & {p.address for p in self.info.probes if p.kind == "return"}
-        hdr = self.map
-        self.ring = struct.unpack_from("<Q", hdr, R.OFF_RING)[0]
-        self.entries = struct.unpack_from("<I", hdr, R.OFF_RING_ENTRIES)[0]
         self.ref_ticks, self.ref_ns, self.hz = struct.unpack_from("<QQQ", hdr,
                                                                   R.OFF_CLOCK_REF_TICKS)
         self.next = 0  # next position to deliver

@@ -400,8 +400,9 @@ sr_owner:
     str x22, [x24, #{OFF_REGION_SIZE}]
     cbz x25, sr_untraced
     ldr x9, lt_rsize
-    str x9, [x24, #{OFF_RING}]
     str w25, [x24, #{OFF_RING_ENTRIES}]
+    dmb ishst                              // the header before the ring: readers see the
+    str x9, [x24, #{OFF_RING}]             // ring, then read the rest (trampolines/ring.py)
     // fault the ring's pages in now, not one per 32 events on the hit path
     // (MADV_POPULATE_WRITE, Linux 5.14; where it is refused, as qemu does, touch each page)
     add x0, x24, x9

@@ -388,8 +388,8 @@ sr_owner:
     test r12, r12
     jz sr_untraced
     mov rax, qword ptr [rip + lt_rsize]
-    mov qword ptr [r10 + {OFF_RING}], rax
     mov dword ptr [r10 + {OFF_RING_ENTRIES}], r12d
+    mov qword ptr [r10 + {OFF_RING}], rax  # last: readers see the ring, then read the rest
     # fault the ring's pages in now, not one per 32 events on the hit path
     # (MADV_POPULATE_WRITE, Linux 5.14; where it is refused, touch each page)
     lea rdi, [r10 + rax]
