@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Callable
 
 import click
 
@@ -194,7 +195,7 @@ def _list_rows(input_file: str, tactics, patchable: bool = False, progress=None)
         return _rows(*list_sites(input_file, tactics, progress), patchable)
 
 
-def _rows(analysis, outcomes, returns, patchable: bool) -> tuple:
+def _rows(analysis, outcomes, returns: Callable[[], dict], patchable: bool) -> tuple:
     from urewrite.rewriter.planner import Plan
     from urewrite.trampolines.region import KIND_RETURN, KIND_USDT
 
@@ -217,8 +218,10 @@ def _rows(analysis, outcomes, returns, patchable: bool) -> tuple:
             functions.append({"name": fn.name, "aliases": list(fn.aliases), "address": fn.address,
                               "size": fn.size, "sized_by": fn.sized_by, "origin": fn.origin,
                               "split_off": fn.address in split_off or ".cold" in fn.name,
-                              **status,
-                              "return": _return_row(returns[fn.address])})
+                              **status})
+    returns = returns()  # (planned in another process meanwhile: waited for last)
+    for row in functions:
+        row["return"] = _return_row(returns[row["address"]])
     return functions, probes
 
 

@@ -110,7 +110,8 @@ def no_cycle_collection():
 def list_sites(path: str, tactics: Optional[tuple] = None, progress: Progress = None):
     """Every function entry and USDT site, each with its plan or refusal (plans that
     are only reported: no code is generated from them), and every function's return
-    probe, planned in a child process meanwhile (parallel.py)."""
+    probe, planned in a child process meanwhile (parallel.py): (analysis, outcomes,
+    returns), where returns() waits for them (the caller may do its own work first)."""
     with no_cycle_collection():
         a = analyse(path, tactics)
         a.planner.keep_detail = False
@@ -125,7 +126,7 @@ def list_sites(path: str, tactics: Optional[tuple] = None, progress: Progress = 
             if a.usdt else []
         outcomes = (a.planner.plan(entries, _steps(progress, "entries", len(entries)))
                     + a.planner.plan(usdt_sites))
-        return a, outcomes, returns.result()
+        return a, outcomes, returns.result
 
 
 def return_probes(a: Analysis, sites: List[Site]) -> Dict[int, ReturnProbe]:

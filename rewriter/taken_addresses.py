@@ -26,6 +26,7 @@ from typing import Dict, Iterable, List, Optional, Set
 
 import numpy as np
 
+from urewrite.rewriter.arrays import unique
 from urewrite.rewriter.elf_file import ET_EXEC, PF_X, SHT_NOBITS, ElfFile
 
 SHT_RELA, SHT_RELR = 4, 19
@@ -97,8 +98,8 @@ class TakenIndex:
         """Each address of `wanted` that the file may take, with every match naming it:
         matches in data first (they need no checking), then those in code."""
         found: Dict[int, List[Match]] = {}
-        wanted = np.unique(wanted if isinstance(wanted, np.ndarray)
-                           else np.fromiter(wanted, dtype=np.int64))
+        wanted = unique(wanted if isinstance(wanted, np.ndarray)
+                        else np.fromiter(wanted, dtype=np.int64))
         if not len(wanted):
             return found
         for table in self.data_tables() + self.code_tables():
@@ -154,7 +155,7 @@ class TakenIndex:
                     data = _contents(elf, section)
                     words = np.frombuffer(data[:len(data) // 8 * 8], dtype="<u8").view(np.int64)
                     tables.append(_Table.of(CONSTANT, section.name,
-                                            np.unique(words[self._in_code(words)])))
+                                            unique(words[self._in_code(words)])))
             self._data_tables = tables
         return self._data_tables
 
