@@ -1350,8 +1350,7 @@ class Planner:
         fn = self.functions[k] if k >= 0 else None
         if fn is None or not fn.address <= at < fn.end:
             return "no function's code follows it, to move away"
-        insns = self.instructions(fn)
-        first = next((i for i, insn in enumerate(insns) if insn.address == at), None)
+        insns, first = self._rows_from(fn, at, at + size)
         if first is None:
             return "no instruction starts right after it, to move away"
         last = first
@@ -1373,6 +1372,22 @@ class Planner:
             return Window(at, end - at, self._displaced(chosen))
         except _Refused as why:
             return f"the instructions after it {why}"
+
+    def _rows_from(self, fn: Function, start: int, end: int) -> tuple:
+        """(instructions, k): the function's instructions from the first starting at or
+        after `start` to the one that holds `end` (or its last), each decoded where the
+        planner may read it (rows()); k the index of the one starting at `start`, or
+        None. Where those it decodes do not match the sweep, all the function's, decoded
+        (as instructions(): they then decide)."""
+        sweep = self.sweep(fn)
+        first = int(sweep.edges.searchsorted(start))
+        last = min(int(sweep.edges.searchsorted(end)) + 1, len(sweep))
+        try:
+            insns = self.rows(fn, first, last) if first < last else []
+        except _Refused:
+            insns = self.instructions(fn)
+            return insns, next((k for k, i in enumerate(insns) if i.address == start), None)
+        return insns, 0 if insns and insns[0].address == start else None
 
     def _merge_overlaps(self, tried: list, taken: Dict[int, list]) -> list:
         """Hop windows that overlap (the entry and the exit of a tiny function) become
@@ -1450,7 +1465,7 @@ class Planner:
         for fn in self._near_functions(window):
             if self._has_indirect_jump(fn):
                 continue
-            insns = self.instructions(fn)
+            insns, _ = self._rows_from(fn, lo - size, hi + size)
             targets = None
             for k, first in enumerate(insns):
                 if not lo <= first.address + size <= hi:
