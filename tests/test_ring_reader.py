@@ -61,13 +61,20 @@ def reader(path, clock: Clock) -> RingReader:
     return ring
 
 
-def test_a_record_finished_late_is_delivered_in_order_not_lost(tmp_path):
+def ring_with_a_gap(tmp_path) -> tuple:
+    """(path, clock, reader) of a ring whose positions 0 and 2 are published, and 1
+    claimed but not yet: its writer was descheduled, or died."""
     path, clock = tmp_path / "r", Clock()
     make_region(path)
     ring = reader(path, clock)
     claim(path, 3)
     publish(path, 0, 10)
-    publish(path, 2, 12)  # position 1: claimed, its writer descheduled
+    publish(path, 2, 12)
+    return path, clock, ring
+
+
+def test_a_record_finished_late_is_delivered_in_order_not_lost(tmp_path):
+    path, clock, ring = ring_with_a_gap(tmp_path)
     assert [e.args for e in ring.poll()] == [[10]]
     for _ in range(10):  # many polls, well within the wait: nothing given up
         clock.now += 0.05
@@ -79,12 +86,7 @@ def test_a_record_finished_late_is_delivered_in_order_not_lost(tmp_path):
 
 
 def test_a_record_never_finished_is_given_up_after_a_while(tmp_path):
-    path, clock = tmp_path / "r", Clock()
-    make_region(path)
-    ring = reader(path, clock)
-    claim(path, 3)
-    publish(path, 0, 10)
-    publish(path, 2, 12)
+    path, clock, ring = ring_with_a_gap(tmp_path)
     assert [e.args for e in ring.poll()] == [[10]]
     for _ in range(5):  # polls in quick succession: not long enough
         assert ring.poll() == []
@@ -108,12 +110,7 @@ def test_the_last_poll_gives_up_what_is_unfinished_at_once(tmp_path):
 def test_a_record_published_while_the_reader_copies_it_is_delivered(tmp_path):
     # the reader reads every sequence before its copy and again after: a record
     # finished in between is complete by the second read, and must not count as lost
-    path, clock = tmp_path / "r", Clock()
-    make_region(path)
-    ring = reader(path, clock)
-    claim(path, 3)
-    publish(path, 0, 10)
-    publish(path, 2, 12)
+    path, _, ring = ring_with_a_gap(tmp_path)
     reads = []
     sequences = ring._sequences
 
