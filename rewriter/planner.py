@@ -267,13 +267,15 @@ class Planner:
         # libLLVM)
         mine, theirs = functions[0::2], functions[1::2]
 
+        whole = functions is self.functions  # (then the whole-file filters below)
+
         def analyse(part: List[Function]) -> tuple:
             for fn in part:
                 self.branch_targets(fn)
             return ({fn.address: self._direct[fn.address] for fn in part},
                     {fn.address: self._tables[fn.address] for fn in part},
                     Sweep.pack([self._sweeps[fn.address] for fn in part]),
-                    self._branches(part))
+                    self._branches(part) if whole else None)
 
         second = parallel.Forked(lambda: analyse(theirs))
         branches = analyse(mine)[3]
@@ -283,7 +285,7 @@ class Planner:
                                 (direct, tables, sweeps)):
             for address, value in theirs.items():
                 mine.setdefault(address, value)
-        if functions is self.functions:
+        if whole:
             targets, sources = (np.concatenate(pair) for pair in zip(branches, their_branches))
             self._all_targets = unique(targets)
             self._entered = self._entered_from_outside(targets, sources)
