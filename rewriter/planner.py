@@ -614,7 +614,7 @@ class Planner:
     def precompute(self, sites: List[Site]) -> None:
         """For plans that are only reported (`list`): a window for each of these sites
         (for a return probe, its exits first, then a window for each) and whether
-        anything may branch into it, worked out ahead, every other site in a forked
+        anything may branch into it, worked out ahead, about half the sites in a forked
         child (parallel.py) while this process does the rest: plan() takes
         them as it would have found them itself, so the plans are the same, in about
         half the time. (Only for plans without detailed instructions: those could not
