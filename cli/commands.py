@@ -475,7 +475,7 @@ def trace(as_json, fmt, output, ring_entries, pids, all_of, duration, command):
     Events a full ring could not hold are counted and reported at the end. The
     command's own output is left alone; its exit status is passed through.
     """
-    from urewrite.tracer import run_and_trace
+    from urewrite.tracer import loss_message, run_and_trace
 
     if as_json and fmt not in (None, "json"):
         raise click.UsageError(f"--json and --format {fmt} disagree")
@@ -520,8 +520,7 @@ def trace(as_json, fmt, output, ring_entries, pids, all_of, duration, command):
             out.close()
     for ring in rings:
         if ring.lost:
-            click.echo(f"urewrite: {ring.object} (pid {ring.pid}): {ring.lost} of {ring.events} "
-                       f"events lost: the ring was full; try a larger --ring", err=True)
+            click.echo(loss_message(ring), err=True)
     if not rings:
         click.echo("urewrite: no probe region was written: is the command rewritten by "
                    "urewrite (and not set-user-ID)?", err=True)

@@ -20,7 +20,16 @@ class RingSummary:
     object: str
     pid: int
     events: int  # written by the process
-    lost: int  # of those, not delivered: the ring was full
+    lost: int  # of those, not delivered
+    full: bool = True  # some were lost for want of room (else: never finished)
+
+
+def loss_message(ring: RingSummary) -> str:
+    """The warning for a ring that lost events."""
+    why = ("the ring was full; try a larger --ring" if ring.full else
+           "their threads stopped while writing them (killed, or the process exited)")
+    return f"urewrite: {ring.object} (pid {ring.pid}): {ring.lost} of {ring.events} " \
+           f"events lost: {why}"
 
 
 def sweep_rings(directories: List[str], readers: Dict[str, RingReader],
@@ -59,7 +68,7 @@ def run_and_trace(command: List[str], ring_entries: int,
                 sweep(final=False)
                 time.sleep(POLL_SECONDS)
         sweep(final=True)
-        summaries = [RingSummary(r.info.object, r.info.pid, r.head(), r.lost())
+        summaries = [RingSummary(r.info.object, r.info.pid, r.head(), r.lost(), r.was_full())
                      for r in readers.values()]
         return exit_status(process.returncode), summaries
     finally:

@@ -154,3 +154,26 @@ def test_a_reader_opened_while_the_region_is_set_up_waits_for_its_ring(tmp_path,
     monkeypatch.setattr(R, "read_region", read_region)
     ring = RingReader(str(path))
     assert ring.has_ring and ring.info.pid == 4242
+
+
+def test_why_events_were_lost_is_told_apart(tmp_path):
+    from urewrite.tracer import RingSummary, loss_message
+    # never finished (its thread stopped in the middle): no lap took the ring over
+    _, _, ring = ring_with_a_gap(tmp_path)
+    ring.poll(final=True)
+    assert ring.lost() == 1 and not ring.was_full()
+    # lapped: the writers went round the ring before the reader came
+    path = tmp_path / "lapped"
+    make_region(path)
+    ring = reader(path, Clock())
+    claim(path, ENTRIES + 4)
+    for pos in range(4, ENTRIES + 4):
+        publish(path, pos, pos)
+    assert [e.args for e in ring.poll()] == [[pos] for pos in range(4, ENTRIES + 4)]
+    assert ring.lost() == 4 and ring.was_full()
+    full, unfinished = (RingSummary("app", 7, 20, 4, full) for full in (True, False))
+    assert loss_message(full).endswith("4 of 20 events lost: the ring was full; try a "
+                                       "larger --ring")
+    assert loss_message(unfinished).endswith("4 of 20 events lost: their threads stopped "
+                                             "while writing them (killed, or the process "
+                                             "exited)")

@@ -74,6 +74,7 @@ class RingReader:
         self._waiting = 0  # polls that found the record at `next` unfinished
         self._waiting_since = 0.0  # when the first of them did
         self._gap = False  # positions lost since the last event delivered
+        self.overrun = 0  # of the positions lost, those a later lap took over (ring full)
 
     @property
     def has_ring(self) -> bool:
@@ -87,6 +88,12 @@ class RingReader:
 
     def lost(self) -> int:
         return self.head() - self.delivered
+
+    def was_full(self) -> bool:
+        """Whether any event was lost for want of room (overwritten by a later lap, or
+        dropped by its writer); the others were never finished: their thread stopped
+        in the middle (killed, or the process exited)."""
+        return bool(self.overrun or self.dropped())
 
     def _ns(self, ticks: int) -> int:
         if not self.hz:  # opened during set-up: the clock is calibrated after the ring
@@ -105,6 +112,7 @@ class RingReader:
         head = self.head()
         while self.next < head:
             if head - self.next > self.entries:  # lapped: overwritten before we came
+                self.overrun += head - self.entries - self.next
                 self.next = head - self.entries
                 self._gap = True
             if not self._read_span(head, final, events):
@@ -141,6 +149,7 @@ class RingReader:
                     return False
                 self._waiting = 0  # overwritten, dropped, or never finished: lost
                 self._gap = True
+                self.overrun += before[i] > want or after[i] > want
                 continue
             self._waiting = 0
             _, ticks, probe, tid, nargs = record[:5]
