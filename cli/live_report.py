@@ -134,8 +134,7 @@ def trace_live(pids, all_of, duration):
             session = live.run(pids, all_of, duration, ring_entries, announce, sweep)
             sweep(session.processes, True)
             _warn(session.problems)
-            return 0, [RingSummary(r.info.object, r.info.pid, r.head(), r.lost(), r.was_full())
-                       for r in readers.values()]
+            return 0, [RingSummary.of(r) for r in readers.values()]
         finally:
             for reader in readers.values():
                 reader.close()

@@ -21,7 +21,12 @@ class RingSummary:
     pid: int
     events: int  # written by the process
     lost: int  # of those, not delivered
-    full: bool = True  # some were lost for want of room (else: never finished)
+    full: bool  # some were lost for want of room (else: never finished)
+
+    @classmethod
+    def of(cls, reader: RingReader) -> "RingSummary":
+        return cls(reader.info.object, reader.info.pid, reader.head(), reader.lost(),
+                   reader.was_full())
 
 
 def loss_message(ring: RingSummary) -> str:
@@ -68,9 +73,7 @@ def run_and_trace(command: List[str], ring_entries: int,
                 sweep(final=False)
                 time.sleep(POLL_SECONDS)
         sweep(final=True)
-        summaries = [RingSummary(r.info.object, r.info.pid, r.head(), r.lost(), r.was_full())
-                     for r in readers.values()]
-        return exit_status(process.returncode), summaries
+        return exit_status(process.returncode), [RingSummary.of(r) for r in readers.values()]
     finally:
         for reader in readers.values():
             reader.close()

@@ -108,10 +108,8 @@ def _clear_of(stubs: np.ndarray, starts: np.ndarray, size: int) -> np.ndarray:
         # rule out a run of them, marked; not a search among every stub per candidate
         lo, hi = np.searchsorted(starts, (stubs[0] - size, stubs[-1] + size), side="right")
         near = starts[lo:hi]
-        marks = np.zeros(len(stubs) + 1, dtype=np.int64)
-        np.add.at(marks, np.searchsorted(stubs, near - size + 1), 1)
-        np.add.at(marks, np.searchsorted(stubs, near + size), -1)
-        return np.cumsum(marks[:-1]) == 0
+        return ~_in_runs(len(stubs), np.searchsorted(stubs, near - size + 1),
+                         np.searchsorted(stubs, near + size))
     k = np.searchsorted(starts, stubs)
     after = starts[np.minimum(k, len(starts) - 1)]
     before = starts[np.maximum(k - 1, 0)]
@@ -127,9 +125,16 @@ def _member(values: np.ndarray, known: np.ndarray) -> np.ndarray:
         # sorted (the pages of a search's candidates, in order), and few known: the run
         # of each known value among them, marked; a binary search per known value
         # instead of one per value
-        marks = np.zeros(len(values) + 1, dtype=np.int64)
-        np.add.at(marks, np.searchsorted(values, known, side="left"), 1)
-        np.add.at(marks, np.searchsorted(values, known, side="right"), -1)
-        return np.cumsum(marks[:-1]) > 0
+        return _in_runs(len(values), np.searchsorted(values, known, side="left"),
+                        np.searchsorted(values, known, side="right"))
     k = np.minimum(np.searchsorted(known, values), len(known) - 1)
     return known[k] == values
+
+
+def _in_runs(n: int, firsts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Which of n positions lie in any of the runs [firsts[i], ends[i]): each run
+    marked at its ends, then summed along."""
+    marks = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(marks, firsts, 1)
+    np.add.at(marks, ends, -1)
+    return np.cumsum(marks[:-1]) > 0

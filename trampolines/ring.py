@@ -174,7 +174,8 @@ class RingReader:
             sequences.release()
 
     def _stale(self) -> bool:
-        """Whether the unfinished record at `next` has been waited for long enough."""
+        """Whether the unfinished record at `next` has been waited for long enough
+        (the first poll that finds it unfinished starts the wait)."""
         if self._waiting == 0:
             self._waiting_since = self.clock()
         return self._waiting >= self.STALE_POLLS and \
