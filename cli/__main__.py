@@ -1,3 +1,3 @@
-from urewrite.commands import main
+from urewrite.commands import run
 
-main(prog_name="urewrite")
+run()

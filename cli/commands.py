@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Callable
 
 import click
 
@@ -20,6 +19,7 @@ from urewrite.live_options import live_options, live_or_command
 from urewrite.long_options import LongOptionsCommand
 
 EXIT_ERROR = 1
+NAME_COLUMN = 48  # characters, at most, `list` aligns names to
 
 
 class _DefaultToRewrite(click.Group):
@@ -34,6 +34,31 @@ class _DefaultToRewrite(click.Group):
 def _fail(message: str) -> None:
     click.echo(f"urewrite: {message}", err=True)
     sys.exit(EXIT_ERROR)
+
+
+_OWNS_PROCESS = False  # set by run(): the process ends with the command
+
+
+def run() -> None:
+    """The program (console script, `python -m urewrite`): main(), whose commands may
+    end the process at once (_end_now)."""
+    global _OWNS_PROCESS
+    _OWNS_PROCESS = True
+    main(prog_name="urewrite")
+
+
+def _end_now(_kept=None) -> None:
+    """End the process (status 0) without freeing what it made (such as `_kept`), when
+    it is the program run(): a big file's analysis is millions of objects, and freeing
+    them one by one took 0.5 s of node's `list`. Under another caller (tests), just
+    return."""
+    if _OWNS_PROCESS:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except OSError:
+            return  # (the usual exit reports it)
+        os._exit(0)
 
 
 def _print_share_dir(kind: str):
@@ -189,16 +214,25 @@ def _progress_bar(label: str, total: int):
 
 def _list_rows(input_file: str, tactics, patchable: bool = False, progress=None):
     """The rows `list` shows: (functions, USDT sites), each with its plan or refusal."""
-    from urewrite.rewriter.pipeline import list_sites, no_cycle_collection
+    from urewrite.rewriter.pipeline import no_cycle_collection
 
     with no_cycle_collection():  # (the rows too: the file's analysis is still alive)
-        return _rows(*list_sites(input_file, tactics, progress), patchable)
+        _, functions, probes, add_returns = _listing(input_file, tactics, patchable, progress)
+        add_returns()
+        return functions, probes
 
 
-def _rows(analysis, outcomes, returns: Callable[[], dict], patchable: bool) -> tuple:
+def _listing(input_file: str, tactics, patchable: bool = False, progress=None) -> tuple:
+    """(analysis, functions, USDT sites, add_returns): the rows `list` shows, each with
+    its plan or refusal; add_returns() gives each function's row its "return", last:
+    it waits for the return probes, planned in another process meanwhile (the caller
+    may write the rest of the rows first). Call it with the cyclic collector paused
+    (no_cycle_collection): the file's analysis is alive."""
+    from urewrite.rewriter.pipeline import list_sites
     from urewrite.rewriter.planner import Plan
     from urewrite.trampolines.region import KIND_RETURN, KIND_USDT
 
+    analysis, outcomes, returns = list_sites(input_file, tactics, progress)
     split_off = analysis.planner.fragments()
     functions, probes = [], []
     for o in outcomes:
@@ -219,10 +253,12 @@ def _rows(analysis, outcomes, returns: Callable[[], dict], patchable: bool) -> t
                               "size": fn.size, "sized_by": fn.sized_by, "origin": fn.origin,
                               "split_off": fn.address in split_off or ".cold" in fn.name,
                               **status})
-    returns = returns()  # (planned in another process meanwhile: waited for last)
-    for row in functions:
-        row["return"] = _return_row(returns[row["address"]])
-    return functions, probes
+
+    def add_returns() -> None:
+        found = returns()
+        for row in functions:
+            row["return"] = _return_row(found[row["address"]])
+    return analysis, functions, probes, add_returns
 
 
 def _coverage(functions: list, probes: list) -> dict:
@@ -321,17 +357,37 @@ def list_command(input_files, as_json, patchable, summary, tactics, quiet):
     if len(input_files) > 1:
         raise click.UsageError("give one FILE, or several with --summary")
     input_file = input_files[0]
-    try:
-        functions, probes = _list_rows(input_file, tactics, patchable,
-                                       None if quiet else _progress_bar)
-    except UrewriteError as e:
-        _fail(str(e))
-    if as_json:
-        click.echo(_json_rows({"file": input_file, "functions": functions, "usdt": probes}))
-        return
-    width = max([len(_names(r)) for r in functions] + [8])
-    click.echo(f"{'ADDRESS':<18} {'SIZE':>6}  {'FUNCTION':<{width}}  ENTRY PROBE; RETURN PROBE")
-    for r in functions:
+    from urewrite.rewriter.pipeline import no_cycle_collection
+
+    with no_cycle_collection():  # (the file's analysis lives until the rows are written)
+        try:
+            analysis, functions, probes, add_returns = _listing(
+                input_file, tactics, patchable, None if quiet else _progress_bar)
+            # each function's row up to its return probe, while that is planned
+            # (a column as wide as the longest names, but no wider than NAME_COLUMN:
+            # node has a function with 129 aliases, 33,000 characters)
+            width = min(max([len(_names(r)) for r in functions] + [8]), NAME_COLUMN)
+            heads = [json.dumps(r) for r in functions] if as_json else \
+                [f"{r['address']:#018x} {r['size']:>6}  {_names(r):<{width}}  {_status(r)}; "
+                 for r in functions]
+            add_returns()
+        except UrewriteError as e:
+            _fail(str(e))
+        if as_json:
+            rows = [_Encoded(_json_with(head, "return", r["return"]))
+                    for head, r in zip(heads, functions)]
+            del heads
+            for piece in _json_rows({"file": input_file, "functions": rows, "usdt": probes}):
+                click.echo(piece, nl=False)
+        else:
+            _print_list(functions, heads, width, probes, quiet)
+        _end_now(analysis)
+
+
+def _print_list(functions: list, heads: list, width: int, probes: list, quiet: bool) -> None:
+    """`list` as text: the functions' rows, from their `heads`, then the USDT sites."""
+    lines = [f"{'ADDRESS':<18} {'SIZE':>6}  {'FUNCTION':<{width}}  ENTRY PROBE; RETURN PROBE"]
+    for head, r in zip(heads, functions):
         ret = r["return"]
         returns = (f"redirects its return address ({ret['reason']})"
                    if ret["mechanism"] == "redirection" else
@@ -339,8 +395,9 @@ def list_command(input_files, as_json, patchable, summary, tactics, quiet):
                    f"patches {ret['exits']} exit{'s' if ret['exits'] != 1 else ''}"
                    f"{_tactic_note(ret['tactics'], ret['checked'])}"
                    if ret["mechanism"] else f"no: {ret['reason']}")
-        click.echo(f"{r['address']:#018x} {r['size']:>6}  {_names(r):<{width}}  {_status(r)}; "
-                   f"return: {returns}")
+        lines.append(f"{head}return: {returns}")
+    for k in range(0, len(lines), 10_000):  # (an echo per row took seconds for node)
+        click.echo("\n".join(lines[k:k + 10_000]))
     if probes:
         width = max(len(f"{p['provider']}:{p['name']}") for p in probes)
         click.echo(f"\n{'ADDRESS':<18} {'USDT':<{width}}  {'SEMAPHORE':<18}  PROBE  ARGUMENTS")
@@ -355,15 +412,34 @@ def list_command(input_files, as_json, patchable, summary, tactics, quiet):
                    f"{usdt_ok} patchable", err=True)
 
 
-def _json_rows(report: dict) -> str:
-    """The report as JSON, a row of its lists on each line: json's indented output is
-    written in Python, seconds for the 100,000s of rows of a big file."""
-    def value(v) -> str:
-        if isinstance(v, list) and v:
-            return "[\n    " + ",\n    ".join(map(json.dumps, v)) + "\n  ]"
-        return json.dumps(v)
-    return "{\n" + ",\n".join(f"  {json.dumps(k)}: {value(v)}" for k, v in report.items()) + \
-        "\n}"
+class _Encoded(str):
+    """A row already in JSON (_json_rows)."""
+
+
+def _json_with(encoded: str, key: str, value) -> str:
+    """An object encoded by json.dumps() with `key` added last."""
+    return f"{encoded[:-1]}, {json.dumps(key)}: {json.dumps(value)}}}" if encoded != "{}" \
+        else json.dumps({key: value})
+
+
+def _json_rows(report: dict):
+    """The report as JSON, in pieces to write one after the other, a row of its lists
+    on each line: json's indented output is written in Python, seconds for the
+    100,000s of rows of a big file (and one string of them all, 100 MB more). Rows may
+    come encoded (_Encoded)."""
+    def row(r) -> str:
+        return r if isinstance(r, _Encoded) else json.dumps(r)
+
+    for n, (key, value) in enumerate(report.items()):
+        yield f"{',' if n else '{'}\n  {json.dumps(key)}: "
+        if not isinstance(value, list) or not value:
+            yield json.dumps(value)
+            continue
+        for k in range(0, len(value), 10_000):
+            yield ("[\n    " if k == 0 else ",\n    ") + \
+                ",\n    ".join(map(row, value[k:k + 10_000]))
+        yield "\n  ]"
+    yield "\n}\n"
 
 
 def _names(row) -> str:

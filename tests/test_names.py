@@ -170,3 +170,28 @@ def test_libc_free_is_reported_as_free(tmp_path):
     hits = {(p["name"], p["kind"]): p["hits"] for p in run.probes}
     assert set(hits) == {("free", "entry"), (others[0], "return")}
     assert hits[("free", "entry")] == hits[(others[0], "return")] >= 1000
+
+
+def test_list_text_keeps_its_columns_when_a_name_is_long(tmp_path):
+    """A name longer than list's name column overflows its own row only: the column
+    stays NAME_COLUMN wide (node has a function with 129 aliases, 33,000 characters:
+    every row padded to that was 2.6 GB of text)."""
+    from urewrite.commands import NAME_COLUMN
+
+    long = "long_" + "x" * 150
+    src = tmp_path / "long.c"
+    src.write_text(textwrap.dedent(f"""\
+        __attribute__((noinline)) int {long}(int x) {{ return x * 3 + (x >> 2); }}
+        __attribute__((noinline)) int short_one(int x) {{ return x * 5 + (x >> 3); }}
+        int main(int argc, char **argv) {{ (void)argv; return {long}(argc) + short_one(argc); }}
+        """))
+    exe = tmp_path / "long"
+    subprocess.run(["gcc", "-O1", str(src), "-o", str(exe)], check=True)
+    lines = urewrite("list", exe).stdout.splitlines()
+    column = lines[0].index("ENTRY PROBE")
+    assert column == len(f"{0:#018x} {0:>6}  ") + NAME_COLUMN + 2
+    [short] = [line for line in lines if "  short_one  " in line]
+    assert short[column:].startswith("ok, displaces"), short
+    [long_row] = [line for line in lines if f"  {long}  " in line]
+    assert f"  {long}  ok, displaces" in long_row
+    assert max(map(len, lines)) < 400
