@@ -26,10 +26,10 @@ SHT_RELA, SHT_RELR = 4, 19
 SHF_ALLOC = 2
 
 
-def recover(planner, fn: Function) -> Dict[int, JumpTable]:
-    """jump address -> table, for the indirect jumps of `fn` that are trusted tables."""
+def recover(planner, fn: Function, jumps: List[int]) -> Dict[int, JumpTable]:
+    """jump address -> table, for the indirect jumps of `fn` (`jumps`: their indexes in
+    its sweep) that are trusted tables."""
     backend = planner.backend
-    jumps = planner.indirect_jumps(fn)
     if not jumps:
         return {}
     # (the recovery reads the instructions before a jump)

@@ -274,21 +274,28 @@ class Planner:
                 self.branch_targets(fn)
             return ({fn.address: self._direct[fn.address] for fn in part},
                     {fn.address: self._tables[fn.address] for fn in part},
+                    {fn.address: self._unknown_jumps[fn.address] for fn in part},
                     Sweep.pack([self._sweeps[fn.address] for fn in part]),
-                    self._branches(part) if whole else None)
+                    self._branch_facts(part) if whole else None)
 
         second = parallel.Forked(lambda: analyse(theirs))
-        branches = analyse(mine)[3]
-        direct, tables, sweeps, their_branches = second.result()
+        facts = analyse(mine)[-1]
+        direct, tables, unknown_jumps, sweeps, their_facts = second.result()
         sweeps = dict(zip((fn.address for fn in theirs), Sweep.unpack(sweeps)))
-        for mine, theirs in zip((self._direct, self._tables, self._sweeps),
-                                (direct, tables, sweeps)):
+        for mine, theirs in zip((self._direct, self._tables, self._unknown_jumps, self._sweeps),
+                                (direct, tables, unknown_jumps, sweeps)):
             for address, value in theirs.items():
                 mine.setdefault(address, value)
         if whole:
-            targets, sources = (np.concatenate(pair) for pair in zip(branches, their_branches))
-            self._all_targets = unique(targets)
-            self._entered = self._entered_from_outside(targets, sources)
+            self._all_targets = unique(np.concatenate((facts[0], their_facts[0])))
+            self._entered = facts[1] | their_facts[1] | self._entered_from_outside()
+
+    def _branch_facts(self, functions: List[Function]) -> tuple:
+        """(where the branches of the functions land, sorted; which functions of the
+        file they enter past the entry from outside, _entered_by()), worked out in the
+        process that analysed them."""
+        targets, sources = self._branches(functions)
+        return unique(targets), self._entered_by(targets, sources)
 
     def _branches(self, functions: List[Function]) -> tuple:
         """(targets, sources): where each direct branch or call of the functions lands
@@ -305,26 +312,32 @@ class Planner:
                 sources.append(np.full(len(table.targets), table.jump, dtype=np.int64))
         return np.concatenate(targets), np.concatenate(sources)
 
-    def _entered_from_outside(self, targets: np.ndarray, sources: np.ndarray) -> np.ndarray:
+    def _entered_from_outside(self) -> np.ndarray:
         """Per function: whether anything may branch into it from outside, past its
-        entry: a direct branch, a jump table's case, or a branch or address computation
-        the byte scans found, landing inside its range from outside it. Functions that
-        overlap another are always marked (their insides are not theirs alone). What is
-        not marked needs no closer look (_branch_from_outside)."""
-        n = len(self.functions)
+        entry, that no function's branches say (_branch_facts()): a branch or address
+        computation the byte scans found. Functions that overlap another are always
+        marked (their insides are not theirs alone). What is not marked here or by the
+        functions' branches needs no closer look (_branch_from_outside)."""
         starts = np.array(self._starts, dtype=np.int64)
-        ends = np.array([f.end for f in self.functions], dtype=np.int64)
-        entered = np.zeros(n, dtype=bool)
-        if n > 1:  # overlapping neighbours: the end of one passes the next's start
+        entered = np.zeros(len(self.functions), dtype=bool)
+        if len(starts) > 1:  # overlapping neighbours: the end of one passes the next's start
+            ends = np.array([f.end for f in self.functions], dtype=np.int64)
             before = np.array(self._ends_so_far, dtype=np.int64)
             entered[1:] |= starts[1:] < before[:-1]
             entered[:-1] |= starts[1:] < ends[:-1]
-        targets, sources = [targets], [sources]  # (every function's: _branches())
+        targets, sources = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
         for table in self.taken_index.code_tables():
             if table.kind == taken_addresses.BRANCH:
                 targets.append(table.values)
                 sources.append(table.sources)
-        targets, sources = np.concatenate(targets), np.concatenate(sources)
+        return entered | self._entered_by(np.concatenate(targets), np.concatenate(sources))
+
+    def _entered_by(self, targets: np.ndarray, sources: np.ndarray) -> np.ndarray:
+        """Per function: whether a branch from `sources` to `targets` enters it past
+        its entry from outside its range."""
+        starts = np.array(self._starts, dtype=np.int64)
+        ends = np.array([f.end for f in self.functions], dtype=np.int64)
+        entered = np.zeros(len(self.functions), dtype=bool)
         k = np.searchsorted(starts, targets, side="right") - 1
         inside = k >= 0
         k, targets, sources = k[inside], targets[inside], sources[inside]
@@ -385,7 +398,11 @@ class Planner:
         """The jump tables of a function's indirect jumps: jump address -> table. A jump
         not here is not known to be a table (jump_tables.py)."""
         if fn.address not in self._tables:
-            self._tables[fn.address] = jump_table_guard.recover(self, fn)
+            jumps = self.indirect_jumps(fn)
+            tables = self._tables[fn.address] = jump_table_guard.recover(self, fn, jumps)
+            edges = self.sweep(fn).edges
+            self._unknown_jumps[fn.address] = next(
+                (a for a in (int(edges[k]) for k in jumps) if a not in tables), None)
         return self._tables[fn.address]
 
     # -- planning ----------------------------------------------------------------
@@ -568,15 +585,15 @@ class Planner:
             if sweep.end != part.end:
                 raise _Refused(f"its code does not decode past {sweep.end:#x}: an exit may "
                                f"lie beyond")
-            kinds, targets = sweep.kinds, sweep.targets
-            inside_all = np.zeros(len(targets), dtype=bool)
-            for p in parts:
-                inside_all |= (p.address <= targets) & (targets < p.end)
             # what may leave: returns, direct jumps and branches out, and the rest asked
-            maybe = (kinds == RETURN) | (kinds == OTHER) | \
-                (((kinds == JUMP) | (kinds == BRANCH)) & ~inside_all)
-            for k, kind, target in zip(sweep.rows[maybe].tolist(), kinds[maybe].tolist(),
-                                       targets[maybe].tolist()):
+            # (in Python: most functions have a few dozen rows, too few for numpy)
+            for k, kind, target in zip(sweep.rows.tolist(), sweep.kinds.tolist(),
+                                       sweep.targets.tolist()):
+                if kind == JUMP or kind == BRANCH:
+                    if inside(target):
+                        continue
+                elif kind != RETURN and kind != OTHER:
+                    continue
                 address = int(sweep.edges[k])
                 if kind == OTHER:
                     table = tables.get(address)
@@ -1516,10 +1533,7 @@ class Planner:
         """The address of the first indirect jump of the function that is not a recovered
         jump table, or None."""
         if fn.address not in self._unknown_jumps:
-            edges = self.sweep(fn).edges
-            jumps = [int(edges[k]) for k in self.indirect_jumps(fn)]
-            tables = self.jump_tables(fn) if jumps else {}
-            self._unknown_jumps[fn.address] = next((a for a in jumps if a not in tables), None)
+            self.jump_tables(fn)  # (finds it)
         return self._unknown_jumps[fn.address]
 
     # -- branch targets ------------------------------------------------------------
