@@ -23,6 +23,16 @@ class Occupancy:
         self._starts: List[int] = []
         self._ends: List[int] = []
 
+    @classmethod
+    def of(cls, ranges) -> "Occupancy":
+        """Many (start, end) ranges taken at once (a big file's windows: 100,000s)."""
+        used = cls()
+        for start, end in sorted(ranges):
+            assert not used._ends or used._ends[-1] <= start, (hex(start), hex(end))
+            used._starts.append(start)
+            used._ends.append(end)
+        return used
+
     def is_free(self, start: int, end: int) -> bool:
         k = bisect.bisect_right(self._starts, start)
         if k and self._ends[k - 1] > start:

@@ -665,7 +665,7 @@ class Planner:
                             at_risk[target.function.address] = target.function
             taken = self._taken_addresses([plan for _, _, plan in plans])
             for key, target, plan in plans:
-                verdict = self._branch_into(plan, taken)
+                verdict = self._branch_into(plan, taken, inner_window=not target.at_entry)
                 windows[key] = (plan.window, plan.points[0].flags_live, verdict)
                 if verdict and target.kind == KIND_RETURN:
                     at_risk[target.function.address] = target.function
@@ -1056,6 +1056,8 @@ class Planner:
                 except _Refused as why:
                     reason = str(why)
                     continue
+            # (this and the landing pads below: what _branch_into(inner_window=True)
+            # leaves out; _near_targets() holds the targets it would look at)
             inside = [t for t in self._near_targets(fn) if start < t < end] \
                 if self._targets_between(start, end) else []
             if inside:
@@ -1227,12 +1229,10 @@ class Planner:
         refusals = [o for o in outcomes if isinstance(o, Refusal)]
         if not refusals:
             return outcomes
-        used = Occupancy()
-        for copy in self.copied:  # no landing or evicted window there either
-            used.take(copy.start, copy.end)
-        for o in outcomes:
-            if isinstance(o, Plan):
-                used.take(o.window.address, o.window.end)
+        # (no landing or evicted window in copied code either)
+        used = Occupancy.of([(copy.start, copy.end) for copy in self.copied] +
+                            [(o.window.address, o.window.end) for o in outcomes
+                             if isinstance(o, Plan)])
         tried = []  # (refusals, hop window plan or the reason there is none)
         for group in self._by_address(refusals, lambda refusal: refusal.site):
             try:
@@ -1604,12 +1604,19 @@ class Planner:
             k += 1
         return near
 
-    def _branch_into(self, plan: Plan, taken: Dict[int, list]) -> Optional[str]:
+    def _branch_into(self, plan: Plan, taken: Dict[int, list],
+                     inner_window: bool = False) -> Optional[str]:
+        """Why something may branch into the plan's window after its first byte: a taken
+        address (`taken`: _taken_addresses()), a branch target, a landing pad; or None.
+        `inner_window`: the window is _inner_window()'s as it was made, which keeps
+        clear of the last two: only taken addresses are left to ask about."""
         lo, hi = plan.window.address + 1, plan.window.end
         for target in range(lo, hi):
             why = target in taken and self._taken_reason(taken, target)
             if why:
                 return f"{why} may lead to {target:#x}, inside the displaced bytes"
+        if inner_window:
+            return None
         holder = self._holding(plan.site)
         near = self._near_functions(plan.window) \
             if self._targets_between(plan.window.address, plan.window.end) else []
