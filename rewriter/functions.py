@@ -54,8 +54,7 @@ def discover(elf: ElfFile) -> List[Function]:
     in_code = _code_ranges(elf)
     by_address: Dict[int, dict] = {}
     table = symbol_table(elf)
-    defined = (table.shndx != SHN_UNDEF) & (table.values != 0)
-    defined[defined] = [in_code(v) for v in table.values[defined].tolist()]
+    defined = (table.shndx != SHN_UNDEF) & (table.values != 0) & in_code(table.values)
     # addresses in code where something starts -> what
     marks: Dict[int, str] = dict.fromkeys(table.values[defined].tolist(), "next symbol")
     functions = np.flatnonzero(defined & (table.types == STT_FUNC))
@@ -71,8 +70,10 @@ def discover(elf: ElfFile) -> List[Function]:
         if name not in entry["names"]:
             entry["names"].append(name)
         entry["size"] = entry["size"] or size
-    for address, size in _fde_ranges(elf):
-        if not size or not in_code(address):
+    fdes = _fde_ranges(elf)
+    addresses = np.array([a if a < 1 << 63 else -1 for a, _ in fdes], dtype=np.int64)
+    for (address, size), code in zip(fdes, in_code(addresses).tolist()):
+        if not size or not code:
             continue
         marks.setdefault(address, "next FDE")
         entry = by_address.get(address)
@@ -103,15 +104,17 @@ def _infer_extents(elf: ElfFile, by_address: Dict[int, dict], marks: Dict[int, s
 
 
 def _code_ranges(elf: ElfFile):
-    """address -> whether it lies in an executable section other than the PLT's."""
+    """in_code(addresses): a mask of the addresses (a numpy int64 array) that lie in an
+    executable section other than the PLT's."""
     ranges = sorted((s.addr, s.end) for s in elf.executable_sections()
                     if s.size and not s.name.startswith(".plt"))
-    starts = [start for start, _ in ranges]
+    starts = np.array([start for start, _ in ranges] or [0], dtype=np.int64)
+    ends = np.array([end for _, end in ranges] or [0], dtype=np.int64)
 
-    def in_code(address: int) -> bool:
+    def in_code(addresses: np.ndarray) -> np.ndarray:
         # sections do not overlap, so only the last one starting at or before it can hold it
-        i = bisect.bisect_right(starts, address) - 1
-        return i >= 0 and address < ranges[i][1]
+        i = np.searchsorted(starts, addresses, side="right") - 1
+        return (i >= 0) & (addresses < ends[np.maximum(i, 0)])
     return in_code
 
 
