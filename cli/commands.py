@@ -121,6 +121,7 @@ def rewrite(input_file, probes, returns, output, arg_count, keep_going, as_json,
     A site that cannot be patched safely is refused with the reason: an error
     when named exactly (unless --keep-going), a warning when matched by a glob.
     """
+    from urewrite.rewriter.pipeline import no_cycle_collection
     from urewrite.rewriter.pipeline import rewrite as run_rewrite
 
     if not probes and not returns:
@@ -128,13 +129,20 @@ def rewrite(input_file, probes, returns, output, arg_count, keep_going, as_json,
     if output == "":
         raise click.BadParameter("must name a file", param_hint="-o")
     output = output if output is not None else input_file + ".probed"
-    try:
-        result = run_rewrite(input_file, output, list(probes), keep_going=keep_going,
-                             entry_args=arg_count, return_specs=list(returns),
-                             progress=None if quiet else _progress_bar,
-                             tactics=tactics, exclude=list(excludes))
-    except UrewriteError as e:
-        _fail(str(e))
+    with no_cycle_collection():  # (the file's analysis lives until the report is written)
+        kept = []  # (the analysis, which _end_now() does not free)
+        try:
+            result = run_rewrite(input_file, output, list(probes), keep_going=keep_going,
+                                 entry_args=arg_count, return_specs=list(returns),
+                                 progress=None if quiet else _progress_bar,
+                                 tactics=tactics, exclude=list(excludes), kept=kept)
+        except UrewriteError as e:
+            _fail(str(e))
+        _report_rewrite(result, output, as_json, quiet)
+        _end_now((kept, result))
+
+
+def _report_rewrite(result, output: str, as_json: bool, quiet: bool) -> None:
     if as_json:
         click.echo(json.dumps({
             "output": result.output,

@@ -177,19 +177,27 @@ def _dt_init(elf: ElfFile) -> Optional[tuple]:
 
 def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bool = False,
             entry_args: int = 0, return_specs: List[str] = (), progress: Progress = None,
-            tactics: Optional[tuple] = None, exclude: List[str] = ()) -> RewriteResult:
+            tactics: Optional[tuple] = None, exclude: List[str] = (),
+            kept: Optional[list] = None) -> RewriteResult:
+    """Write `output_path`: the input with probes at the sites `specs` and
+    `return_specs` select. `kept`: a list to put the file's analysis in, for a caller
+    that ends without freeing it (the command line: freeing a big file's takes a
+    second)."""
     if _same_file(input_path, output_path) if os.path.exists(output_path) else \
             os.path.realpath(input_path) == os.path.realpath(output_path):
         raise UrewriteError("the output must not be the input file")
     with no_cycle_collection():
         return _rewrite(input_path, output_path, specs, keep_going, entry_args, return_specs,
-                        progress, tactics, exclude)
+                        progress, tactics, exclude, kept)
 
 
 def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bool,
              entry_args: int, return_specs: List[str], progress: Progress,
-             tactics: Optional[tuple], exclude: List[str]) -> RewriteResult:
+             tactics: Optional[tuple], exclude: List[str],
+             kept: Optional[list]) -> RewriteResult:
     a = analyse(input_path, tactics)
+    if kept is not None:
+        kept.append(a)
     elf, backend = a.elf, a.planner.backend
     warnings: List[str] = []
     sites = select(specs, a.functions, a.planner.boundaries, a.usdt, return_specs,
