@@ -1609,15 +1609,17 @@ class Planner:
         """Why something may branch into the plan's window after its first byte: a taken
         address (`taken`: _taken_addresses()), a branch target, a landing pad; or None.
         `inner_window`: the window is _inner_window()'s as it was made, which keeps
-        clear of the last two: only taken addresses are left to ask about."""
+        clear of the last two, looking at every function near the one holding it: only
+        taken addresses are left to ask about, unless the window reaches past that
+        function's end (borrowed padding), nearer to others."""
         lo, hi = plan.window.address + 1, plan.window.end
         for target in range(lo, hi):
             why = target in taken and self._taken_reason(taken, target)
             if why:
                 return f"{why} may lead to {target:#x}, inside the displaced bytes"
-        if inner_window:
-            return None
         holder = self._holding(plan.site)
+        if inner_window and plan.window.end <= holder.end:
+            return None
         near = self._near_functions(plan.window) \
             if self._targets_between(plan.window.address, plan.window.end) else []
         for fn in near + [None]:
