@@ -372,12 +372,13 @@ def list_command(input_files, as_json, patchable, summary, tactics, quiet):
             analysis, functions, probes, add_returns = _listing(
                 input_file, tactics, patchable, None if quiet else _progress_bar)
             # each function's row up to its return probe, while that is planned
-            # (a column as wide as the longest names, but no wider than NAME_COLUMN:
-            # node has a function with 129 aliases, 33,000 characters)
-            width = min(max([len(_names(r)) for r in functions] + [8]), NAME_COLUMN)
-            heads = [json.dumps(r) for r in functions] if as_json else \
-                [f"{r['address']:#018x} {r['size']:>6}  {_names(r):<{width}}  {_status(r)}; "
-                 for r in functions]
+            if as_json:
+                heads = [json.dumps(r) for r in functions]
+            else:  # (names aligned to the longest, but to no more than NAME_COLUMN:
+                # node has a function with 129 aliases, 33,000 characters)
+                width = min(max([len(_names(r)) for r in functions] + [8]), NAME_COLUMN)
+                heads = [f"{r['address']:#018x} {r['size']:>6}  {_names(r):<{width}}  "
+                         f"{_status(r)}; " for r in functions]
             add_returns()
         except UrewriteError as e:
             _fail(str(e))
