@@ -383,8 +383,8 @@ def list_command(input_files, as_json, patchable, summary, tactics, quiet):
         except UrewriteError as e:
             _fail(str(e))
         if as_json:
-            rows = [_Encoded(_json_with(head, "return", r["return"]))
-                    for head, r in zip(heads, functions)]
+            rows = [_Encoded(_json_with(head, "return", encoded))
+                    for head, encoded in zip(heads, _encoded_returns(functions))]
             del heads
             for piece in _json_rows({"file": input_file, "functions": rows, "usdt": probes}):
                 click.echo(piece, nl=False)
@@ -425,10 +425,25 @@ class _Encoded(str):
     """A row already in JSON (_json_rows)."""
 
 
-def _json_with(encoded: str, key: str, value) -> str:
-    """An object encoded by json.dumps() with `key` added last."""
-    return f"{encoded[:-1]}, {json.dumps(key)}: {json.dumps(value)}}}" if encoded != "{}" \
-        else json.dumps({key: value})
+def _json_with(encoded: str, key: str, value: str) -> str:
+    """An object encoded by json.dumps() (never empty) with `key` added last, its
+    `value` encoded too."""
+    return f"{encoded[:-1]}, {json.dumps(key)}: {value}}}"
+
+
+def _encoded_returns(functions: list):
+    """The functions' "return" values in JSON, in order: each different one encoded once
+    (node's 78,000 are 900 different ones; encoding each took 0.4 s, after the child
+    that plans them ended)."""
+    seen = {}
+    for row in functions:
+        value = row["return"]
+        key = (value["mechanism"], value["exits"], tuple(value["tactics"].items()),
+               value["checked"], value["reason"])
+        encoded = seen.get(key)
+        if encoded is None:
+            encoded = seen[key] = json.dumps(value)
+        yield encoded
 
 
 def _json_rows(report: dict):

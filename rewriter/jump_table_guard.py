@@ -26,14 +26,12 @@ SHT_RELA, SHT_RELR = 4, 19
 SHF_ALLOC = 2
 
 
-def recover(planner, fn: Function, jumps: List[int]) -> Dict[int, JumpTable]:
+def recover(planner, fn: Function, jumps: List[int], insns: list) -> Dict[int, JumpTable]:
     """jump address -> table, for the indirect jumps of `fn` (`jumps`: their indexes in
-    its sweep) that are trusted tables."""
+    its sweep) that are trusted tables; `insns`: the function decoded whole."""
     backend = planner.backend
     if not jumps:
         return {}
-    # (the recovery reads the instructions before a jump)
-    insns = planner.instructions(fn, keep=False)
     edges = planner.sweep(fn).edges
     jumps = [k for k in jumps if k < len(insns) and insns[k].address == edges[k]]
     read = constant_reader(planner.elf)

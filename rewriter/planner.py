@@ -163,6 +163,9 @@ class Planner:
         self._unknown_jumps: Dict[int, Optional[int]] = {}  # function -> _indirect_jump()
         self._parts_of: Dict[int, List[Function]] = {}  # function -> _parts()
         self._offset_tables: Dict[int, Optional[int]] = {}  # function -> _case_base()
+        # function -> the addresses its instructions compute, in order (_case_base):
+        # noted where jump_tables() decodes a function with an unknown indirect jump
+        self._computed: Dict[int, list] = {}
         self._lengths: Dict[bytes, list] = {}  # code -> its instructions' ends (_displaced)
         self._by_name: Optional[Dict[str, Function]] = None
         self.siteless: List[Site] = []  # return probes of functions without an exit
@@ -275,15 +278,18 @@ class Planner:
             return ({fn.address: self._direct[fn.address] for fn in part},
                     {fn.address: self._tables[fn.address] for fn in part},
                     {fn.address: self._unknown_jumps[fn.address] for fn in part},
+                    {fn.address: self._computed[fn.address] for fn in part
+                     if fn.address in self._computed},
                     Sweep.pack([self._sweeps[fn.address] for fn in part]),
                     self._branch_facts(part) if whole else None)
 
         second = parallel.Forked(lambda: analyse(theirs))
         facts = analyse(mine)[-1]
-        direct, tables, unknown_jumps, sweeps, their_facts = second.result()
+        direct, tables, unknown_jumps, computed, sweeps, their_facts = second.result()
         sweeps = dict(zip((fn.address for fn in theirs), Sweep.unpack(sweeps)))
-        for mine, theirs in zip((self._direct, self._tables, self._unknown_jumps, self._sweeps),
-                                (direct, tables, unknown_jumps, sweeps)):
+        for mine, theirs in zip((self._direct, self._tables, self._unknown_jumps,
+                                 self._computed, self._sweeps),
+                                (direct, tables, unknown_jumps, computed, sweeps)):
             for address, value in theirs.items():
                 mine.setdefault(address, value)
         if whole:
@@ -399,10 +405,15 @@ class Planner:
         not here is not known to be a table (jump_tables.py)."""
         if fn.address not in self._tables:
             jumps = self.indirect_jumps(fn)
-            tables = self._tables[fn.address] = jump_table_guard.recover(self, fn, jumps)
+            # (the recovery reads the instructions before a jump)
+            insns = self.instructions(fn, keep=False) if jumps else []
+            tables = self._tables[fn.address] = jump_table_guard.recover(self, fn, jumps,
+                                                                         insns)
             edges = self.sweep(fn).edges
-            self._unknown_jumps[fn.address] = next(
+            unknown = self._unknown_jumps[fn.address] = next(
                 (a for a in (int(edges[k]) for k in jumps) if a not in tables), None)
+            if unknown is not None:  # (_case_base will ask: noted while they are at hand)
+                self._computed[fn.address] = self._computed_addresses(insns)
         return self._tables[fn.address]
 
     # -- planning ----------------------------------------------------------------
@@ -872,7 +883,7 @@ class Planner:
         taken = self._taken_addresses([o for o in tentative if isinstance(o, Plan)
                                        and id(o) not in verdicts])
         outcomes = []
-        previous = None  # the last plan kept
+        previous, previous_at = None, 0  # the last plan kept, and where it is in outcomes
         tentative.sort(key=lambda o: o.window.address if isinstance(o, Plan) else o.site.address)
         for outcome in tentative:
             if isinstance(outcome, Plan):
@@ -886,13 +897,13 @@ class Planner:
                 if reason is None and previous and outcome.window.address < previous.window.end:
                     merged = self._merge(previous, outcome, taken)
                     if merged:
-                        outcomes[outcomes.index(previous)] = previous = merged
+                        outcomes[previous_at] = previous = merged
                         continue
                     reason = "its window overlaps the window of the site before it"
                 if reason:
                     outcomes.extend(Refusal(s, reason) for s in outcome.sites)
                     continue
-                previous = outcome
+                previous, previous_at = outcome, len(outcomes)
             outcomes.append(outcome)
         if self.backend.hop_size and {"hop", "evict", "pun"} & set(self.tactics):
             outcomes = self._hop_tight_sites(outcomes)
@@ -1120,10 +1131,10 @@ class Planner:
         if key not in self._offset_tables:
             found = None
             for part in parts:
-                for insn in self.instructions(part):
-                    base = self.backend.computed_address(insn)
-                    if base is None:
-                        continue
+                computed = self._computed.get(part.address)
+                if computed is None:
+                    computed = self._computed_addresses(self.instructions(part))
+                for base in computed:
                     at = self.elf.offset_of(base, 4)
                     target = base + int.from_bytes(self.elf.data[at:at + 4], "little",
                                                    signed=True) if at is not None else base
@@ -1134,6 +1145,10 @@ class Planner:
                     break
             self._offset_tables[key] = found
         return self._offset_tables[key]
+
+    def _computed_addresses(self, insns: list) -> list:
+        """The addresses the instructions compute (Backend.computed_address), in order."""
+        return [base for base in map(self.backend.computed_address, insns) if base is not None]
 
     def _holding(self, site: Site) -> Function:
         """The function (or .cold part) whose code holds the site."""
