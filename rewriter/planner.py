@@ -151,7 +151,8 @@ class Planner:
         self._gap_ends: tuple = (None, [])  # (padding gaps, their ends): _landing_in_padding
         self._exits_known: Dict[int, object] = {}  # function -> _exit_points() (or why not)
         self._windows_known: Dict[tuple, object] = {}  # _window_key() -> window (or why not)
-        self._near_cache: tuple = (None, set())  # (function, _near_targets())
+        # (function, _near_targets(), the same sorted)
+        self._near_cache: tuple = (None, set(), [])
         self._taken_reasons: Dict[int, Optional[str]] = {}  # address -> why it is taken
         self._targets: Dict[int, Dict[int, int]] = {}
         # every branch target of every function, sorted, once prepare() has seen them
@@ -1039,13 +1040,13 @@ class Planner:
         if not fn.size:
             raise _Refused("it lies in no function of known size")
         sweep = self.sweep(fn)
-        at = sweep.index_at(site.address)
-        if at is None:
-            raise _Refused(f"{site.address:#x} is not the start of an instruction")
         # the instructions any window may hold: from MAX_LOOK_BACK before the site to
         # the first that starts a jump's size after it (or the function's end)
-        first_row = int(sweep.edges.searchsorted(site.address - self.MAX_LOOK_BACK))
-        end_row = min(int(sweep.edges.searchsorted(site.address + size)) + 1, len(sweep))
+        at, first_row, end_row = sweep.edges.searchsorted(
+            (site.address, site.address - self.MAX_LOOK_BACK, site.address + size)).tolist()
+        if at >= len(sweep) or sweep.edges[at] != site.address:
+            raise _Refused(f"{site.address:#x} is not the start of an instruction")
+        end_row = min(end_row + 1, len(sweep))
         insns, index = self.rows(fn, at, end_row), 0
         reason = "too few instructions follow it for a jump"
         alone = self._unknown_targets(site, fn)
@@ -1075,7 +1076,8 @@ class Planner:
             # (this and the landing pads below: what _branch_into(inner_window=True)
             # leaves out; _near_targets() holds the targets it would look at)
             inside = [t for t in self._near_targets(fn) if start < t < end] \
-                if self._targets_between(start, end) else []
+                if self._targets_between(start, end) and \
+                self._near_target_between(fn, start, end) else []
             if inside:
                 reason = f"a branch lands at {inside[0]:#x}, inside every window around it"
                 continue
@@ -1169,8 +1171,15 @@ class Planner:
             targets = set(self._parent_case_labels(fn))
             for near in self._near_functions(Window(fn.address, fn.size, ())):
                 targets.update(self.branch_targets(near))
-            self._near_cache = (fn.address, targets)
+            self._near_cache = (fn.address, targets, sorted(targets))
         return self._near_cache[1]
+
+    def _near_target_between(self, fn: Function, start: int, end: int) -> bool:
+        """Whether one of _near_targets(fn) lies in (start, end)."""
+        self._near_targets(fn)
+        ordered = self._near_cache[2]
+        k = bisect.bisect_right(ordered, start)
+        return k < len(ordered) and ordered[k] < end
 
     def _parent_case_labels(self, fn: Function) -> Dict[int, int]:
         """Case labels that the jump tables of the function a named part (f.cold) was
