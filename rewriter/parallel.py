@@ -76,6 +76,28 @@ class Forked(Generic[T]):
         return value
 
 
+class Shares(Generic[T]):
+    """Pieces of work, each handed once to whichever process asks first: this one or a
+    child forked after (`Forked`), each taking the next piece as it finishes one. Two
+    processes so share work whose cost is spread unevenly along a file, and end
+    together. The counter is in shared memory, with a lock."""
+
+    def __init__(self, pieces: list):
+        self._pieces = pieces
+        self._next = multiprocessing.Value("q", 0)
+
+    def take(self, leave: int = 0) -> Iterator[T]:
+        """The pieces this process gets, up to the last `leave` ones (left to the others:
+        a child that must still send what it found stops that much earlier)."""
+        while True:
+            with self._next.get_lock():
+                k = self._next.value
+                if k >= len(self._pieces) - leave:
+                    return
+                self._next.value = k + 1
+            yield self._pieces[k]
+
+
 def map_ordered(function: Callable, items: Iterable, workers: int = 0) -> Iterator:
     """function(item) for each item, in order, computed by `workers` forked processes
     (the cores by default); `function` must be a module's own function and its result

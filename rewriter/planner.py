@@ -263,36 +263,44 @@ class Planner:
 
     def prepare(self, functions: List[Function]) -> None:
         """Sweep many functions and work out their branch targets and jump tables at
-        once, every other function in a forked child (parallel.py) while this process does
-        the rest: the caches are what each function's own analysis would fill, so plans
-        do not change."""
-        # (every other function each: cost is not spread evenly along a file, and
-        # halves of it, even by bytes, left one process waiting for the other 7 s on
-        # libLLVM; but for one in 40 more here: the child also sends its sweeps, and
-        # this process reads them, 0.3 s on node)
-        mine = [fn for k, fn in enumerate(functions) if not k % 2 or k % 40 == 1]
-        theirs = [fn for k, fn in enumerate(functions) if k % 2 and k % 40 != 1]
-
+        once, in this process and a forked child (parallel.py), each taking pieces of
+        them as it goes: the caches are what each function's own analysis would fill,
+        whoever did it, so plans do not change."""
         whole = functions is self.functions  # (then the whole-file filters below)
+        # (pieces of about 1/2048 of them, taken by each process as it goes: cost is not
+        # spread evenly along a file, and fixed halves of it, even every other
+        # function, left one process waiting for the other 2 s on libLLVM)
+        step = -(-len(functions) // 2048) or 1
+        pieces = parallel.Shares([functions[k:k + step]
+                                  for k in range(0, len(functions), step)])
 
-        def analyse(part: List[Function]) -> Optional[tuple]:
-            for fn in part:
-                self.branch_targets(fn)
-            return self._branch_facts(part) if whole else None
+        def analyse(leave: int = 0) -> List[Function]:  # (the functions it took)
+            took = []
+            for piece in pieces.take(leave):
+                for fn in piece:
+                    self.branch_targets(fn)
+                took += piece
+            return took
 
-        def found(part: List[Function]) -> tuple:  # (what the child sends)
-            facts = analyse(part)
-            return ({fn.address: self._direct[fn.address] for fn in part},
+        def found() -> tuple:  # (what the child sends)
+            # (the last 64 pieces left to this process, about what the child's packing
+            # and sending take)
+            part = analyse(leave=64)
+            return ([fn.address for fn in part],
+                    {fn.address: self._direct[fn.address] for fn in part},
                     {fn.address: self._tables[fn.address] for fn in part},
                     {fn.address: self._unknown_jumps[fn.address] for fn in part},
                     {fn.address: self._computed[fn.address] for fn in part
                      if fn.address in self._computed},
-                    Sweep.pack([self._sweeps[fn.address] for fn in part]), facts)
+                    Sweep.pack([self._sweeps[fn.address] for fn in part]),
+                    self._branch_facts(part) if whole else None)
 
-        second = parallel.Forked(lambda: found(theirs))
-        facts = analyse(mine)
-        direct, tables, unknown_jumps, computed, sweeps, their_facts = second.result()
-        sweeps = dict(zip((fn.address for fn in theirs), Sweep.unpack(sweeps)))
+        second = parallel.Forked(found)
+        mine = analyse()
+        facts = self._branch_facts(mine) if whole else None
+        theirs, direct, tables, unknown_jumps, computed, sweeps, their_facts = \
+            second.result()
+        sweeps = dict(zip(theirs, Sweep.unpack(sweeps)))
         for mine, theirs in zip((self._direct, self._tables, self._unknown_jumps,
                                  self._computed, self._sweeps),
                                 (direct, tables, unknown_jumps, computed, sweeps)):
@@ -648,8 +656,8 @@ class Planner:
     def precompute(self, sites: List[Site]) -> None:
         """For plans that are only reported (`list`): a window for each of these sites
         (for a return probe, its exits first, then a window for each) and whether
-        anything may branch into it, worked out ahead, about half the sites in a forked
-        child (parallel.py) while this process does the rest: plan() takes
+        anything may branch into it, worked out ahead, in this process and a forked
+        child (parallel.py), each taking pieces of them as it goes: plan() takes
         them as it would have found them itself, so the plans are the same, in about
         half the time. (Only for plans without detailed instructions: those could not
         be sent.)"""
@@ -657,10 +665,15 @@ class Planner:
         self.taken_index.data_tables()  # (the scans, made once before the fork)
         self.taken_index.code_tables()
 
-        def work(part: List[Site]) -> tuple:
+        # (pieces of about 1/2048 of the sites, taken by each process as it goes; see
+        # prepare)
+        step = -(-len(sites) // 2048) or 1
+        pieces = parallel.Shares([sites[k:k + step] for k in range(0, len(sites), step)])
+
+        def work(leave: int = 0) -> tuple:
             exits, windows, plans = {}, {}, []
             at_risk = {}  # return probes with an exit whose window may fail: address -> function
-            for site in part:
+            for site in itertools.chain.from_iterable(pieces.take(leave)):
                 if site.kind != KIND_RETURN:
                     targets = [site]
                 else:
@@ -692,12 +705,10 @@ class Planner:
             problems = {address: self._redirect_problem(fn) for address, fn in at_risk.items()}
             return exits, windows, problems
 
-        # every other site each (see prepare), but for one in 25 more here: the child
-        # also sends what it found, and this process reads it (node: 0.5 s of 5.5)
-        theirs = [site for k, site in enumerate(sites) if k % 25 % 2]
-        second = parallel.Forked(lambda: work(theirs))
-        mine = [site for k, site in enumerate(sites) if not k % 25 % 2]
-        for exits, windows, problems in (work(mine), second.result()):
+        # (the child leaves the last 64 pieces to this process: it also sends what it
+        # found, and this process reads it, 0.5 s on node)
+        second = parallel.Forked(lambda: work(leave=64))
+        for exits, windows, problems in (work(), second.result()):
             self._exits_known.update(exits)
             self._windows_known.update(windows)
             self._redirect_problems.update(problems)  # (read only if the file allows it)
