@@ -14,6 +14,7 @@ uses the cores).
 
 from __future__ import annotations
 
+import mmap
 import multiprocessing
 import os
 import pickle
@@ -80,21 +81,24 @@ class Shares(Generic[T]):
     """Pieces of work, each handed once to whichever process asks first: this one or a
     child forked after (`Forked`), each taking the next piece as it finishes one. Two
     processes so share work whose cost is spread unevenly along a file, and end
-    together. The counter is in shared memory, with a lock."""
+    together. The number of the next piece is in an anonymous shared mapping, which
+    forked children share, behind a lock (of the fork context: made and unlinked at
+    once, with no resource tracker)."""
 
     def __init__(self, pieces: list):
         self._pieces = pieces
-        self._next = multiprocessing.Value("q", 0)
+        self._next = mmap.mmap(-1, 8)  # (zero: the first piece)
+        self._lock = multiprocessing.get_context("fork").Lock()
 
     def take(self, leave: int = 0) -> Iterator[T]:
         """The pieces this process gets, up to the last `leave` ones (left to the others:
         a child that must still send what it found stops that much earlier)."""
         while True:
-            with self._next.get_lock():
-                k = self._next.value
+            with self._lock:
+                k = int.from_bytes(self._next[:8], "little")
                 if k >= len(self._pieces) - leave:
                     return
-                self._next.value = k + 1
+                self._next[:8] = (k + 1).to_bytes(8, "little")
             yield self._pieces[k]
 
 

@@ -301,11 +301,11 @@ class Planner:
         theirs, direct, tables, unknown_jumps, computed, sweeps, their_facts = \
             second.result()
         sweeps = dict(zip(theirs, Sweep.unpack(sweeps)))
-        for mine, theirs in zip((self._direct, self._tables, self._unknown_jumps,
-                                 self._computed, self._sweeps),
-                                (direct, tables, unknown_jumps, computed, sweeps)):
-            for address, value in theirs.items():
-                mine.setdefault(address, value)
+        for ours, received in zip((self._direct, self._tables, self._unknown_jumps,
+                                   self._computed, self._sweeps),
+                                  (direct, tables, unknown_jumps, computed, sweeps)):
+            for address, value in received.items():
+                ours.setdefault(address, value)
         if whole:
             self._all_targets = unique(np.concatenate((facts[0], their_facts[0])))
             self._entered = facts[1] | their_facts[1] | self._entered_from_outside()
