@@ -90,6 +90,12 @@ class Shares(Generic[T]):
         self._next = mmap.mmap(-1, 8)  # (zero: the first piece)
         self._lock = multiprocessing.get_context("fork").Lock()
 
+    @classmethod
+    def of(cls, items: list, count: int) -> "Shares":
+        """`items` in about `count` pieces of consecutive ones."""
+        step = -(-len(items) // count) or 1
+        return cls([items[k:k + step] for k in range(0, len(items), step)])
+
     def take(self, leave: int = 0) -> Iterator[T]:
         """The pieces this process gets, up to the last `leave` ones (left to the others:
         a child that must still send what it found stops that much earlier)."""

@@ -270,9 +270,7 @@ class Planner:
         # (pieces of about 1/2048 of them, taken by each process as it goes: cost is not
         # spread evenly along a file, and fixed halves of it, even every other
         # function, left one process waiting for the other 2 s on libLLVM)
-        step = -(-len(functions) // 2048) or 1
-        pieces = parallel.Shares([functions[k:k + step]
-                                  for k in range(0, len(functions), step)])
+        pieces = parallel.Shares.of(functions, 2048)
 
         def analyse(leave: int = 0) -> List[Function]:  # (the functions it took)
             took = []
@@ -667,8 +665,7 @@ class Planner:
 
         # (pieces of about 1/2048 of the sites, taken by each process as it goes; see
         # prepare)
-        step = -(-len(sites) // 2048) or 1
-        pieces = parallel.Shares([sites[k:k + step] for k in range(0, len(sites), step)])
+        pieces = parallel.Shares.of(sites, 2048)
 
         def work(leave: int = 0) -> tuple:
             exits, windows, plans = {}, {}, []

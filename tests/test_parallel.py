@@ -26,6 +26,12 @@ def test_a_process_and_its_child_take_every_piece_once():
         assert set(range(260, 300)) <= set(mine)
 
 
+def test_pieces_of_a_list():
+    pieces = parallel.Shares.of(list(range(10)), 4)
+    assert list(pieces.take()) == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+    assert list(parallel.Shares.of([], 4).take()) == []
+
+
 def test_alone_a_process_takes_them_in_order():
     shares = parallel.Shares(["a", "b", "c", "d", "e"])
     assert list(shares.take(leave=2)) == ["a", "b", "c"]
