@@ -1420,7 +1420,7 @@ class Planner:
             return "the instructions after it lie where any one may be a case of a table"
         if not used.is_free(at, end) or any(self.backend.landing_pad_size(i) for i in chosen):
             return "the instructions after it cannot move"
-        if any(at < t < end for t in self._near_targets(fn)):
+        if self._near_target_between(fn, at, end):
             return "a branch lands inside the instructions after it"
         if self._taken_inside(at, end) or self._landing_pad_in(at, end, chosen):
             return "a branch may land inside the instructions after it"
@@ -1522,7 +1522,6 @@ class Planner:
             if self._has_indirect_jump(fn):
                 continue
             insns, _ = self._rows_from(fn, lo - size, hi + size)
-            targets = None
             for k, first in enumerate(insns):
                 if not lo <= first.address + size <= hi:
                     continue
@@ -1536,9 +1535,7 @@ class Planner:
                 if not used.is_free(first.address, end) or \
                         any(self.backend.landing_pad_size(i) for i in chosen):
                     continue
-                if targets is None:
-                    targets = self._near_targets(fn)
-                if any(first.address < t < end for t in targets) or \
+                if self._near_target_between(fn, first.address, end) or \
                         self._landing_pad_in(first.address, end, chosen):
                     continue
                 try:
