@@ -146,6 +146,72 @@ class Sweep:
         k = int(self.edges.searchsorted(address, side="right")) - 1
         return k if 0 <= k < len(self) else None
 
+    def branches(self) -> dict:
+        """Direct target -> the addresses of the instructions that branch (or call) there,
+        in order."""
+        direct = self.targets >= 0
+        found: dict = {}
+        for target, source in zip(self.targets[direct].tolist(),
+                                  self.edges[self.rows[direct]].tolist()):
+            found.setdefault(target, []).append(source)
+        return found
+
+
+class NotAsSwept(Exception):
+    """The decoder does not find an instruction where the sweep does."""
+
+
+class SweptCode(Sequence):
+    """A function's instructions where its sweep finds them, decoded (`decode`, the quick
+    form) only where they are read, CHUNK at a time. A jump table's walk reads the few
+    instructions before its jump: node's functions with an indirect jump hold 1,000,000
+    instructions, and decoding them all took 3 s. Reading one that the decoder does not
+    find where the sweep does raises NotAsSwept."""
+
+    CHUNK = 32
+
+    def __init__(self, sweep: Sweep, decode, read):
+        self.sweep = sweep
+        self.addresses = sweep.starts.tolist()
+        self._insns: list = [None] * len(self.addresses)
+        self._decode, self._read = decode, read  # (code, address) -> insns; (address, size)
+
+    def __len__(self) -> int:
+        return len(self._insns)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            lo, hi, step = k.indices(len(self))
+            if step == 1 and lo < hi:
+                self._load(lo, hi)
+            elif lo != hi:
+                self._load(0, len(self))
+            return self._insns[k]
+        insn = self._insns[k]
+        if insn is None:
+            k %= len(self)
+            lo = k - k % self.CHUNK
+            self._load(lo, min(lo + self.CHUNK, len(self)))
+            insn = self._insns[k]
+        return insn
+
+    def __iter__(self):
+        self._load(0, len(self))
+        return iter(self._insns)
+
+    def _load(self, lo: int, hi: int) -> None:
+        """Decode instructions lo to hi (exclusive), those not yet decoded."""
+        missing = [k for k in range(lo, hi) if self._insns[k] is None]
+        if not missing:
+            return
+        a, b = missing[0], missing[-1] + 1
+        start = self.addresses[a]
+        end = self.addresses[b] if b < len(self) else self.sweep.end
+        decoded = self._decode(self._read(start, end - start), start)
+        if [i.address for i in decoded] != self.addresses[a:b] or decoded[-1].end != end:
+            raise NotAsSwept(f"its instructions at {start:#x} decode differently")
+        self._insns[a:b] = decoded
+
 
 @dataclass(frozen=True)
 class Window:
@@ -314,12 +380,13 @@ class Backend(ABC):
         in a way no probe can follow. `inside(address)` tells whether an address
         belongs to the function."""
 
-    def computed_address(self, insn: Insn) -> Optional[int]:
-        """The address an instruction puts in a register, if it may be one: computed
-        relative to its own (x86_64: `lea reg, [rip + disp]`) or an immediate (`mov
-        reg, imm`); where offsets to a function's code may be counted from. Else None.
-        (A backend whose windows hold one instruction each has no use for it.)"""
-        return None
+    def computed_addresses(self, code: bytes, address: int) -> list:
+        """The addresses that the instructions of `code` (at `address`) put in registers,
+        in order, where they may be addresses: computed relative to their own (x86_64:
+        `lea reg, [rip + disp]`) or immediates (`mov reg, imm`, from 0x1000); where
+        offsets to a function's code may be counted from. (A backend whose windows hold
+        one instruction each has no use for them.)"""
+        return []
 
     def is_indirect_jump(self, insn: Insn) -> bool:
         """Whether `insn` jumps to an address held in a register or in memory (not a

@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Dict, FrozenSet, List, Optional, Set, Tuple
 
+from urewrite.arch.base import CALL, SweptCode
+
 MASK64 = (1 << 64) - 1
 MAX_DISPATCH = 16  # instructions between the check and the jump, at most
 MAX_BETWEEN = 3  # flag-neutral instructions between the compare and its branch
@@ -108,7 +110,8 @@ class JumpTable:
 
 class Semantics:
     """What a backend tells the shared walk about its instructions. One instance per
-    function: `insns` its instructions (quick decode), `read` the file's bytes."""
+    function: `insns` its instructions (quick decode: a list, or a SweptCode that
+    decodes those the walk reads), `read` the file's bytes."""
 
     callee_saved: FrozenSet[str] = frozenset()
 
@@ -125,8 +128,12 @@ class Semantics:
         self.dispatch = 0  # position of the dispatch's first instruction
 
     def targets(self) -> Dict[int, List[int]]:
-        """Direct branch target -> the addresses of the branches to it."""
+        """Direct branch target -> the addresses of the branches to it (from the sweep,
+        when `insns` come from one: it has them without decoding)."""
         if self._targets is None:
+            if isinstance(self.insns, SweptCode):
+                self._targets = self.insns.sweep.branches()
+                return self._targets
             self._targets = {}
             for insn in self.insns:
                 target = self.branch_target(insn)
@@ -137,7 +144,9 @@ class Semantics:
     def position(self) -> Dict[int, int]:
         """Instruction address -> its index in `insns`."""
         if self._position is None:
-            self._position = {i.address: k for k, i in enumerate(self.insns)}
+            addresses = self.insns.addresses if isinstance(self.insns, SweptCode) else \
+                [i.address for i in self.insns]
+            self._position = {a: k for k, a in enumerate(addresses)}
         return self._position
 
     def branch_target(self, insn) -> Optional[int]:
@@ -228,6 +237,9 @@ class Semantics:
         register; None when a call may change it or an instruction does not decode."""
         if family not in self._owners:
             owners = []
+            if family not in self.callee_saved and self._has_direct_call():
+                self._owners[family] = None  # (known without decoding the rest)
+                return None
             for k, insn in enumerate(self.insns):
                 if self.is_call(insn) and family not in self.callee_saved:
                     owners = None
@@ -242,6 +254,14 @@ class Semantics:
                     owners.append((k, detailed))
             self._owners[family] = owners
         return self._owners[family]
+
+    def _has_direct_call(self) -> bool:
+        """Whether the function has a direct call, found among the rows of its sweep
+        when `insns` come from one (else False: _writers() finds any call anyway)."""
+        if not isinstance(self.insns, SweptCode):
+            return False
+        sweep = self.insns.sweep
+        return any(self.is_call(self.insns[k]) for k in sweep.rows[sweep.kinds == CALL].tolist())
 
     def _find_invariant(self, family: str):
         owners = self._writers(family)

@@ -16,7 +16,7 @@ import bisect
 import struct
 from typing import Dict, List
 
-from urewrite.arch.base import Window
+from urewrite.arch.base import NotAsSwept, Window
 from urewrite.arch.jump_tables import JumpTable
 from urewrite.rewriter.elf_file import ET_DYN, PF_W, ElfFile
 from urewrite.rewriter.functions import Function
@@ -28,14 +28,16 @@ SHF_ALLOC = 2
 
 def recover(planner, fn: Function, jumps: List[int], insns: list) -> Dict[int, JumpTable]:
     """jump address -> table, for the indirect jumps of `fn` (`jumps`: their indexes in
-    its sweep) that are trusted tables; `insns`: the function decoded whole."""
+    its sweep) that are trusted tables; `insns`: the function's instructions as its
+    sweep finds them (SweptCode)."""
     backend = planner.backend
     if not jumps:
         return {}
-    edges = planner.sweep(fn).edges
-    jumps = [k for k in jumps if k < len(insns) and insns[k].address == edges[k]]
     read = constant_reader(planner.elf)
-    tables = {table.jump: table for table in backend.jump_tables(insns, jumps, read)}
+    try:
+        tables = {table.jump: table for table in backend.jump_tables(insns, jumps, read)}
+    except NotAsSwept:  # (the walk needs instructions the decoder does not see alike)
+        return {}
     if not tables:
         return {}
     case_labels = set().union(*(t.targets for t in tables.values()))

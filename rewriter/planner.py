@@ -26,7 +26,8 @@ from typing import Callable, Dict, List, Optional, Set, Union
 
 import numpy as np
 
-from urewrite.arch.base import BRANCH, JUMP, OTHER, RETURN, Backend, Insn, Sweep, Window
+from urewrite.arch.base import (BRANCH, JUMP, OTHER, RETURN, Backend, Insn, Sweep, SweptCode,
+                                Window)
 from urewrite.arch.jump_tables import JumpTable
 from urewrite.rewriter import (copied_code, elf_symbols, except_table, free_space,
                                jump_table_guard, layout, parallel, redirection,
@@ -199,10 +200,13 @@ class Planner:
     def sweep(self, fn: Function) -> Sweep:
         found = self._sweeps.get(fn.address)
         if found is None:
-            offset = self.elf.offset_of(fn.address, max(fn.size, 1))
-            code = self.elf.data[offset:offset + fn.size] if offset is not None else b""
-            found = self._sweeps[fn.address] = self.backend.sweep(code, fn.address)
+            found = self._sweeps[fn.address] = self.backend.sweep(self._code(fn), fn.address)
         return found
+
+    def _code(self, fn: Function) -> bytes:
+        """The function's bytes (none when the file does not hold them)."""
+        offset = self.elf.offset_of(fn.address, max(fn.size, 1))
+        return self.elf.data[offset:offset + fn.size] if offset is not None else b""
 
     def rows(self, fn: Function, first: int, end: int) -> list:
         """Instructions `first` to `end` (exclusive) of the function's sweep: the marked
@@ -247,9 +251,7 @@ class Planner:
         `keep`: a big file's jump tables alone would keep 100 MB of them)."""
         found = self._decoded.get(fn.address)
         if found is None:
-            offset = self.elf.offset_of(fn.address, max(fn.size, 1))
-            code = self.elf.data[offset:offset + fn.size] if offset is not None else b""
-            found = self.backend.decode(code, fn.address)
+            found = self.backend.decode(self._code(fn), fn.address)
             if keep:
                 self._decoded[fn.address] = found
         return found
@@ -417,15 +419,17 @@ class Planner:
         not here is not known to be a table (jump_tables.py)."""
         if fn.address not in self._tables:
             jumps = self.indirect_jumps(fn)
-            # (the recovery reads the instructions before a jump)
-            insns = self.instructions(fn, keep=False) if jumps else []
+            # (the recovery reads the instructions before a jump, decoded as it reads)
+            insns = SweptCode(self.sweep(fn), self.backend.decode, self.elf.read) \
+                if jumps else []
             tables = self._tables[fn.address] = jump_table_guard.recover(self, fn, jumps,
                                                                          insns)
             edges = self.sweep(fn).edges
             unknown = self._unknown_jumps[fn.address] = next(
                 (a for a in (int(edges[k]) for k in jumps) if a not in tables), None)
-            if unknown is not None:  # (_case_base will ask: noted while they are at hand)
-                self._computed[fn.address] = self._computed_addresses(insns)
+            if unknown is not None:  # (_case_base will ask: noted while at hand)
+                self._computed[fn.address] = self.backend.computed_addresses(
+                    self._code(fn), fn.address)
         return self._tables[fn.address]
 
     # -- planning ----------------------------------------------------------------
@@ -1148,7 +1152,7 @@ class Planner:
             for part in parts:
                 computed = self._computed.get(part.address)
                 if computed is None:
-                    computed = self._computed_addresses(self.instructions(part))
+                    computed = self.backend.computed_addresses(self._code(part), part.address)
                 for base in computed:
                     at = self.elf.offset_of(base, 4)
                     target = base + int.from_bytes(self.elf.data[at:at + 4], "little",
@@ -1160,10 +1164,6 @@ class Planner:
                     break
             self._offset_tables[key] = found
         return self._offset_tables[key]
-
-    def _computed_addresses(self, insns: list) -> list:
-        """The addresses the instructions compute (Backend.computed_address), in order."""
-        return [base for base in map(self.backend.computed_address, insns) if base is not None]
 
     def _holding(self, site: Site) -> Function:
         """The function (or .cold part) whose code holds the site."""

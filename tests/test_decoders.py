@@ -1,13 +1,15 @@
 """The decoders agree with each other where the planner relies on it: a backend's quick
-boundaries with its decode(), and on x86_64 the iced-x86 sweep with Capstone's."""
+boundaries with its decode(), and on x86_64 the iced-x86 sweep and computed addresses
+with Capstone's; a SweptCode's instructions with a whole decode."""
 
 import os
 import random
+import re
 
 import pytest
 
 from urewrite.arch.aarch64.backend import AArch64Backend
-from urewrite.arch.base import Backend
+from urewrite.arch.base import Backend, NotAsSwept, SweptCode
 from urewrite.arch.x86_64.backend import X86_64Backend
 from urewrite.rewriter.pipeline import analyse
 
@@ -50,3 +52,79 @@ def test_the_iced_sweep_is_capstones_on_libc():
         assert read <= set(fast.marked.tolist()), fn.name
         compared += 1
     assert compared > 500
+
+
+def _libc_functions(step: int):
+    a = analyse(LIBC)
+    for fn in a.functions[::step]:
+        offset = a.elf.offset_of(fn.address, max(fn.size, 1))
+        if offset is not None and fn.size:
+            yield a, fn, a.elf.data[offset:offset + fn.size]
+
+
+def _capstone_computed(insn):
+    """The addresses an instruction computes, as Capstone's text shows them: lea from
+    rip, mov of an immediate of 0x1000 or more to a register."""
+    if insn.mnemonic == "lea":
+        match = re.search(r"\[rip( [+-] (?:0x[0-9a-f]+|[0-9]+))?\]", insn.op_str)
+        return insn.end + int((match.group(1) or "0").replace(" ", ""), 0) if match else None
+    if insn.mnemonic in ("mov", "movabs"):
+        match = re.match(r"[a-z0-9]+, (0x[0-9a-f]{4,})$", insn.op_str)
+        return int(match.group(1), 16) if match else None
+    return None
+
+
+@pytest.mark.skipif(not os.path.exists(LIBC), reason="needs Debian's x86_64 libc.so.6")
+def test_computed_addresses_are_those_capstone_shows_on_libc():
+    compared = found = 0
+    for a, fn, code in _libc_functions(2):
+        backend = a.planner.backend
+        expected = [x for x in map(_capstone_computed, backend.decode(code, fn.address))
+                    if x is not None]
+        assert backend.computed_addresses(code, fn.address) == expected, fn.name
+        compared += 1
+        found += len(expected)
+    assert compared > 1000 and found > 2000
+
+
+@pytest.mark.skipif(not os.path.exists(LIBC), reason="needs Debian's x86_64 libc.so.6")
+def test_swept_code_decodes_what_is_read_as_a_whole_decode_does():
+    compared = 0
+    for a, fn, code in _libc_functions(3):
+        backend = a.planner.backend
+        sweep = backend.sweep(code, fn.address)
+        whole = backend.decode(code, fn.address)
+        if len(sweep) < 100 or [i.address for i in whole] != sweep.starts.tolist():
+            continue
+        calls = []
+
+        def decode(part, address):
+            calls.append(len(part))
+            return backend.decode(part, address)
+
+        lazy = SweptCode(sweep, decode, a.elf.read)
+        assert len(lazy) == len(whole)
+        k = len(whole) // 2
+        assert lazy[k] == whole[k]
+        assert len(calls) == 1 and calls[0] <= 15 * SweptCode.CHUNK  # (not the whole)
+        assert lazy[k - 40:k + 2] == whole[k - 40:k + 2]
+        assert lazy[-1] == whole[-1] and list(lazy) == whole
+        # the sweep's branches: those a whole decode shows
+        shown = {}
+        for insn in whole:
+            target = backend.direct_branch_target(insn)
+            if target is not None:
+                shown.setdefault(target, []).append(insn.address)
+        assert sweep.branches() == shown, fn.name
+        compared += 1
+    assert compared > 100
+
+
+def test_swept_code_refuses_what_the_decoder_sees_otherwise():
+    backend = X86_64Backend()
+    code = bytes.fromhex("4889e5" "0fb9c8" "c3")  # a ud1: its length differs between decoders
+    sweep = backend.sweep(code, 0x4000)
+    lazy = SweptCode(sweep, lambda part, address: backend.decode(part, address)[:1],
+                     lambda address, size: code[address - 0x4000:address - 0x4000 + size])
+    with pytest.raises(NotAsSwept):
+        lazy[1]

@@ -238,9 +238,20 @@ def test_an_rip_relative_jump_target_is_read_from_the_same_slot():
     ("mov edx, 0x401234", 0x401234),
     ("movabs rax, 0x7f0012345678", 0x7F0012345678),
     ("mov eax, 3", None),
+    ("mov eax, 0xfff", None),
+    ("mov ax, 0x1234", 0x1234),
+    ("mov rax, -1", 0xFFFFFFFFFFFFFFFF),  # (as the register holds it)
+    ("mov dword ptr [rax], 0x401234", None),  # (memory)
+    ("mov eax, dword ptr [0x401234]", None),
     ("lea rax, [rbx + 8]", None),
 ])
 def test_computed_addresses(text, expected):
     """What may be the base of offsets to a function's code (planner._case_base)."""
-    (insn,) = X86_64Backend().decode(keystone_bytes(text), BASE)
-    assert X86_64Backend().computed_address(insn) == expected
+    code = keystone_bytes(text)
+    found = X86_64Backend().computed_addresses(code + keystone_bytes("ret"), BASE)
+    assert found == ([] if expected is None else [expected])
+
+
+def test_computed_addresses_stop_at_invalid_code():
+    code = keystone_bytes("lea rdx, [rip + 0xd73]") + b"\x06" + keystone_bytes("mov edx, 0x401234")
+    assert X86_64Backend().computed_addresses(code, BASE) == [BASE + 7 + 0xd73]

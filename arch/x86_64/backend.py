@@ -78,8 +78,14 @@ _XBEGIN = frozenset((iced_x86.Code.XBEGIN_REL16, iced_x86.Code.XBEGIN_REL32))
 # truncate the target
 _PUN_PREFIXES = (b"", b"\x48", b"\x26\x48")
 
-_RIP_DISPLACEMENT = re.compile(r"\[rip( [+-] (?:0x[0-9a-f]+|[0-9]+))?\]")  # (small: decimal)
-_IMMEDIATE = re.compile(r"[a-z0-9]+, (0x[0-9a-f]{4,})$")  # mov reg, imm (big enough to be one)
+
+# computed_addresses(): lea from rip, mov of an immediate to a register (of its size)
+_LEA, _MOV, _NO_MNEMONIC = iced_x86.Mnemonic.LEA, iced_x86.Mnemonic.MOV, iced_x86.Mnemonic.INVALID
+_RIP, _REGISTER = iced_x86.Register.RIP, iced_x86.OpKind.REGISTER
+_IMMEDIATE_BITS = {iced_x86.OpKind.IMMEDIATE8: 8, iced_x86.OpKind.IMMEDIATE16: 16,
+                   iced_x86.OpKind.IMMEDIATE32: 32, iced_x86.OpKind.IMMEDIATE64: 64,
+                   iced_x86.OpKind.IMMEDIATE8TO16: 16, iced_x86.OpKind.IMMEDIATE8TO32: 32,
+                   iced_x86.OpKind.IMMEDIATE8TO64: 64, iced_x86.OpKind.IMMEDIATE32TO64: 64}
 
 _REG16 = frozenset("ax cx dx bx sp bp si di".split() + [f"r{n}w" for n in range(8, 16)])
 
@@ -256,15 +262,24 @@ class X86_64Backend(Backend):
             return False, f"the conditional jump at {insn.address:#x} leaves it"
         return False, None
 
-    def computed_address(self, insn: Insn) -> Optional[int]:
-        if insn.mnemonic == "lea":
-            match = _RIP_DISPLACEMENT.search(insn.op_str)
-            return insn.end + int((match.group(1) or "0").replace(" ", ""), 0) \
-                if match else None
-        if insn.mnemonic in ("mov", "movabs"):
-            match = _IMMEDIATE.match(insn.op_str)
-            return int(match.group(1), 16) if match else None
-        return None
+    def computed_addresses(self, code: bytes, address: int) -> list:
+        # (iced-x86, as the sweep: node's functions with an indirect jump that is no
+        # table hold 544,000 instructions; Capstone took 2 s to decode them)
+        found = []
+        for insn in iced_x86.Decoder(64, code, ip=address):
+            mnemonic = insn.mnemonic
+            if mnemonic == _LEA:
+                if insn.memory_base == _RIP:
+                    found.append(insn.ip_rel_memory_address)
+            elif mnemonic == _MOV:
+                bits = _IMMEDIATE_BITS.get(insn.op1_kind)
+                if bits and insn.op0_kind == _REGISTER:
+                    value = insn.immediate(1) & ((1 << bits) - 1)  # (as its register holds it)
+                    if value >= 0x1000:  # (smaller ones: counts, flags, characters)
+                        found.append(value)
+            elif mnemonic == _NO_MNEMONIC:  # (an invalid instruction: the code ends here)
+                break
+        return found
 
     def is_indirect_jump(self, insn: Insn) -> bool:
         return _bare_mnemonic(insn.mnemonic) == "jmp" and self.direct_branch_target(insn) is None
