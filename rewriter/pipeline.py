@@ -107,11 +107,14 @@ def no_cycle_collection():
             gc.enable()
 
 
-def list_sites(path: str, tactics: Optional[tuple] = None, progress: Progress = None):
+def list_sites(path: str, tactics: Optional[tuple] = None, progress: Progress = None,
+               returns_as: Callable[[Dict[int, ReturnProbe]], object] = lambda found: found):
     """Every function entry and USDT site, each with its plan or refusal (plans that
     are only reported: no code is generated from them), and every function's return
     probe, planned in a child process meanwhile (parallel.py): (analysis, outcomes,
-    returns), where returns() waits for them (the caller may do its own work first)."""
+    returns), where returns() waits for them (the caller may do its own work first)
+    and gives returns_as(function address -> its return probe), worked out in the
+    child too."""
     with no_cycle_collection():
         a = analyse(path, tactics)
         a.planner.keep_detail = False
@@ -119,9 +122,9 @@ def list_sites(path: str, tactics: Optional[tuple] = None, progress: Progress = 
                    for fn in a.functions]
         return_sites = _return_sites(a)
         if len(a.functions) >= PREPARE_AT:  # (both halves then need every function's)
-            a.planner.prepare(a.functions)
+            a.planner.prepare(a.functions, meanwhile=a.planner.read_unwind_tables)
             a.planner.precompute(return_sites)
-        returns = parallel.Forked(lambda: return_probes(a, return_sites))
+        returns = parallel.Forked(lambda: returns_as(return_probes(a, return_sites)))
         usdt_sites = select(["usdt:*:*"], a.functions, a.planner.boundaries, a.usdt) \
             if a.usdt else []
         outcomes = (a.planner.plan(entries, _steps(progress, "entries", len(entries)))

@@ -169,6 +169,7 @@ class Planner:
         # noted where jump_tables() decodes a function with an unknown indirect jump
         self._computed: Dict[int, list] = {}
         self._lengths: Dict[bytes, list] = {}  # code -> its instructions' ends (_displaced)
+        self._padding_runs: Dict[bytes, list] = {}  # code -> _padding_run()
         self._by_name: Optional[Dict[str, Function]] = None
         self.siteless: List[Site] = []  # return probes of functions without an exit
         self._shadow_stack = elf.shadow_stack
@@ -263,11 +264,13 @@ class Planner:
         end_row = int(sweep.edges.searchsorted(fn.address + 16 + size)) + 1
         return self.rows(fn, 0, min(end_row, len(sweep)))
 
-    def prepare(self, functions: List[Function]) -> None:
+    def prepare(self, functions: List[Function],
+                meanwhile: Optional[Callable[[], None]] = None) -> None:
         """Sweep many functions and work out their branch targets and jump tables at
         once, in this process and a forked child (parallel.py), each taking pieces of
         them as it goes: the caches are what each function's own analysis would fill,
-        whoever did it, so plans do not change."""
+        whoever did it, so plans do not change. `meanwhile()`: other work for this
+        process first, the child taking more pieces meanwhile."""
         whole = functions is self.functions  # (then the whole-file filters below)
         # (pieces of about 1/2048 of them, taken by each process as it goes: cost is not
         # spread evenly along a file, and fixed halves of it, even every other
@@ -296,6 +299,8 @@ class Planner:
                     self._branch_facts(part) if whole else None)
 
         second = parallel.Forked(found)
+        if meanwhile is not None:
+            meanwhile()
         mine = analyse()
         facts = self._branch_facts(mine) if whole else None
         theirs, direct, tables, unknown_jumps, computed, sweeps, their_facts = \
@@ -541,6 +546,19 @@ class Planner:
         if self._frames is None:
             self._frames = redirection.entry_frames(self.elf) or {}
         return self._frames
+
+    def read_unwind_tables(self) -> None:
+        """Read now what .eh_frame and the LSDAs tell (entry frames, fragments, landing
+        pads), which return probes and windows of several instructions ask. (`list`
+        has it done while the other process sweeps: each process of precompute() read
+        it for itself, 1 s on node.)"""
+        self.fragments()
+        self.landing_pads()
+
+    def landing_pads(self) -> except_table.LandingPads:
+        if self._landing_pads is None:
+            self._landing_pads = except_table.landing_pads(self.elf)
+        return self._landing_pads
 
     def fragments(self) -> Dict[int, Function]:
         """Functions whose FDE starts inside another function's frame: parts split off
@@ -802,6 +820,9 @@ class Planner:
         if not holders:
             return True
         for fn in holders:
+            if match.kind == taken_addresses.BRANCH and \
+                    self._sweep_branches(fn, match.source, target):
+                return True  # (what the decode below would find: no need to ask it)
             insn = self._detailed_insn_at(fn, match.source)
             if insn is None:
                 return True
@@ -811,6 +832,14 @@ class Planner:
             elif self.backend.holds_constant(insn, match.source - insn.address, target):
                 return True
         return False
+
+    def _sweep_branches(self, fn: Function, address: int, target: int) -> bool:
+        """Whether the instruction of the function's sweep holding `address` is a direct
+        branch (or call) to `target`."""
+        sweep = self.sweep(fn)
+        k = sweep.index_holding(address)
+        row = int(sweep.rows.searchsorted(k)) if k is not None else len(sweep.rows)
+        return row < len(sweep.rows) and sweep.rows[row] == k and sweep.targets[row] == target
 
     def _holders(self, address: int) -> List[Function]:
         """Every function (of known size) whose range holds `address`: ranges may nest."""
@@ -1216,10 +1245,20 @@ class Planner:
             raise _Refused(f"it is {fn_end - start} bytes long, too short for a "
                            f"{size}-byte jump, and the next function "
                            f"follows without padding")
-        # (the padding up to `need`, and the rest of an instruction that straddles it)
-        padding = self.backend.decode(self.elf.read(fn_end, min(need - fn_end + 15,
-                                                                section.end - fn_end)), fn_end)
-        at = fn_end
+        # the padding instructions up to the next function (or the section's end); where
+        # they stop short of `need`, at what is no padding or does not decode there,
+        # the code after them is decoded for a closer look
+        limit = min(self._starts[k], section.end) if k < len(self._starts) else section.end
+        ends = self._padding_run(self.elf.read(fn_end, limit - fn_end))
+        at = fn_end + next((end for end in ends if end >= need - fn_end),
+                           ends[-1] if ends else 0)
+        if at >= need or at == limit:
+            padding = []
+        else:  # (the padding up to `need`, and the rest of an instruction that straddles it)
+            padding = self.backend.decode(self.elf.read(fn_end, min(need - fn_end + 15,
+                                                                    section.end - fn_end)),
+                                          fn_end)
+            at = fn_end
         for insn in padding:
             if at >= need:
                 break
@@ -1235,6 +1274,20 @@ class Planner:
             raise _Refused(f"it is {fn_end - start} bytes long and the padding after it "
                            f"is too short")
         return at  # whole padding instructions, so the trampoline can jump back to `at`
+
+    def _padding_run(self, code: bytes) -> list:
+        """Where the padding instructions at the start of `code` end, from its start, up
+        to the first that is none or does not decode. Kept per byte string: the gaps
+        after functions are alike (node: 43,000 windows borrow one)."""
+        ends = self._padding_runs.get(code)
+        if ends is None:
+            ends = []
+            for insn in self.backend.decode(code, 0):
+                if not self.backend.is_padding(insn):
+                    break
+                ends.append(insn.end)
+            self._padding_runs[code] = ends
+        return ends
 
     def _gap_after(self, section) -> int:
         """Where the zero bytes the linker left after a section, in the same segment,
@@ -1676,10 +1729,8 @@ class Planner:
         one instruction first needs them."""
         if len(insns) == 1 and insns[0].end >= end:
             return None  # no instruction starts inside it
-        if self._landing_pads is None:
-            self._landing_pads = except_table.landing_pads(self.elf)
-        pad = self._landing_pads.first_inside(start, end)
+        pad = self.landing_pads().first_inside(start, end)
         if pad is not None:
             return f"a C++ landing pad is at {pad:#x}"
-        unknown = self._landing_pads.unknown_inside(start, end)
+        unknown = self.landing_pads().unknown_inside(start, end)
         return f"a C++ landing pad may lie anywhere in {unknown[2]}" if unknown else None

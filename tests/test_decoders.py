@@ -128,3 +128,31 @@ def test_swept_code_refuses_what_the_decoder_sees_otherwise():
                      lambda address, size: code[address - 0x4000:address - 0x4000 + size])
     with pytest.raises(NotAsSwept):
         lazy[1]
+
+
+@pytest.mark.skipif(not os.path.exists(LIBC), reason="needs Debian's x86_64 libc.so.6")
+def test_a_branch_the_sweep_shows_is_one_the_detailed_decode_names():
+    """planner._sweep_branches() answers for _really_refers() without a detailed decode:
+    where it says yes, that decode says yes too."""
+    a = analyse(LIBC)
+    planner, backend = a.planner, a.planner.backend
+    said = 0
+    for fn in a.functions[::10]:
+        if not fn.size:
+            continue
+        sweep = planner.sweep(fn)
+        for k in range(len(sweep)):
+            start, end = int(sweep.edges[k]), int(sweep.edges[k + 1])
+            insn = planner._detailed_insn_at(fn, start)
+            if insn is None:
+                continue
+            target = backend.direct_branch_target(insn)
+            for address in range(start, end):  # (a scan's match may lie inside)
+                for t in {target, start + 5} - {None}:
+                    if planner._sweep_branches(fn, address, t):
+                        assert backend.names_address(insn, t), (fn.name, hex(start))
+                        said += 1
+            if target is not None:
+                assert planner._sweep_branches(fn, start, target) or \
+                    insn.mnemonic == "xbegin", (fn.name, hex(start))
+    assert said > 2000
