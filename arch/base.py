@@ -380,6 +380,12 @@ class Backend(ABC):
         in a way no probe can follow. `inside(address)` tells whether an address
         belongs to the function."""
 
+    def direct_branch(self, code: bytes, address: int, target: int) -> Optional[Insn]:
+        """`code`, one direct branch or call to `target` as the sweep found it, decoded
+        (quick form) as decode() would, maybe without decoding; None where the backend
+        does not know it (the caller decodes it)."""
+        return None
+
     def computed_addresses(self, code: bytes, address: int) -> list:
         """The addresses that the instructions of `code` (at `address`) put in registers,
         in order, where they may be addresses: computed relative to their own (x86_64:

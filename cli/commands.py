@@ -375,7 +375,8 @@ def list_command(input_files, as_json, patchable, summary, tactics, quiet):
                 input_file, tactics, patchable, None if quiet else _progress_bar, as_json)
             # each function's row up to its return probe, while that is planned
             if as_json:
-                heads = [json.dumps(r) for r in functions]
+                encode = _row_encoder()
+                heads = [encode(r) for r in functions]
             else:  # (names aligned to the longest, but to no more than NAME_COLUMN:
                 # node has a function with 129 aliases, 33,000 characters)
                 width = min(max([len(_names(r)) for r in functions] + [8]), NAME_COLUMN)
@@ -421,6 +422,21 @@ def _print_list(functions: list, heads: list, width: int, probes: list, quiet: b
     if not quiet:
         click.echo(f"{len(functions)} functions, {ok} patchable; {len(probes)} USDT sites, "
                    f"{usdt_ok} patchable", err=True)
+
+
+def _row_encoder():
+    """json.dumps() for many small rows: json's C encoder made once (json.dumps makes
+    one for each call, half its time for node's 78,000 rows, on the way to the output);
+    json.dumps itself where Python has no C encoder, or one made otherwise."""
+    from json import encoder
+
+    try:
+        once = encoder.c_make_encoder(None, json.JSONEncoder().default,
+                                      encoder.encode_basestring_ascii, None, ": ", ", ",
+                                      False, False, True)
+    except (TypeError, AttributeError):
+        return json.dumps
+    return lambda row: "".join(once(row, 0))
 
 
 class _Encoded(str):

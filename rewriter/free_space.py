@@ -46,7 +46,7 @@ class Occupancy:
         self._ends.insert(k, end)
 
 
-def padding_gaps(elf, backend, functions, instructions: Callable, symbol_starts: Set[int],
+def padding_gaps(elf, backend, functions, last_instruction: Callable, symbol_starts: Set[int],
                  wanted: Callable[[int, int], bool]) -> List[Tuple[int, int]]:
     """(start, end) of each run of padding between functions that no code reaches by
     falling through: the function before it ends in an instruction that never
@@ -68,8 +68,8 @@ def padding_gaps(elf, backend, functions, instructions: Callable, symbol_starts:
                 end = starts[k]  # a label (hand-written code) is no padding
             if end - start < backend.patch_size or last is None or not wanted(start, end):
                 continue
-            insns = instructions(last)
-            if not insns or insns[-1].end != last.end or not backend.ends_flow(insns[-1]):
+            insn = last_instruction(last)
+            if insn is None or insn.end != last.end or not backend.ends_flow(insn):
                 continue
             padding = backend.decode(elf.read(start, end - start), start)
             run_end = start

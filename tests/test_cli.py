@@ -117,3 +117,15 @@ def test_stripped_program(prog, counts, tmp_path):
     assert {n: hits[syms[n]] for n in expected} == expected
     exact = rewrite(stripped, tmp_path / "one", f"fn_{syms['fib']:x}")
     assert [p["address"] for p in exact["probes"]] == [syms["fib"]]
+
+
+def test_rows_are_encoded_as_json_dumps_does():
+    from urewrite.commands import _row_encoder
+    encode = _row_encoder()
+    rows = [{"name": "caf\u00e9 \"q\" \\ \n", "aliases": ["a", "\u4e2d"], "address": 2**63 - 1,
+             "size": 0, "split_off": False, "patchable": True, "displaced": None,
+             "ratio": 0.1, "tactics": {"jump": 2}}, {}, {"nested": [[], {}]}]
+    for row in rows:
+        assert encode(row) == json.dumps(row)
+    with pytest.raises(TypeError):
+        encode({"x": object()})

@@ -156,3 +156,25 @@ def test_a_branch_the_sweep_shows_is_one_the_detailed_decode_names():
                 assert planner._sweep_branches(fn, start, target) or \
                     insn.mnemonic == "xbegin", (fn.name, hex(start))
     assert said > 2000
+
+
+@pytest.mark.skipif(not os.path.exists(LIBC), reason="needs Debian's x86_64 libc.so.6")
+def test_direct_branches_made_without_decoding_are_as_decoded():
+    """X86_64Backend.direct_branch() learns a mnemonic per opcode, then makes the
+    instruction without Capstone: what Capstone would have made, on every direct branch
+    and call of libc (each asked twice: learnt, then made)."""
+    made = 0
+    backend = X86_64Backend()
+    for a, fn, code in _libc_functions(1):
+        sweep = a.planner.sweep(fn)
+        for k, target in zip(sweep.rows.tolist(), sweep.targets.tolist()):
+            if target < 0:
+                continue
+            start, end = int(sweep.edges[k]), int(sweep.edges[k + 1])
+            part = code[start - fn.address:end - fn.address]
+            expected = backend.decode(part, start)
+            for _ in range(2):
+                insn = backend.direct_branch(part, start, target)
+                assert insn is None or [insn] == expected, (fn.name, hex(start))
+            made += insn is not None
+    assert made > 50_000 and backend._branch_mnemonics

@@ -90,6 +90,21 @@ _IMMEDIATE_BITS = {iced_x86.OpKind.IMMEDIATE8: 8, iced_x86.OpKind.IMMEDIATE16: 1
 _REG16 = frozenset("ax cx dx bx sp bp si di".split() + [f"r{n}w" for n in range(8, 16)])
 
 
+def _branch_opcode(code: bytes) -> Optional[bytes]:
+    """The prefix and opcode of a direct branch in a plain form, which alone decide its
+    mnemonic: call or jmp rel32, jmp or jcc rel8, jcc rel32, maybe after a `bnd`
+    prefix (f2); else None."""
+    at = 1 if code[:1] == b"\xf2" else 0
+    size = len(code) - at
+    first = code[at] if size > 0 else -1
+    if (first in (0xE8, 0xE9) and size == 5) or \
+            ((first == 0xEB or 0x70 <= first <= 0x7F) and size == 2):
+        return code[:at + 1]
+    if first == 0x0F and size == 6 and 0x80 <= code[at + 1] <= 0x8F:
+        return code[:at + 2]
+    return None
+
+
 def _target_readable(op_str: str) -> bool:
     """Whether an indirect jmp's target can be loaded into a register by a trampoline
     (relocator.load_jump_target): a 64-bit operand, other than rsp itself."""
@@ -111,6 +126,7 @@ class X86_64Backend(Backend):
         self._lite = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
         self._full = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
         self._full.detail = True
+        self._branch_mnemonics: dict = {}  # _branch_opcode() -> mnemonic (direct_branch)
 
     # -- reading -----------------------------------------------------------
     def decode(self, code: bytes, address: int, detail: bool = False) -> list:
@@ -261,6 +277,22 @@ class X86_64Backend(Backend):
                 return "taken", None  # a conditional tail call
             return False, f"the conditional jump at {insn.address:#x} leaves it"
         return False, None
+
+    def direct_branch(self, code: bytes, address: int, target: int) -> Optional[Insn]:
+        # (a plain form's mnemonic depends on its opcode alone, and Capstone writes its
+        # target in hex: learnt from the first of each opcode, then made without a
+        # decode; most instructions a window reads are calls, one decode each took 2 s
+        # of node's `list`)
+        opcode = _branch_opcode(code)
+        mnemonic = self._branch_mnemonics.get(opcode) if opcode else None
+        if mnemonic is not None:
+            return Insn(address, len(code), mnemonic, f"{target:#x}", b"")
+        decoded = self.decode(code, address)
+        if len(decoded) != 1 or decoded[0].size != len(code):
+            return None
+        if opcode and decoded[0].op_str == f"{target:#x}":
+            self._branch_mnemonics[opcode] = decoded[0].mnemonic
+        return decoded[0]
 
     def computed_addresses(self, code: bytes, address: int) -> list:
         # (iced-x86, as the sweep: node's functions with an indirect jump that is no
