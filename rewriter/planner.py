@@ -273,10 +273,11 @@ class Planner:
         return found
 
     def head(self, fn: Function, size: int) -> list:
-        """The function's first instructions, decoded: as many as an entry window of
-        `size` bytes needs after a landing pad (endbr64, bti: 4 bytes)."""
+        """The function's first instructions, decoded: those that start before `size`
+        bytes after a landing pad (endbr64, bti: 4 bytes), and one more. (It read 16
+        bytes more: node's entries decoded twice the instructions they need.)"""
         sweep = self.sweep(fn)
-        end_row = int(sweep.edges.searchsorted(fn.address + 16 + size)) + 1
+        end_row = int(sweep.edges.searchsorted(fn.address + 4 + size)) + 1
         return self.rows(fn, 0, min(end_row, len(sweep)))
 
     def prepare(self, functions: List[Function],
