@@ -71,12 +71,18 @@ def padding_gaps(elf, backend, functions, last_instruction: Callable, symbol_sta
             insn = last_instruction(last)
             if insn is None or insn.end != last.end or not backend.ends_flow(insn):
                 continue
-            padding = backend.decode(elf.read(start, end - start), start)
-            run_end = start
-            for insn in padding:
-                if not backend.is_padding(insn):
-                    break
-                run_end = insn.end
-            if run_end - start >= backend.patch_size:
-                gaps.append((start, run_end))
+            run = padding_ends(backend, elf.read(start, end - start))
+            if run and run[-1] >= backend.patch_size:
+                gaps.append((start, start + run[-1]))
     return gaps
+
+
+def padding_ends(backend, code: bytes) -> List[int]:
+    """Where the padding instructions (nop, int3) at the start of `code` end, counted
+    from its start, up to the first that is no padding or does not decode."""
+    ends = []
+    for insn in backend.decode(code, 0):
+        if not backend.is_padding(insn):
+            break
+        ends.append(insn.end)
+    return ends

@@ -1292,17 +1292,11 @@ class Planner:
         return at  # whole padding instructions, so the trampoline can jump back to `at`
 
     def _padding_run(self, code: bytes) -> list:
-        """Where the padding instructions at the start of `code` end, from its start, up
-        to the first that is none or does not decode. Kept per byte string: the gaps
-        after functions are alike (node: 43,000 windows borrow one)."""
+        """free_space.padding_ends(), kept per byte string: the gaps after functions are
+        alike (node: 43,000 windows borrow one)."""
         ends = self._padding_runs.get(code)
         if ends is None:
-            ends = []
-            for insn in self.backend.decode(code, 0):
-                if not self.backend.is_padding(insn):
-                    break
-                ends.append(insn.end)
-            self._padding_runs[code] = ends
+            ends = self._padding_runs[code] = free_space.padding_ends(self.backend, code)
         return ends
 
     def _gap_after(self, section) -> int:
