@@ -251,6 +251,46 @@ def test_synthetic_region_reads_in_python(tmp_path):
     assert {p.name: p.hits for p in r.probes} == expected
 
 
+def test_python_readers_sum_the_rows_in_use(tmp_path):
+    """Both Python readers, after the process and while it runs, add up the rows of
+    claimed slots and the shared row, histograms too; a row nobody claimed was never
+    written, and is not read (a fully probed libc's region is 400 MB, nearly all
+    rows of free slots)."""
+    from urewrite.trampolines import live_region
+    probes = PROBES[:2] + [region.ProbeInfo("send_reply", region.KIND_RETURN, 0x4011a0, 0)]
+    template, layout = region.build_template(probes, "server.probed", b"", 62)
+    data = bytearray(layout.region_size)
+    data[:len(template)] = template
+    struct.pack_into("<i", data, region.OFF_PID, 4242)
+    hist = len(probes)  # (the histogram's first bucket: after the counters)
+    values = {0: 1 << 57, 5: (1 << 57) + 3, layout.slot_count: 7}  # claimed rows, shared row
+    for row, value in list(values.items()) + [(9, 1 << 40)]:  # row 9: no owner
+        if row in (0, 5):
+            struct.pack_into("<Q", data, layout.owners_offset + row * region.OWNER_ENTRY_SIZE,
+                             0x7F00DEAD0000 + row)
+        at = layout.counters_offset + row * layout.slot_stride
+        for word in list(range(len(probes))) + [hist, hist + 63]:
+            struct.pack_into("<Q", data, at + 8 * word, value * (word + 1))
+    path = tmp_path / "server.probed-0123abcd.4242.ure"
+    path.write_bytes(bytes(data))
+    total = sum(values.values())
+    expected_hits = [total * (i + 1) for i in range(len(probes))]
+    expected_histogram = [total * (hist + 1)] + [0] * 62 + [total * (hist + 64)]
+    assert total * (hist + 64) > 1 << 64  # (no wrap at 64 bits: Python's integers)
+
+    after = region.read_region(str(path))
+    assert [p.hits for p in after.probes] == expected_hits
+    assert [p.histogram for p in after.probes] == [None, None, expected_histogram]
+    assert after.threads == 2
+    live = live_region.LiveRegion(str(path))
+    try:
+        counts = live.read()
+    finally:
+        live.close()
+    assert counts.hits == expected_hits
+    assert counts.histograms == [None, None, expected_histogram]
+
+
 def test_reader_matches_python_on_a_synthetic_region(read_region, tmp_path):
     path = tmp_path / "server.probed-0123abcd.4242.ure"
     expected = _synthetic_region(path)

@@ -1,7 +1,7 @@
 """Reads a region while its process runs: mapped read-only, never written.
 
-`region.read_region` copies the file and unpacks it byte by byte, which is right
-once the writer is gone. A live reader must instead load each counter with one
+`region.read_region` unpacks the file byte by byte, which is right once the
+writer is gone. A live reader must instead load each counter with one
 aligned 8-byte load, or a read racing with a carry (0x0ff -> 0x100) could see
 half of each value and a counter would jump back and forth. A memoryview cast
 to "Q" over the mapping loads whole words (as the ring reader does), so every
@@ -81,7 +81,8 @@ class LiveRegion:
                                 f"{R.VERSION}")
         latency_count = struct.unpack_from("<I", data, R.OFF_LATENCY_COUNT)[0]
         if size > len(data) or counters_off + (slots + 1) * stride > len(data) \
-                or strings_off > owners_off or owners_off > len(data) \
+                or strings_off > owners_off or owners_off % 8 \
+                or owners_off + slots * R.OWNER_ENTRY_SIZE > len(data) \
                 or probes_off + count * R.PROBE_ENTRY_SIZE > strings_off \
                 or R.row_bytes(count, latency_count) > stride \
                 or counters_off % 8 or stride % 8:
@@ -90,6 +91,8 @@ class LiveRegion:
         self.object = obj.split(b"\0")[0].decode(errors="replace")
         self.slots, self.count = slots, count
         self._counters, self._stride = counters_off // 8, stride // 8
+        self._owners, self._owner_words = owners_off // 8, R.OWNER_ENTRY_SIZE // 8
+        self._row_words = count + R.LATENCY_BUCKETS * latency_count
         probes = []
         for i in range(count):
             address, kind, name_off = struct.unpack_from("<QII", data,
@@ -106,24 +109,35 @@ class LiveRegion:
             probes.append(LiveProbe(name, R.KIND_NAMES.get(kind, str(kind)), address, histogram))
         self.probes: Tuple[LiveProbe, ...] = tuple(probes)
 
-    def _column(self, word: int) -> int:
-        """Sum of one u64 column over every row, the shared row included."""
-        start = self._counters + word
-        view = self._words[start:start + self._stride * (self.slots + 1):self._stride]
+    def _sums(self) -> List[int]:
+        """Each u64 of a row (counters, then histograms) summed over the rows in use
+        and the shared row, every one read with one 8-byte load."""
+        owners = self._words[self._owners:self._owners + self._owner_words * self.slots:
+                             self._owner_words]
         try:
-            return sum(view.tolist())
+            rows = R.claimed_slots(owners.tolist()) + [self.slots]
         finally:
-            view.release()
+            owners.release()
+        return R.sum_rows(self._row(slot) for slot in rows)
+
+    def _row(self, slot: int) -> List[int]:
+        start = self._counters + slot * self._stride
+        row = self._words[start:start + self._row_words]
+        try:
+            return row.tolist()
+        finally:
+            row.release()
 
     def read(self) -> RegionCounts:
-        hits = [self._column(i) for i in range(self.count)]
+        sums = self._sums()
+        hits = sums[:self.count]
         histograms: List[Optional[List[int]]] = []
         for p in self.probes:
             if p.histogram < 0:
                 histograms.append(None)
                 continue
             base = self.count + R.LATENCY_BUCKETS * p.histogram
-            histograms.append([self._column(base + k) for k in range(R.LATENCY_BUCKETS)])
+            histograms.append(sums[base:base + R.LATENCY_BUCKETS])
         ring = self._words[R.OFF_RING // 8]
         events = dropped = 0
         if ring and ring % 8 == 0 and ring + 16 <= len(self._map):

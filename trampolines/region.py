@@ -17,6 +17,8 @@ the runtime copies into the region at set-up; readers sum the counters.
 
 from __future__ import annotations
 
+import mmap
+import operator
 import os
 import struct
 from dataclasses import dataclass, field
@@ -200,18 +202,39 @@ class RegionError(Exception):
 
 
 def read_region(path: str) -> Region:
-    """Read one region file and sum each probe's counters over all slots."""
+    """Read one region file and sum each probe's counters over all rows."""
     with open(path, "rb") as f:
-        data = f.read()
-    if len(data) < HEADER_SIZE or data[:8] != MAGIC:
-        raise RegionError(f"{path}: not a urewrite region (or one still being set up)")
+        if os.fstat(f.fileno()).st_size < HEADER_SIZE:
+            raise RegionError(f"{path}: not a urewrite region (or one still being set up)")
+        # (mapped, not read: a region is 257 rows, mostly never written; a fully
+        # probed libc's is 400 MB)
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
+        if data[:8] != MAGIC:
+            raise RegionError(f"{path}: not a urewrite region (or one still being set up)")
         return _parse(path, data)
     except (struct.error, ValueError, IndexError) as e:
         raise RegionError(f"{path}: corrupt region ({e})")
+    finally:
+        data.close()
 
 
-def _parse(path: str, data: bytes) -> Region:
+def claimed_slots(owner_threads) -> List[int]:
+    """The per-thread rows in use, from the owner table's `thread` words: a row is
+    written only by the thread that claimed its slot, and a slot is never released,
+    so the others hold zeros and a reader may skip them (docs/region.md)."""
+    return [slot for slot, thread in enumerate(owner_threads) if thread]
+
+
+def sum_rows(rows) -> List[int]:
+    """The rows (sequences of counts, all as long) added up, count by count."""
+    totals = None
+    for row in rows:
+        totals = list(row) if totals is None else list(map(operator.add, totals, row))
+    return totals
+
+
+def _parse(path: str, data) -> Region:
     (_, version, _, size, count, slots, probes_off, strings_off, owners_off, counters_off,
      stride, pid, machine, bias, bid_size, _, bid, obj, *_, latency_count,
      _, returns_missed) = _HEADER.unpack_from(data)
@@ -219,31 +242,33 @@ def _parse(path: str, data: bytes) -> Region:
         raise RegionError(f"{path}: region version {version}, this reader knows {VERSION}")
     if len(data) < size or counters_off + (slots + 1) * stride > len(data) \
             or probes_off + count * PROBE_ENTRY_SIZE > len(data) \
+            or owners_off + slots * OWNER_ENTRY_SIZE > len(data) \
             or row_bytes(count, latency_count) > stride:
         raise RegionError(f"{path}: truncated or inconsistent region")
     region = Region(path, pid, obj.split(b"\0")[0].decode(errors="replace"),
                     bid[:min(bid_size, 32)].hex(), bias, machine,
                     returns_missed=returns_missed)
-    totals = [0] * count
-    for slot in range(slots + 1):
-        row = counters_off + slot * stride
-        values = struct.unpack_from(f"<{count}Q", data, row)
-        totals = [a + b for a, b in zip(totals, values)]
-    region.threads = sum(1 for s in range(slots)
-                         if struct.unpack_from("<Q", data, owners_off + s * OWNER_ENTRY_SIZE)[0])
+    claimed = claimed_slots(struct.unpack_from(f"<{slots * OWNER_ENTRY_SIZE // 8}Q", data,
+                                               owners_off)[::OWNER_ENTRY_SIZE // 8])
+    region.threads = len(claimed)
+    # the counters, then the histograms, of each row in use and the shared row
     buckets = LATENCY_BUCKETS
-    for i in range(count):
-        address, kind, name_off = struct.unpack_from("<QII", data, probes_off + i * PROBE_ENTRY_SIZE)
+    words = count + buckets * latency_count
+    totals = sum_rows(struct.unpack_from(f"<{words}Q", data, counters_off + slot * stride)
+                      for slot in claimed + [slots])
+    for i, (address, kind, name_off) in enumerate(struct.iter_unpack(
+            "<QII", data[probes_off:probes_off + count * PROBE_ENTRY_SIZE])):
         start = strings_off + name_off
-        name = data[start:data.index(b"\0", start, owners_off)].decode(errors="replace")
+        end = data.find(b"\0", start, owners_off)
+        if end < 0:
+            raise RegionError(f"{path}: truncated or inconsistent region")
+        name = data[start:end].decode(errors="replace")
         histogram = None
         if kind >> 16:
-            base = 8 * count + 8 * buckets * ((kind >> 16) - 1)
-            histogram = [0] * buckets
-            for slot in range(slots + 1):
-                row = counters_off + slot * stride + base
-                histogram = [a + b for a, b in
-                             zip(histogram, struct.unpack_from(f"<{buckets}Q", data, row))]
+            if (kind >> 16) > latency_count:
+                raise RegionError(f"{path}: probe {name} names a missing histogram")
+            base = count + buckets * ((kind >> 16) - 1)
+            histogram = totals[base:base + buckets]
         kind &= KIND_MASK
         region.probes.append(ProbeCount(name, KIND_NAMES.get(kind, str(kind)), address, totals[i],
                                         histogram))
