@@ -7,6 +7,7 @@ per session however many tests use it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -108,14 +109,7 @@ def stat(cmd: Sequence, tmp_dir: Path, env: Optional[Dict[str, str]] = None) -> 
     return StatRun(proc, json.loads(report.read_text()))
 
 
-def _counter():
-    n = 0
-    while True:
-        n += 1
-        yield n
-
-
-_serial = _counter()
+_serial = itertools.count(1)  # (a C iterator: safe to share between threads)
 
 
 # -- ELF facts, read independently of urewrite --------------------------------------

@@ -14,7 +14,9 @@ starting there covered the pad, and the unwinder resumed inside the jump.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
+import os
 import re
 import shutil
 import struct
@@ -263,7 +265,8 @@ def test_every_instruction_probed_around_landing_pads(opt, link, tmp_path):
                   if after in pads and size < 5}
     assert before_pad, "no landing pad follows a short instruction: nothing is tested"
     hits, refused = {}, {}
-    for k, batch in enumerate(_batches([a for a, _ in insns])):
+
+    def probe(k: int, batch: list) -> None:  # (in threads: each waits for its processes)
         probed = tmp_path / f"probed-{k}"
         result = rewrite(plain, probed, *map(hex, batch), extra=["--keep-going"])
         refused.update({r["address"]: r["reason"] for r in result["refused"]})
@@ -271,13 +274,24 @@ def test_every_instruction_probed_around_landing_pads(opt, link, tmp_path):
         assert (report.proc.returncode, report.proc.stdout) == (0, original.stdout), \
             (batch, report.proc.stderr)
         hits.update({a: n for a, n in report.by_address().items() if a in batch})
+
+    # the oracle, how often each instruction really runs, meanwhile: the kernel takes
+    # 60 ms to take each uprobe down again, 10 s for these (it waits, the cores work on)
+    oracle = (lambda: Uprobes().count(plain, {hex(a): a for a, _ in insns},
+                                      lambda: run([plain]))) \
+        if uprobes_unavailable() is None else dict
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2) + 1) \
+            as pool:
+        counted = pool.submit(oracle)
+        for done in [pool.submit(probe, k, batch)
+                     for k, batch in enumerate(_batches([a for a, _ in insns]))]:
+            done.result()  # (raises what the batch raised)
+        counted = counted.result()
     assert set(hits) | set(refused) == {a for a, _ in insns}
     assert before_pad - set(refused), "every site next to a landing pad was refused"
     assert len(refused) < len(insns) / 3, refused
-    why = uprobes_unavailable()
-    if why is None:  # the oracle: how often each instruction really runs
-        oracle = Uprobes().count(plain, {hex(a): a for a in hits}, lambda: run([plain]))
-        assert {a: oracle[hex(a)] for a in hits} == hits
+    if counted:
+        assert {a: counted[hex(a)] for a in hits} == hits
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
