@@ -117,7 +117,6 @@ def list_sites(path: str, tactics: Optional[tuple] = None, progress: Progress = 
     child too."""
     with no_cycle_collection():
         a = analyse(path, tactics)
-        a.planner.keep_detail = False
         entries = [Site(fn, fn.address, KIND_ENTRY, fn.name, fn.name, exact=False)
                    for fn in a.functions]
         return_sites = _return_sites(a)
@@ -209,8 +208,10 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
         sites = [s for s in sites if not _excluded(s, exclude)]
         if not sites:
             raise UrewriteError("--exclude leaves no site to probe")
-    if len(sites) >= PREPARE_AT:  # most of the file: analyse every function on all cores
-        a.planner.prepare(a.functions)
+    if len(sites) >= PREPARE_AT:  # most of the file: analyse every function on all cores,
+        # and find the sites' windows the same way (list does the same)
+        a.planner.prepare(a.functions, meanwhile=a.planner.read_unwind_tables)
+        a.planner.precompute(sites)
     outcomes = a.planner.plan(sites, _steps(progress, "planning", len(sites)))
     plans = [o for o in outcomes if isinstance(o, Plan)]
     refusals = [o for o in outcomes if isinstance(o, Refusal)]
@@ -234,7 +235,8 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
         return segment.build(backend, plans, placement, os.path.basename(output_path),
                              elf.build_id, _file_tag(output_path, elf, plans), exe_entry,
                              dt_init[1] if dt_init else None, arguments_of=arguments_of,
-                             progress=progress, siteless=a.planner.siteless)
+                             progress=progress, siteless=a.planner.siteless,
+                             detailed=a.planner.detailed)
 
     # The state memory follows the code: place it after a bound on the code's size
     # (a gap there costs address space, no file bytes) and build once; should the
@@ -253,6 +255,10 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
     if placement.code_vaddr + len(image.code) > placement.state_vaddr:
         placement = layout.place(elf, len(image.code), backend.state_size, segments, stubs_from)
         image = build(placement)
+    if image.histograms_left_out:
+        warnings.append(f"latency histograms for the first {region.MAX_HISTOGRAMS} functions "
+                        f"probed at entry and return only (all a region can hold): "
+                        f"{image.histograms_left_out} more count their hits without one")
     entry = image.exe_start if exe_entry is not None else None
     elf_writer.write_atomically(
         output_path, lambda out: elf_writer.render(elf, placement, image, entry,

@@ -29,6 +29,7 @@ import numpy as np
 from urewrite.arch.base import (BRANCH, JUMP, OTHER, RETURN, Backend, Insn, Sweep, SweptCode,
                                 Window)
 from urewrite.arch.jump_tables import JumpTable
+from urewrite.errors import UrewriteError
 from urewrite.rewriter import (copied_code, elf_symbols, except_table, free_space,
                                jump_table_guard, layout, parallel, redirection,
                                taken_addresses)
@@ -186,7 +187,6 @@ class Planner:
         self.copied = copied_code.find(elf)  # code never to patch, sorted
         self._copied_starts = [c.start for c in self.copied]
         self._copied_reach = list(itertools.accumulate((c.end for c in self.copied), max))
-        self.keep_detail = True  # plans keep detailed instructions (to generate code)
         # punned jumps' stubs go at or above this (layout.stub_floor); set by plan()
         self.stub_floor: Optional[int] = None
         self._stubs: Optional[StubSpace] = None  # the punned jumps' stubs; set by plan()
@@ -696,9 +696,7 @@ class Planner:
         anything may branch into it, worked out ahead, in this process and a forked
         child (parallel.py), each taking pieces of them as it goes: plan() takes
         them as it would have found them itself, so the plans are the same, in about
-        half the time. (Only for plans without detailed instructions: those could not
-        be sent.)"""
-        assert not self.keep_detail, "detailed instructions cannot be sent"
+        half the time."""
         self.taken_index.every_value()  # (the scans, made once before the fork)
 
         # (pieces of about 1/2048 of the sites, taken by each process as it goes; see
@@ -731,7 +729,8 @@ class Planner:
             taken = self._taken_addresses([plan for _, _, plan in plans])
             for key, target, plan in plans:
                 verdict = self._branch_into(plan, taken, inner_window=not target.at_entry)
-                windows[key] = (plan.window, plan.points[0].flags_live, verdict)
+                windows[key] = (plan.window, plan.points[0].address,
+                                plan.points[0].flags_live, verdict)
                 if verdict and target.kind == KIND_RETURN:
                     at_risk[target.function.address] = target.function
             # where a return probe's exits may not all be patched, plan() asks whether its
@@ -761,8 +760,9 @@ class Planner:
             return None
         if isinstance(known, str):
             raise _Refused(known)
-        window, flags_live, verdict = known
-        return Plan(window, (ProbePoint(site.address, (site,), flags_live,
+        # (an entry's point follows its landing pad: the window's start)
+        window, point, flags_live, verdict = known
+        return Plan(window, (ProbePoint(point, (site,), flags_live,
                                         self._counts_when_taken(site),
                                         site.stays_within),)), verdict
 
@@ -1050,27 +1050,55 @@ class Planner:
         return Plan(window, (ProbePoint(start, (site,), self.backend.flags_live_at_entry()),))
 
     def _displaced(self, insns) -> tuple:
-        """`insns` (from the quick sweep) decoded in detail, once every one is known to
-        run from a trampoline; else the reason it cannot."""
+        """`insns` (from the quick sweep), once every one is known to run from a
+        trampoline; else the reason it cannot. Plans keep these light instructions
+        (a detailed one holds its decoder's whole record, and a big file has 100,000s
+        of windows): the code that moves them decodes them in detail (detailed())."""
         start, end = insns[0].address, insns[-1].end
         # (the decoder that moves them must see the very instructions the sweep saw:
         # where two decoders disagree, as on the length of a ud1, nothing is moved)
-        if not self.keep_detail and not any(map(self.backend.needs_detail, insns)):
-            if self._instruction_ends(self.elf.read(start, end - start)) != \
-                    [i.end - start for i in insns]:
-                raise _Refused(f"its instructions at {start:#x} decode differently in detail")
-            return tuple(insns)  # (`list` only reports it: nothing to relocate, nor to ask)
+        if any(map(self.backend.needs_detail, insns)):
+            problem = self._in_detail(insns)[1]
+            if problem:
+                raise _Refused(problem)
+        elif self._instruction_ends(self.elf.read(start, end - start)) != \
+                [i.end - start for i in insns]:
+            raise _Refused(f"its instructions at {start:#x} decode differently in detail")
+        return tuple(insns)
+
+    def _in_detail(self, insns) -> tuple:
+        """(`insns` decoded in detail, why they cannot run from a trampoline or None)."""
+        start, end = insns[0].address, insns[-1].end
         detailed = self.backend.decode(self.elf.read(start, end - start), start, detail=True)
         if [(i.address, i.size) for i in detailed] != [(i.address, i.size) for i in insns]:
-            raise _Refused(f"its instructions at {start:#x} decode differently in detail")
+            return detailed, f"its instructions at {start:#x} decode differently in detail"
         for k, insn in enumerate(detailed):
             problem = self.backend.relocation_problem(insn, k == len(detailed) - 1,
                                                       self._shadow_stack)
             if problem:
-                raise _Refused(f"cannot relocate {problem}")
-        # `list` only reports plans: it keeps the light instructions (a detailed one
-        # holds its decoder's whole record, and a big file has 100,000s of windows)
-        return tuple(detailed) if self.keep_detail else tuple(insns)
+                return detailed, f"cannot relocate {problem}"
+        return detailed, None
+
+    def detailed(self, plan: Plan) -> Plan:
+        """The plan with the instructions of its windows (its own, and the neighbour
+        it moves away) decoded in detail, for the code that moves them. (Done when
+        the trampolines are made, on every core: node, every function: 6.7 s.)"""
+        window = self._detailed_window(plan.window)
+        hop, pun = plan.hop, plan.pun
+        if hop is not None and hop.evicted is not None:
+            hop = replace(hop, evicted=self._detailed_window(hop.evicted))
+        if pun is not None and pun.successor is not None:
+            pun = replace(pun, successor=self._detailed_window(pun.successor))
+        return replace(plan, window=window, hop=hop, pun=pun)
+
+    def _detailed_window(self, window: Window) -> Window:
+        if not window.insns:
+            return window
+        detailed, problem = self._in_detail(window.insns)
+        if problem:  # (planning checked each window as _displaced() does: never met)
+            raise UrewriteError(f"internal error: the window at {window.address:#x} was "
+                                f"planned, yet {problem}")
+        return replace(window, insns=tuple(detailed))
 
     def _instruction_ends(self, code: bytes) -> list:
         """Where the decoder that moves instructions ends each one in `code`, from its

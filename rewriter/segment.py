@@ -35,6 +35,7 @@ class SegmentImage:
     probes: List[region.ProbeInfo] = field(default_factory=list)
     live: bytes = b""  # the .urewrite.live descriptor (trampolines/live_note.py)
     stubs: List[Tuple[int, bytes]] = field(default_factory=list)  # (address, code) of pun stubs
+    histograms_left_out: int = 0  # functions probed at entry and return beyond MAX_HISTOGRAMS
 
 
 def _patches(backend: Backend, plan, trampoline: int,
@@ -83,12 +84,13 @@ PARALLEL_AT = 1000  # trampolines from which each half is made on a core of its 
 
 
 def _trampolines(backend: Backend, plans, start: int, refs: RuntimeRefs, count_point,
-                 progress=None) -> tuple:
+                 detailed, progress=None) -> tuple:
     """(code, patches, stubs) of the trampolines of `plans`, the code starting at `start`
     (aligned): each trampoline, and the one of a window its plan moves away, at the next
-    CODE_ALIGN boundary."""
+    CODE_ALIGN boundary. `detailed(plan)`: the plan with its instructions decoded in
+    detail (done here, by each process for its share)."""
     code, patches, stubs = bytearray(), [], []
-    for plan in plans:
+    for plan in map(detailed, plans):
         at = start + align_up(len(code), CODE_ALIGN)
         code += bytes(at - start - len(code))
         try:
@@ -132,8 +134,10 @@ def _expected_size(trampolines, plans, start: int) -> int:
 def build(backend: Backend, plans, placement: Placement, object_name: str, build_id: bytes,
           file_tag: str, exe_entry: Optional[int], dso_init: Optional[int],
           arguments_of=lambda site: arguments.encode(()), progress=None,
-          siteless=()) -> SegmentImage:
+          siteless=(), detailed=lambda plan: plan) -> SegmentImage:
     """`arguments_of(site)`: the encoded argument descriptors its events record.
+    `detailed(plan)`: the plan with its windows' instructions decoded in detail
+    (Planner.detailed), for the code that moves them.
     `siteless`: probes with nothing to patch (return probes of functions that never
     return), listed in the region so that they report their 0 hits."""
     # one probe per key: every site of a USDT probe name counts into the same one
@@ -141,11 +145,15 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
     all_sites = [site for p in plans for site in p.sites] + list(siteless)
     # a function probed at entry and at return gets a latency histogram
     keys = {site.probe_key for site in all_sites}
-    histogram_of = {}
+    # (as many as a probe's kind field can name: the others count without one)
+    histogram_of, left_out = {}, set()
     for site in all_sites:
         if site.kind == region.KIND_RETURN and site.function.address in keys \
                 and site.probe_key not in histogram_of:
-            histogram_of[site.probe_key] = len(histogram_of)
+            if len(histogram_of) < region.MAX_HISTOGRAMS:
+                histogram_of[site.probe_key] = len(histogram_of)
+            else:
+                left_out.add(site.probe_key)
     measured = {key[1] for key in histogram_of}  # their entry probes' keys
     for site in all_sites:
         if site.probe_key not in index_of:
@@ -199,7 +207,7 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
                           enters, leaves, redirect, taken, stays_within)
 
     def trampolines(part, start: int, step=None) -> tuple:
-        return _trampolines(backend, part, start, refs, count_point, step)
+        return _trampolines(backend, part, start, refs, count_point, detailed, step)
 
     first_at = base + align_up(len(code), CODE_ALIGN)
     half = len(plans) // 2
@@ -231,4 +239,4 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
                            backend.live_state, file_tag) if backend.live_state else b""
     return SegmentImage(bytes(code), patches, runtime.exe_start, runtime.dso_start,
                         (template_at, len(template)), (runtime_at, base + len(code) - runtime_at),
-                        probes, live, stubs)
+                        probes, live, stubs, len(left_out))

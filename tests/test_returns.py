@@ -245,3 +245,28 @@ def test_windows_keep_clear_of_bytes_the_decoders_read_differently(tmp_path, lev
     assert (code, program) == (0, "36\n")
     assert {(p["name"], p["kind"]): p["hits"] for p in report["probes"]} == \
         {(name, kind): 6 for name in starts for kind in ("entry", "return")}
+
+
+def test_histograms_beyond_what_a_region_holds_are_left_out_with_a_warning(tmp_path,
+                                                                         monkeypatch):
+    """A probe's kind field names at most 65,535 histograms (node has 78,000 functions):
+    the functions past that count their entries and returns without one, and the
+    rewrite says so (it failed with a traceback). Here with room for one."""
+    from urewrite.rewriter import pipeline
+    from urewrite.trampolines import region
+    plain, probed = tmp_path / "returns", tmp_path / "returns.probed"
+    subprocess.run(["gcc", "-O2", "-pthread", os.path.join(SAMPLES, "returns.c"), "-o", plain],
+                   check=True)
+    monkeypatch.setattr(region, "MAX_HISTOGRAMS", 1)
+    result = pipeline.rewrite(str(plain), str(probed), ["tail", "callee"],
+                              return_specs=["tail", "callee"])
+    assert any("latency histograms for the first 1 functions" in w and "1 more" in w
+               for w in result.warnings), result.warnings
+    original = subprocess.run([plain, "tail"], capture_output=True, text=True)
+    code, program, report = stat([probed, "tail"])
+    assert (code, program) == (original.returncode, original.stdout)
+    hits = {(p["name"], p["kind"]): p for p in report["probes"]}
+    with_histogram = [name for name in ("tail", "callee") if hits[(name, "return")].get("histogram")]
+    assert len(with_histogram) == 1
+    assert [hits[(name, kind)]["hits"] for name in ("tail", "callee")
+            for kind in ("entry", "return")] == [50, 50, 29, 29]

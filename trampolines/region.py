@@ -79,6 +79,7 @@ LATENCY_BUCKETS = 64
 LATENCY_DEPTH = 126
 LATENCY_STACK_SIZE = 8 + 8 + 16 * LATENCY_DEPTH  # depth, pad, entries
 KIND_MASK = 0xFF  # a probe's kind field: kind in the low byte, histogram + 1 in bits 16-31
+MAX_HISTOGRAMS = 0xFFFF  # (histogram + 1 fits in those 16 bits)
 
 # owner entry: thread pointer, counter row address, kernel thread id
 OWNER_TID = 16
