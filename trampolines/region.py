@@ -209,7 +209,10 @@ def read_region(path: str) -> Region:
             raise RegionError(f"{path}: not a urewrite region (or one still being set up)")
         # (mapped, not read: a region is 257 rows, mostly never written; a fully
         # probed libc's is 400 MB)
-        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # (emptied since: a process killed during set-up)
+            raise RegionError(f"{path}: not a urewrite region (or one still being set up)")
     try:
         if data[:8] != MAGIC:
             raise RegionError(f"{path}: not a urewrite region (or one still being set up)")
