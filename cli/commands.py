@@ -158,8 +158,10 @@ def _report_rewrite(result, output: str, as_json: bool, quiet: bool) -> None:
     if not quiet:
         for warning in result.warnings:
             click.echo(f"urewrite: warning: {warning}", err=True)
-        for r in result.refusals:
-            click.echo(f"urewrite: warning: not probing {r.site.name}: {r.reason}", err=True)
+        for r in result.refusals:  # (a function's entry and return may both be refused)
+            what = f"the return of {r.site.name}" if _kind(r.site.kind) == "return" \
+                else r.site.name
+            click.echo(f"urewrite: warning: not probing {what}: {r.reason}", err=True)
         refused = f", {len(result.refusals)} refused" if result.refusals else ""
         probes = len({site.probe_key for p in result.plans for site in p.sites})
         click.echo(f"urewrite: wrote {output}: {probes} probes at {len(result.plans)} sites"

@@ -346,3 +346,13 @@ def test_loop_head_oracle(pie_edges, uprobes):
                                             "spin": sym["edge_spin"]},
                            lambda: run([pie_edges.path]))
     assert oracle == {"sum_loop": 35, "spin": 10}
+
+
+def test_a_refused_return_probe_is_told_apart_from_the_entry(pie_edges, tmp_path):
+    """With entries and returns, a function refused both ways gets two lines that say
+    which probe each is about (they read the same before)."""
+    proc = urewrite(str(pie_edges.path), "-p", "main", "-p", "edge_one", "-r", "edge_one",
+                    "--keep-going", "-o", str(tmp_path / "out"))
+    lines = [l for l in proc.stderr.splitlines() if "not probing" in l]
+    assert [l.split(":")[2] for l in lines] == [" not probing edge_one",
+                                                " not probing the return of edge_one"], lines
