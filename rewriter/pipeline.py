@@ -289,7 +289,8 @@ def _argument_encoder(a: Analysis, backend, entry_args: int, warnings: List[str]
     cache = {}
 
     def encode(site: Site) -> bytes:
-        if site not in cache:
+        found = cache.get(site)  # (hashing a site hashes its function: once, not twice)
+        if found is None:
             try:
                 if site.kind == KIND_USDT:
                     specs = backend.sdt_arguments(site.arguments, symbol)
@@ -300,6 +301,6 @@ def _argument_encoder(a: Analysis, backend, entry_args: int, warnings: List[str]
             except ValueError as e:
                 warnings.append(f"{site.name}: arguments not recorded: {e}")
                 specs = []
-            cache[site] = arguments.encode(specs)
-        return cache[site]
+            found = cache[site] = arguments.encode(specs)
+        return found
     return encode

@@ -34,6 +34,9 @@ _BARE: dict = {}  # full mnemonic -> without prefixes
 _EXIT_MNEMONICS: dict = {}  # full mnemonic -> the one that matters for exits, or None
 
 
+_VERBATIM: dict = {}  # mnemonic -> whether it is never a branch (moves_verbatim)
+
+
 def _bare_mnemonic(full: str) -> str:
     """The mnemonic without prefixes such as "bnd", "notrack", "rep"."""
     bare = _BARE.get(full)
@@ -404,6 +407,18 @@ class X86_64Backend(Backend):
         if mnemonic == "call" or mnemonic == "xbegin":
             return True
         return mnemonic in _BRANCH_MNEMONICS and self.direct_branch_target(insn) is None
+
+    def moves_verbatim(self, insn: Insn) -> bool:
+        if "rip" in insn.op_str:  # a RIP-relative operand
+            return False
+        verdict = _VERBATIM.get(insn.mnemonic)
+        if verdict is None:
+            # no jump, call, loop, return or xbegin, in any form (far, with prefixes):
+            # a mnemonic that could be one of these is not taken as verbatim
+            bare = _bare_mnemonic(insn.mnemonic)
+            verdict = _VERBATIM[insn.mnemonic] = bool(bare) and not any(
+                part in bare for part in ("j", "call", "ret", "loop", "xbegin"))
+        return verdict
 
     def flags_live_at_entry(self) -> bool:
         # SysV x86_64 ABI: status flags are not preserved across calls, so no

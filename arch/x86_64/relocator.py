@@ -1,5 +1,8 @@
 """Moves x86_64 instructions to a trampoline, rewriting what depends on their address.
 
+Instructions come decoded in detail, or without detail where the planner found that
+they run anywhere as they are (Backend.moves_verbatim): those are copied.
+
 Rules:
 - RIP-relative operands get a new displacement.
 - Direct jmp/jcc become their rel32 forms; jrcxz/jecxz/loop* (rel8 only) expand
@@ -85,6 +88,8 @@ def relocation_problem(insn: Insn, is_last: bool, shadow_stack: bool) -> Optiona
 
 def relocated_size(insn: Insn) -> int:
     """Bytes the relocated form of `insn` takes (see `relocate`)."""
+    if insn.detail is None:  # known to run anywhere as it is (Backend.moves_verbatim)
+        return insn.size
     ident = insn.detail.id
     if _is_call(insn):
         target = direct_target(insn)
@@ -149,6 +154,9 @@ def _mapped(target: int, layout: dict) -> int:
 
 
 def _emit(w: Writer, insn: Insn, layout: dict) -> bool:
+    if insn.detail is None:  # known to run anywhere as it is (Backend.moves_verbatim)
+        w.raw(insn.raw)
+        return True
     ident = insn.detail.id
     target = direct_target(insn)
     if _is_call(insn):

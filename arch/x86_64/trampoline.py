@@ -37,27 +37,33 @@ also gets its return stub, after the out-of-line parts:
 
 The registers stand on the stack as rcx, rax, rdx, rsi (then, when tracing,
 rbx, rbp, rdi, r8 ... r15): arguments.py's frame slots.
+
+The armed and trace paths of a point are written once per shape, as a template with
+holes for the probes' and histograms' numbers, and copied to each point of that
+shape (`_counting`): the same bytes as writing them out (tests/test_x86_templates.py).
 """
 
 from __future__ import annotations
 
-from urewrite.arch.base import RuntimeRefs, Window
+import functools
+
+from urewrite.arch.base import CountPoint, RuntimeRefs, Window
 from urewrite.arch.x86_64 import relocator
 from urewrite.arch.x86_64.arguments import TRACE_PUSHES
-from urewrite.arch.x86_64.writer import Writer
+from urewrite.arch.x86_64.writer import Hole, Writer
 from urewrite.trampolines import region
 from urewrite.trampolines.arguments import encode
 
 RED_ZONE = 128
 TRACING = 16  # state page: 1 when the region has an event ring
 SAVED = 4  # rcx, rax, rdx, rsi
+ARGUMENTS_ALIGN = 8  # of a trace path's argument descriptors
 
 
 def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
     """The displaced instructions with each point's check before its instruction; then
     the out-of-line parts of each point."""
-    gaps = {p.address: len(_check(Writer(address), _Labels(k), p, refs, dry_run=True))
-            for k, p in enumerate(points) if not p.taken}
+    gaps = {p.address: _check_size(p.flags_live) for p in points if not p.taken}
     where = relocator.layout(window.insns, address, gaps)
     by_address = {p.address: (k, p) for k, p in enumerate(points)}
     w = Writer(address)
@@ -78,8 +84,7 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
             w.jmp(relocator.direct_target(branch))
         if point.stays_within:
             _exit_check(w, _Labels(k), point, window)
-        _armed(w, _Labels(k), point, refs)
-        _trace_path(w, _Labels(k), point.probes, refs, point.arguments)
+        _counting(w, _Labels(k), point, refs)
         if point.redirect:
             _return_stub(w, _Labels(k), _Labels(f"r{k}"), point.redirect, refs)
     return w.bytes()
@@ -95,22 +100,55 @@ def _return_stub(w: Writer, entry: _Labels, L: _Labels, point, refs: RuntimeRefs
     w.call(refs.shadow_pop)
     _check(w, L, point, refs, flags_live=False)
     w.raw(b"\xc3")  # ret
-    _armed(w, L, point, refs)
-    _trace_path(w, L, point.probes, refs, point.arguments)
+    _counting(w, L, point, refs)
 
 
 class _Labels:
     """Label names of one point: every point has its own check and out-of-line parts."""
 
-    def __init__(self, k: int):
-        self.k = k
+    def __init__(self, k):
+        self.prefix = f"p{k}_"
 
     def __getattr__(self, name: str) -> str:
-        return f"p{self.k}_{name}"
+        return self.prefix + name
 
 
-def _check(w: Writer, L: _Labels, point, refs: RuntimeRefs, dry_run: bool = False,
-           flags_live: bool = None):
+def _counting(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
+    """The armed path and the trace path of `point`, copied from the template of its
+    shape: points differ in little more than their probes' indexes (node, every
+    function: 78,000 points of a few shapes; writing each took most of the time)."""
+    template = _counting_template(refs, len(w.code) % ARGUMENTS_ALIGN, point.flags_live,
+                                  len(point.probes), point.enters, len(point.leaves),
+                                  point.redirect is not None, point.arguments)
+    w.splice(template, L.prefix, point.probes + point.leaves)
+
+
+@functools.lru_cache(maxsize=4096)
+def _counting_template(refs: RuntimeRefs, phase: int, flags_live: bool, probes: int,
+                       enters: bool, leaves: int, redirect: bool, arguments: tuple):
+    """The armed and trace paths of a point of this shape, written `phase` bytes past an
+    ARGUMENTS_ALIGN boundary, with holes for the indexes of its probes, then of its
+    histograms."""
+    w = Writer(0)
+    w.raw(bytes(phase))
+    L = _Labels("@")
+    shape = CountPoint(0, tuple(Hole(k) for k in range(probes)), flags_live, arguments,
+                       enters, tuple(Hole(probes + k) for k in range(leaves)),
+                       CountPoint(0, (), False) if redirect else None)
+    _armed(w, L, shape, refs)
+    _trace_path(w, L, shape.probes, refs, shape.arguments)
+    return w.template(L.prefix, phase)
+
+
+@functools.lru_cache(maxsize=None)
+def _check_size(flags_live: bool) -> int:
+    """Bytes of a point's check (the same for every point with these flags)."""
+    w = Writer(0)
+    _check(w, _Labels(0), CountPoint(0, (), flags_live), RuntimeRefs(0, 0, 0, 0, 0, 0, 0))
+    return len(w.code)
+
+
+def _check(w: Writer, L: _Labels, point, refs: RuntimeRefs, flags_live: bool = None) -> None:
     flags_live = point.flags_live if flags_live is None else flags_live
     if flags_live:
         w.lea_rsp(-RED_ZONE)
@@ -128,12 +166,6 @@ def _check(w: Writer, L: _Labels, point, refs: RuntimeRefs, dry_run: bool = Fals
         w.jcc("b", L.set_up_first)
         w.jmp(L.armed)
         w.label(L.resume)
-    if dry_run:  # only the size is wanted: give the out-of-line labels a place
-        w.label(L.armed)
-        w.label(L.set_up_first)
-        w.label(L.exit_check)
-        return w.bytes()
-    return None
 
 
 def _exit_check(w: Writer, L: _Labels, point, window: Window) -> None:
@@ -280,7 +312,7 @@ def _trace_path(w: Writer, L: _Labels, probe_indexes, refs: RuntimeRefs, argumen
     for n in reversed(TRACE_PUSHES):
         w.pop_r(n)
     w.jmp(L.traced)
-    w.align(8)
+    w.align(ARGUMENTS_ALIGN)
     for k, _ in enumerate(probe_indexes):
         w.label(f"{L.arguments}{k}")
         w.raw(arguments[k] if k < len(arguments) else encode(()))

@@ -8,6 +8,7 @@ each encoding against Keystone.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
 REG = {"rax": 0, "rcx": 1, "rdx": 2, "rbx": 3, "rsp": 4, "rbp": 5, "rsi": 6, "rdi": 7}
 CC = {"o": 0, "no": 1, "b": 2, "ae": 3, "e": 4, "ne": 5, "be": 6, "a": 7,
@@ -33,6 +34,33 @@ def jmp_rel8(source: int, target: int) -> bytes:
     return b"\xeb" + struct.pack("<b", delta)
 
 
+class Hole:
+    """An immediate a template leaves open (see `Template`): the value at `slot` of
+    what each use gives, times `scale`."""
+
+    __slots__ = ("slot", "scale")
+
+    def __init__(self, slot: int, scale: int = 1):
+        self.slot, self.scale = slot, scale
+
+    def __rmul__(self, factor: int) -> "Hole":
+        return Hole(self.slot, self.scale * factor)
+
+
+@dataclass(frozen=True)
+class Template:
+    """Code written once and copied to each place it goes (`Writer.splice`): branches
+    between its own labels are already resolved; what depends on where it lands,
+    or on the values of its holes, is kept aside. Label names lose the prefix
+    they were written with and take the one of each use."""
+
+    code: bytes
+    labels: tuple  # (name, offset)
+    holes: tuple  # (offset, struct format, slot, scale)
+    absolute: tuple  # (rel32 field, end of instruction, address): fixed targets
+    outside: tuple  # (rel32 field, end of instruction, name): labels of the user
+
+
 class Writer:
     """Appends instructions at a known address; targets are addresses or label names."""
 
@@ -41,6 +69,7 @@ class Writer:
         self.code = bytearray()
         self.labels = {}
         self._fixups = []  # (offset of rel32 field, end of instruction offset, target)
+        self._holes = []  # (offset, struct format, Hole): only while writing a template
 
     @property
     def pc(self) -> int:
@@ -63,6 +92,50 @@ class Writer:
             address = self.labels[target] if isinstance(target, str) else target
             self.code[field:field + 4] = rel32(self.address + end, address)
         return bytes(self.code)
+
+    def _imm(self, fmt: str, value) -> None:
+        """An immediate: a value, or a Hole while writing a template."""
+        if isinstance(value, Hole):
+            self._holes.append((len(self.code), fmt, value))
+            value = 0
+        self.code += struct.pack(fmt, value)
+
+    # -- templates -------------------------------------------------------------
+    def template(self, prefix: str, start: int = 0) -> Template:
+        """What this writer (at address 0) wrote from offset `start` on, as a Template;
+        its labels are named `prefix` + name."""
+        internal, absolute, outside = [], [], []
+        for field, end, target in self._fixups:
+            if not isinstance(target, str):
+                absolute.append((field - start, end - start, target))
+            elif target in self.labels:
+                internal.append((field, end, self.labels[target]))
+            else:
+                assert target.startswith(prefix), target
+                outside.append((field - start, end - start, target[len(prefix):]))
+        assert self.address == 0 and not any(field < start for field, _, _ in self._fixups)
+        for field, end, address in internal:
+            self.code[field:field + 4] = rel32(end, address)
+        labels = tuple((name[len(prefix):], at - start) for name, at in self.labels.items())
+        holes = tuple((at - start, fmt, hole.slot, hole.scale) for at, fmt, hole in self._holes)
+        return Template(bytes(self.code[start:]), labels, holes, tuple(absolute),
+                        tuple(outside))
+
+    def splice(self, template: Template, prefix: str, values: tuple) -> None:
+        """Copy `template` here, its labels named `prefix` + name, its holes filled
+        from `values`."""
+        base = len(self.code)
+        at = self.address + base
+        code = self.code
+        code += template.code
+        for offset, fmt, slot, scale in template.holes:
+            struct.pack_into(fmt, code, base + offset, values[slot] * scale)
+        for field, end, address in template.absolute:
+            code[base + field:base + field + 4] = rel32(at + end, address)
+        for field, end, name in template.outside:
+            self._fixups.append((base + field, base + end, prefix + name))
+        for name, offset in template.labels:
+            self.labels[prefix + name] = at + offset
 
     # -- stack and flags -----------------------------------------------------
     def lea_rsp(self, delta: int) -> None:
@@ -142,7 +215,8 @@ class Writer:
         self.code += b"\x48\x83\x82" + struct.pack("<i", disp) + b"\x01"
 
     def mov_esi_imm(self, value: int) -> None:
-        self.code += b"\xbe" + struct.pack("<I", value)
+        self.code.append(0xBE)
+        self._imm("<I", value)
 
     def mov_rsp_disp_rax(self, disp: int) -> None:
         """mov qword ptr [rsp + disp8], rax"""
@@ -225,11 +299,15 @@ class Writer:
 
     def inc_rsi_disp(self, disp: int) -> None:
         """add qword ptr [rsi + disp32], 1"""
-        self.code += b"\x48\x83\x86" + struct.pack("<i", disp) + b"\x01"
+        self.code += b"\x48\x83\x86"
+        self._imm("<i", disp)
+        self.code.append(0x01)
 
     def lock_inc_rsi_disp(self, disp: int) -> None:
         """lock add qword ptr [rsi + disp32], 1"""
-        self.code += b"\xf0\x48\x83\x86" + struct.pack("<i", disp) + b"\x01"
+        self.code += b"\xf0\x48\x83\x86"
+        self._imm("<i", disp)
+        self.code.append(0x01)
 
     def mov_rax_rdx(self) -> None:
         self.code += b"\x48\x89\xd0"
@@ -238,7 +316,8 @@ class Writer:
         self.code += b"\x48\x89\xf2"
 
     def mov_ecx_imm(self, value: int) -> None:
-        self.code += b"\xb9" + struct.pack("<I", value)
+        self.code.append(0xB9)
+        self._imm("<I", value)
 
     # -- the exit check of an indirect jump ----------------------------------------
     def mov_rcx_rsp_disp(self, disp: int) -> None:
