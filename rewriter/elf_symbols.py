@@ -72,6 +72,24 @@ class SymbolTable:
         stop = self._data.find(b"\0", start, end)
         return self._data[start:stop if stop >= 0 else end].decode("utf-8", "replace")
 
+    def names(self, indices: np.ndarray) -> list:
+        """name(i) of each of `indices`: the same, without numpy's cost per item (node:
+        150,000 function symbols)."""
+        data, strings, names = self._data, self._strings, []
+        for t, at in zip(self._table[indices].tolist(), self._name_at[indices].tolist()):
+            start, end = strings[t]
+            start += at
+            if start >= end:
+                names.append("")
+                continue
+            stop = data.find(b"\0", start, end)
+            names.append(data[start:stop if stop >= 0 else end].decode("utf-8", "replace"))
+        return names
+
+    def table_names(self, indices: np.ndarray) -> list:
+        """table_name(i) of each of `indices`."""
+        return [self._table_names[t] for t in self._table[indices].tolist()]
+
     def values_of(self, names) -> Dict[str, int]:
         """name -> value of the first defined symbol of each name found: a byte search of
         the string tables, then of the entries naming what it found (names may share the

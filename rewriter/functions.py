@@ -58,15 +58,17 @@ def discover(elf: ElfFile) -> List[Function]:
     # addresses in code where something starts -> what
     marks: Dict[int, str] = dict.fromkeys(table.values[defined].tolist(), "next symbol")
     functions = np.flatnonzero(defined & (table.types == STT_FUNC))
-    for i, value, size in zip(functions.tolist(), table.values[functions].tolist(),
-                              table.sizes[functions].tolist()):
-        name = table.name(i)
+    for name, value, size, origin in zip(table.names(functions),
+                                         table.values[functions].tolist(),
+                                         table.sizes[functions].tolist(),
+                                         table.table_names(functions)):
         if not name:
             continue
         entry = by_address.get(value)
         if entry is None:
-            entry = by_address[value] = {"names": [], "size": 0, "origin": table.table_name(i),
-                                         "sized_by": "symbol"}
+            by_address[value] = {"names": [name], "size": size, "origin": origin,
+                                 "sized_by": "symbol"}
+            continue
         if name not in entry["names"]:
             entry["names"].append(name)
         entry["size"] = entry["size"] or size

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from urewrite.rewriter import eh_frame, elf_symbols, functions
@@ -141,6 +142,9 @@ def test_symbols_match_lief(built):
         ours = [(s.name, s.type, s.shndx, s.value, s.size)
                 for s in elf_symbols.symbols(ElfFile.open(str(path)))]
         assert ours == theirs, path
+        # the names read many at once, as discover() reads them
+        table = elf_symbols.table(ElfFile.open(str(path)))
+        assert table.names(np.arange(len(table))) == [name for name, *_ in theirs], path
 
 
 def test_discover_finds_stripped_functions_by_their_fdes(built):
