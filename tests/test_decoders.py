@@ -30,6 +30,32 @@ def test_boundaries_are_where_decode_puts_instructions(backend):
         assert backend.boundaries(code, 0x4000) == expected, code.hex()
 
 
+def test_arm64_decode_is_word_by_word():
+    """arm64's decode() takes runs of words in one call to Capstone: the instructions
+    of decoding each word alone, an undecodable one kept as .word (at the start, in the
+    middle, at the end, several in a row), a last partial word left out."""
+    backend = AArch64Backend()
+    lite = backend._lite
+    rng = random.Random(7)
+    bad = bytes.fromhex("ffffffff")  # (no instruction)
+    nop, ret = bytes.fromhex("1f2003d5"), bytes.fromhex("c0035fd6")
+    samples = [b"", bad, bad + nop, nop + bad, nop + bad + bad + ret, bad * 3 + nop + b"\x01",
+               nop + ret + b"\x00\x00"]
+    samples += [b"".join(rng.choice((nop, ret, bad, bytes(rng.randrange(256) for _ in range(4))))
+                         for _ in range(rng.randrange(1, 30))) + bytes(rng.randrange(4))
+                for _ in range(300)]
+    assert any(".word" in [i.mnemonic for i in backend.decode(c, 0)] for c in samples)
+    for code in samples:
+        expected = []
+        for at in range(0, len(code) - 3, 4):
+            word = code[at:at + 4]
+            found = next(lite.disasm_lite(word, 0x4000 + at), None)
+            expected.append((0x4000 + at, 4, found[2], found[3], word) if found else
+                            (0x4000 + at, 4, ".word", word.hex(), word))
+        assert [(i.address, i.size, i.mnemonic, i.op_str, i.raw)
+                for i in backend.decode(code, 0x4000)] == expected, code.hex()
+
+
 @pytest.mark.skipif(not os.path.exists(LIBC), reason="needs Debian's x86_64 libc.so.6")
 def test_the_iced_sweep_is_capstones_on_libc():
     a = analyse(LIBC)

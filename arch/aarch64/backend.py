@@ -36,13 +36,19 @@ class AArch64Backend(Backend):
     # -- reading -----------------------------------------------------------
     def decode(self, code: bytes, address: int, detail: bool = False) -> list:
         # Fixed width: every 4 bytes is an instruction; an undecodable word
-        # (data in code) is kept as ".word" so that boundaries stay exact.
-        out = []
-        for at in range(0, len(code) - 3, 4):
-            raw = code[at:at + 4]
-            decoded = next(self._lite.disasm_lite(raw, address + at), None)
-            mnemonic, op_str = (decoded[2], decoded[3]) if decoded else (".word", raw.hex())
-            out.append(Insn(address + at, 4, mnemonic, op_str, raw))
+        # (data in code) is kept as ".word" so that boundaries stay exact. Capstone
+        # decodes a run of words in one call, up to the first it cannot decode (a
+        # word decodes alone: no instruction depends on the one before it).
+        out, at, end = [], 0, len(code) // 4 * 4
+        while at < end:
+            for start, _, mnemonic, op_str in self._lite.disasm_lite(code[at:end], address + at):
+                k = start - address
+                out.append(Insn(start, 4, mnemonic, op_str, code[k:k + 4]))
+            at = len(out) * 4
+            if at < end:
+                raw = code[at:at + 4]
+                out.append(Insn(address + at, 4, ".word", raw.hex(), raw))
+                at += 4
         return out
 
     def flow_kind(self, insn: Insn) -> tuple:
