@@ -170,7 +170,7 @@ class Planner:
         # noted where jump_tables() decodes a function with an unknown indirect jump
         self._computed: Dict[int, list] = {}
         self._lengths: Dict[bytes, list] = {}  # code -> its instructions' ends (_displaced)
-        self._verbatim: Dict[bytes, tuple] = {}  # code -> (ends, verbatim) (_moves_verbatim)
+        self._verbatim: Dict[bytes, list] = {}  # code -> its instructions, or [] (_moves_verbatim)
         self._padding_runs: Dict[bytes, list] = {}  # code -> _padding_run()
         self._by_name: Optional[Dict[str, Function]] = None
         self.siteless: List[Site] = []  # return probes of functions without an exit
@@ -1097,27 +1097,32 @@ class Planner:
             return window
         start, end = window.insns[0].address, window.insns[-1].end
         code = self.elf.read(start, end - start)
-        if self._moves_verbatim(code, window.insns):  # copied as they are: their bytes
+        verbatim = self._moves_verbatim(code, window.insns)
+        if verbatim:  # copied as they are: their bytes (and names, which say a return)
             return Window(window.address, window.size, tuple(
-                Insn(i.address, i.size, i.mnemonic, i.op_str, code[i.address - start:i.end - start])
-                for i in window.insns))
+                Insn(start + at, end - at, mnemonic, op_str, code[at:end])
+                for at, end, mnemonic, op_str in verbatim))
         detailed, problem = self._in_detail(window.insns)
         if problem:  # (planning checked each window as _displaced() does: never met)
             raise UrewriteError(f"internal error: the window at {window.address:#x} was "
                                 f"planned, yet {problem}")
         return Window(window.address, window.size, tuple(detailed))
 
-    def _moves_verbatim(self, code: bytes, insns) -> bool:
-        """Whether `insns`, the instructions of `code`, run from any address as they are
-        (Backend.moves_verbatim), as the quick decoder finds them there. Kept per byte
-        string, as _instruction_ends."""
+    def _moves_verbatim(self, code: bytes, insns) -> Optional[list]:
+        """Where `insns`, the instructions of `code`, lie in it and what they are named
+        ((start, end, mnemonic, op_str) each), if every one runs from any address as it
+        is (Backend.moves_verbatim) as the quick decoder finds them there; else None.
+        Kept per byte string, as _instruction_ends."""
         found = self._verbatim.get(code)
         if found is None:
             quick = self.backend.decode(code, 0)
-            found = self._verbatim[code] = ([i.end for i in quick],
-                                             all(map(self.backend.moves_verbatim, quick)))
-        ends, verbatim = found
-        return verbatim and ends == [i.end - insns[0].address for i in insns]
+            found = self._verbatim[code] = [
+                (i.address, i.end, i.mnemonic, i.op_str) for i in quick] \
+                if all(map(self.backend.moves_verbatim, quick)) else []
+        if not found or [end for _, end, _, _ in found] != \
+                [i.end - insns[0].address for i in insns]:
+            return None
+        return found
 
     def _instruction_ends(self, code: bytes) -> list:
         """Where the decoder that moves instructions ends each one in `code`, from its

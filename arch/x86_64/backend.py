@@ -413,11 +413,12 @@ class X86_64Backend(Backend):
             return False
         verdict = _VERBATIM.get(insn.mnemonic)
         if verdict is None:
-            # no jump, call, loop, return or xbegin, in any form (far, with prefixes):
-            # a mnemonic that could be one of these is not taken as verbatim
+            # a near return (relocator.verbatim_returns), or no jump, call, loop, return
+            # or xbegin in any form (far, with prefixes): a mnemonic that could be one
+            # of these is not taken as verbatim
             bare = _bare_mnemonic(insn.mnemonic)
-            verdict = _VERBATIM[insn.mnemonic] = bool(bare) and not any(
-                part in bare for part in ("j", "call", "ret", "loop", "xbegin"))
+            verdict = _VERBATIM[insn.mnemonic] = relocator.verbatim_returns(insn) or bool(
+                bare) and not any(part in bare for part in ("j", "call", "ret", "loop", "xbegin"))
         return verdict
 
     def flags_live_at_entry(self) -> bool:

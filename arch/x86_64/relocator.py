@@ -153,10 +153,16 @@ def _mapped(target: int, layout: dict) -> int:
     return layout.get(target, target)
 
 
+def verbatim_returns(insn: Insn) -> bool:
+    """Whether `insn` (decoded without detail) is a near return (`ret`, `ret imm16`,
+    with prefixes such as `rep` or `bnd`): it runs anywhere as it is, and never goes on."""
+    return insn.mnemonic.rpartition(" ")[2] in ("ret", "retq")
+
+
 def _emit(w: Writer, insn: Insn, layout: dict) -> bool:
     if insn.detail is None:  # known to run anywhere as it is (Backend.moves_verbatim)
         w.raw(insn.raw)
-        return True
+        return not verbatim_returns(insn)
     ident = insn.detail.id
     target = direct_target(insn)
     if _is_call(insn):
