@@ -483,9 +483,10 @@ class Backend(ABC):
 
     def moves_verbatim(self, insn: Insn) -> bool:
         """Whether `insn` (decoded without detail) runs from any address as its own
-        bytes: no operand relative to where it lies, no branch. A window of only such
-        instructions is copied as it is, not decoded in detail to be moved (most
-        windows: node, every function, 85%). (Default: never.)"""
+        bytes: no operand relative to where it lies, no branch to somewhere relative to
+        it (a return may be one: the backend's relocator knows it by its name). A window
+        of only such instructions is copied as it is, not decoded in detail to be moved
+        (most windows: node, every function, 85%). (Default: never.)"""
         return False
 
     @abstractmethod

@@ -104,6 +104,7 @@ class Writer:
     def template(self, prefix: str, start: int = 0) -> Template:
         """What this writer (at address 0) wrote from offset `start` on, as a Template;
         its labels are named `prefix` + name."""
+        assert self.address == 0 and not any(field < start for field, _, _ in self._fixups)
         internal, absolute, outside = [], [], []
         for field, end, target in self._fixups:
             if not isinstance(target, str):
@@ -113,7 +114,6 @@ class Writer:
             else:
                 assert target.startswith(prefix), target
                 outside.append((field - start, end - start, target[len(prefix):]))
-        assert self.address == 0 and not any(field < start for field, _, _ in self._fixups)
         for field, end, address in internal:
             self.code[field:field + 4] = rel32(end, address)
         labels = tuple((name[len(prefix):], at - start) for name, at in self.labels.items())
