@@ -38,28 +38,48 @@ class StubSpace:
         when the stubs `taken` are taken too: a boolean array. With 2-D `stubs`, `taken`
         is an array of one stub per row, taken with that row's alone (many pairs of
         stubs at once: a punned jump and its successor's)."""
-        size = self.size
         if self._arrays is None:
             self._arrays = (np.array(self._starts, dtype=np.int64),
                             np.array(sorted(self.pages), dtype=np.int64))
+        if self._cap is None:
+            self._cap = self._page_cap()
         starts, known = self._arrays
-        ok = (stubs >= self.floor) & (stubs <= source + REACH)
-        if not ok.any():  # (libLLVM: 40% of searches lie wholly below the floor)
-            return ok
         if stubs.ndim == 2:
-            return self._fit_rows(stubs, ok & _clear_of(stubs, starts, size),
-                                  np.asarray(taken, dtype=np.int64)[:, None], known)
+            ok = (stubs >= self.floor) & (stubs <= source + REACH)
+            if not ok.any():
+                return ok
+            ok = self._fit_rows(stubs, ok, np.asarray(taken, dtype=np.int64)[:, None], known)
+            left = np.nonzero(ok)  # (the costly test last, on what is left, as below)
+            ok[left] = _clear_of(stubs[left], starts, self.size)
+            return ok
         pages = set(self.pages)
         for stub in taken:
-            ok &= np.abs(stubs - stub) >= size
             pages |= self._pages_of(stub)
         if len(pages) != len(known):
             known = np.array(sorted(pages), dtype=np.int64)
+        if len(pages) >= self._cap and len(stubs) > 64 and bool((stubs[1:] >= stubs[:-1]).all()):
+            # no page more may be used, and the candidates are sorted (a search's): only
+            # those starting on a page in use can fit, found by a binary search per page
+            # (libLLVM: most searches, the cap met early); the test on those alone
+            on = _runs(np.searchsorted(stubs, known), np.searchsorted(stubs, known + layout.PAGE))
+            ok = np.zeros(len(stubs), dtype=bool)
+            ok[on] = self._fit_each(stubs[on], source, taken, pages, known, starts)
+            return ok
+        return self._fit_each(stubs, source, taken, pages, known, starts)
+
+    def _fit_each(self, stubs: np.ndarray, source: int, taken: Sequence[int], pages: set,
+                  known: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """fit() of 1-D `stubs`, with the pages in use `pages` (a set, the `taken` stubs'
+        included; `known`: as a sorted array) and the stubs taken `starts` (sorted)."""
+        size = self.size
+        ok = (stubs >= self.floor) & (stubs <= source + REACH)
+        if not ok.any():  # (libLLVM: 40% of searches lie wholly below the floor)
+            return ok
+        for stub in taken:
+            ok &= np.abs(stubs - stub) >= size
         first, last = stubs & -layout.PAGE, (stubs + size - 1) & -layout.PAGE
         new = (~_member(first, known)).astype(np.int64) + \
             ((last != first) & ~_member(last, known))
-        if self._cap is None:
-            self._cap = self._page_cap()
         ok &= len(pages) + new <= self._cap
         # the costly test (a search among every stub taken) last, on what is left: past
         # the cap on pages, most candidates of a search are out already
@@ -129,6 +149,14 @@ def _member(values: np.ndarray, known: np.ndarray) -> np.ndarray:
                         np.searchsorted(values, known, side="right"))
     k = np.minimum(np.searchsorted(known, values), len(known) - 1)
     return known[k] == values
+
+
+def _runs(firsts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The positions of the runs [firsts[i], ends[i]) (ascending, not overlapping), in
+    order: without a pass over all positions, as _in_runs makes."""
+    lengths = ends - firsts
+    return np.repeat(firsts - np.cumsum(lengths) + lengths, lengths) + \
+        np.arange(int(lengths.sum()))
 
 
 def _in_runs(n: int, firsts: np.ndarray, ends: np.ndarray) -> np.ndarray:

@@ -58,3 +58,22 @@ def test_clear_of_sorted_candidates_is_clear_of_each(seed):
                   np.sort(rng.integers(-20, 4100, size=500)), rng.integers(0, 4000, size=300)):
         each = [all(abs(int(x) - int(s)) >= 5 for s in starts) for x in stubs]
         assert _clear_of(stubs, starts, 5).tolist() == each
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_fit_with_no_page_to_spare_is_fit_of_each(seed):
+    """Once the stubs use as many pages as the cap allows, fit() looks only at the
+    candidates on those pages: the same answers as asking one candidate at a time
+    (which takes the general way), sorted candidates or not, with stubs taken too."""
+    rng = random.Random(seed)
+    space = _space(rng, 12, cap=rng.randrange(1, 4))
+    assert space.pages and len(space.pages) == space._page_cap()  # (no page to spare)
+    stubs = sorted(FLOOR - 64 + rng.randrange(8 * layout.PAGE) for _ in range(300))
+    for candidates in (np.array(stubs, dtype=np.int64),
+                       np.array(rng.sample(stubs, len(stubs)), dtype=np.int64)):
+        for taken in ((), (int(candidates[0]),), (FLOOR + 7 * layout.PAGE + 9,)):
+            found = space.fit(candidates, FLOOR, taken)
+            assert found.tolist() == [bool(space.fit(np.array([x]), FLOOR, taken)[0])
+                                      for x in candidates.tolist()]
+            if not taken:  # (the test means something: some fit and some do not)
+                assert found.any() and not found.all()
