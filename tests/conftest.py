@@ -38,8 +38,10 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 # -- running things ----------------------------------------------------------------
 
 def clean_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    """The test's environment without UREWRITE_DIR (probes disarmed), plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    """The test's environment without UREWRITE_DIR (probes disarmed), plus `extra`.
+    Without COLUMNS and LINES too: pytest-xdist's workers set them (80x24), and a
+    command in a real terminal (tmux) would take them over the terminal's size."""
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_VAR, "COLUMNS", "LINES")}
     env.update(extra or {})
     return env
 
