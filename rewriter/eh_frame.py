@@ -24,6 +24,8 @@ DW_EH_PE_OMIT = 0xFF
 DW_EH_PE_PCREL = 0x10
 PCREL_SDATA4 = DW_EH_PE_PCREL | 0x0B
 _TWO_SDATA4 = struct.Struct("<ii")
+_LENGTH_AND_ID = struct.Struct("<II")  # an entry's 32-bit length and CIE id or pointer
+_UNREAD = object()
 _FIXED = {0x00: "<Q", 0x02: "<H", 0x03: "<I", 0x04: "<Q", 0x0A: "<h", 0x0B: "<i", 0x0C: "<q"}
 _ULEB, _SLEB = 0x01, 0x09
 
@@ -151,7 +153,32 @@ class _Walker(ValueReader):
 
     def fdes(self) -> List[Tuple[int, int]]:
         out = []
+        data, size = self.data, len(self.data)
         at = 0
+        while at + 8 <= size:
+            # the usual entry, read inline (node has 76,000): a 32-bit length, and an FDE
+            # of a CIE with GCC's and Clang's encoding, with no frame or LSDA to read
+            length, cie_pointer = _LENGTH_AND_ID.unpack_from(data, at)
+            end = at + 4 + length
+            if not 4 <= length < 0xFFFFFFFF or end > size:
+                break  # (the general loop below knows each case)
+            at += 4
+            if cie_pointer:
+                cie = at - cie_pointer
+                encoding = self.cie_encodings.get(cie, _UNREAD)
+                if encoding == PCREL_SDATA4 and at + 12 <= end and not self.want_frames \
+                        and not (self.want_lsdas and cie in self.lsda_encodings):
+                    start, extent = _TWO_SDATA4.unpack_from(data, at + 4)
+                    out.append(((self.address + at + 4 + start) & 0xFFFFFFFFFFFFFFFF,
+                                extent & 0xFFFFFFFFFFFFFFFF))
+                else:
+                    try:
+                        fde = self._fde(at, cie_pointer, end)
+                    except Truncated:
+                        fde = None
+                    if fde is not None:
+                        out.append(fde)
+            at = end
         while at + 4 <= len(self.data):
             try:
                 length, body = self._u32(at), at + 4

@@ -19,6 +19,7 @@ from urewrite.rewriter.functions import Function, discover
 from urewrite.rewriter.usdt import UsdtSite
 from urewrite.rewriter.planner import TACTICS, Plan, Planner, Refusal
 from urewrite.rewriter.selectors import Site, select
+from urewrite.rewriter.taken_addresses import TakenIndex
 from urewrite.rewriter import segment
 from urewrite.trampolines import arguments, region
 from urewrite.trampolines.region import KIND_ENTRY, KIND_RETURN, KIND_USDT
@@ -52,9 +53,12 @@ def analyse(path: str, tactics: Optional[tuple] = None) -> Analysis:
         raise UrewriteError(f"{path}: no section headers (stripped with --strip-sections "
                             f"or sstrip?): urewrite needs them to patch safely")
     _refuse_rewritten(elf)
+    backend = backend_for(elf.machine)
+    scans = TakenIndex(elf, backend)
+    scans.scan_ahead()  # (on the other core, while the functions are found)
     functions = discover(elf)
     return Analysis(elf, functions, usdt.discover(elf),
-                    Planner(elf, backend_for(elf.machine), functions, tactics or TACTICS))
+                    Planner(elf, backend, functions, tactics or TACTICS, scans))
 
 
 def _refuse_rewritten(elf: ElfFile) -> None:
@@ -123,6 +127,7 @@ def list_sites(path: str, tactics: Optional[tuple] = None, progress: Progress = 
         if len(a.functions) >= PREPARE_AT:  # (both halves then need every function's)
             a.planner.prepare(a.functions, meanwhile=a.planner.read_unwind_tables)
             a.planner.precompute(return_sites)
+        a.planner.taken_index.wait()  # (the scans ahead: done before the fork)
         returns = parallel.Forked(lambda: returns_as(return_probes(a, return_sites)))
         usdt_sites = select(["usdt:*:*"], a.functions, a.planner.boundaries, a.usdt) \
             if a.usdt else []

@@ -140,7 +140,8 @@ class Planner:
     """Plans sites of one file. Decodes each function once, however many sites it has."""
 
     def __init__(self, elf: ElfFile, backend: Backend, functions: List[Function],
-                 tactics: tuple = TACTICS):
+                 tactics: tuple = TACTICS,
+                 taken_index: Optional[taken_addresses.TakenIndex] = None):
         self.elf = elf
         self.backend = backend
         self.tactics = tactics  # which of TACTICS to try
@@ -179,7 +180,7 @@ class Planner:
         self._redirect_problems: Dict[int, Optional[str]] = {}  # function -> its own problem
         self._frames: Optional[dict] = None  # FDE start -> frame there, when first needed
         self._fragments: Optional[Dict[int, Function]] = None
-        self._taken_index: Optional[taken_addresses.TakenIndex] = None  # when first needed
+        self._taken_index = taken_index  # (else made when first needed)
         self._symbol_starts: Optional[Set[int]] = None  # where symbols start, when needed
         self._conditional_exits: Set[int] = set()  # exits that leave only when taken
         self._landing_pads: Optional[except_table.LandingPads] = None  # when first needed
@@ -315,6 +316,7 @@ class Planner:
                     Sweep.pack([self._sweeps[fn.address] for fn in part]),
                     self._branch_facts(part) if whole else None)
 
+        self.taken_index.wait()  # (scans made ahead, on a thread: done before the fork)
         second = parallel.Forked(found)
         if meanwhile is not None:
             meanwhile()

@@ -223,6 +223,28 @@ def test_walker_skips_personality_and_lsda():
     assert eh_frame._Walker(cie + fde, 0).fdes() == [(len(cie) + 8 + 0x10, 8)]
 
 
+def test_walker_reads_an_lsda_and_goes_on_past_a_64_bit_length():
+    """The walk reads the usual entry inline, and hands the others to the general
+    loop: an FDE with an LSDA to read, an entry with a 64-bit length, and what follows."""
+    cie = _cie(b"zPLR", b"\x9b" + struct.pack("<i", 0x40) + b"\x1b\x1b")
+    fde = _entry(struct.pack("<I", len(cie) + 4) + struct.pack("<ii", 0x10, 8) + b"\x04"
+                 + struct.pack("<i", 0x40))
+    at = len(cie) + len(fde)
+    body = struct.pack("<I", at + 12) + struct.pack("<ii", 0x20, 12) + b"\x00"
+    long_fde = struct.pack("<IQ", 0xFFFFFFFF, len(body)) + body
+    at_last = at + len(long_fde)
+    last = _entry(struct.pack("<I", at_last + 4) + struct.pack("<ii", 0x30, 16) + b"\x00")
+    data = cie + fde + long_fde + last + b"\0\0\0\0"
+    base = 0x1000
+    ranges = [(base + len(cie) + 8 + 0x10, 8), (base + at + 16 + 0x20, 12),
+              (base + at_last + 8 + 0x30, 16)]
+    assert eh_frame._Walker(data, base).fdes() == ranges
+    walker = eh_frame._Walker(data, base, lsdas=True)
+    assert walker.fdes() == ranges
+    lsda = base + len(cie) + 17 + 0x40  # (the pointer's field follows the length byte)
+    assert walker.lsdas == [(*ranges[0], lsda), (*ranges[1], None), (*ranges[2], None)]
+
+
 def test_walker_unknown_encoding_is_reported():
     cie = _cie(b"zR", b"\x3b")  # datarel
     fde = _fde(len(cie), 0, struct.pack("<ii", 0, 4))

@@ -170,3 +170,56 @@ def test_an_address_computed_into_a_tail_keeps_its_exits_unpatched(tmp_path):
             in listed["shared"]["reason"])
     # its indirect jump leaves it for `shared`'s tail: an exit, checked where it goes
     assert (listed["other"]["mechanism"], listed["other"]["checked"]) == ("exit sites", 1)
+
+
+# -- the scans made ahead, on a thread ------------------------------------------------
+
+def _tables(index) -> list:
+    return [(t.kind, t.section, t.values.tolist(), None if t.sources is None else
+             t.sources.tolist()) for t in index.data_tables() + index.code_tables()]
+
+
+@pytest.mark.parametrize("path", ["/lib/x86_64-linux-gnu/libc.so.6", "static"])
+def test_scans_made_ahead_are_the_scans_made_when_asked(tmp_path, path, monkeypatch):
+    """scan_ahead() makes the very tables a question makes, once: a question asked
+    while the thread scans waits for it rather than scanning again."""
+    from urewrite.rewriter.elf_file import ElfFile
+    from urewrite.rewriter.taken_addresses import TakenIndex
+    if path == "static":
+        path = _build(tmp_path, "static")  # (position-dependent: the immediates' scan too)
+    elif not shutil.os.path.exists(path):
+        pytest.skip(f"{path} is missing")
+    elf = ElfFile.open(str(path))
+    expected = TakenIndex(elf, X86_64Backend())
+    wanted = expected.every_value()[::97][:300]
+    scanned = []
+    backend = X86_64Backend()
+    scan = backend.code_reference_table
+    monkeypatch.setattr(backend, "code_reference_table",
+                        lambda code, base: scanned.append(base) or scan(code, base))
+    ahead = TakenIndex(elf, backend)
+    ahead.scan_ahead()
+    assert ahead.find(wanted) == expected.find(wanted)  # (asked at once: it waits)
+    assert _tables(ahead) == _tables(expected)
+    assert ahead.every_value().tolist() == expected.every_value().tolist()
+    assert sorted(scanned) == sorted(s.addr for s in elf.executable_sections())
+
+
+def test_a_scan_that_fails_ahead_fails_where_it_is_asked(monkeypatch, capsys):
+    """The thread prints no traceback: the question that needs the scan meets the error."""
+    import threading
+    from urewrite.rewriter.elf_file import ElfFile
+    from urewrite.rewriter.taken_addresses import TakenIndex
+    backend = X86_64Backend()
+    uncaught = []  # (what would print a thread's traceback)
+    monkeypatch.setattr(threading, "excepthook", uncaught.append)
+
+    def broken(code, base):
+        raise ValueError("no scan today")
+    monkeypatch.setattr(backend, "code_reference_table", broken)
+    index = TakenIndex(ElfFile.open(sys.executable), backend)
+    index.scan_ahead()
+    with pytest.raises(ValueError, match="no scan today"):
+        index.find([0x1000])
+    assert capsys.readouterr().err == "" and not uncaught
+    assert sys.getswitchinterval() == pytest.approx(0.005)

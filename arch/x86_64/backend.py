@@ -223,10 +223,13 @@ class X86_64Backend(Backend):
         # (48/4c 8d, ModRM mod 00 r/m 101): the 4-byte field follows the opcode bytes
         n = len(code)
         b = np.frombuffer(code + bytes(8), dtype=np.uint8)  # padded: every b[i + k] exists
-        b0, b1, b2 = b[:n], b[1:n + 1], b[2:n + 2]
-        near = np.flatnonzero((b0 == 0xE8) | (b0 == 0xE9))
-        jcc = np.flatnonzero((b0 == 0x0F) & ((b1 & 0xF0) == 0x80))
-        lea = np.flatnonzero(((b0 | 4) == 0x4C) & (b1 == 0x8D) & ((b2 & 0xC7) == 0x05))
+        # (one pass over the bytes for each pattern's rarest byte, the rest checked
+        # at its few matches: fewer passes and temporaries than whole-file masks)
+        near = np.flatnonzero((b[:n] & 0xFE) == 0xE8)
+        jcc = np.flatnonzero(b[:n] == 0x0F)
+        jcc = jcc[(b[jcc + 1] & 0xF0) == 0x80]
+        lea = np.flatnonzero(b[1:n + 1] == 0x8D)
+        lea = lea[((b[lea] | 4) == 0x4C) & ((b[lea + 2] & 0xC7) == 0x05)]
         start = np.concatenate([near, jcc, lea])
         field = np.concatenate([near + 1, jcc + 2, lea + 3])
         whole = field + 4 <= n
