@@ -104,15 +104,15 @@ class TakenIndex:
     SWITCH_INTERVAL = 0.0005  # s: while the scans run beside Python work
 
     def scan_ahead(self) -> None:
-        """Make the scans on a thread of their own while the caller goes on: numpy
-        releases the GIL while it goes over the bytes, so they take the other core
-        (node: 0.7 s, beside function discovery, of a 3 s one-probe rewrite). The
-        thread needs the GIL back between numpy's calls: Python hands it over every
-        5 ms by default, which left the scans waiting half the time; every 0.5 ms while
-        they run. Each question waits for them (wait()); so must a fork (a child has
-        no thread: it would make the missing scans itself). A scan that fails leaves
-        its table unmade: the question that needs it meets the error again, in the
-        caller's thread."""
+        """Make the scans (and the far-branch table) on a thread of their own while the
+        caller goes on: numpy releases the GIL while it goes over the bytes, so they
+        take the other core (node: 0.8 s, beside function discovery, of a 3 s
+        one-probe rewrite). The thread needs the GIL back between numpy's calls:
+        Python hands it over every 5 ms by default, which left the scans waiting half
+        the time; every 0.5 ms while they run. Each question waits for them (wait());
+        so must a fork (a child has no thread: it would make the missing scans
+        itself). A scan that fails leaves its table unmade: the question that needs
+        it meets the error again, in the caller's thread."""
         if self._scanning is not None:
             return
 
@@ -121,6 +121,7 @@ class TakenIndex:
             sys.setswitchinterval(min(interval, self.SWITCH_INTERVAL))
             try:
                 self.every_value()
+                self._branch_table()
             except BaseException:  # (asked again where it can be reported)
                 pass
             finally:
@@ -162,18 +163,23 @@ class TakenIndex:
         """target -> where the code may branch to it or compute it (the byte scan), for
         the given targets (asked once per function, with its instructions' addresses):
         a binary search in one table of every code scan's branches, sorted by target."""
-        if self._branches is None:
-            tables = [t for t in self.code_tables() if t.kind == BRANCH]
-            self._branches = _Table.of(BRANCH, "", np.concatenate(
-                [t.values for t in tables] or [np.zeros(0, np.int64)]), np.concatenate(
-                [t.sources for t in tables] or [np.zeros(0, np.int64)]))
-        table = self._branches
+        table = self._branch_table()
         wanted = np.fromiter(targets, dtype=np.int64)
         first = table.values.searchsorted(wanted, side="left")
         last = table.values.searchsorted(wanted, side="right")
         present = last > first
         return {t: table.sources[a:b].tolist() for t, a, b in
                 zip(wanted[present].tolist(), first[present].tolist(), last[present].tolist())}
+
+    def _branch_table(self) -> _Table:
+        """Every code scan's branches in one table, sorted by target."""
+        self.wait()
+        if self._branches is None:
+            tables = [t for t in self.code_tables() if t.kind == BRANCH]
+            self._branches = _Table.of(BRANCH, "", np.concatenate(
+                [t.values for t in tables] or [np.zeros(0, np.int64)]), np.concatenate(
+                [t.sources for t in tables] or [np.zeros(0, np.int64)]))
+        return self._branches
 
     # -- the scans, each once ----------------------------------------------------
     def every_value(self) -> np.ndarray:

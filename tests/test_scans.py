@@ -202,6 +202,7 @@ def test_scans_made_ahead_are_the_scans_made_when_asked(tmp_path, path, monkeypa
     assert ahead.find(wanted) == expected.find(wanted)  # (asked at once: it waits)
     assert _tables(ahead) == _tables(expected)
     assert ahead.every_value().tolist() == expected.every_value().tolist()
+    assert ahead.branch_sources(wanted.tolist()) == expected.branch_sources(wanted.tolist())
     assert sorted(scanned) == sorted(s.addr for s in elf.executable_sections())
 
 
