@@ -197,7 +197,7 @@ def test_list_text_keeps_its_columns_when_a_name_is_long(tmp_path):
     assert max(map(len, lines)) < 400
 
 
-def test_sites_made_quickly_are_the_sites_the_constructor_makes():
+def test_sites_made_quickly_are_the_sites_the_constructor_makes(monkeypatch):
     """Site.at_function (one per function for `list` and -p '*') and the name a glob
     picks among a function's names, as the long way makes them."""
     from urewrite.rewriter.functions import Function
@@ -214,3 +214,8 @@ def test_sites_made_quickly_are_the_sites_the_constructor_makes():
     sites = select(["*"], [alone, named], None, return_specs=["*um*"])
     assert [(s.name, s.kind, s.exact) for s in sites] == [
         ("alone", KIND_ENTRY, False), ("sum", KIND_RETURN, False), ("sum", KIND_ENTRY, False)]
+    # names given exactly are looked up, not matched: a build step may give 10,000
+    from urewrite.rewriter import selectors
+    monkeypatch.setattr(selectors, "_matcher", None)
+    sites = select(["alone", "sum"], [alone, named], None)
+    assert [(s.name, s.exact) for s in sites] == [("alone", True), ("sum", True)]
