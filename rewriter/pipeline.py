@@ -121,7 +121,7 @@ def list_sites(path: str, tactics: Optional[tuple] = None, progress: Progress = 
     child too."""
     with no_cycle_collection():
         a = analyse(path, tactics)
-        entries = [Site.at_function(fn, KIND_ENTRY, fn.name, fn.name, False)
+        entries = [Site(fn, fn.address, KIND_ENTRY, fn.name, fn.name, exact=False)
                    for fn in a.functions]
         return_sites = _return_sites(a)
         if len(a.functions) >= PREPARE_AT:  # (both halves then need every function's)
@@ -157,7 +157,7 @@ def return_probes(a: Analysis, sites: List[Site]) -> Dict[int, ReturnProbe]:
 
 
 def _return_sites(a: Analysis) -> List[Site]:
-    return [Site.at_function(fn, KIND_RETURN, fn.name, fn.name, False)
+    return [Site(fn, fn.address, KIND_RETURN, fn.name, fn.name, exact=False)
             for fn in a.functions]
 
 

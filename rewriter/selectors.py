@@ -6,7 +6,7 @@ import bisect
 import difflib
 import fnmatch
 import re
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import dataclass
 from typing import List, Optional
 
 from urewrite.errors import UrewriteError
@@ -31,17 +31,6 @@ class Site:
     # return probe, at an indirect jump: [start, end) ranges its target may land in and
     # stay in the function; the exit counts only when the target is in none of them
     stays_within: tuple = ()
-
-    @classmethod
-    def at_function(cls, fn: Function, kind: int, name: str, spec: str,
-                    exact: bool) -> "Site":
-        """Site(fn, fn.address, kind, name, spec, exact), quicker (as at_exit): `list`
-        and `-p '*'` make one per function, 78,000 for node, and the frozen dataclass
-        checks each of its 11 fields as it sets it."""
-        site = object.__new__(cls)
-        site.__dict__.update(_SITE_DEFAULTS, function=fn, address=fn.address, kind=kind,
-                             name=name, spec=spec, exact=exact)
-        return site
 
     def at_exit(self, address: int, tail_call: bool, stays_within: tuple) -> "Site":
         """This return probe's site at one exit of its function: replace(), quicker (a
@@ -70,9 +59,6 @@ class Site:
     def probe_address(self) -> int:
         """The address the probe is known by: a return probe's is its function's."""
         return self.function.address if self.kind == KIND_RETURN else self.address
-
-
-_SITE_DEFAULTS = {f.name: f.default for f in fields(Site) if f.default is not MISSING}
 
 
 def _is_glob(spec: str) -> bool:
@@ -132,7 +118,7 @@ def _named_sites(spec: str, by_name, kind: int) -> List[Site]:
                        key=lambda n: len(n) - len(n.lstrip("_")))
         else:  # (its one name is the one that matched)
             name = fn.name
-        out.append(Site.at_function(fn, kind, name, spec, not glob))
+        out.append(Site(fn, fn.address, kind, name, spec, exact=not glob))
     return out
 
 

@@ -197,25 +197,20 @@ def test_list_text_keeps_its_columns_when_a_name_is_long(tmp_path):
     assert max(map(len, lines)) < 400
 
 
-def test_sites_made_quickly_are_the_sites_the_constructor_makes(monkeypatch):
-    """Site.at_function (one per function for `list` and -p '*') and the name a glob
-    picks among a function's names, as the long way makes them."""
+def test_globs_and_exact_names_select_as_fnmatch_does(monkeypatch):
+    """The name a glob picks among a function's names (a function with one name
+    needs no second match), and names given exactly looked up, not matched: a build
+    step may give 10,000."""
+    from urewrite.rewriter import selectors
     from urewrite.rewriter.functions import Function
-    from urewrite.rewriter.selectors import Site, select
+    from urewrite.rewriter.selectors import select
     from urewrite.trampolines.region import KIND_ENTRY, KIND_RETURN
     alone = Function("alone", 0x1000, 16, "symtab")
     named = Function("__sum_impl", 0x2000, 16, "symtab", ("sum", "_total"))
-    for fn in (alone, named):
-        for kind in (KIND_ENTRY, KIND_RETURN):
-            quick = Site.at_function(fn, kind, fn.name, "*", False)
-            made = Site(fn, fn.address, kind, fn.name, "*", exact=False)
-            assert quick == made and hash(quick) == hash(made)
-            assert quick.__dict__ == made.__dict__
     sites = select(["*"], [alone, named], None, return_specs=["*um*"])
     assert [(s.name, s.kind, s.exact) for s in sites] == [
         ("alone", KIND_ENTRY, False), ("sum", KIND_RETURN, False), ("sum", KIND_ENTRY, False)]
-    # names given exactly are looked up, not matched: a build step may give 10,000
-    from urewrite.rewriter import selectors
+    assert [s.name for s in select(["[a_]*"], [alone, named], None)] == ["alone", "_total"]
     monkeypatch.setattr(selectors, "_matcher", None)
     sites = select(["alone", "sum"], [alone, named], None)
     assert [(s.name, s.exact) for s in sites] == [("alone", True), ("sum", True)]
