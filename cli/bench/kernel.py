@@ -16,6 +16,10 @@ from typing import Dict, List, Optional, Sequence
 from urewrite.bench.common import RUN_TIMEOUT, BenchError, clean_env, log
 
 TRACEFS_DIRS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
+# how long cleanup keeps trying to remove an instance or event the kernel calls busy: on a
+# machine where other uprobes are being taken down (each waits for an RCU grace period),
+# 5 s was not always enough
+CLEANUP_SECONDS = 30
 
 
 # -- kernel uprobes through tracefs --------------------------------------------------------
@@ -144,32 +148,40 @@ class KernelEvents:
         for name in list(self.enabled):
             with contextlib.suppress(OSError):
                 self.disable(name)
+        deadline = time.monotonic() + CLEANUP_SECONDS
         if self.instance:
-            for _ in range(50):
-                try:
-                    os.rmdir(self.instance)
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.1)  # a reader still has a file of it open
+            # (busy while a reader still has a file of it open)
+            problem = _until_done(lambda: os.rmdir(self.instance), deadline)
+            if problem:
+                log(f"warning: could not remove the tracing instance {self.instance} "
+                    f"({problem}): remove it with: rmdir {self.instance}")
             self.instance = None
         failed = []
         for name in self.created:
-            for attempt in range(50):
-                try:
-                    tracefs_write(self.events_file, f"-:{self.group}/{name}\n")
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError as e:
-                    if attempt == 49:
-                        failed.append(f"{self.group}/{name} ({e.strerror})")
-                    time.sleep(0.1)  # busy: a process that used it is still exiting
+            # (busy while a process that used it is still exiting)
+            problem = _until_done(
+                lambda: tracefs_write(self.events_file, f"-:{self.group}/{name}\n"), deadline)
+            if problem:
+                failed.append(f"{self.group}/{name} ({problem})")
         self.created = []
         if failed:
             log(f"warning: could not remove uprobe events {', '.join(failed)}: remove them "
                 f"with: echo '-:GROUP/NAME' >> {self.events_file}")
+
+
+def _until_done(remove, deadline: float) -> Optional[str]:
+    """Call remove() until it succeeds, or finds nothing to remove, or the deadline
+    passes (then: why not, from its last try; one try at least)."""
+    while True:
+        try:
+            remove()
+            return None
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                return e.strerror or str(e)
+            time.sleep(0.1)
 
 
 # -- where a uprobe goes -------------------------------------------------------------------
