@@ -246,6 +246,32 @@ def test_event_manager_cleans_up_on_error(tmp_path, foreign_event):
     assert len(event_lines(foreign_event)) == 1
 
 
+def test_cleanup_tries_again_while_the_kernel_is_busy(monkeypatch):
+    """A removal the kernel refuses as busy is tried again until the deadline; one
+    that finds nothing left is done; past the deadline, the reason is given."""
+    import errno
+    from urewrite.bench import kernel
+    monkeypatch.setattr(kernel.time, "sleep", lambda s: None)
+    tries = []
+
+    def busy_twice():
+        tries.append(1)
+        if len(tries) < 3:
+            raise OSError(errno.EBUSY, "Device or resource busy")
+    assert kernel._until_done(busy_twice, time.monotonic() + 60) is None and len(tries) == 3
+
+    def gone():
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory")
+    assert kernel._until_done(gone, time.monotonic() + 60) is None
+
+    def always_busy():
+        tries.append(1)
+        raise OSError(errno.EBUSY, "Device or resource busy")
+    tries.clear()
+    assert kernel._until_done(always_busy, time.monotonic() - 1) == "Device or resource busy"
+    assert len(tries) == 1  # (one try at least, even past the deadline)
+
+
 # -- summaries and formatting -----------------------------------------------------------------
 
 def _row(name, tool, kind, trigger, runs, threads=1):
