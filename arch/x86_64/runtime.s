@@ -547,9 +547,24 @@ cc_wait:
     mov qword ptr [r10 + {OFF_NS_MULT}], rax
     ret
 
-# -> rax = TSC, rdx = CLOCK_MONOTONIC in ns
+# -> rax = TSC, rdx = CLOCK_MONOTONIC in ns, read together: of 4 tries, the one whose
+# clock_gettime two TSC reads bracket most closely, with the TSC of the bracket's middle.
+# (One TSC read after the syscall was late by whatever ran between them: on a busy
+# machine the syscall's return may be preempted for milliseconds, and over the 2 ms of
+# calibrate_clock that skewed every latency of the process by a third or more.)
 clock_pair:
-    sub rsp, 16
+    push rbx
+    push r12
+    push r13
+    push r8
+    sub rsp, 32                            # [rsp]: timespec; [rsp + 16]: the TSC before
+    mov r8d, 4                             # tries
+    mov rbx, -1                            # the narrowest bracket so far, in ticks
+cp_try:
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    mov qword ptr [rsp + 16], rax
     mov edi, 1                             # CLOCK_MONOTONIC
     mov rsi, rsp
     mov eax, 228                           # clock_gettime
@@ -557,11 +572,26 @@ clock_pair:
     rdtsc
     shl rdx, 32
     or rax, rdx
-    mov rcx, rax
+    sub rax, qword ptr [rsp + 16]          # the bracket
+    cmp rax, rbx
+    jae cp_next                            # (unsigned: the first try is always kept)
+    mov rbx, rax
+    shr rax, 1
+    add rax, qword ptr [rsp + 16]
+    mov r12, rax                           # its middle
     imul rdx, qword ptr [rsp], 1000000000
     add rdx, qword ptr [rsp + 8]
-    mov rax, rcx
-    add rsp, 16
+    mov r13, rdx
+cp_next:
+    dec r8d
+    jnz cp_try
+    mov rax, r12
+    mov rdx, r13
+    add rsp, 32
+    pop r8
+    pop r13
+    pop r12
+    pop rbx
     ret
 
 # One event into the ring. rdi = the site's registers (frame slots, see
