@@ -6,6 +6,7 @@ displacement, bytes straddling two instructions) no longer does. Code in no know
 stays conservative."""
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -187,7 +188,7 @@ def test_scans_made_ahead_are_the_scans_made_when_asked(tmp_path, path, monkeypa
     from urewrite.rewriter.taken_addresses import TakenIndex
     if path == "static":
         path = _build(tmp_path, "static")  # (position-dependent: the immediates' scan too)
-    elif not shutil.os.path.exists(path):
+    elif not os.path.exists(path):
         pytest.skip(f"{path} is missing")
     elf = ElfFile.open(str(path))
     expected = TakenIndex(elf, X86_64Backend())
