@@ -211,6 +211,22 @@ class Planner:
         offset = self.elf.offset_of(fn.address, max(fn.size, 1))
         return self.elf.data[offset:offset + fn.size] if offset is not None else b""
 
+    def _sweep_all(self, functions: List[Function]) -> bool:
+        """Sweep the functions not swept yet at once, if the backend has a much faster
+        way for many (Backend.sweep_all); whether it had."""
+        todo, spans = [], []
+        for fn in functions:
+            if fn.address not in self._sweeps:
+                offset = self.elf.offset_of(fn.address, max(fn.size, 1))
+                todo.append(fn.address)
+                spans.append((offset, fn.size, fn.address) if offset is not None
+                             else (0, 0, fn.address))  # (as _code(): no bytes)
+        made = self.backend.sweep_all(self.elf.data, spans)
+        if made is None:
+            return False
+        self._sweeps.update(zip(todo, made))
+        return True
+
     def rows(self, fn: Function, first: int, end: int) -> list:
         """Instructions `first` to `end` (exclusive) of the function's sweep: the marked
         ones (Sweep.marked: branches, calls, landing pads) decoded, the others plain code
@@ -313,10 +329,12 @@ class Planner:
                     {fn.address: self._unknown_jumps[fn.address] for fn in part},
                     {fn.address: self._computed[fn.address] for fn in part
                      if fn.address in self._computed},
-                    Sweep.pack([self._sweeps[fn.address] for fn in part]),
+                    Sweep.pack([self._sweeps[fn.address] for fn in part
+                                if not swept_ahead]),
                     self._branch_facts(part) if whole else None)
 
         self.taken_index.wait()  # (scans made ahead, on a thread: done before the fork)
+        swept_ahead = self._sweep_all(functions)  # (then the child has them all too)
         second = parallel.Forked(found)
         if meanwhile is not None:
             meanwhile()

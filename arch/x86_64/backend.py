@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
 import re
 from sys import intern
 from typing import Optional
@@ -15,10 +14,9 @@ from capstone import x86
 from urewrite.arch.base import (BRANCH, CALL, JUMP, OTHER, PLAIN, RETURN, Backend, Insn, Runtime,
                                 RuntimeRefs, RuntimeSpec, Sweep, Window)
 from urewrite.arch.x86_64 import (arguments, jump_tables, relocator, return_address, runtime,
-                                  trampoline)
+                                  linear_sweep, trampoline)
 from urewrite.arch.x86_64.writer import jmp_rel8, jmp_rel32
 
-ENDBR64 = b"\xf3\x0f\x1e\xfa"
 INT3 = 0xCC
 _BRANCH_MNEMONICS = frozenset(
     "jmp call jo jno jb jae je jne jbe ja js jns jp jnp jl jge jle jg jrcxz jecxz loop loope loopne"
@@ -53,28 +51,6 @@ def _exit_mnemonic(full: str) -> Optional[str]:
             mnemonic in _BRANCH_MNEMONICS and mnemonic != "call") else None
     return _EXIT_MNEMONICS[full]
 
-
-# iced-x86's flow control -> Sweep kinds (refined in X86_64Backend.sweep)
-_ICED_KINDS = {iced_x86.FlowControl.CALL: CALL,
-               iced_x86.FlowControl.UNCONDITIONAL_BRANCH: JUMP,
-               iced_x86.FlowControl.CONDITIONAL_BRANCH: BRANCH,
-               iced_x86.FlowControl.RETURN: RETURN,
-               iced_x86.FlowControl.INDIRECT_BRANCH: OTHER,
-               iced_x86.FlowControl.INDIRECT_CALL: PLAIN,
-               iced_x86.FlowControl.INTERRUPT: PLAIN,
-               iced_x86.FlowControl.EXCEPTION: PLAIN,
-               iced_x86.FlowControl.XBEGIN_XABORT_XEND: PLAIN}
-_NEXT, _CONDITIONAL = iced_x86.FlowControl.NEXT, iced_x86.FlowControl.CONDITIONAL_BRANCH
-# flows of instructions that neither branch nor call (Sweep.marked: not marked for that)
-_UNMARKED = frozenset((iced_x86.FlowControl.RETURN, iced_x86.FlowControl.INTERRUPT,
-                       iced_x86.FlowControl.EXCEPTION))
-_INVALID = iced_x86.Code.INVALID
-_NEAR_BRANCH = frozenset((iced_x86.OpKind.NEAR_BRANCH16, iced_x86.OpKind.NEAR_BRANCH32,
-                          iced_x86.OpKind.NEAR_BRANCH64))
-_COUNTED = frozenset((iced_x86.Mnemonic.LOOP, iced_x86.Mnemonic.LOOPE, iced_x86.Mnemonic.LOOPNE,
-                      iced_x86.Mnemonic.JRCXZ, iced_x86.Mnemonic.JECXZ, iced_x86.Mnemonic.JCXZ))
-_NEAR_RETURNS = frozenset((iced_x86.Code.RETNQ, iced_x86.Code.RETNQ_IMM16))
-_XBEGIN = frozenset((iced_x86.Code.XBEGIN_REL16, iced_x86.Code.XBEGIN_REL32))
 
 # prefixes a `jmp rel32` ignores, for 0, 1 or 2 bytes before it: REX.W (the operand is
 # 64-bit anyway), then an ES override (no memory operand); never 0x66, which would
@@ -145,51 +121,13 @@ class X86_64Backend(Backend):
         return [at for at, _, _, _ in rows] + [rows[-1][0] + rows[-1][1] if rows else address]
 
     def sweep(self, code: bytes, address: int) -> Sweep:
-        # iced-x86 (docs/design.md, "Big files"): several times faster than Capstone,
-        # and only the instructions that branch are looked at twice. Where it meets an
-        # instruction it cannot decode, Capstone's own sweep decides where that ends.
-        starts, rows, kinds, targets, marked = [], [], [], [], []
-        decoder = iced_x86.Decoder(64, code, ip=address)
-        for insn in decoder:
-            starts.append(insn.ip)
-            flow = insn.flow_control
-            if flow == _NEXT:
-                continue
-            code_ = insn.code
-            if code_ == _INVALID:
-                return super().sweep(code, address)
-            if flow not in _UNMARKED:  # (any branch or call: needs_detail may say yes)
-                marked.append(len(starts) - 1)
-            kind = _ICED_KINDS.get(flow, OTHER)
-            if kind in (CALL, JUMP, BRANCH) and insn.op0_kind not in _NEAR_BRANCH:
-                kind = PLAIN if kind == CALL else OTHER  # syscall, far forms
-            if kind == BRANCH and insn.mnemonic in _COUNTED:
-                kind = OTHER  # loop, jrcxz: exit_kind refuses them as exits
-            elif kind == RETURN and code_ not in _NEAR_RETURNS:
-                kind = OTHER
-            elif kind == PLAIN:
-                if code_ not in _XBEGIN:
-                    continue
-                kind = CALL  # its abort path goes to its target
-            rows.append(len(starts) - 1)
-            kinds.append(kind)
-            targets.append(insn.near_branch_target if kind in (CALL, JUMP, BRANCH) or
-                           flow == _CONDITIONAL else -1)
-        starts.append(address + decoder.position)
-        edges = np.array(starts, dtype=np.int64)
-        # landing pads, by their bytes (rare but at function entries): the instruction
-        # that holds them
-        at = code.find(ENDBR64)
-        if at >= 0:
-            pads = set()
-            while at >= 0:
-                k = bisect.bisect_right(starts, address + at) - 1
-                if 0 <= k < len(starts) - 1:
-                    pads.add(k)
-                at = code.find(ENDBR64, at + 1)
-            marked = sorted(pads.union(marked))  # (else already in order, each once)
-        return Sweep(edges, np.array(rows, dtype=np.int64), np.array(kinds, dtype=np.uint8),
-                     np.array(targets, dtype=np.int64), np.array(marked, dtype=np.int64))
+        # iced-x86 (docs/design.md, "Big files"): several times faster than Capstone.
+        # Where it meets an instruction it cannot decode, Capstone's own sweep decides
+        # where that ends.
+        return linear_sweep.sweep(code, address, super().sweep)
+
+    def sweep_all(self, data: bytes, spans) -> Optional[list]:
+        return linear_sweep.sweep_all(data, spans, super().sweep)
 
     def flow_kind(self, insn: Insn) -> tuple:
         mnemonic = _bare_mnemonic(insn.mnemonic)
