@@ -174,7 +174,8 @@ class SweptCode(Sequence):
         self.sweep = sweep
         self.addresses = sweep.starts.tolist()
         self._insns: list = [None] * len(self.addresses)
-        self._decode, self._read = decode, read  # (code, address) -> insns; (address, size)
+        self._decode = decode  # (code, address) -> insns
+        self.read = read  # (address, size) -> the file's bytes
 
     def __len__(self) -> int:
         return len(self._insns)
@@ -207,7 +208,7 @@ class SweptCode(Sequence):
         a, b = missing[0], missing[-1] + 1
         start = self.addresses[a]
         end = self.addresses[b] if b < len(self) else self.sweep.end
-        decoded = self._decode(self._read(start, end - start), start)
+        decoded = self._decode(self.read(start, end - start), start)
         if [i.address for i in decoded] != self.addresses[a:b] or decoded[-1].end != end:
             raise NotAsSwept(f"its instructions at {start:#x} decode differently")
         self._insns[a:b] = decoded

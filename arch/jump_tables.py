@@ -108,12 +108,27 @@ class JumpTable:
     entry_sources: FrozenSet[int]
 
 
+@dataclass(frozen=True)
+class WriterFacts:
+    """What _writers() asks of an instruction, the same wherever its bytes lie: whether
+    the quick decoder finds it as the sweep does (one instruction, all of its bytes),
+    whether that is a call, and the register families it writes (None: it does not
+    decode in detail)."""
+    as_swept: bool
+    call: bool
+    written: Optional[FrozenSet[str]]
+
+
 class Semantics:
     """What a backend tells the shared walk about its instructions. One instance per
     function: `insns` its instructions (quick decode: a list, or a SweptCode that
     decodes those the walk reads), `read` the file's bytes."""
 
     callee_saved: FrozenSet[str] = frozenset()
+    # instruction bytes -> WriterFacts, kept by the backend across functions, where its
+    # may_write() says nothing (every instruction decoded): _writers() then looks up
+    # each instruction's bytes instead of decoding the whole function
+    facts: Optional[Dict[bytes, "WriterFacts"]] = None
 
     def __init__(self, insns: list, read: Callable[[int, int], bytes]):
         self.insns = insns
@@ -123,6 +138,7 @@ class Semantics:
         self._owners: Dict[str, object] = {}  # register -> _writers()
         self._targets: Optional[Dict[int, List[int]]] = None
         self._position: Optional[Dict[int, int]] = None
+        self._facts_list: Optional[list] = None
         # of the walk from one jump (recover)
         self._invariants: Dict[str, object] = {}
         self.dispatch = 0  # position of the dispatch's first instruction
@@ -240,6 +256,10 @@ class Semantics:
             if family not in self.callee_saved and self._has_direct_call():
                 self._owners[family] = None  # (known without decoding the rest)
                 return None
+            facts = self._all_facts()
+            if facts is not None:
+                self._owners[family] = self._writers_by_facts(family, facts)
+                return self._owners[family]
             for k, insn in enumerate(self.insns):
                 if self.is_call(insn) and family not in self.callee_saved:
                     owners = None
@@ -254,6 +274,44 @@ class Semantics:
                     owners.append((k, detailed))
             self._owners[family] = owners
         return self._owners[family]
+
+    def _all_facts(self) -> Optional[list]:
+        """WriterFacts of each instruction, by its bytes where the sweep puts it; None where
+        there are none to use (no shared facts, instructions not from a sweep), or
+        where one does not decode alone as the sweep has it (then decoding the whole
+        function fails as before)."""
+        if self.facts is None or not isinstance(self.insns, SweptCode):
+            return None
+        if self._facts_list is None:
+            edges = self.insns.addresses + [self.insns.sweep.end]
+            start = edges[0]
+            code = self.insns.read(start, edges[-1] - start)
+            known, found = self.facts, []
+            for a, b in zip(edges, edges[1:]):
+                raw = code[a - start:b - start]
+                fact = known.get(raw)
+                if fact is None:
+                    fact = known[raw] = self.facts_of(raw)
+                found.append(fact)
+            self._facts_list = found if all(f.as_swept for f in found) else ()
+        return self._facts_list or None
+
+    def _writers_by_facts(self, family: str, facts: list) -> Optional[list]:
+        """_writers() from each instruction's facts: the same answer, with only the
+        writers themselves decoded where they lie."""
+        owners = []
+        for k, fact in enumerate(facts):
+            if fact.call and family not in self.callee_saved:
+                return None
+            if fact.written is None:
+                return None
+            if family in fact.written:
+                owners.append((k, self.detail(self.insns[k])))
+        return owners
+
+    def facts_of(self, raw: bytes) -> "WriterFacts":
+        """The facts of one instruction's bytes, decoded alone."""
+        raise NotImplementedError
 
     def _has_direct_call(self) -> bool:
         """Whether the function has a direct call, found among the rows of its sweep

@@ -106,6 +106,7 @@ class X86_64Backend(Backend):
         self._full = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
         self._full.detail = True
         self._branch_mnemonics: dict = {}  # _branch_opcode() -> mnemonic (direct_branch)
+        self.jump_table_facts: dict = {}  # instruction bytes -> jump_tables.WriterFacts
 
     # -- reading -----------------------------------------------------------
     def decode(self, code: bytes, address: int, detail: bool = False) -> list:

@@ -20,7 +20,7 @@ import capstone
 from capstone import x86_const as X
 
 from urewrite.arch.jump_tables import (INDEX, MASK64, Affine, Check, Entry, LowIndex,
-                                       Semantics, add, read_index, recover_all)
+                                       Semantics, WriterFacts, add, read_index, recover_all)
 
 _CONDITIONAL = frozenset("jo jno jb jae je jne jbe ja js jns jp jnp jl jge jle jg jrcxz jecxz "
                          "jcxz loop loope loopne".split())
@@ -60,6 +60,15 @@ class _X86(Semantics):
         super().__init__(insns, read)
         self.backend = backend
         self.cs = backend._full
+        self.facts = backend.jump_table_facts  # (may_write() says nothing here)
+
+    def facts_of(self, raw: bytes) -> WriterFacts:
+        quick = self.backend.decode(raw, 0)
+        as_swept = len(quick) == 1 and quick[0].size == len(raw)
+        detailed = next(self.cs.disasm(raw, 0), None)
+        return WriterFacts(as_swept, as_swept and self.is_call(quick[0]),
+                      frozenset(self.written(detailed))
+                      if detailed is not None and detailed.size == len(raw) else None)
 
     # -- control flow, on the quick decode -----------------------------------------
     def branch_target(self, insn):
