@@ -7,6 +7,8 @@ per session however many tests use it.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import itertools
 import json
 import os
@@ -16,6 +18,7 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
@@ -224,6 +227,20 @@ def session_dir(tmp_path_factory) -> Path:
 
 # -- the kernel uprobe oracle -------------------------------------------------------------
 
+@contextlib.contextmanager
+def kernel_tracing_alone():
+    """Held while a test changes the kernel's uprobes or tracing instances: the workers
+    of pytest-xdist take turns. While another process adds and removes uprobes, the
+    kernel calls a tracing instance busy (rmdir: EBUSY) for as long as that goes on,
+    and `bench` (its own instance) would give up its cleanup with a warning."""
+    with open(os.path.join(tempfile.gettempdir(), "urewrite-tests-tracing.lock"), "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 class Uprobes:
     """Counts how often addresses of a file run, with kernel uprobes (the oracle).
 
@@ -252,6 +269,12 @@ class Uprobes:
         counts the processes that have the probe enabled in it, as a tracer does.
         `returns`: functions (name -> entry address) to count returns of, with
         uretprobes; their hits are under the name too (keep names apart)."""
+        with kernel_tracing_alone():
+            return self._count(binary, addresses, action, semaphores, returns)
+
+    def _count(self, binary, addresses: Dict[str, int], action: Callable[[], object],
+               semaphores: Optional[Dict[str, int]],
+               returns: Optional[Dict[str, int]]) -> Dict[str, int]:
         path = os.path.realpath(binary)
         self._serial += 1
         prefix = f"u{os.getpid()}_{self._serial}_"

@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from conftest import kernel_tracing_alone
 from urewrite import bench
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,6 +54,14 @@ def tracefs_unusable():
 
 needs_tracefs = pytest.mark.skipif(tracefs_unusable() is not None,
                                    reason=f"kernel rows: {tracefs_unusable()}")
+
+
+@pytest.fixture(autouse=True)
+def tracing_alone():
+    """The bench's kernel rows add uprobes and a tracing instance: not beside another
+    worker's uprobes (conftest.kernel_tracing_alone)."""
+    with kernel_tracing_alone():
+        yield
 
 
 def event_lines(group: str):
@@ -222,8 +231,8 @@ def test_ctrl_c_removes_the_events(foreign_event):
             proc.wait()
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
-    assert event_lines(group) == []
-    assert group not in instances()
+    assert event_lines(group) == [], err
+    assert group not in instances(), err  # (err: the cleanup's warning, if it gave up)
     assert len(event_lines(foreign_event)) == 1
 
 

@@ -18,7 +18,9 @@ from urewrite.bench.common import RUN_TIMEOUT, BenchError, clean_env, log
 TRACEFS_DIRS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 # how long cleanup keeps trying to remove an instance or event the kernel calls busy: on a
 # machine where other uprobes are being taken down (each waits for an RCU grace period),
-# 5 s was not always enough
+# 5 s was not always enough. While another process keeps adding and removing uprobes, the
+# instance stays busy as long as that goes on (seen past 30 s): cleanup then warns with
+# the command that removes it
 CLEANUP_SECONDS = 30
 
 
