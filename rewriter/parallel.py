@@ -14,11 +14,12 @@ uses the cores).
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import multiprocessing
 import os
 import pickle
-from typing import Callable, Generic, Iterable, Iterator, TypeVar
+from typing import Callable, Generic, Iterable, Iterator, Optional, TypeVar
 
 from urewrite.errors import UrewriteError
 
@@ -85,27 +86,47 @@ class Shares(Generic[T]):
     forked children share, behind a lock (of the fork context: made and unlinked at
     once, with no resource tracker)."""
 
-    def __init__(self, pieces: list):
+    def __init__(self, pieces: list, sizes: Optional[list] = None):
         self._pieces = pieces
         self._next = mmap.mmap(-1, 8)  # (zero: the first piece)
         self._lock = multiprocessing.get_context("fork").Lock()
+        # items handed out once each piece is (`sizes`: items per piece; else one each)
+        self._handed = list(itertools.accumulate(sizes)) if sizes is not None else \
+            list(range(1, len(pieces) + 1))
+        self._reported = 0  # (items told to this process's progress)
 
     @classmethod
     def of(cls, items: list, count: int) -> "Shares":
         """`items` in about `count` pieces of consecutive ones."""
         step = -(-len(items) // count) or 1
-        return cls([items[k:k + step] for k in range(0, len(items), step)])
+        pieces = [items[k:k + step] for k in range(0, len(items), step)]
+        return cls(pieces, [len(p) for p in pieces])
 
-    def take(self, leave: int = 0) -> Iterator[T]:
+    def take(self, leave: int = 0, progress: Optional[Callable[[int], None]] = None
+             ) -> Iterator[T]:
         """The pieces this process gets, up to the last `leave` ones (left to the others:
-        a child that must still send what it found stops that much earlier)."""
+        a child that must still send what it found stops that much earlier).
+        `progress(n)`: told of n more items handed out, to any process, as this one
+        takes each piece (the work of both, shown by the one that draws the bar)."""
         while True:
             with self._lock:
                 k = int.from_bytes(self._next[:8], "little")
                 if k >= len(self._pieces) - leave:
                     return
                 self._next[:8] = (k + 1).to_bytes(8, "little")
+            if progress is not None and k > 0:  # (the pieces before this one: handed out)
+                self._tell(progress, self._handed[k - 1])
             yield self._pieces[k]
+
+    def done(self, progress: Optional[Callable[[int], None]]) -> None:
+        """Tell `progress` of the items not yet told: all are done."""
+        if progress is not None and self._handed:
+            self._tell(progress, self._handed[-1])
+
+    def _tell(self, progress: Callable[[int], None], handed: int) -> None:
+        if handed > self._reported:
+            progress(handed - self._reported)
+            self._reported = handed
 
 
 def map_ordered(function: Callable, items: Iterable, workers: int = 0) -> Iterator:

@@ -125,8 +125,10 @@ def list_sites(path: str, tactics: Optional[tuple] = None, progress: Progress = 
                    for fn in a.functions]
         return_sites = _return_sites(a)
         if len(a.functions) >= PREPARE_AT:  # (both halves then need every function's)
-            a.planner.prepare(a.functions, meanwhile=a.planner.read_unwind_tables)
-            a.planner.precompute(return_sites)
+            a.planner.prepare(a.functions, meanwhile=a.planner.read_unwind_tables,
+                              progress=_steps(progress, "analysing functions", len(a.functions)))
+            a.planner.precompute(return_sites,
+                                 _steps(progress, "finding exits", len(return_sites)))
         a.planner.taken_index.wait()  # (the scans ahead: done before the fork)
         returns = parallel.Forked(lambda: returns_as(return_probes(a, return_sites)))
         usdt_sites = select(["usdt:*:*"], a.functions, a.planner.boundaries, a.usdt) \
@@ -215,8 +217,9 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
             raise UrewriteError("--exclude leaves no site to probe")
     if len(sites) >= PREPARE_AT:  # most of the file: analyse every function on all cores,
         # and find the sites' windows the same way (list does the same)
-        a.planner.prepare(a.functions, meanwhile=a.planner.read_unwind_tables)
-        a.planner.precompute(sites)
+        a.planner.prepare(a.functions, meanwhile=a.planner.read_unwind_tables,
+                          progress=_steps(progress, "analysing functions", len(a.functions)))
+        a.planner.precompute(sites, _steps(progress, "finding windows", len(sites)))
     outcomes = a.planner.plan(sites, _steps(progress, "planning", len(sites)))
     plans = [o for o in outcomes if isinstance(o, Plan)]
     refusals = [o for o in outcomes if isinstance(o, Refusal)]

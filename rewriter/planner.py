@@ -299,21 +299,23 @@ class Planner:
         return self.rows(fn, 0, min(end_row, len(sweep)))
 
     def prepare(self, functions: List[Function],
-                meanwhile: Optional[Callable[[], None]] = None) -> None:
+                meanwhile: Optional[Callable[[], None]] = None,
+                progress: Optional[Callable[[int], None]] = None) -> None:
         """Sweep many functions and work out their branch targets and jump tables at
         once, in this process and a forked child (parallel.py), each taking pieces of
         them as it goes: the caches are what each function's own analysis would fill,
         whoever did it, so plans do not change. `meanwhile()`: other work for this
-        process first, the child taking more pieces meanwhile."""
+        process first, the child taking more pieces meanwhile. `progress(n)`: told
+        of functions done, by both."""
         whole = functions is self.functions  # (then the whole-file filters below)
         # (pieces of about 1/2048 of them, taken by each process as it goes: cost is not
         # spread evenly along a file, and fixed halves of it, even every other
         # function, left one process waiting for the other 2 s on libLLVM)
         pieces = parallel.Shares.of(functions, 2048)
 
-        def analyse(leave: int = 0) -> List[Function]:  # (the functions it took)
+        def analyse(leave: int = 0, progress=None) -> List[Function]:  # (the functions it took)
             took = []
-            for piece in pieces.take(leave):
+            for piece in pieces.take(leave, progress):
                 for fn in piece:
                     self.branch_targets(fn)
                 took += piece
@@ -338,10 +340,11 @@ class Planner:
         second = parallel.Forked(found)
         if meanwhile is not None:
             meanwhile()
-        mine = analyse()
+        mine = analyse(progress=progress)
         facts = self._branch_facts(mine) if whole else None
         theirs, direct, tables, unknown_jumps, computed, sweeps, their_facts = \
             second.result()
+        pieces.done(progress)
         sweeps = dict(zip(theirs, Sweep.unpack(sweeps)))
         for ours, received in zip((self._direct, self._tables, self._unknown_jumps,
                                    self._computed, self._sweeps),
@@ -711,23 +714,24 @@ class Planner:
                            "are not only its own".format(*shared))
         return exits, conditional
 
-    def precompute(self, sites: List[Site]) -> None:
+    def precompute(self, sites: List[Site],
+                   progress: Optional[Callable[[int], None]] = None) -> None:
         """For plans that are only reported (`list`): a window for each of these sites
         (for a return probe, its exits first, then a window for each) and whether
         anything may branch into it, worked out ahead, in this process and a forked
         child (parallel.py), each taking pieces of them as it goes: plan() takes
         them as it would have found them itself, so the plans are the same, in about
-        half the time."""
+        half the time. `progress(n)`: told of sites done, by both."""
         self.taken_index.every_value()  # (the scans, made once before the fork)
 
         # (pieces of about 1/2048 of the sites, taken by each process as it goes; see
         # prepare)
         pieces = parallel.Shares.of(sites, 2048)
 
-        def work(leave: int = 0) -> tuple:
+        def work(leave: int = 0, progress=None) -> tuple:
             exits, windows, plans = {}, {}, []
             at_risk = {}  # return probes with an exit whose window may fail: address -> function
-            for site in itertools.chain.from_iterable(pieces.take(leave)):
+            for site in itertools.chain.from_iterable(pieces.take(leave, progress)):
                 if site.kind != KIND_RETURN:
                     targets = [site]
                 else:
@@ -763,10 +767,11 @@ class Planner:
         # (the child leaves the last 64 pieces to this process: it also sends what it
         # found, and this process reads it, 0.5 s on node)
         second = parallel.Forked(lambda: work(leave=64))
-        for exits, windows, problems in (work(), second.result()):
+        for exits, windows, problems in (work(progress=progress), second.result()):
             self._exits_known.update(exits)
             self._windows_known.update(windows)
             self._redirect_problems.update(problems)  # (read only if the file allows it)
+        pieces.done(progress)
 
     def _window_key(self, site: Site) -> tuple:
         """What a site's window depends on (precompute)."""
