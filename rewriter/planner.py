@@ -208,23 +208,24 @@ class Planner:
 
     def _code(self, fn: Function) -> bytes:
         """The function's bytes (none when the file does not hold them)."""
+        offset, size = self._span(fn)
+        return self.elf.data[offset:offset + size]
+
+    def _span(self, fn: Function) -> tuple:
+        """(offset, size) of the function's bytes in the file; (0, 0) when it does not
+        hold them."""
         offset = self.elf.offset_of(fn.address, max(fn.size, 1))
-        return self.elf.data[offset:offset + fn.size] if offset is not None else b""
+        return (offset, fn.size) if offset is not None else (0, 0)
 
     def _sweep_all(self, functions: List[Function]) -> bool:
         """Sweep the functions not swept yet at once, if the backend has a much faster
         way for many (Backend.sweep_all); whether it had."""
-        todo, spans = [], []
-        for fn in functions:
-            if fn.address not in self._sweeps:
-                offset = self.elf.offset_of(fn.address, max(fn.size, 1))
-                todo.append(fn.address)
-                spans.append((offset, fn.size, fn.address) if offset is not None
-                             else (0, 0, fn.address))  # (as _code(): no bytes)
-        made = self.backend.sweep_all(self.elf.data, spans)
+        todo = [fn for fn in functions if fn.address not in self._sweeps]
+        made = self.backend.sweep_all(self.elf.data,
+                                      [self._span(fn) + (fn.address,) for fn in todo])
         if made is None:
             return False
-        self._sweeps.update(zip(todo, made))
+        self._sweeps.update(zip((fn.address for fn in todo), made))
         return True
 
     def rows(self, fn: Function, first: int, end: int) -> list:

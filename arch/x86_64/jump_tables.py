@@ -66,9 +66,9 @@ class _X86(Semantics):
         quick = self.backend.decode(raw, 0)
         as_swept = len(quick) == 1 and quick[0].size == len(raw)
         detailed = next(self.cs.disasm(raw, 0), None)
-        return WriterFacts(as_swept, as_swept and self.is_call(quick[0]),
-                      frozenset(self.written(detailed))
-                      if detailed is not None and detailed.size == len(raw) else None)
+        written = frozenset(self.written(detailed)) \
+            if detailed is not None and detailed.size == len(raw) else None
+        return WriterFacts(as_swept, as_swept and self.is_call(quick[0]), written)
 
     # -- control flow, on the quick decode -----------------------------------------
     def branch_target(self, insn):

@@ -69,11 +69,10 @@ def sweep_all(data: bytes, spans: Sequence[Tuple[int, int, int]],
 
 def native_sweeps(data: bytes, spans: Sequence[Tuple[int, int, int]],
                   undecodable: Undecodable) -> List[Sweep]:
-    offsets, sizes, addresses = (np.array(column, dtype=np.int64).reshape(-1)
-                                 for column in zip(*spans)) if spans else ((),) * 3
+    table = np.array(spans, dtype=np.int64).reshape(-1, 3)  # (offset, size, address) rows
     made = native_sweep.sweep_functions(
-        data, np.asarray(offsets, np.int64).tobytes(), np.asarray(sizes, np.int64).tobytes(),
-        np.asarray(addresses, np.int64).tobytes(), (PLAIN, CALL, JUMP, BRANCH, RETURN, OTHER))
+        data, table[:, 0].tobytes(), table[:, 1].tobytes(), table[:, 2].tobytes(),
+        (PLAIN, CALL, JUMP, BRANCH, RETURN, OTHER))
     edges, rows, targets, marked, counts = (np.frombuffer(made[k], dtype=np.int64)
                                             for k in (0, 1, 3, 4, 5))
     kinds = np.frombuffer(made[2], dtype=np.uint8)
