@@ -214,6 +214,23 @@ class SweptCode(Sequence):
         self._insns[a:b] = decoded
 
 
+@dataclass
+class SweepBatch:
+    """Many functions' sweeps made at once (Backend.sweep_all): `sweeps`, one per
+    function asked, views of a few long arrays, and where each lies in them, for code
+    that reads those arrays in place (rewriter/window_search.py): `edges`, `rows`,
+    `targets` and `marked`, the bytes of those arrays (int64, native order); `spans`,
+    per function (n, 6): its first edge and number of edges (-1: swept another way, in
+    no array), its first row and number of rows, its first marked and their number."""
+
+    sweeps: list
+    edges: bytes
+    rows: bytes
+    targets: bytes
+    marked: bytes
+    spans: np.ndarray
+
+
 @dataclass(frozen=True)
 class Window:
     """The bytes a patch overwrites at one site, and the instructions they held.
@@ -334,11 +351,15 @@ class Backend(ABC):
         return Sweep.of(self.decode(code, address), self.flow_kind,
                         lambda insn: self.needs_detail(insn) or self.landing_pad_size(insn))
 
-    def sweep_all(self, data: bytes, spans) -> Optional[list]:
+    def sweep_all(self, data: bytes, spans) -> Optional["SweepBatch"]:
         """The sweeps of many functions at once, each (offset in `data`, size, address),
         as sweep() makes them, where the backend has a much faster way than one by one
         (x86_64's native sweep); else None, and the caller sweeps them as it goes."""
         return None
+
+    # A compiled window search over a SweepBatch's arrays (rewriter/window_search.py),
+    # where the backend's native module has one; None: the planner searches in Python.
+    window_search_engine: Optional[type] = None
 
     @abstractmethod
     def flow_kind(self, insn: Insn) -> tuple:

@@ -32,7 +32,7 @@ from urewrite.arch.jump_tables import JumpTable
 from urewrite.errors import UrewriteError
 from urewrite.rewriter import (copied_code, elf_symbols, except_table, free_space,
                                jump_table_guard, layout, parallel, redirection,
-                               taken_addresses)
+                               taken_addresses, window_search)
 from urewrite.rewriter.arrays import unique
 from urewrite.rewriter.free_space import Occupancy
 from urewrite.rewriter.elf_file import ElfFile
@@ -150,6 +150,8 @@ class Planner:
         self._ends_so_far = list(itertools.accumulate((f.end for f in functions), max))
         self._decoded: Dict[int, list] = {}
         self._sweeps: Dict[int, Sweep] = {}  # function -> its sweep in compact form
+        self._batch: Optional[tuple] = None  # (SweepBatch, its functions): _sweep_all()
+        self._search = None  # window_search's engine, once made (_window_search())
         self._gaps: Dict[int, int] = {}  # section -> _gap_after()
         self._gap_ends: tuple = (None, [])  # (padding gaps, their ends): _landing_in_padding
         self._exits_known: Dict[int, object] = {}  # function -> _exit_points() (or why not)
@@ -225,8 +227,20 @@ class Planner:
                                       [self._span(fn) + (fn.address,) for fn in todo])
         if made is None:
             return False
-        self._sweeps.update(zip((fn.address for fn in todo), made))
+        self._sweeps.update(zip((fn.address for fn in todo), made.sweeps))
+        self._batch = (made, todo)
         return True
+
+    def _window_search(self):
+        """The compiled window search (window_search.py), made once every function's
+        sweep and jump tables are known (prepare() of the whole file, native sweeps);
+        else None."""
+        if self._search is None and self._batch is not None and self._all_targets is not None \
+                and self.backend.window_search_engine is not None:
+            self._search = window_search.build(
+                self.backend.window_search_engine, self.functions, *self._batch,
+                self._tables, self.landing_pads(), NEAR_BRANCH_REACH, self.MAX_LOOK_BACK)
+        return self._search
 
     def rows(self, fn: Function, first: int, end: int) -> list:
         """Instructions `first` to `end` (exclusive) of the function's sweep: the marked
@@ -724,6 +738,7 @@ class Planner:
         them as it would have found them itself, so the plans are the same, in about
         half the time. `progress(n)`: told of sites done, by both."""
         self.taken_index.every_value()  # (the scans, made once before the fork)
+        self._window_search()  # (and the compiled search, where there is one)
 
         # (pieces of about 1/2048 of the sites, taken by each process as it goes; see
         # prepare)
@@ -1093,6 +1108,16 @@ class Planner:
             raise _Refused(f"its instructions at {start:#x} decode differently in detail")
         return tuple(insns)
 
+    def _displaced_plain(self, edges: list) -> tuple:
+        """_displaced() of plain instructions (rows() that are not Sweep.marked), from
+        where they start and the last ends: none needs detail, only the decoder that
+        moves them must find them too."""
+        start = edges[0]
+        if self._instruction_ends(self.elf.read(start, edges[-1] - start)) != \
+                [e - start for e in edges[1:]]:
+            raise _Refused(f"its instructions at {start:#x} decode differently in detail")
+        return tuple([Insn(a, b - a, "", "", b"") for a, b in zip(edges, edges[1:])])
+
     def _in_detail(self, insns) -> tuple:
         """(`insns` decoded in detail, why they cannot run from a trampoline or None)."""
         start, end = insns[0].address, insns[-1].end
@@ -1171,6 +1196,9 @@ class Planner:
         so are windows with a taken address inside (the scans are asked only then:
         the first window rarely has one, and _plan_sites checks every window).
         """
+        found = self._searched_window(site, size) if not avoid_taken else None
+        if found is not None:
+            return found
         fn = self._holding(site)
         if not fn.size:
             raise _Refused("it lies in no function of known size")
@@ -1240,6 +1268,42 @@ class Planner:
                                             site.stays_within),))
         raise _Refused(reason)
 
+    def _searched_window(self, site: Site, size: int) -> Optional[Plan]:
+        """_inner_window()'s plan where the compiled search (window_search.py) finds
+        its window, read as the Python search reads it: the same rows, the same checks
+        of the instructions that move; None where it is left to the Python search."""
+        search = self._window_search()
+        if search is None:
+            return None
+        k = self._holding_index(site)
+        fn = self.functions[k] if k is not None else None
+        if fn is None or not fn.size or self._unknown_targets(site, fn):
+            return None
+        found = search.inner(site.address, k, size, self._padding_end)
+        if found is None:
+            return None
+        at, first_row, end_row, first, last, end, clean, plain = found
+        try:
+            # plain code alone, the only rows it needs: no decoding to do (unless the
+            # function was decoded whole: rows() gives those instructions)
+            if plain and fn.address not in self._decoded:
+                displaced = self._displaced_plain(plain)
+            else:
+                if clean:  # no other row read is marked: the window's are all it needs
+                    insns, base = self.rows(fn, first, last + 1), first
+                else:  # (as the Python search reads them)
+                    insns, base = self.rows(fn, at, end_row), at
+                    if first < at:
+                        insns, base = self.rows(fn, first_row, at) + insns, first_row
+                displaced = self._displaced(insns[first - base:last - base + 1])
+        except _Refused:  # (the Python search refuses with its own words, or goes on
+            return None   # to the next window)
+        start = displaced[0].address
+        flags_live = site.kind != KIND_RETURN or bool(site.stays_within)  # (as below)
+        return Plan(Window(start, end - start, displaced),
+                    (ProbePoint(site.address, (site,), flags_live, self._counts_when_taken(site),
+                                site.stays_within),))
+
     def _unknown_targets(self, site: Site, fn: Function) -> Optional[str]:
         """Why branches may land on any instruction near an inner site, or None: the
         function holding it (or the function it is an exit of) has an indirect jump that
@@ -1294,6 +1358,14 @@ class Planner:
         if k >= 0 and self.functions[k].address <= site.address < self.functions[k].end:
             return self.functions[k]
         return site.function
+
+    def _holding_index(self, site: Site) -> Optional[int]:
+        """Where _holding(site) is in self.functions; None if it is not there."""
+        k = bisect.bisect_right(self._starts, site.address) - 1
+        if k >= 0 and self.functions[k].address <= site.address < self.functions[k].end:
+            return k
+        k = bisect.bisect_left(self._starts, site.function.address)
+        return k if k < len(self.functions) and self.functions[k] is site.function else None
 
     def _near_targets(self, fn: Function) -> Set[int]:
         """Where the branches of the function and of its neighbours land (kept for the
@@ -1368,6 +1440,13 @@ class Planner:
             raise _Refused(f"it is {fn_end - start} bytes long and the padding after it "
                            f"is too short")
         return at  # whole padding instructions, so the trampoline can jump back to `at`
+
+    def _padding_end(self, k: int, start: int, fn_end: int, size: int) -> int:
+        """_borrow_padding() for function k, -1 where it refuses (window_search.py)."""
+        try:
+            return self._borrow_padding(self.functions[k], start, fn_end, size)
+        except _Refused:
+            return -1
 
     def _padding_run(self, code: bytes) -> list:
         """free_space.padding_ends(), kept per byte string: the gaps after functions are

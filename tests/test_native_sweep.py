@@ -44,7 +44,7 @@ def same(a: Sweep, b: Sweep) -> bool:
 def both(spans, data: bytes):
     """(native sweeps of the spans, the Python loop's), each with its fallback's log."""
     native_log, python_log = Undecodable(), Undecodable()
-    native = linear_sweep.native_sweeps(data, spans, native_log)
+    native = linear_sweep.native_sweeps(data, spans, native_log).sweeps
     python = [linear_sweep.python_sweep(data[o:o + s], a, python_log) for o, s, a in spans]
     return native, python, native_log.asked, python_log.asked
 
@@ -139,12 +139,17 @@ def test_where_iced_cannot_decode_the_fallback_sweeps():
     to the fallback; the functions around it are swept as usual."""
     data = bytes.fromhex("c3" "55 06 c3" "e8 00 00 00 00")
     log = Undecodable()
-    first, broken, last = linear_sweep.native_sweeps(data, [(0, 1, 0x10), (1, 3, 0x11),
-                                                            (4, 5, 0x14)], log)
+    batch = linear_sweep.native_sweeps(data, [(0, 1, 0x10), (1, 3, 0x11), (4, 5, 0x14)], log)
+    first, broken, last = batch.sweeps
     assert log.asked == [(bytes.fromhex("55 06 c3"), 0x11)]
     assert broken.edges.tolist() == [0x11, -1]  # (the fallback's)
     assert first.edges.tolist() == [0x10, 0x11] and first.kinds.tolist() == [base_kind("RETURN")]
     assert last.edges.tolist() == [0x14, 0x19] and last.targets.tolist() == [0x19]
+    # where each lies in the batch's arrays: the broken one in none
+    assert batch.spans.tolist() == [[0, 2, 0, 1, 0, 0], [0, -1, 0, 0, 0, 0], [2, 2, 1, 1, 0, 1]]
+    assert np.frombuffer(batch.edges, np.int64).tolist() == [0x10, 0x11, 0x14, 0x19]
+    assert np.frombuffer(batch.targets, np.int64).tolist() == [-1, 0x19]
+    assert np.frombuffer(batch.marked, np.int64).tolist() == [0]
 
 
 def test_a_function_with_no_bytes():
@@ -157,7 +162,7 @@ def test_the_backend_sweeps_all_at_once_or_says_it_cannot(monkeypatch):
     backend = X86_64Backend()
     data = bytes.fromhex("c3" "90 c3")
     made = backend.sweep_all(data, [(0, 1, 0x10), (1, 2, 0x11)])
-    assert [s.edges.tolist() for s in made] == [[0x10, 0x11], [0x11, 0x12, 0x13]]
+    assert [s.edges.tolist() for s in made.sweeps] == [[0x10, 0x11], [0x11, 0x12, 0x13]]
     monkeypatch.setattr(linear_sweep, "native_sweep", None)
     assert backend.sweep_all(data, [(0, 1, 0x10)]) is None
     assert backend.sweep(data[1:], 0x11).edges.tolist() == [0x11, 0x12, 0x13]

@@ -12,7 +12,7 @@ import numpy as np
 from capstone import x86
 
 from urewrite.arch.base import (BRANCH, CALL, JUMP, OTHER, PLAIN, RETURN, Backend, Insn, Runtime,
-                                RuntimeRefs, RuntimeSpec, Sweep, Window)
+                                RuntimeRefs, RuntimeSpec, Sweep, SweepBatch, Window)
 from urewrite.arch.x86_64 import (arguments, jump_tables, relocator, return_address, runtime,
                                   linear_sweep, trampoline)
 from urewrite.arch.x86_64.writer import jmp_rel8, jmp_rel32
@@ -127,8 +127,10 @@ class X86_64Backend(Backend):
         # where that ends.
         return linear_sweep.sweep(code, address, super().sweep)
 
-    def sweep_all(self, data: bytes, spans) -> Optional[list]:
+    def sweep_all(self, data: bytes, spans) -> Optional[SweepBatch]:
         return linear_sweep.sweep_all(data, spans, super().sweep)
+
+    window_search_engine = linear_sweep.window_search_engine
 
     def flow_kind(self, insn: Insn) -> tuple:
         mnemonic = _bare_mnemonic(insn.mnemonic)

@@ -17,12 +17,15 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import iced_x86
 import numpy as np
 
-from urewrite.arch.base import BRANCH, CALL, JUMP, OTHER, PLAIN, RETURN, Sweep
+from urewrite.arch.base import BRANCH, CALL, JUMP, OTHER, PLAIN, RETURN, Sweep, SweepBatch
 
 try:
     from urewrite.arch.x86_64 import native_sweep
 except ImportError:  # built without Rust: the Python loop does it
     native_sweep = None
+
+# the planner's window search in Rust (rewriter/window_search.py), with the sweeps
+window_search_engine = getattr(native_sweep, "WindowSearch", None)
 
 ENDBR64 = b"\xf3\x0f\x1e\xfa"
 
@@ -55,11 +58,11 @@ def sweep(code: bytes, address: int, undecodable: Undecodable) -> Sweep:
     """The sweep of one function's code."""
     if native_sweep is None:
         return python_sweep(code, address, undecodable)
-    return native_sweeps(code, [(0, len(code), address)], undecodable)[0]
+    return native_sweeps(code, [(0, len(code), address)], undecodable).sweeps[0]
 
 
 def sweep_all(data: bytes, spans: Sequence[Tuple[int, int, int]],
-              undecodable: Undecodable) -> Optional[List[Sweep]]:
+              undecodable: Undecodable) -> Optional[SweepBatch]:
     """The sweeps of many functions, (offset in `data`, size, address) each, made at
     once; None without the native module (the caller then sweeps them as it goes)."""
     if native_sweep is None:
@@ -68,7 +71,7 @@ def sweep_all(data: bytes, spans: Sequence[Tuple[int, int, int]],
 
 
 def native_sweeps(data: bytes, spans: Sequence[Tuple[int, int, int]],
-                  undecodable: Undecodable) -> List[Sweep]:
+                  undecodable: Undecodable) -> SweepBatch:
     table = np.array(spans, dtype=np.int64).reshape(-1, 3)  # (offset, size, address) rows
     made = native_sweep.sweep_functions(
         data, table[:, 0].tobytes(), table[:, 1].tobytes(), table[:, 2].tobytes(),
@@ -76,17 +79,20 @@ def native_sweeps(data: bytes, spans: Sequence[Tuple[int, int, int]],
     edges, rows, targets, marked, counts = (np.frombuffer(made[k], dtype=np.int64)
                                             for k in (0, 1, 3, 4, 5))
     kinds = np.frombuffer(made[2], dtype=np.uint8)
-    sweeps = []
+    sweeps, where = [], np.empty((len(table), 6), dtype=np.int64)
     e = r = m = 0
     # (slices of the five long arrays: views, no copies)
-    for (offset, size, address), (ne, nr, nm) in zip(spans, counts.reshape(-1, 3).tolist()):
+    for k, ((offset, size, address), (ne, nr, nm)) in enumerate(
+            zip(spans, counts.reshape(-1, 3).tolist())):
         if ne < 0:
             sweeps.append(undecodable(data[offset:offset + size], address))
+            where[k] = (0, -1, 0, 0, 0, 0)
             continue
         sweeps.append(Sweep(edges[e:e + ne], rows[r:r + nr], kinds[r:r + nr],
                             targets[r:r + nr], marked[m:m + nm]))
+        where[k] = (e, ne, r, nr, m, nm)
         e, r, m = e + ne, r + nr, m + nm
-    return sweeps
+    return SweepBatch(sweeps, made[0], made[1], made[3], made[4], where)
 
 
 def python_sweep(code: bytes, address: int, undecodable: Undecodable) -> Sweep:

@@ -1,0 +1,215 @@
+//! The search for a window around a site inside a function (rewriter/window_search.py).
+//!
+//! `Planner._inner_window` tries windows starting at the site, then one instruction
+//! earlier each time, and skips those that a branch of a nearby function or a C++
+//! landing pad lands inside. Those two checks and the walk over the instructions are
+//! most of its time on a big file (node: 117,000 exit windows), and they need nothing
+//! but arrays: the sweeps (as `sweep_functions` made them), every function's range,
+//! its jump tables' cases and the landing pads. This is that search, on those arrays.
+//! It answers only where it is sure to find what the Python search finds: anything
+//! else (the window reaching past the function into padding, a function whose
+//! targets it does not know, no window at all) is left to the Python search, which
+//! also gives the reasons. Nothing here knows an instruction set.
+
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+fn int64s(raw: &[u8]) -> Vec<i64> {
+    raw.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().unwrap())).collect()
+}
+
+/// The int64 values of a bytes object made by `sweep_functions`, read in place.
+fn view(raw: &[u8]) -> PyResult<&[i64]> {
+    // SAFETY: any 8 bytes are a valid i64; align_to gives the aligned middle part
+    let (head, middle, tail) = unsafe { raw.align_to::<i64>() };
+    if !head.is_empty() || !tail.is_empty() {
+        return Err(pyo3::exceptions::PyValueError::new_err("sweep arrays are not 8-byte aligned"));
+    }
+    Ok(middle)
+}
+
+#[pyclass(module = "urewrite.arch.x86_64.native_sweep")]
+pub struct WindowSearch {
+    // the sweeps of every function, one after another (sweep_functions' arrays)
+    edges: Py<PyBytes>,
+    rows: Py<PyBytes>,
+    targets: Py<PyBytes>,
+    marked: Py<PyBytes>,
+    // per function, in address order: where its edges, rows and marked start in those
+    // arrays, and how many (edges -1: not among them, so not searched here)
+    spans: Vec<[i64; 6]>,
+    starts: Vec<i64>,
+    ends: Vec<i64>,
+    ends_so_far: Vec<i64>, // the greatest end of any function up to each one
+    own_targets: Vec<bool>, // whether its near targets are all here (not a .cold part's)
+    // each function's jump table cases: cases[case_starts[k]..case_starts[k + 1]]
+    cases: Vec<i64>,
+    case_starts: Vec<i64>,
+    pads: Vec<i64>,             // landing pads, sorted
+    unreadable: Vec<(i64, i64)>, // ranges whose landing pads are unknown
+    reach: i64,                 // how far a short branch reaches, with its own size
+    look_back: i64,             // how far before the site a window may start
+    near: (usize, Option<Vec<i64>>), // the last function asked: its near targets, sorted
+}
+
+impl WindowSearch {
+    /// The branch targets of the functions within a short branch of function k
+    /// (Planner._near_targets), sorted; None if one of them is not here.
+    fn near_targets(&self, py: Python<'_>, k: usize) -> PyResult<Option<Vec<i64>>> {
+        let (rows_all, targets_all) = (self.rows.bind(py).as_bytes(), self.targets.bind(py).as_bytes());
+        let (_, targets_all) = (view(rows_all)?, view(targets_all)?);
+        let (low, high) = (self.starts[k] - self.reach, self.ends[k] + self.reach);
+        let mut found = Vec::new();
+        let mut j = self.ends_so_far.partition_point(|&e| e < low);
+        while j < self.starts.len() && self.starts[j] <= high {
+            if self.ends[j] + self.reach >= self.starts[k] {
+                let [_, edges, row, rows, _, _] = self.spans[j];
+                if edges < 0 {
+                    return Ok(None);
+                }
+                found.extend(targets_all[row as usize..(row + rows) as usize].iter().filter(|&&t| t >= 0));
+                found.extend_from_slice(&self.cases[self.case_starts[j] as usize..self.case_starts[j + 1] as usize]);
+            }
+            j += 1;
+        }
+        found.sort_unstable();
+        found.dedup();
+        Ok(Some(found))
+    }
+
+    /// Whether a landing pad lies in (start, end), or may (ExceptTable.first_inside,
+    /// unknown_inside).
+    fn pad_inside(&self, start: i64, end: i64) -> bool {
+        let k = self.pads.partition_point(|&p| p <= start);
+        (k < self.pads.len() && self.pads[k] < end)
+            || self.unreadable.iter().any(|&(a, b)| a < end && start + 1 < b)
+    }
+}
+
+#[pymethods]
+impl WindowSearch {
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        edges: Py<PyBytes>,
+        rows: Py<PyBytes>,
+        targets: Py<PyBytes>,
+        marked: Py<PyBytes>,
+        spans: &[u8],
+        starts: &[u8],
+        ends: &[u8],
+        own_targets: &[u8],
+        cases: &[u8],
+        case_starts: &[u8],
+        pads: &[u8],
+        unreadable: &[u8],
+        reach: i64,
+        look_back: i64,
+    ) -> PyResult<Self> {
+        let (starts, ends) = (int64s(starts), int64s(ends));
+        let spans: Vec<[i64; 6]> =
+            int64s(spans).chunks_exact(6).map(|c| [c[0], c[1], c[2], c[3], c[4], c[5]]).collect();
+        let case_starts = int64s(case_starts);
+        let n = starts.len();
+        if ends.len() != n || spans.len() != n || own_targets.len() != n || case_starts.len() != n + 1 {
+            return Err(pyo3::exceptions::PyValueError::new_err("per-function arrays differ in length"));
+        }
+        let mut ends_so_far = Vec::with_capacity(n);
+        for &e in &ends {
+            ends_so_far.push(ends_so_far.last().map_or(e, |&m: &i64| m.max(e)));
+        }
+        let unreadable = int64s(unreadable).chunks_exact(2).map(|c| (c[0], c[1])).collect();
+        Ok(WindowSearch {
+            edges,
+            rows,
+            targets,
+            marked,
+            spans,
+            starts,
+            ends,
+            ends_so_far,
+            own_targets: own_targets.iter().map(|&b| b != 0).collect(),
+            cases: int64s(cases),
+            case_starts,
+            pads: int64s(pads),
+            unreadable,
+            reach,
+            look_back,
+            near: (usize::MAX, None),
+        })
+    }
+
+    /// The window for a site at `site` in function `k` that a jump of `size` bytes
+    /// needs, as Planner._inner_window finds it: (at, first_row, end_row, first, last,
+    /// end, clean, plain): the site's row and the rows the Python search reads (from
+    /// first_row, or from `at` when the first window is the one), the window's first
+    /// and last rows and its end; whether it holds every marked row of those (the
+    /// others need no closer look), and if it holds none, where its instructions start
+    /// and the last ends (else None). None where the Python search must decide.
+    /// `borrow(k, start, end, size)`: where a window from `start` ends when it takes
+    /// the padding after function k's code (which ends at `end`), or -1 if it cannot
+    /// (Planner._borrow_padding).
+    fn inner(&mut self, py: Python<'_>, site: i64, k: usize, size: i64, borrow: &Bound<'_, PyAny>)
+             -> PyResult<Option<(i64, i64, i64, i64, i64, i64, bool, Option<Vec<i64>>)>> {
+        if k >= self.spans.len() || !self.own_targets[k] {
+            return Ok(None);
+        }
+        let [edge, edges_n, _, _, mark, marks] = self.spans[k];
+        if edges_n < 1 {
+            return Ok(None);
+        }
+        let edges_all = self.edges.bind(py).as_bytes();
+        let edges = &view(edges_all)?[edge as usize..(edge + edges_n) as usize];
+        let n = (edges_n - 1) as usize; // instructions
+        let at = edges.partition_point(|&e| e < site);
+        if at >= n || edges[at] != site {
+            return Ok(None);
+        }
+        let first_row = edges.partition_point(|&e| e < site - self.look_back);
+        let end_row = (edges.partition_point(|&e| e < site + size) + 1).min(n);
+        for first in (first_row..=at).rev() {
+            let start = edges[first];
+            if site - start > self.look_back {
+                break;
+            }
+            let mut last = at; // the window always holds the site's own instruction
+            while last < end_row && edges[last + 1] - start < size {
+                last += 1;
+            }
+            let end = if last < end_row {
+                edges[last + 1]
+            } else {
+                // the function ends first: the padding after it, if any
+                last = end_row - 1;
+                let end: i64 = borrow.call1((k, start, edges[end_row], size))?.extract()?;
+                if end < 0 {
+                    continue;
+                }
+                end
+            };
+            if self.near.0 != k {
+                self.near = (k, self.near_targets(py, k)?);
+            }
+            let Some(near) = &self.near.1 else { return Ok(None) };
+            let j = near.partition_point(|&t| t <= start);
+            if j < near.len() && near[j] < end {
+                continue; // a branch lands inside
+            }
+            if first < last && self.pad_inside(start, end) {
+                continue;
+            }
+            // whether the rows read hold marked ones outside the window
+            let marked_all = self.marked.bind(py).as_bytes();
+            let marked = &view(marked_all)?[mark as usize..(mark + marks) as usize];
+            let read_from = if first < at { first_row } else { at };
+            let inside = |lo: usize, hi: usize| {
+                let j = marked.partition_point(|&m| m < lo as i64);
+                j < marked.len() && marked[j] < hi as i64
+            };
+            let clean = !inside(read_from, first) && !inside(last + 1, end_row);
+            let plain = (clean && !inside(first, last + 1)).then(|| edges[first..last + 2].to_vec());
+            return Ok(Some((at as i64, first_row as i64, end_row as i64, first as i64, last as i64, end, clean, plain)));
+        }
+        Ok(None)
+    }
+}

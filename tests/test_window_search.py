@@ -1,0 +1,140 @@
+"""The compiled window search (rewriter/window_search.py) gives the windows the Python
+search gives: for every exit of every function of system files and of a sample built
+at several levels, and for sites at every instruction of some functions. It must
+also answer for most of them (else it would not be worth having), and leave to the
+Python search what it cannot know."""
+
+import os
+import subprocess
+
+import pytest
+
+from urewrite.arch.x86_64 import linear_sweep
+from urewrite.rewriter import pipeline
+from urewrite.rewriter.planner import _Refused
+from urewrite.rewriter.selectors import Site
+from urewrite.trampolines.region import KIND_ADDRESS, KIND_RETURN
+
+pytestmark = pytest.mark.skipif(
+    linear_sweep.window_search_engine is None,
+    reason="the native module was not built (no Rust toolchain at install time)")
+
+SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "samples")
+SYSTEM_FILES = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
+                "/usr/bin/python3.11"]
+
+
+def prepared(path: str):
+    """The planner of a file, every function analysed as `list` does."""
+    a = pipeline.analyse(path)
+    a.planner.prepare(a.functions)
+    assert a.planner._window_search() is not None
+    return a
+
+
+def window(planner, site: Site, compiled: bool):
+    """The site's window (address, size, its instructions) or why there is none, found
+    with the compiled search or by the Python search alone."""
+    if not compiled:
+        planner._searched_window = lambda site, size: None
+    try:
+        plan = planner._inner_window(site, planner.backend.patch_size)
+    except _Refused as why:
+        return str(why)
+    finally:
+        planner.__dict__.pop("_searched_window", None)
+    return (plan.window.address, plan.window.size,
+            [(i.address, i.size, i.mnemonic, i.op_str) for i in plan.window.insns],
+            plan.points)
+
+
+def compare(planner, sites) -> int:
+    """Asserts both searches give each site the same window; how many the compiled
+    search answered itself."""
+    answered = 0
+    for site in sites:
+        assert window(planner, site, True) == window(planner, site, False), hex(site.address)
+        answered += planner._searched_window(site, planner.backend.patch_size) is not None
+        check_rows_read(planner, site)
+    return answered
+
+
+def check_rows_read(planner, site: Site) -> None:
+    """What the engine says of the rows the Python search reads: whether the window
+    holds every marked one of them, and where its instructions lie if none is its own."""
+    k = planner._holding_index(site)
+    found = planner._search.inner(site.address, k, planner.backend.patch_size,
+                                  planner._padding_end) if k is not None else None
+    if found is None:
+        return
+    at, first_row, end_row, first, last, end, clean, plain = found
+    sweep = planner.sweep(planner.functions[k])
+    marked = set(sweep.marked.tolist())
+    read = range(first_row if first < at else at, end_row)
+    assert clean == all(r not in marked for r in read if not first <= r <= last)
+    assert (plain is not None) == (clean and not marked & set(range(first, last + 1)))
+    assert plain is None or plain == sweep.edges[first:last + 2].tolist()
+
+
+def exits(a) -> list:
+    """A site at every exit of every function whose exits are found."""
+    sites = []
+    for fn in a.functions:
+        site = Site(fn, fn.address, KIND_RETURN, fn.name, fn.name, exact=False)
+        try:
+            sites += a.planner._exit_sites(site)
+        except _Refused:
+            pass
+    return sites
+
+
+@pytest.mark.parametrize("path", SYSTEM_FILES, ids=os.path.basename)
+def test_every_exit_of_a_system_file(path):
+    if not os.path.exists(path):
+        pytest.skip(f"needs Debian's {path}")
+    a = prepared(path)
+    sites = exits(a)
+    assert len(sites) > 1000
+    assert compare(a.planner, sites) > 0.8 * len(sites)
+
+
+def built(tmp_path, sample: str, flags: list) -> str:
+    binary = str(tmp_path / sample)
+    subprocess.run(["gcc", *flags, "-o", binary, os.path.join(SAMPLES, sample + ".c")],
+                   check=True)
+    return binary
+
+
+@pytest.mark.parametrize("sample,flags", [("edges", ["-O0"]), ("edges", ["-O2"]),
+                                          ("edges", ["-O3", "-fcf-protection=none"]),
+                                          ("fragments", ["-O2"]), ("indirect_exits", ["-O2"])],
+                         ids=lambda x: x if isinstance(x, str) else " ".join(x))
+def test_every_exit_and_instruction_of_a_sample(sample, flags, tmp_path):
+    """Tail calls, switches, short functions before padding, .cold parts, computed
+    gotos; sites at every instruction too (USDT and address sites are inner sites)."""
+    a = prepared(built(tmp_path, sample, flags))
+    sites = exits(a)
+    for fn in a.functions:
+        for address in a.planner.sweep(fn).starts.tolist()[1:]:
+            sites.append(Site(fn, address, KIND_ADDRESS, fn.name, f"{fn.name}+{address - fn.address:#x}",
+                              exact=True))
+    answered = compare(a.planner, sites)
+    assert 0 < answered < len(sites)  # (some sites have no window: the Python search says why)
+
+
+def test_what_it_does_not_know_is_left_to_the_python_search(tmp_path):
+    """A .cold part's windows (its parent's jump tables may land in it) and those of a
+    function swept another way: not answered."""
+    planner = prepared(built(tmp_path, "indirect_exits", ["-O2"])).planner
+    cold = [Site(fn, address, KIND_ADDRESS, fn.name, fn.name, exact=True)
+            for fn in planner.functions if ".cold" in fn.name
+            for address in planner.sweep(fn).starts.tolist()]
+    assert cold and all(planner._searched_window(s, 5) is None for s in cold)
+    # a function the batch does not hold, as if swept by Capstone
+    main = next(fn for fn in planner.functions if fn.name == "main")
+    sites = [Site(main, address, KIND_ADDRESS, "main", "main", exact=True)
+             for address in planner.sweep(main).starts.tolist()]
+    assert any(planner._searched_window(s, 5) is not None for s in sites)
+    batch, swept = planner._batch
+    planner._search, planner._batch = None, (batch, [f for f in swept if f is not main])
+    assert all(planner._searched_window(s, 5) is None for s in sites)
