@@ -1068,6 +1068,9 @@ class Planner:
         fn = site.function
         if not fn.size:
             raise _Refused("its size is unknown (no symbol size and no .eh_frame entry)")
+        found = self._searched_entry(site, size)
+        if found is not None:
+            return found
         insns = self.head(fn, size)
         if not insns:
             raise _Refused("its first instruction cannot be decoded")
@@ -1090,6 +1093,36 @@ class Planner:
             covered = self._borrow_padding(fn, start, covered, size)
         window = Window(start, covered - start, self._displaced(chosen))
         return Plan(window, (ProbePoint(start, (site,), self.backend.flags_live_at_entry()),))
+
+    def _searched_entry(self, site: Site, size: int) -> Optional[Plan]:
+        """_window()'s plan at a function's entry where the compiled search finds it
+        (as _searched_window()); None where it is left to the Python planner."""
+        search = self._window_search()
+        fn = site.function
+        k = bisect.bisect_left(self._starts, fn.address)
+        if search is None or k == len(self.functions) or self.functions[k] is not fn:
+            return None
+        pad = 0
+        if self.sweep(fn).marked[:1].tolist() == [0]:  # (a landing pad, maybe: decoded)
+            try:
+                pad = self.backend.landing_pad_size(self.rows(fn, 0, 1)[0])
+            except _Refused:
+                return None
+        found = search.entry(site.address, k, size, self._padding_end, pad)
+        if found is None:
+            return None
+        head, first, last, end, clean, plain = found
+        try:
+            if plain and fn.address not in self._decoded:  # (see _searched_window)
+                displaced = self._displaced_plain(plain)
+            else:
+                insns = self.rows(fn, first, last + 1) if clean else self.rows(fn, 0, head)[first:]
+                displaced = self._displaced(insns[:last + 1 - first])
+        except _Refused:  # (the Python planner refuses in its own words)
+            return None
+        start = site.address + pad
+        return Plan(Window(start, end - start, displaced),
+                    (ProbePoint(start, (site,), self.backend.flags_live_at_entry()),))
 
     def _displaced(self, insns) -> tuple:
         """`insns` (from the quick sweep), once every one is known to run from a
@@ -1280,24 +1313,30 @@ class Planner:
         if fn is None or not fn.size or self._unknown_targets(site, fn):
             return None
         found = search.inner(site.address, k, size, self._padding_end)
-        if found is None:
-            return None
-        at, first_row, end_row, first, last, end, clean, plain = found
-        try:
+        while True:
+            if found is None:
+                return None
+            at, first_row, end_row, first, last, end, clean, plain = found
             # plain code alone, the only rows it needs: no decoding to do (unless the
             # function was decoded whole: rows() gives those instructions)
             if plain and fn.address not in self._decoded:
-                displaced = self._displaced_plain(plain)
+                insns, base = None, first
             else:
-                if clean:  # no other row read is marked: the window's are all it needs
-                    insns, base = self.rows(fn, first, last + 1), first
-                else:  # (as the Python search reads them)
-                    insns, base = self.rows(fn, at, end_row), at
-                    if first < at:
-                        insns, base = self.rows(fn, first_row, at) + insns, first_row
-                displaced = self._displaced(insns[first - base:last - base + 1])
-        except _Refused:  # (the Python search refuses with its own words, or goes on
-            return None   # to the next window)
+                try:
+                    if clean:  # no other row read is marked: the window's are all it needs
+                        insns, base = self.rows(fn, first, last + 1), first
+                    else:  # (as the Python search reads them)
+                        insns, base = self.rows(fn, at, end_row), at
+                        if first < at:
+                            insns, base = self.rows(fn, first_row, at) + insns, first_row
+                except _Refused:
+                    return None  # (the Python search refuses so, in its own words)
+            try:
+                displaced = self._displaced_plain(plain) if insns is None else \
+                    self._displaced(insns[first - base:last - base + 1])
+                break
+            except _Refused:  # (as the Python search does: on to the next window)
+                found = search.inner(site.address, k, size, self._padding_end, first)
         start = displaced[0].address
         flags_live = site.kind != KIND_RETURN or bool(site.stays_within)  # (as below)
         return Plan(Window(start, end - start, displaced),

@@ -1,6 +1,6 @@
 """The compiled window search (rewriter/window_search.py) gives the windows the Python
-search gives: for every exit of every function of system files and of a sample built
-at several levels, and for sites at every instruction of some functions. It must
+planner gives: for every entry and exit of every function of system files and of
+samples built at several levels, and for sites at every instruction of them. It must
 also answer for most of them (else it would not be worth having), and leave to the
 Python search what it cannot know."""
 
@@ -13,7 +13,7 @@ from urewrite.arch.x86_64 import linear_sweep
 from urewrite.rewriter import pipeline
 from urewrite.rewriter.planner import _Refused
 from urewrite.rewriter.selectors import Site
-from urewrite.trampolines.region import KIND_ADDRESS, KIND_RETURN
+from urewrite.trampolines.region import KIND_ADDRESS, KIND_ENTRY, KIND_RETURN
 
 pytestmark = pytest.mark.skipif(
     linear_sweep.window_search_engine is None,
@@ -36,13 +36,14 @@ def window(planner, site: Site, compiled: bool):
     """The site's window (address, size, its instructions) or why there is none, found
     with the compiled search or by the Python search alone."""
     if not compiled:
-        planner._searched_window = lambda site, size: None
+        planner._searched_window = planner._searched_entry = lambda site, size: None
     try:
-        plan = planner._inner_window(site, planner.backend.patch_size)
+        plan = planner._window(site)
     except _Refused as why:
         return str(why)
     finally:
         planner.__dict__.pop("_searched_window", None)
+        planner.__dict__.pop("_searched_entry", None)
     return (plan.window.address, plan.window.size,
             [(i.address, i.size, i.mnemonic, i.op_str) for i in plan.window.insns],
             plan.points)
@@ -54,8 +55,11 @@ def compare(planner, sites) -> int:
     answered = 0
     for site in sites:
         assert window(planner, site, True) == window(planner, site, False), hex(site.address)
-        answered += planner._searched_window(site, planner.backend.patch_size) is not None
-        check_rows_read(planner, site)
+        if site.at_entry:
+            answered += planner._searched_entry(site, planner.backend.patch_size) is not None
+        else:
+            answered += planner._searched_window(site, planner.backend.patch_size) is not None
+            check_rows_read(planner, site)
     return answered
 
 
@@ -74,6 +78,10 @@ def check_rows_read(planner, site: Site) -> None:
     assert clean == all(r not in marked for r in read if not first <= r <= last)
     assert (plain is not None) == (clean and not marked & set(range(first, last + 1)))
     assert plain is None or plain == sweep.edges[first:last + 2].tolist()
+
+
+def entries(a) -> list:
+    return [Site(fn, fn.address, KIND_ENTRY, fn.name, fn.name, exact=False) for fn in a.functions]
 
 
 def exits(a) -> list:
@@ -96,6 +104,7 @@ def test_every_exit_of_a_system_file(path):
     sites = exits(a)
     assert len(sites) > 1000
     assert compare(a.planner, sites) > 0.8 * len(sites)
+    assert compare(a.planner, entries(a)) > 0.8 * len(a.functions)
 
 
 def built(tmp_path, sample: str, flags: list) -> str:
@@ -113,7 +122,7 @@ def test_every_exit_and_instruction_of_a_sample(sample, flags, tmp_path):
     """Tail calls, switches, short functions before padding, .cold parts, computed
     gotos; sites at every instruction too (USDT and address sites are inner sites)."""
     a = prepared(built(tmp_path, sample, flags))
-    sites = exits(a)
+    sites = exits(a) + entries(a)
     for fn in a.functions:
         for address in a.planner.sweep(fn).starts.tolist()[1:]:
             sites.append(Site(fn, address, KIND_ADDRESS, fn.name, f"{fn.name}+{address - fn.address:#x}",

@@ -77,6 +77,22 @@ impl WindowSearch {
         Ok(Some(found))
     }
 
+    /// Of the rows read, [read_from, read_end), and the window's, [first, last]:
+    /// whether no other row read is marked, and if none of the window's is either,
+    /// where its instructions start and the last ends.
+    #[allow(clippy::too_many_arguments)]
+    fn rows_read(&self, py: Python<'_>, k: usize, edges: &[i64], read_from: usize, read_end: usize,
+                 first: usize, last: usize) -> PyResult<(bool, Option<Vec<i64>>)> {
+        let [_, _, _, _, mark, marks] = self.spans[k];
+        let marked = &view(self.marked.bind(py).as_bytes())?[mark as usize..(mark + marks) as usize];
+        let inside = |lo: usize, hi: usize| {
+            let j = marked.partition_point(|&m| m < lo as i64);
+            j < marked.len() && marked[j] < hi as i64
+        };
+        let clean = !inside(read_from, first) && !inside(last + 1, read_end);
+        Ok((clean, (clean && !inside(first, last + 1)).then(|| edges[first..last + 2].to_vec())))
+    }
+
     /// Whether a landing pad lies in (start, end), or may (ExceptTable.first_inside,
     /// unknown_inside).
     fn pad_inside(&self, start: i64, end: i64) -> bool {
@@ -148,13 +164,16 @@ impl WindowSearch {
     /// and the last ends (else None). None where the Python search must decide.
     /// `borrow(k, start, end, size)`: where a window from `start` ends when it takes
     /// the padding after function k's code (which ends at `end`), or -1 if it cannot
-    /// (Planner._borrow_padding).
-    fn inner(&mut self, py: Python<'_>, site: i64, k: usize, size: i64, borrow: &Bound<'_, PyAny>)
-             -> PyResult<Option<(i64, i64, i64, i64, i64, i64, bool, Option<Vec<i64>>)>> {
+    /// (Planner._borrow_padding). `below`: only windows whose first row is below it
+    /// (the search goes on past a window whose instructions cannot move).
+    #[pyo3(signature = (site, k, size, borrow, below = i64::MAX))]
+    #[allow(clippy::too_many_arguments)]
+    fn inner(&mut self, py: Python<'_>, site: i64, k: usize, size: i64, borrow: &Bound<'_, PyAny>,
+             below: i64) -> PyResult<Option<(i64, i64, i64, i64, i64, i64, bool, Option<Vec<i64>>)>> {
         if k >= self.spans.len() || !self.own_targets[k] {
             return Ok(None);
         }
-        let [edge, edges_n, _, _, mark, marks] = self.spans[k];
+        let [edge, edges_n, ..] = self.spans[k];
         if edges_n < 1 {
             return Ok(None);
         }
@@ -167,7 +186,11 @@ impl WindowSearch {
         }
         let first_row = edges.partition_point(|&e| e < site - self.look_back);
         let end_row = (edges.partition_point(|&e| e < site + size) + 1).min(n);
-        for first in (first_row..=at).rev() {
+        let top = if below <= at as i64 { below - 1 } else { at as i64 };
+        if top < first_row as i64 {
+            return Ok(None);
+        }
+        for first in (first_row..=top as usize).rev() {
             let start = edges[first];
             if site - start > self.look_back {
                 break;
@@ -198,18 +221,59 @@ impl WindowSearch {
             if first < last && self.pad_inside(start, end) {
                 continue;
             }
-            // whether the rows read hold marked ones outside the window
-            let marked_all = self.marked.bind(py).as_bytes();
-            let marked = &view(marked_all)?[mark as usize..(mark + marks) as usize];
             let read_from = if first < at { first_row } else { at };
-            let inside = |lo: usize, hi: usize| {
-                let j = marked.partition_point(|&m| m < lo as i64);
-                j < marked.len() && marked[j] < hi as i64
-            };
-            let clean = !inside(read_from, first) && !inside(last + 1, end_row);
-            let plain = (clean && !inside(first, last + 1)).then(|| edges[first..last + 2].to_vec());
+            let (clean, plain) = self.rows_read(py, k, edges, read_from, end_row, first, last)?;
             return Ok(Some((at as i64, first_row as i64, end_row as i64, first as i64, last as i64, end, clean, plain)));
         }
         Ok(None)
+    }
+
+    /// The window at the entry of function k (at `site`, its first byte) that a jump
+    /// of `size` bytes needs, as Planner._window takes it: the instructions from the
+    /// entry on, past a landing pad of `pad` bytes, until they cover the jump, and the
+    /// padding after the function if they do not (`borrow`, as for inner()): (head,
+    /// first, last, end, clean, plain): the rows Planner.head reads, [0, head), the
+    /// window's first and last rows and its end, and, as for inner(), whether no other
+    /// row read is marked (the landing pad aside: the caller read it) and where its
+    /// instructions lie if none of its own is. None where the Python planner must
+    /// decide.
+    #[pyo3(signature = (site, k, size, borrow, pad = 0))]
+    fn entry(&self, py: Python<'_>, site: i64, k: usize, size: i64, borrow: &Bound<'_, PyAny>, pad: i64)
+             -> PyResult<Option<(i64, i64, i64, i64, bool, Option<Vec<i64>>)>> {
+        if k >= self.spans.len() {
+            return Ok(None);
+        }
+        let [edge, edges_n, ..] = self.spans[k];
+        if edges_n < 2 {
+            return Ok(None);
+        }
+        let edges = &view(self.edges.bind(py).as_bytes())?[edge as usize..(edge + edges_n) as usize];
+        let n = (edges_n - 1) as usize;
+        let head = (edges.partition_point(|&e| e < self.starts[k] + 4 + size) + 1).min(n);
+        let start = site + pad;
+        let first = edges.partition_point(|&e| e < start);
+        if first >= head || edges[first] != start {
+            return Ok(None);
+        }
+        let mut last = first;
+        while last < head && edges[last + 1] - start < size {
+            last += 1;
+        }
+        let end = if last < head {
+            edges[last + 1]
+        } else {
+            last = head - 1;
+            if edges[head] < self.ends[k] {
+                return Ok(None); // (its code does not decode that far)
+            }
+            let end: i64 = borrow.call1((k, start, edges[head], size))?.extract()?;
+            if end < 0 {
+                return Ok(None);
+            }
+            end
+        };
+        let read_from = if pad > 0 { 1 } else { 0 };
+        let (clean, plain) = self.rows_read(py, k, edges, read_from.min(first), head, first, last)?;
+        Ok(Some((head as i64, first as i64, last as i64, end, clean, plain)))
     }
 }
