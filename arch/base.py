@@ -218,14 +218,16 @@ class SweptCode(Sequence):
 class SweepBatch:
     """Many functions' sweeps made at once (Backend.sweep_all): `sweeps`, one per
     function asked, views of a few long arrays, and where each lies in them, for code
-    that reads those arrays in place (rewriter/window_search.py): `edges`, `rows`,
-    `targets` and `marked`, the bytes of those arrays (int64, native order); `spans`,
+    that reads those arrays in place (rewriter/sweep_search.py): `edges`, `rows`,
+    `kinds`, `targets` and `marked`, the bytes of those arrays (int64, native order;
+    kinds uint8); `spans`,
     per function (n, 6): its first edge and number of edges (-1: swept another way, in
     no array), its first row and number of rows, its first marked and their number."""
 
     sweeps: list
     edges: bytes
     rows: bytes
+    kinds: bytes
     targets: bytes
     marked: bytes
     spans: np.ndarray
@@ -357,9 +359,9 @@ class Backend(ABC):
         (x86_64's native sweep); else None, and the caller sweeps them as it goes."""
         return None
 
-    # A compiled window search over a SweepBatch's arrays (rewriter/window_search.py),
+    # A compiled window search over a SweepBatch's arrays (rewriter/sweep_search.py),
     # where the backend's native module has one; None: the planner searches in Python.
-    window_search_engine: Optional[type] = None
+    sweep_search_engine: Optional[type] = None
 
     @abstractmethod
     def flow_kind(self, insn: Insn) -> tuple:

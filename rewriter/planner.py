@@ -32,7 +32,7 @@ from urewrite.arch.jump_tables import JumpTable
 from urewrite.errors import UrewriteError
 from urewrite.rewriter import (copied_code, elf_symbols, except_table, free_space,
                                jump_table_guard, layout, parallel, redirection,
-                               taken_addresses, window_search)
+                               sweep_search, taken_addresses)
 from urewrite.rewriter.arrays import unique
 from urewrite.rewriter.free_space import Occupancy
 from urewrite.rewriter.elf_file import ElfFile
@@ -151,7 +151,7 @@ class Planner:
         self._decoded: Dict[int, list] = {}
         self._sweeps: Dict[int, Sweep] = {}  # function -> its sweep in compact form
         self._batch: Optional[tuple] = None  # (SweepBatch, its functions): _sweep_all()
-        self._search = None  # window_search's engine, once made (_window_search())
+        self._search = None  # sweep_search's compiled search, once made (_sweep_search())
         self._gaps: Dict[int, int] = {}  # section -> _gap_after()
         self._gap_ends: tuple = (None, [])  # (padding gaps, their ends): _landing_in_padding
         self._exits_known: Dict[int, object] = {}  # function -> _exit_points() (or why not)
@@ -169,6 +169,8 @@ class Planner:
         self._unknown_jumps: Dict[int, Optional[int]] = {}  # function -> _indirect_jump()
         self._parts_of: Dict[int, List[Function]] = {}  # function -> _parts()
         self._offset_tables: Dict[int, Optional[int]] = {}  # function -> _case_base()
+        # function (its return probe's exits: -address - 1) -> _unknown_targets()
+        self._unknown_known: Dict[int, Optional[str]] = {}
         # function -> the addresses its instructions compute, in order (_case_base):
         # noted where jump_tables() decodes a function with an unknown indirect jump
         self._computed: Dict[int, list] = {}
@@ -231,14 +233,14 @@ class Planner:
         self._batch = (made, todo)
         return True
 
-    def _window_search(self):
-        """The compiled window search (window_search.py), made once every function's
+    def _sweep_search(self):
+        """The compiled search over the sweeps (sweep_search.py), made once every function's
         sweep and jump tables are known (prepare() of the whole file, native sweeps);
         else None."""
         if self._search is None and self._batch is not None and self._all_targets is not None \
-                and self.backend.window_search_engine is not None:
-            self._search = window_search.build(
-                self.backend.window_search_engine, self.functions, *self._batch,
+                and self.backend.sweep_search_engine is not None:
+            self._search = sweep_search.build(
+                self.backend.sweep_search_engine, self.functions, *self._batch,
                 self._tables, self.landing_pads(), NEAR_BRANCH_REACH, self.MAX_LOOK_BACK)
         return self._search
 
@@ -252,15 +254,21 @@ class Planner:
         if fn.address in self._decoded:
             return self._decoded[fn.address][first:end]
         sweep = self.sweep(fn)
-        edges = sweep.edges[first:end + 1].tolist()
-        insns = [Insn(a, b - a, "", "", b"") for a, b in zip(edges, edges[1:])]
         lo, hi = sweep.marked.searchsorted((first, end)).tolist()
         marked = (sweep.marked[lo:hi] - first).tolist()
+        direct = {}
         if marked:  # direct branches, most of them (calls): the backend may know them
             lo, hi = sweep.rows.searchsorted((first, end)).tolist()
             direct = {k - first: target for k, target in zip(sweep.rows[lo:hi].tolist(),
                                                              sweep.targets[lo:hi].tolist())
                       if target >= 0}
+        return self._insns(sweep.edges[first:end + 1].tolist(), marked, direct)
+
+    def _insns(self, edges: list, marked: list, direct: dict) -> list:
+        """rows(): the instructions between `edges`, those at the indexes `marked`
+        decoded, from their direct target where `direct` has one (index -> target)."""
+        insns = [Insn(a, b - a, "", "", b"") for a, b in zip(edges, edges[1:])]
+        if direct:
             rest = []
             for k in marked:
                 insn = self.backend.direct_branch(
@@ -347,18 +355,15 @@ class Planner:
                     {fn.address: self._computed[fn.address] for fn in part
                      if fn.address in self._computed},
                     Sweep.pack([self._sweeps[fn.address] for fn in part
-                                if not swept_ahead]),
-                    self._branch_facts(part) if whole else None)
+                                if not swept_ahead]))
 
         self.taken_index.wait()  # (scans made ahead, on a thread: done before the fork)
         swept_ahead = self._sweep_all(functions)  # (then the child has them all too)
         second = parallel.Forked(found)
         if meanwhile is not None:
             meanwhile()
-        mine = analyse(progress=progress)
-        facts = self._branch_facts(mine) if whole else None
-        theirs, direct, tables, unknown_jumps, computed, sweeps, their_facts = \
-            second.result()
+        analyse(progress=progress)
+        theirs, direct, tables, unknown_jumps, computed, sweeps = second.result()
         pieces.done(progress)
         sweeps = dict(zip(theirs, Sweep.unpack(sweeps)))
         for ours, received in zip((self._direct, self._tables, self._unknown_jumps,
@@ -366,27 +371,37 @@ class Planner:
                                   (direct, tables, unknown_jumps, computed, sweeps)):
             for address, value in received.items():
                 ours.setdefault(address, value)
-        if whole:
-            self._all_targets = unique(np.concatenate((facts[0], their_facts[0])))
-            self._entered = facts[1] | their_facts[1] | self._entered_from_outside()
-
-    def _branch_facts(self, functions: List[Function]) -> tuple:
-        """(where the branches of the functions land, sorted; which functions of the
-        file they enter past the entry from outside, _entered_by()), worked out in the
-        process that analysed them."""
-        targets, sources = self._branches(functions)
-        return unique(targets), self._entered_by(targets, sources)
+        if whole:  # where every branch lands, and which functions are entered past the entry
+            targets, sources = self._branches(functions)
+            self._all_targets = unique(targets)
+            self._entered = self._entered_by(targets, sources) | self._entered_from_outside()
 
     def _branches(self, functions: List[Function]) -> tuple:
         """(targets, sources): where each direct branch or call of the functions lands
         and where it is, and the same for each case of their jump tables (from its jump):
-        every function's branch_targets(), as two arrays."""
+        every function's branch_targets(), as two arrays. The direct branches of the
+        functions swept at once (_sweep_all) are read from that batch's arrays in one go
+        (node: 1 s of CPU time function by function)."""
         targets, sources = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+        in_batch: Set[int] = set()
+        if self._batch is not None:
+            batch, swept = self._batch
+            asked = {fn.address for fn in functions}
+            held = batch.spans[:, 1] >= 0
+            if all(fn.address in asked for fn in swept):
+                in_batch = {fn.address for fn, h in zip(swept, held.tolist()) if h}
+                rows = np.frombuffer(batch.rows, np.int64) + \
+                    np.repeat(batch.spans[:, 0], batch.spans[:, 3])  # (rows of the edges)
+                found = np.frombuffer(batch.targets, np.int64)
+                direct = found >= 0
+                targets.append(found[direct])
+                sources.append(np.frombuffer(batch.edges, np.int64)[rows[direct]])
         for fn in functions:
-            sweep = self.sweep(fn)
-            direct = sweep.targets >= 0
-            targets.append(sweep.targets[direct])
-            sources.append(sweep.edges[sweep.rows[direct]])
+            if fn.address not in in_batch:
+                sweep = self.sweep(fn)
+                direct = sweep.targets >= 0
+                targets.append(sweep.targets[direct])
+                sources.append(sweep.edges[sweep.rows[direct]])
             for table in self.jump_tables(fn).values():
                 targets.append(np.fromiter(table.targets, dtype=np.int64))
                 sources.append(np.full(len(table.targets), table.jump, dtype=np.int64))
@@ -394,7 +409,7 @@ class Planner:
 
     def _entered_from_outside(self) -> np.ndarray:
         """Per function: whether anything may branch into it from outside, past its
-        entry, that no function's branches say (_branch_facts()): a branch or address
+        entry, that no function's branches say (_branches()): a branch or address
         computation the byte scans found. Functions that overlap another are always
         marked (their insides are not theirs alone). What is not marked here or by the
         functions' branches needs no closer look (_branch_from_outside)."""
@@ -686,16 +701,7 @@ class Planner:
             if sweep.end != part.end:
                 raise _Refused(f"its code does not decode past {sweep.end:#x}: an exit may "
                                f"lie beyond")
-            # what may leave: returns, direct jumps and branches out, and the rest asked
-            # (in Python: most functions have a few dozen rows, too few for numpy)
-            for k, kind, target in zip(sweep.rows.tolist(), sweep.kinds.tolist(),
-                                       sweep.targets.tolist()):
-                if kind == JUMP or kind == BRANCH:
-                    if inside(target):
-                        continue
-                elif kind != RETURN and kind != OTHER:
-                    continue
-                address = int(sweep.edges[k])
+            for k, kind, target, address in self._exit_rows(part, inside, len(parts) == 1):
                 if kind == OTHER:
                     table = tables.get(address)
                     if table is not None and all(inside(t) for t in table.targets):
@@ -729,6 +735,30 @@ class Planner:
                            "are not only its own".format(*shared))
         return exits, conditional
 
+    def _exit_rows(self, part: Function, inside, alone: bool) -> list:
+        """(row, kind, target, address) of each instruction of the part's sweep that may
+        leave the function (`inside`: whether an address is in it): returns, direct
+        jumps and branches out, and the rest to ask of (OTHER). The compiled search
+        answers for a function of one part (sweep_search.py)."""
+        search = self._sweep_search() if alone else None
+        k = bisect.bisect_left(self._starts, part.address)
+        if search is not None and k < len(self.functions) and self.functions[k] is part:
+            found = search.exits(k)
+            if found is not None:
+                return found
+        sweep = self.sweep(part)
+        found = []
+        # (in Python: most functions have a few dozen rows, too few for numpy)
+        for k, kind, target in zip(sweep.rows.tolist(), sweep.kinds.tolist(),
+                                   sweep.targets.tolist()):
+            if kind == JUMP or kind == BRANCH:
+                if inside(target):
+                    continue
+            elif kind != RETURN and kind != OTHER:
+                continue
+            found.append((k, kind, target, int(sweep.edges[k])))
+        return found
+
     def precompute(self, sites: List[Site],
                    progress: Optional[Callable[[int], None]] = None) -> None:
         """For plans that are only reported (`list`): a window for each of these sites
@@ -738,7 +768,7 @@ class Planner:
         them as it would have found them itself, so the plans are the same, in about
         half the time. `progress(n)`: told of sites done, by both."""
         self.taken_index.every_value()  # (the scans, made once before the fork)
-        self._window_search()  # (and the compiled search, where there is one)
+        self._sweep_search()  # (and the compiled search, where there is one)
 
         # (pieces of about 1/2048 of the sites, taken by each process as it goes; see
         # prepare)
@@ -1097,7 +1127,7 @@ class Planner:
     def _searched_entry(self, site: Site, size: int) -> Optional[Plan]:
         """_window()'s plan at a function's entry where the compiled search finds it
         (as _searched_window()); None where it is left to the Python planner."""
-        search = self._window_search()
+        search = self._sweep_search()
         fn = site.function
         k = bisect.bisect_left(self._starts, fn.address)
         if search is None or k == len(self.functions) or self.functions[k] is not fn:
@@ -1111,13 +1141,9 @@ class Planner:
         found = search.entry(site.address, k, size, self._padding_end, pad)
         if found is None:
             return None
-        head, first, last, end, clean, plain = found
+        first, last, end, read = found
         try:
-            if plain and fn.address not in self._decoded:  # (see _searched_window)
-                displaced = self._displaced_plain(plain)
-            else:
-                insns = self.rows(fn, first, last + 1) if clean else self.rows(fn, 0, head)[first:]
-                displaced = self._displaced(insns[:last + 1 - first])
+            displaced = self._displaced(self._read_window(fn, first, last, read))
         except _Refused:  # (the Python planner refuses in its own words)
             return None
         start = site.address + pad
@@ -1141,15 +1167,15 @@ class Planner:
             raise _Refused(f"its instructions at {start:#x} decode differently in detail")
         return tuple(insns)
 
-    def _displaced_plain(self, edges: list) -> tuple:
-        """_displaced() of plain instructions (rows() that are not Sweep.marked), from
-        where they start and the last ends: none needs detail, only the decoder that
-        moves them must find them too."""
-        start = edges[0]
-        if self._instruction_ends(self.elf.read(start, edges[-1] - start)) != \
-                [e - start for e in edges[1:]]:
-            raise _Refused(f"its instructions at {start:#x} decode differently in detail")
-        return tuple([Insn(a, b - a, "", "", b"") for a, b in zip(edges, edges[1:])])
+    def _read_window(self, fn: Function, first: int, last: int, read: tuple) -> list:
+        """Rows `first` to `last` of the function's sweep, found by the compiled search,
+        read as rows() reads them and what the Python planner reads with them (`read`,
+        what SweepSearch.rows_read gives: its first row, the edges, the marked, the
+        direct targets); _Refused where rows() would refuse them."""
+        if fn.address in self._decoded:  # (decoded whole: rows() gives those instructions)
+            return self.rows(fn, first, last + 1)
+        lo, edges, marked, direct = read
+        return self._insns(edges, marked, dict(direct) if direct else {})[first - lo:last - lo + 1]
 
     def _in_detail(self, insns) -> tuple:
         """(`insns` decoded in detail, why they cannot run from a trampoline or None)."""
@@ -1302,10 +1328,10 @@ class Planner:
         raise _Refused(reason)
 
     def _searched_window(self, site: Site, size: int) -> Optional[Plan]:
-        """_inner_window()'s plan where the compiled search (window_search.py) finds
+        """_inner_window()'s plan where the compiled search (sweep_search.py) finds
         its window, read as the Python search reads it: the same rows, the same checks
         of the instructions that move; None where it is left to the Python search."""
-        search = self._window_search()
+        search = self._sweep_search()
         if search is None:
             return None
         k = self._holding_index(site)
@@ -1316,24 +1342,13 @@ class Planner:
         while True:
             if found is None:
                 return None
-            at, first_row, end_row, first, last, end, clean, plain = found
-            # plain code alone, the only rows it needs: no decoding to do (unless the
-            # function was decoded whole: rows() gives those instructions)
-            if plain and fn.address not in self._decoded:
-                insns, base = None, first
-            else:
-                try:
-                    if clean:  # no other row read is marked: the window's are all it needs
-                        insns, base = self.rows(fn, first, last + 1), first
-                    else:  # (as the Python search reads them)
-                        insns, base = self.rows(fn, at, end_row), at
-                        if first < at:
-                            insns, base = self.rows(fn, first_row, at) + insns, first_row
-                except _Refused:
-                    return None  # (the Python search refuses so, in its own words)
+            first, last, end, read = found
             try:
-                displaced = self._displaced_plain(plain) if insns is None else \
-                    self._displaced(insns[first - base:last - base + 1])
+                window = self._read_window(fn, first, last, read)
+            except _Refused:
+                return None  # (the Python search refuses so, in its own words)
+            try:
+                displaced = self._displaced(window)
                 break
             except _Refused:  # (as the Python search does: on to the next window)
                 found = search.inner(site.address, k, size, self._padding_end, first)
@@ -1353,8 +1368,12 @@ class Planner:
         of addresses are seen by the scans for taken addresses; a jump through a
         pointer to another function (a vtable's) computes no such base. A window there
         holds the site's instruction alone; hops and punned jumps keep to that."""
-        return self._unknown_cases(self._parts(site.function) if site.kind == KIND_RETURN
-                                   else [fn])
+        # (kept per function asked of: node's 117,000 exit windows ask 78,000 functions)
+        key = -site.function.address - 1 if site.kind == KIND_RETURN else fn.address
+        if key not in self._unknown_known:
+            self._unknown_known[key] = self._unknown_cases(
+                self._parts(site.function) if site.kind == KIND_RETURN else [fn])
+        return self._unknown_known[key]
 
     def _unknown_cases(self, functions: List[Function]) -> Optional[str]:
         """Why any instruction of `functions[0]` may be a case of a table not recognised
@@ -1481,7 +1500,7 @@ class Planner:
         return at  # whole padding instructions, so the trampoline can jump back to `at`
 
     def _padding_end(self, k: int, start: int, fn_end: int, size: int) -> int:
-        """_borrow_padding() for function k, -1 where it refuses (window_search.py)."""
+        """_borrow_padding() for function k, -1 where it refuses (sweep_search.py)."""
         try:
             return self._borrow_padding(self.functions[k], start, fn_end, size)
         except _Refused:

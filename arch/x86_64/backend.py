@@ -130,7 +130,7 @@ class X86_64Backend(Backend):
     def sweep_all(self, data: bytes, spans) -> Optional[SweepBatch]:
         return linear_sweep.sweep_all(data, spans, super().sweep)
 
-    window_search_engine = linear_sweep.window_search_engine
+    sweep_search_engine = linear_sweep.sweep_search_engine
 
     def flow_kind(self, insn: Insn) -> tuple:
         mnemonic = _bare_mnemonic(insn.mnemonic)

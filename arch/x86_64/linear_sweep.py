@@ -12,7 +12,7 @@ its code ends)."""
 from __future__ import annotations
 
 import bisect
-from typing import Callable, List, Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import iced_x86
 import numpy as np
@@ -24,8 +24,8 @@ try:
 except ImportError:  # built without Rust: the Python loop does it
     native_sweep = None
 
-# the planner's window search in Rust (rewriter/window_search.py), with the sweeps
-window_search_engine = getattr(native_sweep, "WindowSearch", None)
+# the planner's window search in Rust (rewriter/sweep_search.py), with the sweeps
+sweep_search_engine = getattr(native_sweep, "SweepSearch", None)
 
 ENDBR64 = b"\xf3\x0f\x1e\xfa"
 
@@ -92,7 +92,7 @@ def native_sweeps(data: bytes, spans: Sequence[Tuple[int, int, int]],
                             targets[r:r + nr], marked[m:m + nm]))
         where[k] = (e, ne, r, nr, m, nm)
         e, r, m = e + ne, r + nr, m + nm
-    return SweepBatch(sweeps, made[0], made[1], made[3], made[4], where)
+    return SweepBatch(sweeps, made[0], made[1], made[2], made[3], made[4], where)
 
 
 def python_sweep(code: bytes, address: int, undecodable: Undecodable) -> Sweep:

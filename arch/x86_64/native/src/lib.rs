@@ -10,7 +10,7 @@ use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-mod windows;
+mod sweep_search;
 
 const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
 
@@ -193,6 +193,6 @@ fn sweep_functions<'py>(
 #[pymodule]
 fn native_sweep(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sweep_functions, m)?)?;
-    m.add_class::<windows::WindowSearch>()?;
+    m.add_class::<sweep_search::SweepSearch>()?;
     Ok(())
 }

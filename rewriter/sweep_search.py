@@ -1,27 +1,30 @@
-"""The planner's window search for sites inside functions, in compiled code.
+"""The planner's searches over every function's sweep, in compiled code.
 
 Planner._inner_window tries windows around a site (exits, USDT sites, addresses) and
-skips those a nearby branch or a C++ landing pad lands inside. On a big file that
-search is most of `list`'s time (node: 117,000 exit windows, about 14 s of Python
-on two cores), and it needs only arrays. Where the backend's native module has one
-(Backend.window_search_engine: x86_64's, in Rust) and every function was swept at
-once (a SweepBatch), the planner asks it first: it walks the sweep's arrays in place
-and answers only where it finds the very window the Python search would (the first
-free of near branch targets and landing pads, inside the function); the planner
-still reads the window's instructions and checks that they move (_displaced), and
-leaves everything else to the Python search: windows that reach into the padding
-after a function, functions whose branch targets it does not hold (.cold parts,
-whose parent's jump tables land in them; functions swept another way), sites with
-no window. tests/test_window_search.py holds the two to the same windows.
+skips those a nearby branch or a C++ landing pad lands inside; _window takes the
+instructions at an entry; _exit_points goes over a function's rows for those that
+may leave it. On a big file these are most of `list`'s time (node: 117,000 exit
+windows, 78,000 entries, 78,000 functions' exits: seconds of Python per core), and
+they need only arrays. Where the backend's native module has one
+(Backend.sweep_search_engine: x86_64's, in Rust) and every function was swept at
+once (a SweepBatch), the planner asks it first: it reads the sweep's arrays in place
+and answers only where it finds what the Python code would (for a window, the first
+free of near branch targets and landing pads; what the planner must read to check
+that its instructions move, which it still does, _displaced). Everything else stays
+with the Python code, which also gives the reasons: windows whose padding refuses
+them all, functions whose branch targets it does not hold (.cold parts, whose
+parent's jump tables land in them; functions swept another way), sites with no
+window, functions of several parts. tests/test_sweep_search.py holds the two to the
+same answers.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import numpy as np
 
-from urewrite.arch.base import SweepBatch
+from urewrite.arch.base import BRANCH, JUMP, OTHER, RETURN, SweepBatch
 from urewrite.arch.jump_tables import JumpTable
 from urewrite.rewriter.except_table import LandingPads
 from urewrite.rewriter.functions import Function
@@ -49,11 +52,12 @@ def build(engine: type, functions: List[Function], batch: SweepBatch,
     unreadable = [(min(start, _INT64_MAX), min(end, _INT64_MAX))
                   for start, end, _ in pads.unreadable]
     return engine(
-        batch.edges, batch.rows, batch.targets, batch.marked, spans.tobytes(),
+        batch.edges, batch.rows, batch.kinds, batch.targets, batch.marked, spans.tobytes(),
         _int64s(fn.address for fn in functions), _int64s(fn.end for fn in functions),
         bytes(".cold" not in fn.name for fn in functions),  # (see the module's docstring)
         _int64s(cases), _int64s(case_starts), _int64s(pads.pads),
-        _int64s(v for pair in unreadable for v in pair), reach, look_back)
+        _int64s(v for pair in unreadable for v in pair), reach, look_back,
+        (JUMP, BRANCH, RETURN, OTHER))
 
 
 def _int64s(values) -> bytes:

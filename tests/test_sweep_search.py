@@ -1,14 +1,16 @@
-"""The compiled window search (rewriter/window_search.py) gives the windows the Python
-planner gives: for every entry and exit of every function of system files and of
-samples built at several levels, and for sites at every instruction of them. It must
-also answer for most of them (else it would not be worth having), and leave to the
-Python search what it cannot know."""
+"""The compiled searches over the sweeps (rewriter/sweep_search.py) give what the
+Python planner gives: the windows of every entry and exit of every function of system
+files and of samples built at several levels, and of sites at every instruction of
+them; the rows that may leave each function. They must also answer for most of them
+(else they would not be worth having), and leave to the Python code what they cannot
+know."""
 
 import os
 import subprocess
 
 import pytest
 
+from urewrite.arch.base import BRANCH, JUMP, OTHER, RETURN
 from urewrite.arch.x86_64 import linear_sweep
 from urewrite.rewriter import pipeline
 from urewrite.rewriter.planner import _Refused
@@ -16,7 +18,7 @@ from urewrite.rewriter.selectors import Site
 from urewrite.trampolines.region import KIND_ADDRESS, KIND_ENTRY, KIND_RETURN
 
 pytestmark = pytest.mark.skipif(
-    linear_sweep.window_search_engine is None,
+    linear_sweep.sweep_search_engine is None,
     reason="the native module was not built (no Rust toolchain at install time)")
 
 SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "samples")
@@ -28,7 +30,7 @@ def prepared(path: str):
     """The planner of a file, every function analysed as `list` does."""
     a = pipeline.analyse(path)
     a.planner.prepare(a.functions)
-    assert a.planner._window_search() is not None
+    assert a.planner._sweep_search() is not None
     return a
 
 
@@ -64,20 +66,28 @@ def compare(planner, sites) -> int:
 
 
 def check_rows_read(planner, site: Site) -> None:
-    """What the engine says of the rows the Python search reads: whether the window
-    holds every marked one of them, and where its instructions lie if none is its own."""
+    """What the engine gives of the rows the Python search reads: the window's alone
+    when no other of them is marked, else all of them, each with its marked rows and
+    direct targets as the sweep has them."""
     k = planner._holding_index(site)
-    found = planner._search.inner(site.address, k, planner.backend.patch_size,
-                                  planner._padding_end) if k is not None else None
+    size = planner.backend.patch_size
+    found = planner._search.inner(site.address, k, size, planner._padding_end) \
+        if k is not None else None
     if found is None:
         return
-    at, first_row, end_row, first, last, end, clean, plain = found
+    first, last, end, (lo, edges, marked, direct) = found
     sweep = planner.sweep(planner.functions[k])
-    marked = set(sweep.marked.tolist())
+    at, first_row, end_row = sweep.edges.searchsorted(
+        (site.address, site.address - planner.MAX_LOOK_BACK, site.address + size)).tolist()
+    end_row = min(end_row + 1, len(sweep))
     read = range(first_row if first < at else at, end_row)
-    assert clean == all(r not in marked for r in read if not first <= r <= last)
-    assert (plain is not None) == (clean and not marked & set(range(first, last + 1)))
-    assert plain is None or plain == sweep.edges[first:last + 2].tolist()
+    all_marked = set(sweep.marked.tolist())
+    clean = all(r not in all_marked for r in read if not first <= r <= last)
+    rows = range(first, last + 1) if clean else read
+    assert lo == rows[0] and edges == sweep.edges[rows[0]:rows[-1] + 2].tolist()
+    assert marked == [r - lo for r in rows if r in all_marked]
+    targets = dict(zip(sweep.rows.tolist(), sweep.targets.tolist()))
+    assert direct == [(r - lo, targets[r]) for r in rows if targets.get(r, -1) >= 0]
 
 
 def entries(a) -> list:
@@ -125,8 +135,8 @@ def test_every_exit_and_instruction_of_a_sample(sample, flags, tmp_path):
     sites = exits(a) + entries(a)
     for fn in a.functions:
         for address in a.planner.sweep(fn).starts.tolist()[1:]:
-            sites.append(Site(fn, address, KIND_ADDRESS, fn.name, f"{fn.name}+{address - fn.address:#x}",
-                              exact=True))
+            sites.append(Site(fn, address, KIND_ADDRESS, fn.name,
+                              f"{fn.name}+{address - fn.address:#x}", exact=True))
     answered = compare(a.planner, sites)
     assert 0 < answered < len(sites)  # (some sites have no window: the Python search says why)
 
@@ -147,3 +157,23 @@ def test_what_it_does_not_know_is_left_to_the_python_search(tmp_path):
     batch, swept = planner._batch
     planner._search, planner._batch = None, (batch, [f for f in swept if f is not main])
     assert all(planner._searched_window(s, 5) is None for s in sites)
+
+
+@pytest.mark.parametrize("path", SYSTEM_FILES[:2], ids=os.path.basename)
+def test_rows_that_may_leave_a_function(path):
+    """What the engine gives _exit_points, function by function, is what the Python
+    loop over the sweep finds."""
+    if not os.path.exists(path):
+        pytest.skip(f"needs Debian's {path}")
+    planner = prepared(path).planner
+    kinds = set()
+    for fn in planner.functions:
+        found = planner._exit_rows(fn, lambda a: fn.address <= a < fn.end, True)
+        planner._search, search = None, planner._search
+        planner._batch, batch = None, planner._batch
+        try:
+            assert planner._exit_rows(fn, lambda a: fn.address <= a < fn.end, True) == found
+        finally:
+            planner._search, planner._batch = search, batch
+        kinds.update(kind for _, kind, _, _ in found)
+    assert kinds == {JUMP, BRANCH, RETURN, OTHER}

@@ -1,18 +1,22 @@
-//! The search for a window around a site inside a function (rewriter/window_search.py).
+//! The planner's searches over every function's sweep (rewriter/sweep_search.py).
 //!
-//! `Planner._inner_window` tries windows starting at the site, then one instruction
+//! `Planner._inner_window` tries windows starting at a site, then one instruction
 //! earlier each time, and skips those that a branch of a nearby function or a C++
-//! landing pad lands inside. Those two checks and the walk over the instructions are
-//! most of its time on a big file (node: 117,000 exit windows), and they need nothing
-//! but arrays: the sweeps (as `sweep_functions` made them), every function's range,
-//! its jump tables' cases and the landing pads. This is that search, on those arrays.
-//! It answers only where it is sure to find what the Python search finds: anything
-//! else (the window reaching past the function into padding, a function whose
-//! targets it does not know, no window at all) is left to the Python search, which
-//! also gives the reasons. Nothing here knows an instruction set.
+//! landing pad lands inside; `Planner._window` takes the instructions at an entry;
+//! `Planner._exit_points` looks for the rows that may leave a function. On a big file
+//! (node: 117,000 exit windows, 78,000 entries) these walks are seconds of Python, and
+//! they need nothing but arrays: the sweeps (as `sweep_functions` made them, read in
+//! place), every function's range, its jump tables' cases and the landing pads. This
+//! is those walks, on those arrays. They answer only where they are sure to find what
+//! the Python code finds; anything else (no window, a function whose targets are not
+//! all here) is left to it, which also gives the reasons. Nothing here knows an
+//! instruction set.
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+
+/// The rows the planner reads around a window (SweepSearch::rows_read).
+type Rows = (i64, Vec<i64>, Vec<i64>, Vec<(i64, i64)>);
 
 fn int64s(raw: &[u8]) -> Vec<i64> {
     raw.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().unwrap())).collect()
@@ -29,12 +33,14 @@ fn view(raw: &[u8]) -> PyResult<&[i64]> {
 }
 
 #[pyclass(module = "urewrite.arch.x86_64.native_sweep")]
-pub struct WindowSearch {
+pub struct SweepSearch {
     // the sweeps of every function, one after another (sweep_functions' arrays)
     edges: Py<PyBytes>,
     rows: Py<PyBytes>,
+    kinds: Py<PyBytes>,
     targets: Py<PyBytes>,
     marked: Py<PyBytes>,
+    exit_kinds: (u8, u8, u8, u8), // the Sweep kinds jump, branch, return, other
     // per function, in address order: where its edges, rows and marked start in those
     // arrays, and how many (edges -1: not among them, so not searched here)
     spans: Vec<[i64; 6]>,
@@ -52,7 +58,7 @@ pub struct WindowSearch {
     near: (usize, Option<Vec<i64>>), // the last function asked: its near targets, sorted
 }
 
-impl WindowSearch {
+impl SweepSearch {
     /// The branch targets of the functions within a short branch of function k
     /// (Planner._near_targets), sorted; None if one of them is not here.
     fn near_targets(&self, py: Python<'_>, k: usize) -> PyResult<Option<Vec<i64>>> {
@@ -77,20 +83,34 @@ impl WindowSearch {
         Ok(Some(found))
     }
 
-    /// Of the rows read, [read_from, read_end), and the window's, [first, last]:
-    /// whether no other row read is marked, and if none of the window's is either,
-    /// where its instructions start and the last ends.
+    /// What Planner._insns needs to make the instructions the planner reads around a
+    /// window: of the rows read, [read_from, read_end), those of the window alone,
+    /// [first, last], when no other row read is marked (the others then need no
+    /// closer look), else all of them: (their first row, the edges of those rows, the
+    /// marked ones among them and the direct targets of those that branch, (row,
+    /// target) each, rows counted from their first).
     #[allow(clippy::too_many_arguments)]
     fn rows_read(&self, py: Python<'_>, k: usize, edges: &[i64], read_from: usize, read_end: usize,
-                 first: usize, last: usize) -> PyResult<(bool, Option<Vec<i64>>)> {
-        let [_, _, _, _, mark, marks] = self.spans[k];
+                 first: usize, last: usize) -> PyResult<Rows> {
+        let [_, _, row, rows, mark, marks] = self.spans[k];
         let marked = &view(self.marked.bind(py).as_bytes())?[mark as usize..(mark + marks) as usize];
         let inside = |lo: usize, hi: usize| {
             let j = marked.partition_point(|&m| m < lo as i64);
             j < marked.len() && marked[j] < hi as i64
         };
         let clean = !inside(read_from, first) && !inside(last + 1, read_end);
-        Ok((clean, (clean && !inside(first, last + 1)).then(|| edges[first..last + 2].to_vec())))
+        let (lo, hi) = if clean { (first, last + 1) } else { (read_from, read_end) };
+        let within = |values: &[i64]| {
+            let (a, b) = (values.partition_point(|&v| v < lo as i64), values.partition_point(|&v| v < hi as i64));
+            (a, b)
+        };
+        let (a, b) = within(marked);
+        let rows_all = &view(self.rows.bind(py).as_bytes())?[row as usize..(row + rows) as usize];
+        let targets_all = &view(self.targets.bind(py).as_bytes())?[row as usize..(row + rows) as usize];
+        let (c, d) = within(rows_all);
+        let direct = (c..d).filter(|&j| targets_all[j] >= 0)
+            .map(|j| (rows_all[j] - lo as i64, targets_all[j])).collect();
+        Ok((lo as i64, edges[lo..hi + 1].to_vec(), marked[a..b].iter().map(|&m| m - lo as i64).collect(), direct))
     }
 
     /// Whether a landing pad lies in (start, end), or may (ExceptTable.first_inside,
@@ -103,12 +123,13 @@ impl WindowSearch {
 }
 
 #[pymethods]
-impl WindowSearch {
+impl SweepSearch {
     #[new]
     #[allow(clippy::too_many_arguments)]
     fn new(
         edges: Py<PyBytes>,
         rows: Py<PyBytes>,
+        kinds: Py<PyBytes>,
         targets: Py<PyBytes>,
         marked: Py<PyBytes>,
         spans: &[u8],
@@ -121,6 +142,7 @@ impl WindowSearch {
         unreadable: &[u8],
         reach: i64,
         look_back: i64,
+        exit_kinds: (u8, u8, u8, u8),
     ) -> PyResult<Self> {
         let (starts, ends) = (int64s(starts), int64s(ends));
         let spans: Vec<[i64; 6]> =
@@ -135,11 +157,13 @@ impl WindowSearch {
             ends_so_far.push(ends_so_far.last().map_or(e, |&m: &i64| m.max(e)));
         }
         let unreadable = int64s(unreadable).chunks_exact(2).map(|c| (c[0], c[1])).collect();
-        Ok(WindowSearch {
+        Ok(SweepSearch {
             edges,
             rows,
+            kinds,
             targets,
             marked,
+            exit_kinds,
             spans,
             starts,
             ends,
@@ -156,12 +180,11 @@ impl WindowSearch {
     }
 
     /// The window for a site at `site` in function `k` that a jump of `size` bytes
-    /// needs, as Planner._inner_window finds it: (at, first_row, end_row, first, last,
-    /// end, clean, plain): the site's row and the rows the Python search reads (from
-    /// first_row, or from `at` when the first window is the one), the window's first
-    /// and last rows and its end; whether it holds every marked row of those (the
-    /// others need no closer look), and if it holds none, where its instructions start
-    /// and the last ends (else None). None where the Python search must decide.
+    /// needs, as Planner._inner_window finds it: (first, last, end, rows): the
+    /// window's first and last rows, its end, and the rows read (rows_read()) of those
+    /// the Python search reads (from 24 bytes before the site, or from the site when
+    /// the first window is the one, to the first row a jump's size after the site).
+    /// None where the Python search must decide.
     /// `borrow(k, start, end, size)`: where a window from `start` ends when it takes
     /// the padding after function k's code (which ends at `end`), or -1 if it cannot
     /// (Planner._borrow_padding). `below`: only windows whose first row is below it
@@ -169,7 +192,7 @@ impl WindowSearch {
     #[pyo3(signature = (site, k, size, borrow, below = i64::MAX))]
     #[allow(clippy::too_many_arguments)]
     fn inner(&mut self, py: Python<'_>, site: i64, k: usize, size: i64, borrow: &Bound<'_, PyAny>,
-             below: i64) -> PyResult<Option<(i64, i64, i64, i64, i64, i64, bool, Option<Vec<i64>>)>> {
+             below: i64) -> PyResult<Option<(i64, i64, i64, Rows)>> {
         if k >= self.spans.len() || !self.own_targets[k] {
             return Ok(None);
         }
@@ -222,8 +245,8 @@ impl WindowSearch {
                 continue;
             }
             let read_from = if first < at { first_row } else { at };
-            let (clean, plain) = self.rows_read(py, k, edges, read_from, end_row, first, last)?;
-            return Ok(Some((at as i64, first_row as i64, end_row as i64, first as i64, last as i64, end, clean, plain)));
+            let rows = self.rows_read(py, k, edges, read_from, end_row, first, last)?;
+            return Ok(Some((first as i64, last as i64, end, rows)));
         }
         Ok(None)
     }
@@ -231,15 +254,13 @@ impl WindowSearch {
     /// The window at the entry of function k (at `site`, its first byte) that a jump
     /// of `size` bytes needs, as Planner._window takes it: the instructions from the
     /// entry on, past a landing pad of `pad` bytes, until they cover the jump, and the
-    /// padding after the function if they do not (`borrow`, as for inner()): (head,
-    /// first, last, end, clean, plain): the rows Planner.head reads, [0, head), the
-    /// window's first and last rows and its end, and, as for inner(), whether no other
-    /// row read is marked (the landing pad aside: the caller read it) and where its
-    /// instructions lie if none of its own is. None where the Python planner must
-    /// decide.
+    /// padding after the function if they do not (`borrow`, as for inner()): (first,
+    /// last, end, rows): the window's first and last rows, its end, and the rows read
+    /// (rows_read()) of those Planner.head reads (the landing pad aside: the caller
+    /// read it). None where the Python planner must decide.
     #[pyo3(signature = (site, k, size, borrow, pad = 0))]
     fn entry(&self, py: Python<'_>, site: i64, k: usize, size: i64, borrow: &Bound<'_, PyAny>, pad: i64)
-             -> PyResult<Option<(i64, i64, i64, i64, bool, Option<Vec<i64>>)>> {
+             -> PyResult<Option<(i64, i64, i64, Rows)>> {
         if k >= self.spans.len() {
             return Ok(None);
         }
@@ -273,7 +294,36 @@ impl WindowSearch {
             end
         };
         let read_from = if pad > 0 { 1 } else { 0 };
-        let (clean, plain) = self.rows_read(py, k, edges, read_from.min(first), head, first, last)?;
-        Ok(Some((head as i64, first as i64, last as i64, end, clean, plain)))
+        let rows = self.rows_read(py, k, edges, read_from.min(first), head, first, last)?;
+        Ok(Some((first as i64, last as i64, end, rows)))
+    }
+
+    /// The rows of function k that may leave it, as Planner._exit_points goes over
+    /// them: returns, other branches (indirect ones), and direct jumps and branches
+    /// to a target outside the function: (row, kind, target, address) each, in order.
+    /// None where the function is not here.
+    fn exits(&self, py: Python<'_>, k: usize) -> PyResult<Option<Vec<(i64, u8, i64, i64)>>> {
+        if k >= self.spans.len() || self.spans[k][1] < 0 {
+            return Ok(None);
+        }
+        let [edge, _, row, rows, _, _] = self.spans[k];
+        let (jump, branch, ret, other) = self.exit_kinds;
+        let edges = &view(self.edges.bind(py).as_bytes())?[edge as usize..];
+        let span = row as usize..(row + rows) as usize;
+        let rows_all = &view(self.rows.bind(py).as_bytes())?[span.clone()];
+        let targets_all = &view(self.targets.bind(py).as_bytes())?[span.clone()];
+        let kinds_all = &self.kinds.bind(py).as_bytes()[span];
+        let (start, end) = (self.starts[k], self.ends[k]);
+        Ok(Some((0..rows_all.len())
+            .filter(|&j| {
+                let kind = kinds_all[j];
+                if kind == jump || kind == branch {
+                    !(start <= targets_all[j] && targets_all[j] < end)
+                } else {
+                    kind == ret || kind == other
+                }
+            })
+            .map(|j| (rows_all[j], kinds_all[j], targets_all[j], edges[rows_all[j] as usize]))
+            .collect()))
     }
 }
