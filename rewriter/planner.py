@@ -387,9 +387,9 @@ class Planner:
         if self._batch is not None:
             batch, swept = self._batch
             asked = {fn.address for fn in functions}
-            held = batch.spans[:, 1] >= 0
             if all(fn.address in asked for fn in swept):
-                in_batch = {fn.address for fn, h in zip(swept, held.tolist()) if h}
+                held = (batch.spans[:, 1] >= 0).tolist()  # (not those swept another way)
+                in_batch = {fn.address for fn, h in zip(swept, held) if h}
                 rows = np.frombuffer(batch.rows, np.int64) + \
                     np.repeat(batch.spans[:, 0], batch.spans[:, 3])  # (rows of the edges)
                 found = np.frombuffer(batch.targets, np.int64)
@@ -741,9 +741,10 @@ class Planner:
         jumps and branches out, and the rest to ask of (OTHER). The compiled search
         answers for a function of one part (sweep_search.py)."""
         search = self._sweep_search() if alone else None
-        k = bisect.bisect_left(self._starts, part.address)
-        if search is not None and k < len(self.functions) and self.functions[k] is part:
-            found = search.exits(k)
+        if search is not None:
+            k = bisect.bisect_left(self._starts, part.address)
+            found = search.exits(k) if k < len(self.functions) and \
+                self.functions[k] is part else None
             if found is not None:
                 return found
         sweep = self.sweep(part)
@@ -1412,13 +1413,13 @@ class Planner:
 
     def _holding(self, site: Site) -> Function:
         """The function (or .cold part) whose code holds the site."""
-        k = bisect.bisect_right(self._starts, site.address) - 1
-        if k >= 0 and self.functions[k].address <= site.address < self.functions[k].end:
-            return self.functions[k]
-        return site.function
+        k = self._holding_index(site)
+        return self.functions[k] if k is not None else site.function
 
     def _holding_index(self, site: Site) -> Optional[int]:
-        """Where _holding(site) is in self.functions; None if it is not there."""
+        """Where the function (or .cold part) whose code holds the site is in
+        self.functions: the site's own function if none of them holds it; None if that
+        is not there either."""
         k = bisect.bisect_right(self._starts, site.address) - 1
         if k >= 0 and self.functions[k].address <= site.address < self.functions[k].end:
             return k

@@ -62,8 +62,7 @@ impl SweepSearch {
     /// The branch targets of the functions within a short branch of function k
     /// (Planner._near_targets), sorted; None if one of them is not here.
     fn near_targets(&self, py: Python<'_>, k: usize) -> PyResult<Option<Vec<i64>>> {
-        let (rows_all, targets_all) = (self.rows.bind(py).as_bytes(), self.targets.bind(py).as_bytes());
-        let (_, targets_all) = (view(rows_all)?, view(targets_all)?);
+        let targets_all = view(self.targets.bind(py).as_bytes())?;
         let (low, high) = (self.starts[k] - self.reach, self.ends[k] + self.reach);
         let mut found = Vec::new();
         let mut j = self.ends_so_far.partition_point(|&e| e < low);
@@ -100,9 +99,9 @@ impl SweepSearch {
         };
         let clean = !inside(read_from, first) && !inside(last + 1, read_end);
         let (lo, hi) = if clean { (first, last + 1) } else { (read_from, read_end) };
+        // (where the values of a sorted slice in [lo, hi) start and end)
         let within = |values: &[i64]| {
-            let (a, b) = (values.partition_point(|&v| v < lo as i64), values.partition_point(|&v| v < hi as i64));
-            (a, b)
+            (values.partition_point(|&v| v < lo as i64), values.partition_point(|&v| v < hi as i64))
         };
         let (a, b) = within(marked);
         let rows_all = &view(self.rows.bind(py).as_bytes())?[row as usize..(row + rows) as usize];
@@ -113,7 +112,7 @@ impl SweepSearch {
         Ok((lo as i64, edges[lo..hi + 1].to_vec(), marked[a..b].iter().map(|&m| m - lo as i64).collect(), direct))
     }
 
-    /// Whether a landing pad lies in (start, end), or may (ExceptTable.first_inside,
+    /// Whether a landing pad lies in (start, end), or may (LandingPads.first_inside,
     /// unknown_inside).
     fn pad_inside(&self, start: i64, end: i64) -> bool {
         let k = self.pads.partition_point(|&p| p <= start);
