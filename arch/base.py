@@ -220,9 +220,9 @@ class SweepBatch:
     function asked, views of a few long arrays, and where each lies in them, for code
     that reads those arrays in place (rewriter/sweep_search.py): `edges`, `rows`,
     `kinds`, `targets` and `marked`, the bytes of those arrays (int64, native order;
-    kinds uint8); `spans`,
-    per function (n, 6): its first edge and number of edges (-1: swept another way, in
-    no array), its first row and number of rows, its first marked and their number."""
+    kinds uint8); `spans`, per function (n, 6): its first edge and number of edges (-1:
+    swept another way, in no array), its first row and number of rows, its first marked
+    and their number."""
 
     sweeps: list
     edges: bytes
@@ -359,8 +359,8 @@ class Backend(ABC):
         (x86_64's native sweep); else None, and the caller sweeps them as it goes."""
         return None
 
-    # A compiled window search over a SweepBatch's arrays (rewriter/sweep_search.py),
-    # where the backend's native module has one; None: the planner searches in Python.
+    # The planner's searches over a SweepBatch's arrays, compiled (rewriter/sweep_search.py),
+    # where the backend's native module has them; None: the planner searches in Python.
     sweep_search_engine: Optional[type] = None
 
     @abstractmethod

@@ -24,7 +24,7 @@ try:
 except ImportError:  # built without Rust: the Python loop does it
     native_sweep = None
 
-# the planner's window search in Rust (rewriter/sweep_search.py), with the sweeps
+# the planner's searches over the sweeps, in Rust too (rewriter/sweep_search.py)
 sweep_search_engine = getattr(native_sweep, "SweepSearch", None)
 
 ENDBR64 = b"\xf3\x0f\x1e\xfa"
