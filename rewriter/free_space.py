@@ -13,7 +13,9 @@ for the long jump to its trampoline. Landings come from:
 from __future__ import annotations
 
 import bisect
-from typing import Callable, List, Set, Tuple
+from typing import Callable, List, Tuple
+
+import numpy as np
 
 
 class Occupancy:
@@ -46,35 +48,58 @@ class Occupancy:
         self._ends.insert(k, end)
 
 
-def padding_gaps(elf, backend, functions, last_instruction: Callable, symbol_starts: Set[int],
-                 wanted: Callable[[int, int], bool]) -> List[Tuple[int, int]]:
-    """(start, end) of each run of padding between functions that no code reaches by
-    falling through: the function before it ends in an instruction that never
-    continues (a return, a jump), and no symbol starts inside it. Only gaps for which
-    `wanted(start, end)` holds are looked at (decoding the rest would be wasted)."""
+def padding_gaps(elf, backend, functions, last_instruction: Callable,
+                 symbol_starts: np.ndarray, reaches: List[Tuple[int, int]]
+                 ) -> List[Tuple[int, int]]:
+    """(start, end) of each run of padding between functions (sorted by address) that no
+    code reaches by falling through: the function before it ends in an instruction that
+    never continues (a return, a jump), and no symbol (`symbol_starts`, sorted) starts
+    inside it. Only gaps that meet one of `reaches` ([lo, hi] each) are looked at:
+    decoding the rest would be wasted."""
+    reaches = sorted(reaches)
+    lows = np.array([lo for lo, _ in reaches], dtype=np.int64)
+    highs = np.maximum.accumulate(np.array([hi for _, hi in reaches] or [0], dtype=np.int64))
+    addresses = np.fromiter((f.address for f in functions), np.int64, len(functions))
+    ends = np.fromiter((f.end for f in functions), np.int64, len(functions))
     gaps = []
-    starts = sorted(symbol_starts)
     for section in elf.executable_sections():
-        inside = [f for f in functions if section.addr <= f.address < section.end]
-        reach = section.addr  # the furthest end of a function so far
-        last = None  # the function that ends there
-        for fn, following in zip(inside, inside[1:] + [None]):
-            if fn.end > reach:
-                reach, last = fn.end, fn
-            start = reach
-            end = min(following.address if following else section.end, section.end)
-            k = bisect.bisect_left(starts, start)
-            if k < len(starts) and starts[k] < end:
-                end = starts[k]  # a label (hand-written code) is no padding
-            if end - start < backend.patch_size or last is None or not wanted(start, end):
+        first, last = np.searchsorted(addresses, (section.addr, section.end)).tolist()
+        if first == last:
+            continue
+        # where code stops falling through, before each function's successor: the
+        # furthest end so far (or the section's start), and the function that first
+        # reached it (-1: none yet)
+        end_of = ends[first:last]
+        reach = np.maximum.accumulate(np.maximum(end_of, section.addr))
+        before = np.concatenate(([section.addr], reach[:-1]))
+        by = np.maximum.accumulate(np.where(end_of > before, np.arange(len(end_of)), -1))
+        following = np.minimum(np.append(addresses[first + 1:last], section.end), section.end)
+        # (a symbol inside only shortens a gap: one out of reach, or too short, stays so)
+        k = np.searchsorted(lows, following)
+        near = (k > 0) & (highs[np.maximum(k - 1, 0)] >= reach)
+        for i in np.flatnonzero(near & (by >= 0) &
+                                (following - reach >= backend.patch_size)).tolist():
+            start, end = int(reach[i]), int(following[i])
+            j = int(np.searchsorted(symbol_starts, start))
+            if j < len(symbol_starts) and symbol_starts[j] < end:
+                end = int(symbol_starts[j])  # a label (hand-written code) is no padding
+            if end - start < backend.patch_size or not _meets(lows, highs, start, end):
                 continue
-            insn = last_instruction(last)
-            if insn is None or insn.end != last.end or not backend.ends_flow(insn):
+            fn = functions[first + int(by[i])]
+            insn = last_instruction(fn)
+            if insn is None or insn.end != fn.end or not backend.ends_flow(insn):
                 continue
             run = padding_ends(backend, elf.read(start, end - start))
             if run and run[-1] >= backend.patch_size:
                 gaps.append((start, start + run[-1]))
     return gaps
+
+
+def _meets(lows: np.ndarray, highs: np.ndarray, start: int, end: int) -> bool:
+    """Whether [start, end) meets a reach: one starts before it ends and, of those, one
+    ends at or after its start."""
+    k = int(np.searchsorted(lows, end))
+    return k > 0 and int(highs[k - 1]) >= start
 
 
 def padding_ends(backend, code: bytes) -> List[int]:

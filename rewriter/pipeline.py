@@ -121,10 +121,13 @@ def list_sites(path: str, tactics: Optional[tuple] = None, progress: Progress = 
     child too."""
     with no_cycle_collection():
         a = analyse(path, tactics)
+        prepared = len(a.functions) >= PREPARE_AT  # (both halves then need every function's)
+        if prepared:  # (the sweep on the other core while the sites are made)
+            a.planner.sweep_ahead(a.functions)
         entries = [Site(fn, fn.address, KIND_ENTRY, fn.name, fn.name, exact=False)
                    for fn in a.functions]
         return_sites = _return_sites(a)
-        if len(a.functions) >= PREPARE_AT:  # (both halves then need every function's)
+        if prepared:
             a.planner.prepare(a.functions, meanwhile=a.planner.read_unwind_tables,
                               progress=_steps(progress, "analysing functions", len(a.functions)))
             a.planner.precompute(return_sites,

@@ -21,6 +21,7 @@ import bisect
 import functools
 import itertools
 import os
+import threading
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Optional, Set, Union
 
@@ -152,6 +153,7 @@ class Planner:
         self._sweeps: Dict[int, Sweep] = {}  # function -> its sweep in compact form
         self._batch: Optional[tuple] = None  # (SweepBatch, its functions): _sweep_all()
         self._search = None  # sweep_search's compiled search, once made (_sweep_search())
+        self._sweeping: Optional[tuple] = None  # (thread, functions, result): sweep_ahead()
         self._gaps: Dict[int, int] = {}  # section -> _gap_after()
         self._gap_ends: tuple = (None, [])  # (padding gaps, their ends): _landing_in_padding
         self._exits_known: Dict[int, object] = {}  # function -> _exit_points() (or why not)
@@ -185,7 +187,7 @@ class Planner:
         self._frames: Optional[dict] = None  # FDE start -> frame there, when first needed
         self._fragments: Optional[Dict[int, Function]] = None
         self._taken_index = taken_index  # (else made when first needed)
-        self._symbol_starts: Optional[Set[int]] = None  # where symbols start, when needed
+        self._symbol_starts: Optional[np.ndarray] = None  # where symbols start, sorted, when needed
         self._conditional_exits: Set[int] = set()  # exits that leave only when taken
         self._landing_pads: Optional[except_table.LandingPads] = None  # when first needed
         self.redirected_because: Dict[int, str] = {}  # function -> why its exits are not patched
@@ -220,6 +222,36 @@ class Planner:
         hold them."""
         offset = self.elf.offset_of(fn.address, max(fn.size, 1))
         return (offset, fn.size) if offset is not None else (0, 0)
+
+    def sweep_ahead(self, functions: List[Function]) -> None:
+        """Start _sweep_all(functions) on a thread of its own, for the caller to go on
+        meanwhile (prepare() of the same list waits for it): the native sweep releases
+        the GIL while it decodes, so it takes the other core (node: 0.5 s, beside
+        making the sites of `list`). Nothing else may sweep until then. A sweep that
+        fails on the thread is made again where it can be reported."""
+        if self._sweeping is not None:
+            return
+        done = {}
+
+        def sweep() -> None:
+            try:
+                done["swept"] = self._sweep_all(functions)
+            except BaseException:  # (made again by _swept_all(), and reported there)
+                pass
+
+        thread = threading.Thread(target=sweep, name="urewrite sweep", daemon=True)
+        self._sweeping = (thread, functions, done)
+        thread.start()
+
+    def _swept_all(self, functions: List[Function]) -> bool:
+        """_sweep_all(functions), or the sweep_ahead() of the same list, waited for."""
+        if self._sweeping is not None:
+            thread, ahead, done = self._sweeping
+            thread.join()
+            self._sweeping = None
+            if ahead is functions and "swept" in done:
+                return done["swept"]
+        return self._sweep_all(functions)
 
     def _sweep_all(self, functions: List[Function]) -> bool:
         """Sweep the functions not swept yet at once, if the backend has a much faster
@@ -358,7 +390,7 @@ class Planner:
                                 if not swept_ahead]))
 
         self.taken_index.wait()  # (scans made ahead, on a thread: done before the fork)
-        swept_ahead = self._sweep_all(functions)  # (then the child has them all too)
+        swept_ahead = self._swept_all(functions)  # (then the child has them all too)
         second = parallel.Forked(found)
         if meanwhile is not None:
             meanwhile()
@@ -653,7 +685,11 @@ class Planner:
         parts = self._parts_of[fn.address] = [fn] + self._cold_parts.get(fn.name, [])
         fragments = self.fragments()
         for part in parts:  # grows while we walk it
-            for target in self.branch_targets(part):
+            targets = self.branch_targets(part)
+            # (most: asked at once, in C, over the fewer: two views)
+            if targets.keys().isdisjoint(fragments.keys()):
+                continue
+            for target in targets:
                 fragment = fragments.get(target)
                 if fragment is not None and fragment not in parts:
                     parts.append(fragment)
@@ -879,20 +915,24 @@ class Planner:
             k = bisect.bisect_left(self._starts, fn.address)
             if self.functions[k] is fn and not self._entered[k]:
                 return None
-        interior = {a for part in parts for a in self.sweep(part).starts.tolist()}
-        interior.discard(fn.address)
+        starts = [self.sweep(part).starts for part in parts]
+        interior = np.concatenate(starts) if len(starts) > 1 else starts[0]
+        interior = interior[interior != fn.address]  # (arrays: a big function has 1,000s)
         references = self.taken_index.branch_sources(interior)
         for target in sorted(references):
             for source in references[target]:
                 if not inside(source) and self._really_names(source, target):
                     return target, source
+        within = None  # (the same as a set, made if a branch from outside lands inside)
         for part in parts:  # short branches, which the byte scan does not see
             for near in self._near_functions(Window(part.address, part.size, ())):
                 if inside(near.address):
                     continue
                 for target, source in self.branch_targets(near).items():
-                    if target in interior and not inside(source):
-                        return target, source
+                    if not inside(source) and inside(target):
+                        within = set(interior.tolist()) if within is None else within
+                        if target in within:
+                            return target, source
         return None
 
     def _really_names(self, source: int, target: int) -> bool:
@@ -908,19 +948,36 @@ class Planner:
         holders = self._holders(match.source)
         if not holders:
             return True
+        branch = match.kind == taken_addresses.BRANCH
         for fn in holders:
-            if match.kind == taken_addresses.BRANCH and \
-                    self._sweep_branches(fn, match.source, target):
+            if branch and self._sweep_branches(fn, match.source, target):
                 return True  # (what the decode below would find: no need to ask it)
-            insn = self._detailed_insn_at(fn, match.source)
+            if not branch and self._no_field_at(fn, match.source):
+                continue
+            # (a branch is named by its mnemonic and operands: the quick decoder's)
+            insn = self._insn_at(fn, match.source, detail=not branch)
             if insn is None:
                 return True
-            if match.kind == taken_addresses.BRANCH:
+            if branch:
                 if self.backend.names_address(insn, target):
                     return True
             elif self.backend.holds_constant(insn, match.source - insn.address, target):
                 return True
         return False
+
+    def _no_field_at(self, fn: Function, address: int) -> bool:
+        """Whether no immediate or displacement field of 4 bytes or more can start at
+        `address` in the function's instruction holding it (it is its first byte, or
+        4 bytes from it pass its end), that instruction decoding alike in detail: the
+        answer holds_constant() gives, without the detailed decode (node: 15,000 of
+        22,000 matches asked)."""
+        sweep = self.sweep(fn)
+        k = sweep.index_holding(address)
+        if k is None:
+            return False
+        start, end = int(sweep.edges[k]), int(sweep.edges[k + 1])
+        return (address == start or address + 4 > end) and \
+            self._instruction_ends(self.elf.read(start, end - start)) == [end - start]
 
     def _sweep_branches(self, fn: Function, address: int, target: int) -> bool:
         """Whether the instruction of the function's sweep holding `address` is a direct
@@ -940,18 +997,21 @@ class Planner:
             k += 1
         return holders
 
-    def _detailed_insn_at(self, fn: Function, address: int):
+    def _insn_at(self, fn: Function, address: int, detail: bool = True):
         """The instruction of the function's linear sweep that holds `address`, decoded
-        with detail; None where the sweep does not reach it cleanly."""
+        (with detail, or by the quick decoder with its bytes); None where the sweep
+        does not reach it cleanly."""
         sweep = self.sweep(fn)
         k = sweep.index_holding(address)
         if k is None:
             return None
         start, size = int(sweep.edges[k]), int(sweep.edges[k + 1] - sweep.edges[k])
-        detailed = self.backend.decode(self.elf.read(start, size), start, detail=True)
-        if len(detailed) != 1 or detailed[0].size != size:
+        code = self.elf.read(start, size)
+        decoded = self.backend.decode(code, start, detail=detail)
+        if len(decoded) != 1 or decoded[0].size != size:
             return None
-        return detailed[0]
+        insn = decoded[0]
+        return insn if detail else Insn(start, size, insn.mnemonic, insn.op_str, code)
 
     @property
     def taken_index(self) -> taken_addresses.TakenIndex:
@@ -1157,15 +1217,23 @@ class Planner:
         (a detailed one holds its decoder's whole record, and a big file has 100,000s
         of windows): the code that moves them decodes them in detail (detailed())."""
         start, end = insns[0].address, insns[-1].end
-        # (the decoder that moves them must see the very instructions the sweep saw:
-        # where two decoders disagree, as on the length of a ud1, nothing is moved)
-        if any(map(self.backend.needs_detail, insns)):
+        last = len(insns) - 1
+        # (what the quick decode tells of those relocation_problem() asks in detail)
+        problems = [self.backend.quick_relocation_problem(insn, k == last, self._shadow_stack)
+                    for k, insn in enumerate(insns) if self.backend.needs_detail(insn)]
+        if None in problems:
             problem = self._in_detail(insns)[1]
             if problem:
                 raise _Refused(problem)
-        elif self._instruction_ends(self.elf.read(start, end - start)) != \
+            return tuple(insns)
+        # (the decoder that moves them must see the very instructions the sweep saw:
+        # where two decoders disagree, as on the length of a ud1, nothing is moved)
+        if self._instruction_ends(self.elf.read(start, end - start)) != \
                 [i.end - start for i in insns]:
             raise _Refused(f"its instructions at {start:#x} decode differently in detail")
+        problem = next((p for p, in problems if p), None)
+        if problem:
+            raise _Refused(f"cannot relocate {problem}")
         return tuple(insns)
 
     def _read_window(self, fn: Function, first: int, last: int, read: tuple) -> list:
@@ -1748,19 +1816,10 @@ class Planner:
             return []
         if self._symbol_starts is None:
             values = elf_symbols.table(self.elf).values
-            self._symbol_starts = set(values[values != 0].tolist())
-        reaches = sorted(self.backend.hop_reach(p.window.address) for p in plans)
-        lows = [lo for lo, _ in reaches]
-        highs = list(itertools.accumulate((hi for _, hi in reaches), max))
-
-        def in_reach(start: int, end: int) -> bool:
-            # some reach starts before the gap ends and, of those, one ends after it starts
-            k = bisect.bisect_left(lows, end)
-            return k > 0 and highs[k - 1] >= start
-
-        return sorted(free_space.padding_gaps(self.elf, self.backend, self.functions,
-                                              self._last_instruction, self._symbol_starts,
-                                              in_reach))
+            self._symbol_starts = unique(values[values != 0].astype(np.int64))
+        return sorted(free_space.padding_gaps(
+            self.elf, self.backend, self.functions, self._last_instruction,
+            self._symbol_starts, [self.backend.hop_reach(p.window.address) for p in plans]))
 
     def _last_instruction(self, fn: Function) -> Optional[Insn]:
         """The last instruction of the function's sweep, decoded; None where the sweep
@@ -1937,10 +1996,11 @@ class Planner:
         taken addresses are left to ask about, unless the window reaches past that
         function's end (borrowed padding), nearer to others."""
         lo, hi = plan.window.address + 1, plan.window.end
-        for target in range(lo, hi):
-            why = target in taken and self._taken_reason(taken, target)
-            if why:
-                return f"{why} may lead to {target:#x}, inside the displaced bytes"
+        if not taken.keys().isdisjoint(range(lo, hi)):  # (most windows: none, asked in C)
+            for target in range(lo, hi):
+                why = target in taken and self._taken_reason(taken, target)
+                if why:
+                    return f"{why} may lead to {target:#x}, inside the displaced bytes"
         holder = self._holding(plan.site)
         if inner_window and plan.window.end <= holder.end:
             return None

@@ -164,7 +164,8 @@ class TakenIndex:
         the given targets (asked once per function, with its instructions' addresses):
         a binary search in one table of every code scan's branches, sorted by target."""
         table = self._branch_table()
-        wanted = np.fromiter(targets, dtype=np.int64)
+        wanted = targets if isinstance(targets, np.ndarray) else \
+            np.fromiter(targets, dtype=np.int64)
         first = table.values.searchsorted(wanted, side="left")
         last = table.values.searchsorted(wanted, side="right")
         present = last > first

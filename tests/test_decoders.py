@@ -9,7 +9,7 @@ import re
 import pytest
 
 from urewrite.arch.aarch64.backend import AArch64Backend
-from urewrite.arch.base import Backend, NotAsSwept, SweptCode
+from urewrite.arch.base import Backend, Insn, NotAsSwept, SweptCode
 from urewrite.arch.x86_64.backend import X86_64Backend
 from urewrite.rewriter.pipeline import analyse
 
@@ -169,7 +169,7 @@ def test_a_branch_the_sweep_shows_is_one_the_detailed_decode_names():
         sweep = planner.sweep(fn)
         for k in range(len(sweep)):
             start, end = int(sweep.edges[k]), int(sweep.edges[k + 1])
-            insn = planner._detailed_insn_at(fn, start)
+            insn = planner._insn_at(fn, start)
             if insn is None:
                 continue
             target = backend.direct_branch_target(insn)
@@ -182,6 +182,44 @@ def test_a_branch_the_sweep_shows_is_one_the_detailed_decode_names():
                 assert planner._sweep_branches(fn, start, target) or \
                     insn.mnemonic == "xbegin", (fn.name, hex(start))
     assert said > 2000
+
+
+@pytest.mark.skipif(not os.path.exists(LIBC), reason="needs Debian's x86_64 libc.so.6")
+def test_matches_judged_without_the_detailed_decode_are_judged_as_with_it():
+    """_really_refers() asks no detailed decode where no field of 4 bytes or more can
+    start at a match (_no_field_at) and of a branch match (the quick decoder's
+    instruction): holds_constant() and names_address() would say the same of the
+    detailed instruction, at every byte of every instruction of a sample of libc."""
+    a = analyse(LIBC)
+    planner, backend = a.planner, a.planner.backend
+    no_field = named = 0
+    for fn in a.functions[::7]:
+        if not fn.size:
+            continue
+        sweep = planner.sweep(fn)
+        for k in range(len(sweep)):
+            start, end = int(sweep.edges[k]), int(sweep.edges[k + 1])
+            detailed, quick = planner._insn_at(fn, start), planner._insn_at(fn, start, False)
+            assert (detailed is None) == (quick is None), hex(start)
+            if detailed is None:
+                continue
+            assert quick.raw == detailed.raw and quick.mnemonic == detailed.mnemonic
+            for address in range(start, end):
+                if planner._no_field_at(fn, address):
+                    no_field += 1
+                    for size in (4, 8):  # (the values a scan would match there)
+                        if a.elf.offset_of(address, size) is not None:
+                            value = int.from_bytes(a.elf.read(address, size), "little")
+                            assert not backend.holds_constant(detailed, address - start,
+                                                              value)
+                else:  # (it says no more than it must: a field may start here)
+                    assert address != start and address + 4 <= end
+            for target in {backend.direct_branch_target(detailed), end + int.from_bytes(
+                    detailed.raw[-4:], "little", signed=True)} - {None}:
+                named += backend.names_address(quick, target)
+                assert backend.names_address(quick, target) == \
+                    backend.names_address(detailed, target), hex(start)
+    assert no_field > 10_000 and named > 1_000
 
 
 @pytest.mark.skipif(not os.path.exists(LIBC), reason="needs Debian's x86_64 libc.so.6")
@@ -204,3 +242,80 @@ def test_direct_branches_made_without_decoding_are_as_decoded():
                 assert insn is None or [insn] == expected, (fn.name, hex(start))
             made += insn is not None
     assert made > 50_000 and backend._branch_mnemonics
+
+
+def _verdict(planner, insns) -> str:
+    try:
+        planner._displaced(insns)
+        return "moves"
+    except Exception as why:  # (_Refused: its reason)
+        return str(why)
+
+
+@pytest.mark.skipif(not os.path.exists(LIBC), reason="needs Debian's x86_64 libc.so.6")
+@pytest.mark.parametrize("shadow_stack", [False, True])
+def test_windows_with_a_call_are_judged_as_in_detail(shadow_stack):
+    """_displaced() judges a window whose only instructions that need detail are direct
+    calls by the quick decode (Backend.quick_relocation_problem): the same verdict as
+    the detailed decode gives, for windows of one to four instructions around every
+    direct call of a sample of libc (calls last, calls before others), with and
+    without the CET shadow stack."""
+    a = analyse(LIBC)
+    planner, backend = a.planner, a.planner.backend
+    planner._shadow_stack = shadow_stack
+    quick = backend.quick_relocation_problem
+    verdicts, answered = set(), 0
+    for fn in a.functions[::5]:
+        if not fn.size:
+            continue
+        sweep = planner.sweep(fn)
+        for k in sweep.rows[sweep.targets >= 0].tolist():
+            for first, last in ((k, k), (k - 1, k), (k - 2, k), (k, k + 1), (k - 1, k + 2)):
+                if first < 0 or last >= len(sweep):
+                    continue
+                try:
+                    insns = planner.rows(fn, first, last + 1)
+                except Exception:
+                    continue
+                answered += all(quick(i, False, False) for i in insns
+                                if backend.needs_detail(i))
+                said = _verdict(planner, insns)
+                backend.quick_relocation_problem = lambda *_: None  # (the detailed way)
+                try:
+                    assert _verdict(planner, insns) == said, (fn.name, first, last)
+                finally:
+                    del backend.quick_relocation_problem
+                verdicts.add(said.split("'")[0])
+    assert answered > 5_000
+    assert {"moves", "cannot relocate "} <= verdicts or shadow_stack
+
+
+class _Bytes:
+    """The little of an ElfFile that _displaced() reads: code at an address."""
+
+    def __init__(self, address: int, code: bytes):
+        self.address, self.code = address, code
+
+    def read(self, address: int, size: int) -> bytes:
+        return self.code[address - self.address:address - self.address + size]
+
+
+def test_a_window_with_a_call_the_decoders_see_otherwise_is_refused():
+    """Judged by the quick decode or in detail, a window ending in a direct call is
+    refused where the decoder that moves instructions sees them otherwise than the
+    sweep (a ud1, which iced-x86 and Capstone read at different lengths)."""
+    from urewrite.rewriter.planner import Planner
+    backend = X86_64Backend()
+    code = bytes.fromhex("0fb9c8" "e800100000")  # ud1 eax, eax; call +0x1000
+    sweep = backend.sweep(code, 0x4000)
+    edges = sweep.edges.tolist()
+    assert edges == [0x4000, 0x4003, 0x4008]  # (the sweep's lengths)
+    call = backend.direct_branch(code[3:], 0x4003, 0x4003 + 5 + 0x1000)
+    insns = [Insn(0x4000, 3, "", "", b""), call]  # (the sweep's unmarked row, its call)
+    planner = Planner.__new__(Planner)
+    planner.elf, planner.backend = _Bytes(0x4000, code), backend
+    planner._shadow_stack, planner._lengths = False, {}
+    assert backend.quick_relocation_problem(call, True, False) == (None,)
+    assert _verdict(planner, insns) == "its instructions at 0x4000 decode differently in detail"
+    backend.quick_relocation_problem = lambda *_: None  # (the detailed way)
+    assert _verdict(planner, insns) == "its instructions at 0x4000 decode differently in detail"

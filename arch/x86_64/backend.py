@@ -352,6 +352,15 @@ class X86_64Backend(Backend):
             return True
         return mnemonic in _BRANCH_MNEMONICS and self.direct_branch_target(insn) is None
 
+    def quick_relocation_problem(self, insn: Insn, is_last: bool,
+                                 shadow_stack: bool) -> Optional[tuple]:
+        # a plain `call rel32` as the quick decoder (or direct_branch()) names it: no
+        # prefix, its target in hex (Capstone writes those below 10 in decimal)
+        target = self.direct_branch_target(insn) if insn.mnemonic == "call" else None
+        if target is None or target < 10:
+            return None
+        return (relocator.call_problem(insn, is_last, shadow_stack),)
+
     def moves_verbatim(self, insn: Insn) -> bool:
         if "rip" in insn.op_str:  # a RIP-relative operand
             return False

@@ -68,19 +68,26 @@ def _is_jump(insn: Insn) -> bool:
     return insn.detail.id == X.X86_INS_JMP or insn.detail.id in _JCC or insn.detail.id in _LOOPS
 
 
+def call_problem(insn: Insn, is_last: bool, shadow_stack: bool) -> Optional[str]:
+    """Why a call cannot run from a trampoline wherever it goes, or None: all there is
+    to say of a direct call."""
+    if not is_last:
+        return f"'{insn}' would return into the displaced bytes"
+    if shadow_stack:
+        return f"'{insn}' cannot be emulated under the CET shadow stack this file enables"
+    return None
+
+
 def relocation_problem(insn: Insn, is_last: bool, shadow_stack: bool) -> Optional[str]:
     """Why this instruction cannot run from a trampoline, or None."""
     ident = insn.detail.id
     if ident == X.X86_INS_XBEGIN:
         return f"'{insn}' has an abort target relative to its address"
     if _is_call(insn):
-        if not is_last:
-            return f"'{insn}' would return into the displaced bytes"
-        if shadow_stack:
-            return f"'{insn}' cannot be emulated under the CET shadow stack this file enables"
-        if direct_target(insn) is None and _uses_rsp(insn):
+        problem = call_problem(insn, is_last, shadow_stack)
+        if problem is None and direct_target(insn) is None and _uses_rsp(insn):
             return f"'{insn}' takes its target relative to the stack pointer"
-        return None
+        return problem
     if _is_jump(insn) and direct_target(insn) is None and insn.detail.id != X.X86_INS_JMP:
         return f"'{insn}' is an indirect conditional branch"
     return None
