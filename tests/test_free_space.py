@@ -33,7 +33,7 @@ def test_taken_at_once_is_taken_one_by_one(seed):
     one_by_one = Occupancy()
     for start, end in ranges:
         one_by_one.take(start, end)
-    at_once = Occupancy.of(ranges)
+    at_once = Occupancy.of([a for a, _ in ranges], [b for _, b in ranges])
     for _ in range(500):
         start = rng.randrange(400)
         end = start + rng.randrange(1, 12)
@@ -42,7 +42,7 @@ def test_taken_at_once_is_taken_one_by_one(seed):
 
 def test_overlapping_ranges_are_not_taken():
     with pytest.raises(AssertionError):
-        Occupancy.of([(10, 20), (19, 25)])
+        Occupancy.of([19, 10], [25, 20])
 
 
 def _gaps_walked(elf, backend, functions, last_instruction, symbol_starts, reaches):
