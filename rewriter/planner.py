@@ -1148,10 +1148,12 @@ class Planner:
         sites = list(plan.sites)
         key = self._window_key(sites[0])
         if len(sites) == 1 and key in self._retried_known:  # (precompute's, for this site)
-            known = self._retried_known[key]
-            retried, verdict = (Plan(known[0], (ProbePoint(
-                known[1], (sites[0],), known[2], self._counts_when_taken(sites[0]),
-                sites[0].stays_within),)), known[3]) if known else (None, None)
+            retried, verdict = None, None
+            if self._retried_known[key] is not None:
+                window, point, flags_live, verdict = self._retried_known[key]
+                retried = Plan(window, (ProbePoint(point, tuple(sites), flags_live,
+                                                   self._counts_when_taken(sites[0]),
+                                                   sites[0].stays_within),))
         else:
             retried, verdict = self._retried_window(sites)
         if retried is None or retried.window == plan.window or \
@@ -2069,10 +2071,11 @@ class Planner:
 
     def _clear_of_branches(self, plans: List[Plan], taken: Dict[int, list]) -> list:
         """Per plan, whether _branch_into(plan, taken) is sure to be None, found for all
-        at once with arrays: no address of `taken` after the window's first byte, no
+        at once with arrays: after the window's first byte, no address of `taken`, no
         branch target of the file (once prepare() has seen them all: the near ones and
-        cases among them) and no landing pad or unreadable range where its one is asked.
-        False: ask _branch_into() (node's entries: 15 us each, 78,000)."""
+        the cases are among them), and no landing pad nor unreadable range where
+        _landing_pad_in() would look. False: ask _branch_into() (node's entries: 15 µs
+        each, 78,000)."""
         if self._all_targets is None or not plans:
             return [False] * len(plans)
         starts = np.fromiter((p.window.address for p in plans), np.int64, len(plans))
