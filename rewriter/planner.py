@@ -845,12 +845,10 @@ class Planner:
             for (key, target, plan), known_clear in zip(plans, clear):
                 verdict = None if known_clear else \
                     self._branch_into(plan, taken, inner_window=not target.at_entry)
-                windows[key] = (plan.window, plan.points[0].address,
-                                plan.points[0].flags_live, verdict)
+                windows[key] = self._kept(plan, verdict)
                 if verdict and not target.at_entry:  # (what _plan_sites will try next)
                     again, why = self._retried_window([target])
-                    retried[key] = again and (again.window, again.points[0].address,
-                                              again.points[0].flags_live, why)
+                    retried[key] = again and self._kept(again, why)
                 if verdict and target.kind == KIND_RETURN:
                     at_risk[target.function.address] = target.function
             # where a return probe's exits may not all be patched, plan() asks whether its
@@ -882,8 +880,18 @@ class Planner:
             return None
         if isinstance(known, str):
             raise _Refused(known)
+        return self._made_again(known, site)
+
+    @staticmethod
+    def _kept(plan: Plan, verdict: Optional[str]) -> tuple:
+        """A plan of one site, and what may branch into it, as precompute keeps them: all
+        but the site (sent between processes; _made_again() gives them back)."""
+        return plan.window, plan.points[0].address, plan.points[0].flags_live, verdict
+
+    def _made_again(self, kept: tuple, site: Site) -> tuple:
+        """(the plan _kept() keeps, for `site`; what may branch into it)."""
         # (an entry's point follows its landing pad: the window's start)
-        window, point, flags_live, verdict = known
+        window, point, flags_live, verdict = kept
         return Plan(window, (ProbePoint(point, (site,), flags_live,
                                         self._counts_when_taken(site),
                                         site.stays_within),)), verdict
@@ -1148,12 +1156,8 @@ class Planner:
         sites = list(plan.sites)
         key = self._window_key(sites[0])
         if len(sites) == 1 and key in self._retried_known:  # (precompute's, for this site)
-            retried, verdict = None, None
-            if self._retried_known[key] is not None:
-                window, point, flags_live, verdict = self._retried_known[key]
-                retried = Plan(window, (ProbePoint(point, tuple(sites), flags_live,
-                                                   self._counts_when_taken(sites[0]),
-                                                   sites[0].stays_within),))
+            kept = self._retried_known[key]
+            retried, verdict = self._made_again(kept, sites[0]) if kept else (None, None)
         else:
             retried, verdict = self._retried_window(sites)
         if retried is None or retried.window == plan.window or \
