@@ -7,6 +7,8 @@ by elf_symbols.py and eh_frame.py. Anything malformed becomes a UrewriteError.
 
 from __future__ import annotations
 
+import bisect
+
 import os
 import struct
 from dataclasses import dataclass
@@ -133,6 +135,7 @@ class ElfFile:
         if not self.loads:
             self._fail("corrupt ELF: no loadable segment")
         self.sections: List[Section] = []
+        self._section_starts: Optional[List[int]] = None  # (section_at's index, when made)
         if self.shnum:
             if shentsize != SHDR.size or self.shoff + self.shnum * SHDR.size > len(data):
                 self._fail("truncated ELF: section headers lie past the end of the file")
@@ -183,10 +186,25 @@ class ElfFile:
         return next((s for s in self.sections if s.name == name), None)
 
     def section_at(self, vaddr: int) -> Optional[Section]:
+        if self._section_starts is None:
+            self._index_sections()
+        if self._section_starts:  # (asked for every window that borrows padding)
+            k = bisect.bisect_right(self._section_starts, vaddr) - 1
+            found = self._sections_by_address[k] if k >= 0 else None
+            return found if found is not None and vaddr < found.end else None
         for s in self.sections:
             if s.addr and s.addr <= vaddr < s.end and s.type != SHT_NOBITS:
                 return s
         return None
+
+    def _index_sections(self) -> None:
+        """The sections section_at() may give, by address, where no two of them overlap
+        (else it looks at each in order: the first that holds the address wins)."""
+        held = sorted((s for s in self.sections if s.addr and s.size and s.type != SHT_NOBITS),
+                      key=lambda s: s.addr)
+        apart = all(a.end <= b.addr for a, b in zip(held, held[1:]))
+        self._sections_by_address = held if apart else []
+        self._section_starts = [s.addr for s in held] if apart else []
 
     def executable_sections(self) -> List[Section]:
         return [s for s in self.sections if s.flags & SHF_EXECINSTR and s.type != SHT_NOBITS]

@@ -150,6 +150,7 @@ class Planner:
         self._starts = [f.address for f in functions]
         self._ends_so_far = list(itertools.accumulate((f.end for f in functions), max))
         self._decoded: Dict[int, list] = {}
+        self._decoded_alone: Dict[bytes, object] = {}  # (_made_rows)
         self._sweeps: Dict[int, Sweep] = {}  # function -> its sweep in compact form
         self._batch: Optional[tuple] = None  # (SweepBatch, its functions): _sweep_all()
         self._search = None  # sweep_search's compiled search, once made (_sweep_search())
@@ -167,7 +168,9 @@ class Planner:
         # every branch target of every function, sorted, once prepare() has seen them
         # all: a window with none inside needs no look at its neighbours' targets
         self._all_targets: Optional[np.ndarray] = None
-        self._entered: Optional[np.ndarray] = None  # _entered_from_outside(), with them
+        # per function, with them: whether the byte scans (row 0) and the functions'
+        # branches (row 1) may enter it past its entry (_branch_from_outside)
+        self._entered: Optional[np.ndarray] = None
         self._branch_pairs: Optional[tuple] = None  # (their targets, sorted; sources), with them
         self._direct: Dict[int, Dict[int, int]] = {}
         self._tables: Dict[int, Dict[int, JumpTable]] = {}
@@ -411,7 +414,9 @@ class Planner:
             self._all_targets = unique(targets)
             order = np.argsort(targets, kind="stable")
             self._branch_pairs = (targets[order], sources[order])
-            self._entered = self._entered_by(targets, sources) | self._entered_from_outside()
+            overlapping = self._overlapping()
+            self._entered = np.stack((overlapping | self._entered_from_outside(),
+                                      overlapping | self._entered_by(targets, sources)))
 
     def _branches(self, functions: List[Function]) -> tuple:
         """(targets, sources): where each direct branch or call of the functions lands
@@ -444,25 +449,27 @@ class Planner:
                 sources.append(np.full(len(table.targets), table.jump, dtype=np.int64))
         return np.concatenate(targets), np.concatenate(sources)
 
-    def _entered_from_outside(self) -> np.ndarray:
-        """Per function: whether anything may branch into it from outside, past its
-        entry, that no function's branches say (_branches()): a branch or address
-        computation the byte scans found. Functions that overlap another are always
-        marked (their insides are not theirs alone). What is not marked here or by the
-        functions' branches needs no closer look (_branch_from_outside)."""
+    def _overlapping(self) -> np.ndarray:
+        """Per function: whether it overlaps another (its insides are not its alone)."""
         starts = np.array(self._starts, dtype=np.int64)
-        entered = np.zeros(len(self.functions), dtype=bool)
+        overlapping = np.zeros(len(self.functions), dtype=bool)
         if len(starts) > 1:  # overlapping neighbours: the end of one passes the next's start
             ends = np.array([f.end for f in self.functions], dtype=np.int64)
             before = np.array(self._ends_so_far, dtype=np.int64)
-            entered[1:] |= starts[1:] < before[:-1]
-            entered[:-1] |= starts[1:] < ends[:-1]
+            overlapping[1:] |= starts[1:] < before[:-1]
+            overlapping[:-1] |= starts[1:] < ends[:-1]
+        return overlapping
+
+    def _entered_from_outside(self) -> np.ndarray:
+        """Per function: whether anything may branch into it from outside, past its
+        entry, that no function's branches say (_branches()): a branch or address
+        computation the byte scans found (TakenIndex.branch_sources())."""
         targets, sources = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
         for table in self.taken_index.code_tables():
             if table.kind == taken_addresses.BRANCH:
                 targets.append(table.values)
                 sources.append(table.sources)
-        return entered | self._entered_by(np.concatenate(targets), np.concatenate(sources))
+        return self._entered_by(np.concatenate(targets), np.concatenate(sources))
 
     def _entered_by(self, targets: np.ndarray, sources: np.ndarray) -> np.ndarray:
         """Per function: whether a branch from `sources` to `targets` enters it past
@@ -819,10 +826,12 @@ class Planner:
         def work(leave: int = 0, progress=None) -> tuple:
             exits, windows, plans = {}, {}, []
             at_risk = {}  # return probes with an exit whose window may fail: address -> function
-            for site in itertools.chain.from_iterable(pieces.take(leave, progress)):
-                if site.kind != KIND_RETURN:
-                    targets = [site]
-                else:
+            for piece in pieces.take(leave, progress):
+                targets = []
+                for site in piece:
+                    if site.kind != KIND_RETURN:
+                        targets.append(site)
+                        continue
                     try:
                         points, conditional = exits[site.function.address] = \
                             self._exit_points(site)
@@ -831,14 +840,14 @@ class Planner:
                         at_risk[site.function.address] = site.function
                         continue
                     self._conditional_exits |= conditional  # (a window asks)
-                    targets = [site.at_exit(*point) for point in points]
-                for target in targets:
-                    try:
-                        plans.append((self._window_key(target), target, self._window(target)))
-                    except _Refused as why:
-                        windows[self._window_key(target)] = str(why)
-                        if target.kind == KIND_RETURN:
-                            at_risk[target.function.address] = target.function
+                    targets.extend(site.at_exit(*point) for point in points)
+                for target, found in zip(targets, self._windows(targets)):
+                    if isinstance(found, Plan):
+                        plans.append((self._window_key(target), target, found))
+                        continue
+                    windows[self._window_key(target)] = found
+                    if target.kind == KIND_RETURN:
+                        at_risk[target.function.address] = target.function
             taken = self._taken_addresses([plan for _, _, plan in plans])
             retried = {}  # key -> _retried_window(), where something may branch in
             clear = self._clear_of_branches([plan for _, _, plan in plans], taken)
@@ -932,19 +941,26 @@ class Planner:
         """(target, source) of a branch from code outside the function's parts to an
         instruction inside them other than its entry (code shared by two functions,
         as glibc's string functions do), or None."""
+        # (prepare()'s marks, for a function of one part: whether the byte scans, and
+        # whether the functions' branches, may enter it past its entry from outside; a
+        # function that overlaps another has both. Where one says no, that look is
+        # skipped: 5,400 of node's functions are marked, by one or the other.)
+        by_scans = by_branches = True
         if len(parts) == 1 and self._entered is not None:
             k = bisect.bisect_left(self._starts, fn.address)
-            if self.functions[k] is fn and not self._entered[k]:
-                return None
+            if self.functions[k] is fn:
+                by_scans, by_branches = self._entered[:, k].tolist()
+        if not by_scans and not by_branches:
+            return None
         starts = [self.sweep(part).starts for part in parts]
         interior = np.concatenate(starts) if len(starts) > 1 else starts[0]
         interior = interior[interior != fn.address]  # (arrays: a big function has 1,000s)
-        references = self.taken_index.branch_sources(interior)
+        references = self.taken_index.branch_sources(interior) if by_scans else {}
         for target in sorted(references):
             for source in references[target]:
                 if not inside(source) and self._really_names(source, target):
                     return target, source
-        if not self._pairs_from_outside(parts, interior):
+        if not by_branches or not self._pairs_from_outside(parts, interior):
             return None  # (no function's branch lands there from outside: nor a near one's)
         within = None  # (the same as a set, made if a branch from outside lands inside)
         for part in parts:  # short branches, which the byte scan does not see
@@ -1081,14 +1097,24 @@ class Planner:
         """One window for the sites at one point, all counted there."""
         return self._group_plan(group, size, avoid_taken)[0]
 
-    def _group_plan(self, group: List[Site], size: Optional[int] = None,
-                    avoid_taken: bool = False) -> tuple:
-        """(_group_window(), what may branch into it when precompute found out: None or
-        why; else _UNKNOWN)."""
+    @staticmethod
+    def _primary(group: List[Site]) -> Site:
         # a site inside a function follows the stricter rules (flags live)
-        primary = next((s for s in group if not s.at_entry), group[0])
-        known = self._known_window(primary) if size is None and not avoid_taken else None
-        plan, verdict = known if known else (self._window(primary, size, avoid_taken), _UNKNOWN)
+        return group[0] if len(group) == 1 else \
+            next((s for s in group if not s.at_entry), group[0])
+
+    def _group_plan(self, group: List[Site], size: Optional[int] = None,
+                    avoid_taken: bool = False, found=None) -> tuple:
+        """(_group_window(), what may branch into it when precompute found out: None or
+        why; else _UNKNOWN). `found`: that for the primary site already, or why it has
+        no window (_plan_sites: _found_windows())."""
+        primary = self._primary(group)
+        if found is None:
+            known = self._known_window(primary) if size is None and not avoid_taken else None
+            found = known or (self._window(primary, size, avoid_taken), _UNKNOWN)
+        elif isinstance(found, str):
+            raise _Refused(found)
+        plan, verdict = found
         copy = self.copied_at(plan.window.address, plan.window.end)
         if copy:
             raise _Refused(copy.reason())
@@ -1105,13 +1131,17 @@ class Planner:
         self._stubs = StubSpace(self.stub_floor, self.backend.patch_size,
                                 functools.partial(layout.stub_page_cap, self.elf))
         tentative, verdicts = [], {}  # (verdicts: id(plan) -> precompute's _branch_into)
-        for group in self._by_address(sites):
+        groups = self._by_address(sites)
+        found = []  # (_group_plan()'s `found`, for each group: a few thousand at a time)
+        for k, group in enumerate(groups):
+            if k % 4096 == 0 and "jump" in self.tactics:  # (progress goes on meanwhile)
+                found = self._found_windows(groups[k:k + 4096])
             if progress and group[0].kind != KIND_RETURN:
                 progress(len(group))
             try:
                 if "jump" not in self.tactics:
                     raise _Refused("not among the tactics to try")
-                plan, verdict = self._group_plan(group)
+                plan, verdict = self._group_plan(group, found=found[k % 4096])
                 tentative.append(plan)
                 if verdict is not _UNKNOWN:
                     verdicts[id(plan)] = verdict
@@ -1148,6 +1178,22 @@ class Planner:
         if self.backend.hop_size and {"hop", "evict", "pun"} & set(self.tactics):
             outcomes = self._hop_tight_sites(outcomes)
         return outcomes
+
+    def _found_windows(self, groups: List[List[Site]]) -> list:
+        """For each group, its primary site's window as precompute found it, else found
+        now, those of all the groups at once (_windows()): (plan, what may branch into
+        it: None, why, or _UNKNOWN), or why it has none."""
+        found: list = []
+        for group in groups:
+            try:
+                found.append(self._known_window(self._primary(group)))
+            except _Refused as why:
+                found.append(str(why))
+        missing = [k for k, known in enumerate(found) if known is None]
+        for k, window in zip(missing, self._windows([self._primary(groups[k])
+                                                     for k in missing])):
+            found[k] = window if isinstance(window, str) else (window, _UNKNOWN)
+        return found
 
     def _window_clear_of_taken(self, plan: Plan, previous: Optional[Plan]) -> Optional[Plan]:
         """Another window for an inner site whose first window has a taken address (or
@@ -1357,6 +1403,26 @@ class Planner:
             return None
         return found
 
+    def _learn_lengths(self, codes: List[bytes]) -> None:
+        """_instruction_ends() of many byte strings at once, those not known yet: one
+        decode of them all, one after another (node: 27,000 different windows in each
+        process, 30 µs a decode). A string where that decode has an instruction start
+        and one end has the ends it would have alone: instructions decode from their
+        first byte on. The others (an instruction across its end, a decode that stops
+        before it) are decoded alone when asked."""
+        new = [code for code in dict.fromkeys(codes) if code not in self._lengths]
+        starts = list(itertools.accumulate(map(len, new), initial=0))
+        i = 0
+        while i + 1 < len(new):  # (from the first string left, each time the decode stops)
+            bounds = self.backend.boundaries(b"".join(new[i:]), starts[i])
+            while i < len(new) and starts[i + 1] <= bounds[-1]:
+                k = bisect.bisect_left(bounds, starts[i])
+                j = bisect.bisect_left(bounds, starts[i + 1], k)
+                if bounds[k] == starts[i] and bounds[j] == starts[i + 1]:
+                    self._lengths[new[i]] = [b - starts[i] for b in bounds[k + 1:j + 1]]
+                i += 1
+            i += 1  # (the one it stopped in: decoded alone when asked)
+
     def _instruction_ends(self, code: bytes) -> list:
         """Where the decoder that moves instructions ends each one in `code`, from its
         start. Kept per byte string: where instructions lie does not change their
@@ -1480,6 +1546,133 @@ class Planner:
         return Plan(Window(start, end - start, displaced),
                     (ProbePoint(site.address, (site,), flags_live, self._counts_when_taken(site),
                                 site.stays_within),))
+
+    def _windows(self, sites: List[Site]) -> list:
+        """_window(site) of each site (its Plan, or why not: the _Refused's text). The
+        windows that the compiled search finds, and whose rows need no decode but of
+        returns and landing pads (kept per byte string), are asked of it all at once
+        (SweepSearch.inner_batch, entry_batch) and read as _searched_window() and
+        _searched_entry() read them; the rest one by one, as before (node: 117,000
+        exit windows and 78,000 entries, about 50 µs each that way)."""
+        found: list = [None] * len(sites)
+        search = self._sweep_search()
+        inner, entries = [], []  # (index in sites, function's index, landing pad's size)
+        for j, site in enumerate(sites if search is not None else ()):
+            if site.at_entry:
+                fn = site.function
+                k = bisect.bisect_left(self._starts, fn.address)
+                pad = self._entry_pad(fn) if fn.size and fn.address not in self._decoded \
+                    and k < len(self.functions) and self.functions[k] is fn else None
+                if pad is not None:
+                    entries.append((j, k, pad))
+                continue
+            k = self._holding_index(site)
+            if k is not None:
+                fn = self.functions[k]
+                if fn.size and fn.address not in self._decoded and \
+                        not self._unknown_targets(site, fn):
+                    inner.append((j, k, 0))
+
+        def column(asked: list, values) -> bytes:
+            return np.fromiter(values, np.int64, len(asked)).tobytes()
+
+        size = self.backend.patch_size
+        if inner:
+            self._read_batch(sites, inner, *search.inner_batch(
+                column(inner, (sites[j].address for j, _, _ in inner)),
+                column(inner, (k for _, k, _ in inner)), size, self._padding_end), found)
+        if entries:
+            self._read_batch(sites, entries, *search.entry_batch(
+                column(entries, (sites[j].address for j, _, _ in entries)),
+                column(entries, (k for _, k, _ in entries)),
+                column(entries, (pad for _, _, pad in entries)), size, self._padding_end), found)
+        for j, site in enumerate(sites):
+            if found[j] is None:
+                try:
+                    found[j] = self._window(site)
+                except _Refused as why:  # (its text: the exception would hold this frame)
+                    found[j] = str(why)
+        return found
+
+    def _entry_pad(self, fn: Function) -> Optional[int]:
+        """The size of the landing pad at a function's entry, as _searched_entry() finds
+        it (its first row decoded alone, kept per byte string); None where that does not
+        decode as swept."""
+        sweep = self.sweep(fn)
+        if sweep.marked[:1].tolist() != [0]:
+            return 0
+        start, end = sweep.edges[:2].tolist()
+        code = self.elf.read(start, end - start)
+        known = self._decoded_alone_as(code)
+        return self.backend.landing_pad_size(known) if known else None
+
+    def _read_batch(self, sites: List[Site], asked: list, windows: bytes, rows: bytes,
+                    found: list) -> None:
+        """Into `found`, the plans of the windows a batch of the compiled search gives
+        (inner_batch, entry_batch: `asked`, (index in sites, function, landing pad) of
+        each) whose rows it gives, where their instructions move."""
+        rows = np.frombuffer(rows, np.int64).tolist()
+        at, made_all = 0, []  # (index in sites, the window's end, its instructions)
+        for (j, _, _), (first, last, end, made) in zip(
+                asked, np.frombuffer(windows, np.int64).reshape(-1, 4).tolist()):
+            if made != 1:
+                continue
+            n, m = rows[at], rows[at + 1]
+            insns = self._made_rows(rows, at + 2, n)
+            others = at + 3 + 3 * n
+            at = others + 4 * m
+            if insns is not None and all(
+                    self._made_rows(rows[i:i + 4], 0, 1) for i in range(others, at, 4)):
+                made_all.append((j, end, insns))
+        self._learn_lengths([self.elf.read(insns[0].address, insns[-1].end - insns[0].address)
+                             for _, _, insns in made_all])
+        for j, end, insns in made_all:
+            try:
+                displaced = self._displaced(insns)
+            except _Refused:
+                continue  # (an inner site's search goes on from there: asked alone)
+            site, start = sites[j], insns[0].address
+            if site.at_entry:  # (as _searched_entry)
+                point = ProbePoint(start, (site,), self.backend.flags_live_at_entry())
+            else:  # (as _searched_window)
+                point = ProbePoint(site.address, (site,),
+                                   site.kind != KIND_RETURN or bool(site.stays_within),
+                                   self._counts_when_taken(site), site.stays_within)
+            found[j] = Plan(Window(start, end - start, displaced), (point,))
+
+    def _made_rows(self, rows: list, at: int, count: int) -> Optional[list]:
+        """The instructions of `count` rows from rows[at] (SweepSearch.inner_batch's:
+        first byte, what it is, target of each, then the last one's end) as _insns()
+        makes them; None where _insns() would decode one differently, or where it is
+        marked for another reason than a return, a direct target or a landing pad."""
+        insns = []
+        for i in range(at, at + 3 * count, 3):
+            address, made, target, end = rows[i], rows[i + 1], rows[i + 2], rows[i + 3]
+            if made == 0:
+                insns.append(Insn(address, end - address, "", "", b""))
+                continue
+            code = self.elf.read(address, end - address)
+            if made == 2:
+                insn = self.backend.direct_branch(code, address, target)
+            else:  # a return or a landing pad: what it decodes to depends on its bytes alone
+                known = self._decoded_alone_as(code)
+                insn = known and (made == 1 or self.backend.landing_pad_size(known)) and \
+                    Insn(address, known.size, known.mnemonic, known.op_str, b"")
+            if not insn:
+                return None
+            insns.append(insn)
+        return insns
+
+    def _decoded_alone_as(self, code: bytes):
+        """`code` decoded (at 0) as one instruction, kept per byte string; None where it
+        decodes otherwise. Its text is the instruction's wherever it lies only where it
+        names no address (returns, landing pads: the rows _made_rows() decodes)."""
+        known = self._decoded_alone.get(code, ())
+        if known == ():
+            decoded = self.backend.decode(code, 0)
+            known = self._decoded_alone[code] = \
+                decoded[0] if len(decoded) == 1 and decoded[0].size == len(code) else None
+        return known
 
     def _unknown_targets(self, site: Site, fn: Function) -> Optional[str]:
         """Why branches may land on any instruction near an inner site, or None: the

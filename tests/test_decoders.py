@@ -319,3 +319,39 @@ def test_a_window_with_a_call_the_decoders_see_otherwise_is_refused():
     assert _verdict(planner, insns) == "its instructions at 0x4000 decode differently in detail"
     backend.quick_relocation_problem = lambda *_: None  # (the detailed way)
     assert _verdict(planner, insns) == "its instructions at 0x4000 decode differently in detail"
+
+
+@pytest.mark.parametrize("backend", [X86_64Backend(), AArch64Backend()],
+                         ids=["x86_64", "arm64"])
+def test_lengths_learnt_at_once_are_each_strings_own(backend):
+    """Planner._learn_lengths() decodes many byte strings one after another in one call:
+    what it keeps of each is what decoding it alone gives (_instruction_ends), for
+    windows of libc's code, a ud1 the decoders read apart, strings cut in the middle of
+    an instruction, undecodable bytes and random bytes; most are learnt so."""
+    from urewrite.rewriter.planner import Planner
+
+    planner = Planner.__new__(Planner)  # (only its lengths and backend are asked)
+    planner._lengths, planner.backend = {}, backend
+    rng = random.Random(5)
+    codes = [bytes.fromhex("4889e5" "0fb9c8" "c3"), bytes.fromhex("4889e5" "0fb9"),
+             bytes.fromhex("1f2003d5" "c0035fd6"), bytes.fromhex("1f2003d5" "c003"),
+             bytes.fromhex("ffffffff"), bytes.fromhex("0f0b" "90"), b"\x90" * 3]
+    if isinstance(backend, X86_64Backend) and os.path.exists(LIBC):
+        a = analyse(LIBC)
+        for fn in a.functions[::5]:
+            sweep = a.planner.sweep(fn)
+            edges = sweep.edges.tolist()
+            for k in range(0, len(sweep), 3):
+                last = min(k + rng.randrange(1, 5), len(sweep))
+                codes.append(a.elf.read(edges[k], edges[last] - edges[k]))
+    step = 1 if isinstance(backend, X86_64Backend) else 4  # (arm64: whole words, as code is)
+    codes += [bytes(rng.randrange(256) for _ in range(step * rng.randrange(1, 24)))
+              for _ in range(300)]
+    rng.shuffle(codes)
+    planner._learn_lengths(codes)
+    learnt = dict(planner._lengths)
+    for code in set(codes):
+        planner._lengths.pop(code, None)
+        assert planner._instruction_ends(code) == learnt.get(code, planner._lengths[code]), \
+            code.hex()
+    assert len(learnt) > 0.5 * len(set(codes))

@@ -1,9 +1,9 @@
 """The compiled searches over the sweeps (rewriter/sweep_search.py) give what the
 Python planner gives: the windows of every entry and exit of every function of system
 files and of samples built at several levels, and of sites at every instruction of
-them; the rows that may leave each function. They must also answer for most of them
-(else they would not be worth having), and leave to the Python code what they cannot
-know."""
+them, asked one by one and all at once; the rows that may leave each function. They
+must also answer for most of them (else they would not be worth having), and leave to
+the Python code what they cannot know."""
 
 import os
 import subprocess
@@ -34,6 +34,12 @@ def prepared(path: str):
     return a
 
 
+def described(plan) -> tuple:
+    return (plan.window.address, plan.window.size,
+            [(i.address, i.size, i.mnemonic, i.op_str) for i in plan.window.insns],
+            plan.points)
+
+
 def window(planner, site: Site, compiled: bool):
     """The site's window (address, size, its instructions) or why there is none, found
     with the compiled search or by the Python search alone."""
@@ -46,9 +52,23 @@ def window(planner, site: Site, compiled: bool):
     finally:
         planner.__dict__.pop("_searched_window", None)
         planner.__dict__.pop("_searched_entry", None)
-    return (plan.window.address, plan.window.size,
-            [(i.address, i.size, i.mnemonic, i.op_str) for i in plan.window.insns],
-            plan.points)
+    return described(plan)
+
+
+def compare_at_once(planner, sites) -> int:
+    """Asserts that the windows asked all at once (Planner._windows) are the Python
+    search's, site by site; how many it answered without asking one by one."""
+    alone = []
+    planner._window, window_of = (lambda site: alone.append(site) or window_of(site)), \
+        planner._window
+    try:
+        found = planner._windows(sites)
+    finally:
+        del planner._window
+    for site, plan in zip(sites, found):
+        assert (plan if isinstance(plan, str) else described(plan)) == \
+            window(planner, site, False), hex(site.address)
+    return len(sites) - len(alone)
 
 
 def compare(planner, sites) -> int:
@@ -115,6 +135,8 @@ def test_every_exit_of_a_system_file(path):
     assert len(sites) > 1000
     assert compare(a.planner, sites) > 0.8 * len(sites)
     assert compare(a.planner, entries(a)) > 0.8 * len(a.functions)
+    assert compare_at_once(a.planner, sites) > 0.8 * len(sites)
+    assert compare_at_once(a.planner, entries(a)) > 0.8 * len(a.functions)
 
 
 def built(tmp_path, sample: str, flags: list) -> str:
@@ -139,6 +161,7 @@ def test_every_exit_and_instruction_of_a_sample(sample, flags, tmp_path):
                               f"{fn.name}+{address - fn.address:#x}", exact=True))
     answered = compare(a.planner, sites)
     assert 0 < answered < len(sites)  # (some sites have no window: the Python search says why)
+    assert 0 < compare_at_once(a.planner, sites) < len(sites)
 
 
 def test_what_it_does_not_know_is_left_to_the_python_search(tmp_path):

@@ -22,6 +22,12 @@ fn int64s(raw: &[u8]) -> Vec<i64> {
     raw.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().unwrap())).collect()
 }
 
+/// int64 values as a bytes object.
+fn packed(py: Python<'_>, values: &[i64]) -> Py<PyBytes> {
+    let raw: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    PyBytes::new(py, &raw).unbind()
+}
+
 /// The int64 values of a bytes object made by `sweep_functions`, read in place.
 fn view(raw: &[u8]) -> PyResult<&[i64]> {
     // SAFETY: any 8 bytes are a valid i64; align_to gives the aligned middle part
@@ -112,6 +118,163 @@ impl SweepSearch {
         Ok((lo as i64, edges[lo..hi + 1].to_vec(), marked[a..b].iter().map(|&m| m - lo as i64).collect(), direct))
     }
 
+    /// inner()'s search: (first, last, end, read_from, end_row): the window's first and
+    /// last rows and its end, and the rows the Python search reads, [read_from, end_row).
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn find_inner(&mut self, py: Python<'_>, site: i64, k: usize, size: i64, borrow: &Bound<'_, PyAny>,
+                  below: i64) -> PyResult<Option<(usize, usize, i64, usize, usize)>> {
+        if k >= self.spans.len() || !self.own_targets[k] {
+            return Ok(None);
+        }
+        let [edge, edges_n, ..] = self.spans[k];
+        if edges_n < 1 {
+            return Ok(None);
+        }
+        let edges_all = self.edges.clone_ref(py);
+        let edges = &view(edges_all.bind(py).as_bytes())?[edge as usize..(edge + edges_n) as usize];
+        let n = (edges_n - 1) as usize; // instructions
+        let at = edges.partition_point(|&e| e < site);
+        if at >= n || edges[at] != site {
+            return Ok(None);
+        }
+        let first_row = edges.partition_point(|&e| e < site - self.look_back);
+        let end_row = (edges.partition_point(|&e| e < site + size) + 1).min(n);
+        let top = if below <= at as i64 { below - 1 } else { at as i64 };
+        if top < first_row as i64 {
+            return Ok(None);
+        }
+        for first in (first_row..=top as usize).rev() {
+            let start = edges[first];
+            if site - start > self.look_back {
+                break;
+            }
+            let mut last = at; // the window always holds the site's own instruction
+            while last < end_row && edges[last + 1] - start < size {
+                last += 1;
+            }
+            let end = if last < end_row {
+                edges[last + 1]
+            } else {
+                // the function ends first: the padding after it, if any
+                last = end_row - 1;
+                let end: i64 = borrow.call1((k, start, edges[end_row], size))?.extract()?;
+                if end < 0 {
+                    continue;
+                }
+                end
+            };
+            if self.near.0 != k {
+                self.near = (k, self.near_targets(py, k)?);
+            }
+            let Some(near) = &self.near.1 else { return Ok(None) };
+            let j = near.partition_point(|&t| t <= start);
+            if j < near.len() && near[j] < end {
+                continue; // a branch lands inside
+            }
+            if first < last && self.pad_inside(start, end) {
+                continue;
+            }
+            let read_from = if first < at { first_row } else { at };
+            return Ok(Some((first, last, end, read_from, end_row)));
+        }
+        Ok(None)
+    }
+
+    /// entry()'s search: (first, last, end, read_from, head): the window's first and
+    /// last rows and its end, and the rows Planner.head reads, [read_from, head).
+    #[allow(clippy::type_complexity)]
+    fn find_entry(&self, py: Python<'_>, site: i64, k: usize, size: i64, borrow: &Bound<'_, PyAny>,
+                  pad: i64) -> PyResult<Option<(usize, usize, i64, usize, usize)>> {
+        if k >= self.spans.len() {
+            return Ok(None);
+        }
+        let [edge, edges_n, ..] = self.spans[k];
+        if edges_n < 2 {
+            return Ok(None);
+        }
+        let edges = &view(self.edges.bind(py).as_bytes())?[edge as usize..(edge + edges_n) as usize];
+        let n = (edges_n - 1) as usize;
+        let head = (edges.partition_point(|&e| e < self.starts[k] + 4 + size) + 1).min(n);
+        let start = site + pad;
+        let first = edges.partition_point(|&e| e < start);
+        if first >= head || edges[first] != start {
+            return Ok(None);
+        }
+        let mut last = first;
+        while last < head && edges[last + 1] - start < size {
+            last += 1;
+        }
+        let end = if last < head {
+            edges[last + 1]
+        } else {
+            last = head - 1;
+            if edges[head] < self.ends[k] {
+                return Ok(None); // (its code does not decode that far)
+            }
+            let end: i64 = borrow.call1((k, start, edges[head], size))?.extract()?;
+            if end < 0 {
+                return Ok(None);
+            }
+            end
+        };
+        let read_from = if pad > 0 { 1 } else { 0 };
+        Ok(Some((first, last, end, read_from.min(first), head)))
+    }
+
+    /// For a window of function k found by a batch: its four values in `found` (see
+    /// inner_batch()), and where every marked row of those read, [read_from, read_end),
+    /// is one the planner makes without a decode of its own, these in `made`: how many
+    /// rows the window has (n) and how many other marked rows are read (m); three
+    /// values for each row of the window, its first byte, what it is (0 unmarked, 1 a
+    /// return, 2 a direct target, 3 marked and of no kind, as landing pads are) and its
+    /// target (or -1), then the end of its last row; four for each of the others, the
+    /// same and its end.
+    #[allow(clippy::too_many_arguments)]
+    fn batch_rows(&self, py: Python<'_>, k: usize, first: usize, last: usize, end: i64, read_from: usize,
+                  read_end: usize, found: &mut Vec<i64>, made: &mut Vec<i64>) -> PyResult<()> {
+        let [edge, edges_n, row, rows, mark, marks] = self.spans[k];
+        let edges = &view(self.edges.bind(py).as_bytes())?[edge as usize..(edge + edges_n) as usize];
+        let marked = &view(self.marked.bind(py).as_bytes())?[mark as usize..(mark + marks) as usize];
+        let rows_all = &view(self.rows.bind(py).as_bytes())?[row as usize..(row + rows) as usize];
+        let targets_all = &view(self.targets.bind(py).as_bytes())?[row as usize..(row + rows) as usize];
+        let kinds_all = &self.kinds.bind(py).as_bytes()[row as usize..(row + rows) as usize];
+        let read_end = read_end.max(last + 1);
+        let (a, b) = (marked.partition_point(|&m| m < read_from as i64),
+                      marked.partition_point(|&m| m < read_end as i64));
+        let mut codes = vec![(0i64, -1i64); last + 1 - first];
+        let mut others: Vec<[i64; 4]> = Vec::new();
+        for &m in &marked[a..b] {
+            // (as Planner._insns makes them: a direct target's from it, others decoded)
+            let j = rows_all.partition_point(|&r| r < m);
+            let (code, target) = if j == rows_all.len() || rows_all[j] != m {
+                (3, -1)
+            } else if targets_all[j] >= 0 {
+                (2, targets_all[j])
+            } else if kinds_all[j] == self.exit_kinds.2 {
+                (1, -1)
+            } else {
+                found.extend_from_slice(&[first as i64, last as i64, end, 0]);
+                return Ok(());
+            };
+            let m = m as usize;
+            if first <= m && m <= last {
+                codes[m - first] = (code, target);
+            } else {
+                others.push([edges[m], code, target, edges[m + 1]]);
+            }
+        }
+        found.extend_from_slice(&[first as i64, last as i64, end, 1]);
+        made.extend_from_slice(&[codes.len() as i64, others.len() as i64]);
+        for (j, &(code, target)) in codes.iter().enumerate() {
+            made.extend_from_slice(&[edges[first + j], code, target]);
+        }
+        made.push(edges[last + 1]);
+        for other in &others {
+            made.extend_from_slice(other);
+        }
+        Ok(())
+    }
+
     /// Whether a landing pad lies in (start, end), or may (LandingPads.first_inside,
     /// unknown_inside).
     fn pad_inside(&self, start: i64, end: i64) -> bool {
@@ -192,62 +355,58 @@ impl SweepSearch {
     #[allow(clippy::too_many_arguments)]
     fn inner(&mut self, py: Python<'_>, site: i64, k: usize, size: i64, borrow: &Bound<'_, PyAny>,
              below: i64) -> PyResult<Option<(i64, i64, i64, Rows)>> {
-        if k >= self.spans.len() || !self.own_targets[k] {
+        let Some((first, last, end, read_from, end_row)) = self.find_inner(py, site, k, size, borrow, below)? else {
             return Ok(None);
-        }
+        };
         let [edge, edges_n, ..] = self.spans[k];
-        if edges_n < 1 {
-            return Ok(None);
+        let edges = &view(self.edges.bind(py).as_bytes())?[edge as usize..(edge + edges_n) as usize];
+        let rows = self.rows_read(py, k, edges, read_from, end_row, first, last)?;
+        Ok(Some((first as i64, last as i64, end, rows)))
+    }
+
+    /// inner() for many sites at once (`sites`, `ks`: int64 each), where every marked
+    /// row the Python search reads is one the planner makes without a decode of its
+    /// own: a return, a row with a direct target, or a marked row of no kind.
+    /// (found, rows), int64 each. `found` holds four values per site: the window's
+    /// first and last rows, its end, and 1 where its rows follow in `rows`, 0 where a
+    /// row read is marked otherwise (ask inner()), -1 where there is no window to give
+    /// (ask inner(): None). `rows`: what batch_rows() writes for each window marked 1.
+    fn inner_batch(&mut self, py: Python<'_>, sites: &[u8], ks: &[u8], size: i64,
+                   borrow: &Bound<'_, PyAny>) -> PyResult<(Py<PyBytes>, Py<PyBytes>)> {
+        let (sites, ks) = (int64s(sites), int64s(ks));
+        if sites.len() != ks.len() {
+            return Err(pyo3::exceptions::PyValueError::new_err("sites and ks differ in length"));
         }
-        let edges_all = self.edges.bind(py).as_bytes();
-        let edges = &view(edges_all)?[edge as usize..(edge + edges_n) as usize];
-        let n = (edges_n - 1) as usize; // instructions
-        let at = edges.partition_point(|&e| e < site);
-        if at >= n || edges[at] != site {
-            return Ok(None);
+        let (mut found, mut made) = (Vec::with_capacity(4 * sites.len()), Vec::new());
+        for (&site, &k) in sites.iter().zip(&ks) {
+            let k = k as usize;
+            match self.find_inner(py, site, k, size, borrow, i64::MAX)? {
+                Some((first, last, end, read_from, end_row)) =>
+                    self.batch_rows(py, k, first, last, end, read_from, end_row, &mut found, &mut made)?,
+                None => found.extend_from_slice(&[-1, -1, -1, -1]),
+            }
         }
-        let first_row = edges.partition_point(|&e| e < site - self.look_back);
-        let end_row = (edges.partition_point(|&e| e < site + size) + 1).min(n);
-        let top = if below <= at as i64 { below - 1 } else { at as i64 };
-        if top < first_row as i64 {
-            return Ok(None);
+        Ok((packed(py, &found), packed(py, &made)))
+    }
+
+    /// entry() for many function entries at once (`sites`, `ks`, `pads`: int64 each),
+    /// as inner_batch() gives them.
+    fn entry_batch(&self, py: Python<'_>, sites: &[u8], ks: &[u8], pads: &[u8], size: i64,
+                   borrow: &Bound<'_, PyAny>) -> PyResult<(Py<PyBytes>, Py<PyBytes>)> {
+        let (sites, ks, pads) = (int64s(sites), int64s(ks), int64s(pads));
+        if sites.len() != ks.len() || sites.len() != pads.len() {
+            return Err(pyo3::exceptions::PyValueError::new_err("sites, ks and pads differ in length"));
         }
-        for first in (first_row..=top as usize).rev() {
-            let start = edges[first];
-            if site - start > self.look_back {
-                break;
+        let (mut found, mut made) = (Vec::with_capacity(4 * sites.len()), Vec::new());
+        for ((&site, &k), &pad) in sites.iter().zip(&ks).zip(&pads) {
+            let k = k as usize;
+            match self.find_entry(py, site, k, size, borrow, pad)? {
+                Some((first, last, end, read_from, head)) =>
+                    self.batch_rows(py, k, first, last, end, read_from, head, &mut found, &mut made)?,
+                None => found.extend_from_slice(&[-1, -1, -1, -1]),
             }
-            let mut last = at; // the window always holds the site's own instruction
-            while last < end_row && edges[last + 1] - start < size {
-                last += 1;
-            }
-            let end = if last < end_row {
-                edges[last + 1]
-            } else {
-                // the function ends first: the padding after it, if any
-                last = end_row - 1;
-                let end: i64 = borrow.call1((k, start, edges[end_row], size))?.extract()?;
-                if end < 0 {
-                    continue;
-                }
-                end
-            };
-            if self.near.0 != k {
-                self.near = (k, self.near_targets(py, k)?);
-            }
-            let Some(near) = &self.near.1 else { return Ok(None) };
-            let j = near.partition_point(|&t| t <= start);
-            if j < near.len() && near[j] < end {
-                continue; // a branch lands inside
-            }
-            if first < last && self.pad_inside(start, end) {
-                continue;
-            }
-            let read_from = if first < at { first_row } else { at };
-            let rows = self.rows_read(py, k, edges, read_from, end_row, first, last)?;
-            return Ok(Some((first as i64, last as i64, end, rows)));
         }
-        Ok(None)
+        Ok((packed(py, &found), packed(py, &made)))
     }
 
     /// The window at the entry of function k (at `site`, its first byte) that a jump
@@ -260,40 +419,12 @@ impl SweepSearch {
     #[pyo3(signature = (site, k, size, borrow, pad = 0))]
     fn entry(&self, py: Python<'_>, site: i64, k: usize, size: i64, borrow: &Bound<'_, PyAny>, pad: i64)
              -> PyResult<Option<(i64, i64, i64, Rows)>> {
-        if k >= self.spans.len() {
+        let Some((first, last, end, read_from, head)) = self.find_entry(py, site, k, size, borrow, pad)? else {
             return Ok(None);
-        }
-        let [edge, edges_n, ..] = self.spans[k];
-        if edges_n < 2 {
-            return Ok(None);
-        }
-        let edges = &view(self.edges.bind(py).as_bytes())?[edge as usize..(edge + edges_n) as usize];
-        let n = (edges_n - 1) as usize;
-        let head = (edges.partition_point(|&e| e < self.starts[k] + 4 + size) + 1).min(n);
-        let start = site + pad;
-        let first = edges.partition_point(|&e| e < start);
-        if first >= head || edges[first] != start {
-            return Ok(None);
-        }
-        let mut last = first;
-        while last < head && edges[last + 1] - start < size {
-            last += 1;
-        }
-        let end = if last < head {
-            edges[last + 1]
-        } else {
-            last = head - 1;
-            if edges[head] < self.ends[k] {
-                return Ok(None); // (its code does not decode that far)
-            }
-            let end: i64 = borrow.call1((k, start, edges[head], size))?.extract()?;
-            if end < 0 {
-                return Ok(None);
-            }
-            end
         };
-        let read_from = if pad > 0 { 1 } else { 0 };
-        let rows = self.rows_read(py, k, edges, read_from.min(first), head, first, last)?;
+        let [edge, edges_n, ..] = self.spans[k];
+        let edges = &view(self.edges.bind(py).as_bytes())?[edge as usize..(edge + edges_n) as usize];
+        let rows = self.rows_read(py, k, edges, read_from, head, first, last)?;
         Ok(Some((first as i64, last as i64, end, rows)))
     }
 
