@@ -271,3 +271,28 @@ def test_rewrite_does_not_import_lief(built, tmp_path):
                           "-o", str(tmp_path / "out")], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["click"]
+
+
+def _section_at_by_walk(elf: ElfFile, vaddr: int):
+    return next((s for s in elf.sections if s.addr and s.addr <= vaddr < s.end
+                 and s.type != 8), None)  # (8: SHT_NOBITS)
+
+
+def test_section_at_is_the_first_section_holding_the_address(built):
+    """ElfFile.section_at() finds sections by bisection where they do not overlap: the
+    section a walk in order finds, at each section's edges and inside, on every file;
+    and where two overlap, the first of them, as the walk."""
+    for path in _files(built):
+        elf = ElfFile.open(str(path))
+        edges = {v for s in elf.sections for v in (s.addr - 1, s.addr, s.addr + 1,
+                                                   s.addr + s.size // 2, s.end - 1, s.end)}
+        for vaddr in sorted(edges | {0, 1 << 40}):
+            assert elf.section_at(vaddr) is _section_at_by_walk(elf, vaddr), (path, vaddr)
+    elf = ElfFile.open(str(_files(built)[0]))
+    text = elf.section_named(".text")
+    wider = type(text)(**{**text.__dict__, "name": ".wider", "addr": text.addr - 16,
+                          "size": text.size + 32})
+    elf.sections.insert(0, wider)  # (a made-up section over .text, and before it)
+    elf._section_starts = None
+    for vaddr in (text.addr - 16, text.addr, text.end - 1, text.end + 15):
+        assert elf.section_at(vaddr) is wider
