@@ -296,3 +296,33 @@ def test_section_at_is_the_first_section_holding_the_address(built):
     elf._section_starts = None
     for vaddr in (text.addr - 16, text.addr, text.end - 1, text.end + 15):
         assert elf.section_at(vaddr) is wider
+
+
+def test_offset_of_is_the_first_load_holding_the_bytes(built):
+    """ElfFile.offset_of() tries the segment of its last answer first: the offset of the
+    first loaded segment holding all the bytes asked, as a walk in order gives, for
+    addresses and sizes at every segment's edges, in any order; where two loads
+    overlap, the first of them each time."""
+    def walk(elf, vaddr, size):
+        return next((s.offset + vaddr - s.vaddr for s in elf.loads
+                     if s.vaddr <= vaddr and vaddr + size <= s.vaddr + s.filesz), None)
+
+    rng = __import__("random").Random(3)
+    for path in _files(built):
+        elf = ElfFile.open(str(path))
+        asked = [(v, size) for s in elf.loads
+                 for v in (s.vaddr - 1, s.vaddr, s.vaddr + s.filesz // 2,
+                           s.vaddr + s.filesz - 1, s.vaddr + s.filesz)
+                 for size in (1, 2, 64)]
+        rng.shuffle(asked)
+        for vaddr, size in asked + asked:
+            assert elf.offset_of(vaddr, size) == walk(elf, vaddr, size), (path, vaddr, size)
+    elf = ElfFile.open(str(_files(built)[0]))
+    first = elf.loads[0]
+    half = first.filesz // 2  # (a made-up load over the second half of the first one)
+    over = type(first)(**{**first.__dict__, "vaddr": first.vaddr + half, "offset": 0})
+    elf._loads = (first, over) + elf.loads[1:]
+    elf._loads_apart, elf._last_load = False, None  # (as the reader finds them)
+    for vaddr in (first.vaddr + first.filesz + 8, first.vaddr + first.filesz - 8):
+        assert elf.offset_of(vaddr) == walk(elf, vaddr, 1)  # (over's alone, then both's)
+    assert elf.offset_of(first.vaddr + first.filesz - 8) == first.offset + first.filesz - 8
