@@ -146,16 +146,19 @@ def return_probes(a: Analysis, sites: List[Site]) -> Dict[int, ReturnProbe]:
     at once."""
     found = {fn.address: ReturnProbe(0, {}, False, None, None) for fn in a.functions}
     for o in a.planner.plan(sites):
-        for site in (o.sites if isinstance(o, Plan) else (o.site,)):
-            probe = found[site.function.address]
-            if not isinstance(o, Plan):
-                probe.refusal = o.reason
-            elif site.redirect:
-                probe.redirected = True
-            else:
-                probe.exits += 1
-                probe.checked += bool(site.stays_within)
-                probe.tactics[o.tactic] = probe.tactics.get(o.tactic, 0) + 1
+        if not isinstance(o, Plan):
+            found[o.site.function.address].refusal = o.reason
+            continue
+        tactic = o.tactic  # (one per plan: asked once, of node's 117,000)
+        for point in o.points:
+            for site in point.sites:
+                probe = found[site.function.address]
+                if site.redirect:
+                    probe.redirected = True
+                else:
+                    probe.exits += 1
+                    probe.checked += bool(site.stays_within)
+                    probe.tactics[tactic] = probe.tactics.get(tactic, 0) + 1
     for address, reason in a.planner.redirected_because.items():
         found[address].redirected_because = reason
     return found
