@@ -1296,12 +1296,9 @@ class Planner:
         k = bisect.bisect_left(self._starts, fn.address)
         if search is None or k == len(self.functions) or self.functions[k] is not fn:
             return None
-        pad = 0
-        if self.sweep(fn).marked[:1].tolist() == [0]:  # (a landing pad, maybe: decoded)
-            try:
-                pad = self.backend.landing_pad_size(self.rows(fn, 0, 1)[0])
-            except _Refused:
-                return None
+        pad = self._entry_pad(fn)
+        if pad is None:
+            return None
         found = search.entry(site.address, k, size, self._padding_end, pad)
         if found is None:
             return None
@@ -1598,9 +1595,9 @@ class Planner:
         return found
 
     def _entry_pad(self, fn: Function) -> Optional[int]:
-        """The size of the landing pad at a function's entry, as _searched_entry() finds
-        it (its first row decoded alone, kept per byte string); None where that does not
-        decode as swept."""
+        """The size of the landing pad at a function's entry (its first row, where the
+        sweep marks it, decoded alone, kept per byte string); None where that does not
+        decode as swept (the Python planner then decides)."""
         sweep = self.sweep(fn)
         if sweep.marked[:1].tolist() != [0]:
             return 0

@@ -130,8 +130,8 @@ impl SweepSearch {
         if edges_n < 1 {
             return Ok(None);
         }
-        let edges_all = self.edges.clone_ref(py);
-        let edges = &view(edges_all.bind(py).as_bytes())?[edge as usize..(edge + edges_n) as usize];
+        let edges_all = self.edges.bind(py).as_bytes();
+        let edges = &view(edges_all)?[edge as usize..(edge + edges_n) as usize];
         let n = (edges_n - 1) as usize; // instructions
         let at = edges.partition_point(|&e| e < site);
         if at >= n || edges[at] != site {
@@ -219,6 +219,27 @@ impl SweepSearch {
         };
         let read_from = if pad > 0 { 1 } else { 0 };
         Ok(Some((first, last, end, read_from.min(first), head)))
+    }
+
+    /// A batch's answers (inner_batch()): find(self, j, k) for the j-th of `count` sites,
+    /// in function k (`ks`), each with what batch_rows() writes of it.
+    #[allow(clippy::type_complexity)]
+    fn batch<F>(&mut self, py: Python<'_>, ks: &[u8], count: usize, mut find: F)
+                -> PyResult<(Py<PyBytes>, Py<PyBytes>)>
+    where F: FnMut(&mut Self, usize, usize) -> PyResult<Option<(usize, usize, i64, usize, usize)>> {
+        let ks = int64s(ks);
+        if ks.len() != count {
+            return Err(pyo3::exceptions::PyValueError::new_err("sites and ks differ in length"));
+        }
+        let (mut found, mut made) = (Vec::with_capacity(4 * count), Vec::new());
+        for (j, &k) in ks.iter().enumerate() {
+            match find(self, j, k as usize)? {
+                Some((first, last, end, read_from, read_end)) => self.batch_rows(
+                    py, k as usize, first, last, end, read_from, read_end, &mut found, &mut made)?,
+                None => found.extend_from_slice(&[-1, -1, -1, -1]),
+            }
+        }
+        Ok((packed(py, &found), packed(py, &made)))
     }
 
     /// For a window of function k found by a batch: its four values in `found` (see
@@ -373,40 +394,19 @@ impl SweepSearch {
     /// (ask inner(): None). `rows`: what batch_rows() writes for each window marked 1.
     fn inner_batch(&mut self, py: Python<'_>, sites: &[u8], ks: &[u8], size: i64,
                    borrow: &Bound<'_, PyAny>) -> PyResult<(Py<PyBytes>, Py<PyBytes>)> {
-        let (sites, ks) = (int64s(sites), int64s(ks));
-        if sites.len() != ks.len() {
-            return Err(pyo3::exceptions::PyValueError::new_err("sites and ks differ in length"));
-        }
-        let (mut found, mut made) = (Vec::with_capacity(4 * sites.len()), Vec::new());
-        for (&site, &k) in sites.iter().zip(&ks) {
-            let k = k as usize;
-            match self.find_inner(py, site, k, size, borrow, i64::MAX)? {
-                Some((first, last, end, read_from, end_row)) =>
-                    self.batch_rows(py, k, first, last, end, read_from, end_row, &mut found, &mut made)?,
-                None => found.extend_from_slice(&[-1, -1, -1, -1]),
-            }
-        }
-        Ok((packed(py, &found), packed(py, &made)))
+        let sites = int64s(sites);
+        self.batch(py, ks, sites.len(), |search, j, k| search.find_inner(py, sites[j], k, size, borrow, i64::MAX))
     }
 
     /// entry() for many function entries at once (`sites`, `ks`, `pads`: int64 each),
     /// as inner_batch() gives them.
-    fn entry_batch(&self, py: Python<'_>, sites: &[u8], ks: &[u8], pads: &[u8], size: i64,
+    fn entry_batch(&mut self, py: Python<'_>, sites: &[u8], ks: &[u8], pads: &[u8], size: i64,
                    borrow: &Bound<'_, PyAny>) -> PyResult<(Py<PyBytes>, Py<PyBytes>)> {
-        let (sites, ks, pads) = (int64s(sites), int64s(ks), int64s(pads));
-        if sites.len() != ks.len() || sites.len() != pads.len() {
-            return Err(pyo3::exceptions::PyValueError::new_err("sites, ks and pads differ in length"));
+        let (sites, pads) = (int64s(sites), int64s(pads));
+        if sites.len() != pads.len() {
+            return Err(pyo3::exceptions::PyValueError::new_err("sites and pads differ in length"));
         }
-        let (mut found, mut made) = (Vec::with_capacity(4 * sites.len()), Vec::new());
-        for ((&site, &k), &pad) in sites.iter().zip(&ks).zip(&pads) {
-            let k = k as usize;
-            match self.find_entry(py, site, k, size, borrow, pad)? {
-                Some((first, last, end, read_from, head)) =>
-                    self.batch_rows(py, k, first, last, end, read_from, head, &mut found, &mut made)?,
-                None => found.extend_from_slice(&[-1, -1, -1, -1]),
-            }
-        }
-        Ok((packed(py, &found), packed(py, &made)))
+        self.batch(py, ks, sites.len(), |search, j, k| search.find_entry(py, sites[j], k, size, borrow, pads[j]))
     }
 
     /// The window at the entry of function k (at `site`, its first byte) that a jump
