@@ -153,7 +153,7 @@ class Planner:
         self._starts = [f.address for f in functions]
         self._ends_so_far = list(itertools.accumulate((f.end for f in functions), max))
         self._decoded: Dict[int, list] = {}
-        self._decoded_alone: Dict[bytes, object] = {}  # (_made_rows)
+        self._decoded_alone: Dict[bytes, object] = {}  # (_decoded_alone_as)
         self._sweeps: Dict[int, Sweep] = {}  # function -> its sweep in compact form
         self._batch: Optional[tuple] = None  # (SweepBatch, its functions): _sweep_all()
         self._search = None  # sweep_search's compiled search, once made (_sweep_search())
