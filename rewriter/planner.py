@@ -1549,11 +1549,11 @@ class Planner:
 
     def _windows(self, sites: List[Site]) -> list:
         """_window(site) of each site (its Plan, or why not: the _Refused's text). The
-        windows that the compiled search finds, and whose rows need no decode but of
-        returns and landing pads (kept per byte string), are asked of it all at once
+        windows that the compiled search finds are asked of it all at once
         (SweepSearch.inner_batch, entry_batch) and read as _searched_window() and
-        _searched_entry() read them; the rest one by one, as before (node: 117,000
-        exit windows and 78,000 entries, about 50 µs each that way)."""
+        _searched_entry() read them, their marked rows made by _made_rows(); the rest
+        one by one, as before (node: 117,000 exit windows and 78,000 entries, about
+        50 µs each that way)."""
         found: list = [None] * len(sites)
         search = self._sweep_search()
         inner, entries = [], []  # (index in sites, function's index, landing pad's size)
@@ -1643,8 +1643,7 @@ class Planner:
     def _made_rows(self, rows: list, at: int, count: int) -> Optional[list]:
         """The instructions of `count` rows from rows[at] (SweepSearch.inner_batch's:
         first byte, what it is, target of each, then the last one's end) as _insns()
-        makes them; None where _insns() would decode one differently, or where it is
-        marked for another reason than a return, a direct target or a landing pad."""
+        makes them; None where _insns() would refuse them (one decodes differently)."""
         insns = []
         for i in range(at, at + 3 * count, 3):
             address, made, target, end = rows[i], rows[i + 1], rows[i + 2], rows[i + 3]
@@ -1652,14 +1651,20 @@ class Planner:
                 insns.append(Insn(address, end - address, "", "", b""))
                 continue
             code = self.elf.read(address, end - address)
+            insn = None
             if made == 2:
                 insn = self.backend.direct_branch(code, address, target)
-            else:  # a return or a landing pad: what it decodes to depends on its bytes alone
-                known = self._decoded_alone_as(code)
+            elif made != 4:  # a return or a landing pad: what it decodes to depends on its
+                known = self._decoded_alone_as(code)  # bytes alone (kept per byte string)
                 insn = known and (made == 1 or self.backend.landing_pad_size(known)) and \
                     Insn(address, known.size, known.mnemonic, known.op_str, b"")
-            if not insn:
-                return None
+            if not insn:  # (an indirect call or jump: decoded where it lies, as _insns()
+                # decodes it, alone or in a run of marked rows: each decodes from its
+                # first byte on, and one that does not end where the sweep says is refused)
+                decoded = self.backend.decode(code, address)
+                if len(decoded) != 1 or decoded[0].size != len(code):
+                    return None
+                insn = decoded[0]
             insns.append(insn)
         return insns
 

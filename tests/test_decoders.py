@@ -255,21 +255,22 @@ def _verdict(planner, insns) -> str:
 @pytest.mark.skipif(not os.path.exists(LIBC), reason="needs Debian's x86_64 libc.so.6")
 @pytest.mark.parametrize("shadow_stack", [False, True])
 def test_windows_with_a_call_are_judged_as_in_detail(shadow_stack):
-    """_displaced() judges a window whose only instructions that need detail are direct
-    calls by the quick decode (Backend.quick_relocation_problem): the same verdict as
-    the detailed decode gives, for windows of one to four instructions around every
-    direct call of a sample of libc (calls last, calls before others), with and
-    without the CET shadow stack."""
+    """_displaced() judges a window whose only instructions that need detail are calls
+    and jumps, direct or indirect, by the quick decode (Backend.quick_relocation_problem):
+    the same verdict as the detailed decode gives, for windows of one to four
+    instructions around every marked row (direct and indirect calls and jumps) of a
+    sample of libc (calls last, calls before others), with and without the CET shadow
+    stack."""
     a = analyse(LIBC)
     planner, backend = a.planner, a.planner.backend
     planner._shadow_stack = shadow_stack
     quick = backend.quick_relocation_problem
-    verdicts, answered = set(), 0
+    verdicts, answered, indirect = set(), 0, set()
     for fn in a.functions[::5]:
         if not fn.size:
             continue
         sweep = planner.sweep(fn)
-        for k in sweep.rows[sweep.targets >= 0].tolist():
+        for k in sweep.marked.tolist():
             for first, last in ((k, k), (k - 1, k), (k - 2, k), (k, k + 1), (k - 1, k + 2)):
                 if first < 0 or last >= len(sweep):
                     continue
@@ -279,6 +280,8 @@ def test_windows_with_a_call_are_judged_as_in_detail(shadow_stack):
                     continue
                 answered += all(quick(i, False, False) for i in insns
                                 if backend.needs_detail(i))
+                indirect.update(i.mnemonic for i in insns if backend.needs_detail(i) and
+                                quick(i, False, False) and i.op_str[:1].isalpha())
                 said = _verdict(planner, insns)
                 backend.quick_relocation_problem = lambda *_: None  # (the detailed way)
                 try:
@@ -288,6 +291,26 @@ def test_windows_with_a_call_are_judged_as_in_detail(shadow_stack):
                 verdicts.add(said.split("'")[0])
     assert answered > 5_000
     assert {"moves", "cannot relocate "} <= verdicts or shadow_stack
+    assert {"call", "jmp"} <= indirect  # (indirect ones among those judged quickly)
+
+
+def test_a_call_relative_to_the_stack_pointer_is_asked_in_detail():
+    """An indirect call whose target is read relative to the stack pointer is refused
+    (its target moves with the call's emulation): the quick decode leaves it to the
+    detailed one, which says so; one relative to another register moves."""
+    from urewrite.rewriter.planner import Planner
+    backend = X86_64Backend()
+    for code, said in ((bytes.fromhex("ff542408"), "takes its target relative to the stack"),
+                       (bytes.fromhex("ff5008"), "moves"), (bytes.fromhex("ffd4"), "takes its"),
+                       (bytes.fromhex("ffe4"), "moves")):  # [rsp+8]; [rax+8]; call rsp; jmp rsp
+        insn = backend.decode(code, 0x4000)[0]
+        planner = Planner.__new__(Planner)
+        planner.elf, planner.backend = _Bytes(0x4000, code), backend
+        planner._shadow_stack, planner._lengths = False, {}
+        assert backend.needs_detail(insn)
+        assert (backend.quick_relocation_problem(insn, True, False) is None) == \
+            ("sp" in insn.op_str and "call" in insn.mnemonic), insn
+        assert said in _verdict(planner, [insn]), insn
 
 
 class _Bytes:

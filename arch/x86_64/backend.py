@@ -356,10 +356,22 @@ class X86_64Backend(Backend):
                                  shadow_stack: bool) -> Optional[tuple]:
         # a plain `call rel32` as the quick decoder (or direct_branch()) names it: no
         # prefix, its target in hex (Capstone writes those below 10 in decimal)
-        target = self.direct_branch_target(insn) if insn.mnemonic == "call" else None
-        if target is None or target < 10:
+        if insn.op_str[:1].isdigit():
+            target = self.direct_branch_target(insn) if insn.mnemonic == "call" else None
+            if target is None or target < 10:
+                return None
+            return (relocator.call_problem(insn, is_last, shadow_stack),)
+        # an indirect jump or call (its operand a register or memory, named by a letter):
+        # a jump moves (relocation_problem: Capstone's X86_INS_JMP, prefixes or not); a
+        # call as a direct one, unless its target is relative to the stack pointer
+        # (whose operand names it: asked in detail)
+        bare = _bare_mnemonic(insn.mnemonic)
+        if not insn.op_str[:1].isalpha() or bare not in ("jmp", "call"):
             return None
-        return (relocator.call_problem(insn, is_last, shadow_stack),)
+        if bare == "jmp":
+            return (None,)
+        return None if "sp" in insn.op_str else \
+            (relocator.call_problem(insn, is_last, shadow_stack),)
 
     def moves_verbatim(self, insn: Insn) -> bool:
         if "rip" in insn.op_str:  # a RIP-relative operand

@@ -243,13 +243,13 @@ impl SweepSearch {
     }
 
     /// For a window of function k found by a batch: its four values in `found` (see
-    /// inner_batch()), and where every marked row of those read, [read_from, read_end),
-    /// is one the planner makes without a decode of its own, these in `made`: how many
-    /// rows the window has (n) and how many other marked rows are read (m); three
-    /// values for each row of the window, its first byte, what it is (0 unmarked, 1 a
-    /// return, 2 a direct target, 3 marked and of no kind, as landing pads are) and its
-    /// target (or -1), then the end of its last row; four for each of the others, the
-    /// same and its end.
+    /// inner_batch()), and in `made`, what the planner needs to make the marked rows
+    /// of those read, [read_from, read_end): how many rows the window has (n) and how
+    /// many other marked rows are read (m); three values for each row of the window,
+    /// its first byte, what it is (0 unmarked, 1 a return, 2 a direct target, 3 marked
+    /// and of no kind, as landing pads and indirect calls are, 4 of another kind with
+    /// no direct target, as indirect jumps are) and its target (or -1), then the end
+    /// of its last row; four for each of the others, the same and its end.
     #[allow(clippy::too_many_arguments)]
     fn batch_rows(&self, py: Python<'_>, k: usize, first: usize, last: usize, end: i64, read_from: usize,
                   read_end: usize, found: &mut Vec<i64>, made: &mut Vec<i64>) -> PyResult<()> {
@@ -274,8 +274,7 @@ impl SweepSearch {
             } else if kinds_all[j] == self.exit_kinds.2 {
                 (1, -1)
             } else {
-                found.extend_from_slice(&[first as i64, last as i64, end, 0]);
-                return Ok(());
+                (4, -1)
             };
             let m = m as usize;
             if first <= m && m <= last {
@@ -385,13 +384,12 @@ impl SweepSearch {
         Ok(Some((first as i64, last as i64, end, rows)))
     }
 
-    /// inner() for many sites at once (`sites`, `ks`: int64 each), where every marked
-    /// row the Python search reads is one the planner makes without a decode of its
-    /// own: a return, a row with a direct target, or a marked row of no kind.
+    /// inner() for many sites at once (`sites`, `ks`: int64 each), with what the
+    /// planner needs to make the marked rows the Python search reads (batch_rows()).
     /// (found, rows), int64 each. `found` holds four values per site: the window's
-    /// first and last rows, its end, and 1 where its rows follow in `rows`, 0 where a
-    /// row read is marked otherwise (ask inner()), -1 where there is no window to give
-    /// (ask inner(): None). `rows`: what batch_rows() writes for each window marked 1.
+    /// first and last rows, its end, and 1 where its rows follow in `rows`, -1 where
+    /// there is no window to give (ask inner(): None). `rows`: what batch_rows()
+    /// writes for each window marked 1.
     fn inner_batch(&mut self, py: Python<'_>, sites: &[u8], ks: &[u8], size: i64,
                    borrow: &Bound<'_, PyAny>) -> PyResult<(Py<PyBytes>, Py<PyBytes>)> {
         let sites = int64s(sites);
