@@ -175,6 +175,7 @@ class Planner:
         # branches (row 1) may enter it past its entry (_branch_from_outside)
         self._entered: Optional[np.ndarray] = None
         self._branch_pairs: Optional[tuple] = None  # (their targets, sorted; sources), with them
+        self._no_fragment_targets: Set[int] = set()  # with them: _clear_of_fragments()
         self._direct: Dict[int, Dict[int, int]] = {}
         self._tables: Dict[int, Dict[int, JumpTable]] = {}
         self._unknown_jumps: Dict[int, Optional[int]] = {}  # function -> _indirect_jump()
@@ -381,7 +382,7 @@ class Planner:
             took = []
             for piece in pieces.take(leave, progress):
                 for fn in piece:
-                    self.branch_targets(fn)
+                    self.jump_tables(fn)  # (the direct targets: asked later, where needed)
                 took += piece
             return took
 
@@ -390,7 +391,8 @@ class Planner:
             # and sending take)
             part = analyse(leave=64)
             return ([fn.address for fn in part],
-                    {fn.address: self._direct[fn.address] for fn in part},
+                    {fn.address: self._direct[fn.address] for fn in part
+                     if fn.address in self._direct},
                     {fn.address: self._tables[fn.address] for fn in part},
                     {fn.address: self._unknown_jumps[fn.address] for fn in part},
                     {fn.address: self._computed[fn.address] for fn in part
@@ -420,6 +422,29 @@ class Planner:
             overlapping = self._overlapping()
             self._entered = np.stack((overlapping | self._entered_from_outside(),
                                       overlapping | self._entered_by(targets, sources)))
+            self._no_fragment_targets = self._clear_of_fragments()
+
+    def _clear_of_fragments(self) -> Set[int]:
+        """The addresses of functions none of whose branch targets (direct ones, and
+        their jump tables' cases) is a fragment's start, of those the batch's sweeps
+        hold: _parts() need not ask their branch_targets() (node: 78,000 functions, a
+        dict each, made in Python). Read from the batch's arrays at once."""
+        if self._batch is None:
+            return set()
+        batch, swept = self._batch
+        fragments = self.fragments()
+        held = (batch.spans[:, 1] >= 0).tolist()  # (not those swept another way)
+        owner = np.repeat(np.arange(len(swept)), batch.spans[:, 3])  # (of each row)
+        reaching = set(np.unique(owner[np.isin(np.frombuffer(batch.targets, np.int64),
+                                               np.fromiter(fragments, np.int64))]).tolist())
+        clear = {fn.address for k, fn in enumerate(swept) if held[k] and k not in reaching}
+        for k, fn in enumerate(swept):  # (an address swept twice: clear only if both are)
+            if not held[k] or k in reaching:
+                clear.discard(fn.address)
+        for address, tables in self._tables.items():
+            if any(t in fragments for table in tables.values() for t in table.targets):
+                clear.discard(address)
+        return clear
 
     def _branches(self, functions: List[Function]) -> tuple:
         """(targets, sources): where each direct branch or call of the functions lands
@@ -700,6 +725,8 @@ class Planner:
         parts = self._parts_of[fn.address] = [fn] + self._cold_parts.get(fn.name, [])
         fragments = self.fragments()
         for part in parts:  # grows while we walk it
+            if part.address in self._no_fragment_targets:  # (prepare(): known at once)
+                continue
             targets = self.branch_targets(part)
             # (most: asked at once, in C, over the fewer: two views)
             if targets.keys().isdisjoint(fragments.keys()):
