@@ -18,6 +18,7 @@ import struct
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
+from urewrite.arch.base import value_class
 from urewrite.rewriter.elf_file import ElfFile
 
 DW_EH_PE_OMIT = 0xFF
@@ -47,7 +48,7 @@ def fde_ranges(elf: ElfFile) -> List[Tuple[int, int]]:
     return _Walker(data, sec.addr).fdes()
 
 
-@dataclass(frozen=True)
+@value_class
 class Frame:
     """The unwind rule at an address: CFA = cfa_register + cfa_offset (DWARF register
     numbers), and where the return address is: ("offset", n) = saved at CFA + n,

@@ -14,18 +14,18 @@ whose pointer encodings ours does not know.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
 import numpy as np
 
+from urewrite.arch.base import value_class
 from urewrite.rewriter import eh_frame
 from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.elf_symbols import SHN_UNDEF, STT_FUNC
 from urewrite.rewriter.elf_symbols import table as symbol_table
 
 
-@dataclass(frozen=True)
+@value_class
 class Function:
     name: str
     address: int

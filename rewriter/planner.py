@@ -22,13 +22,13 @@ import functools
 import itertools
 import os
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Set, Union
 
 import numpy as np
 
 from urewrite.arch.base import (BRANCH, JUMP, OTHER, RETURN, Backend, Insn, Sweep, SweptCode,
-                                Window)
+                                Window, value_class)
 from urewrite.arch.jump_tables import JumpTable
 from urewrite.errors import UrewriteError
 from urewrite.rewriter import (copied_code, elf_symbols, except_table, free_space,
@@ -46,7 +46,7 @@ NEAR_BRANCH_REACH = 130  # farthest a rel8 branch reaches, with its own size
 TACTICS = ("jump", "hop", "evict", "pun")  # Plan.tactic, in the order they are tried
 
 
-@dataclass(frozen=True)
+@value_class
 class ProbePoint:
     address: int  # the displaced instruction the sites' probes fire before
     sites: tuple
@@ -55,7 +55,7 @@ class ProbePoint:
     stays_within: tuple = ()  # they fire only when the indirect jump there leaves these ranges
 
 
-@dataclass(frozen=True)
+@value_class
 class Hop:
     """A short jump written at a window, to a landing that holds the jump to the
     trampoline (docs/design.md, "Patch tactics")."""
@@ -63,7 +63,7 @@ class Hop:
     evicted: Optional[Window] = None  # a neighbour moved to its own trampoline to free the landing
 
 
-@dataclass(frozen=True)
+@value_class
 class Pun:
     """A jump written over a window shorter than itself, its last bytes the ones after
     the window, left as they are; they say where it goes: a stub there jumps on to the
@@ -78,7 +78,7 @@ class Pun:
     successor_stub: int = 0
 
 
-@dataclass(frozen=True)
+@value_class
 class Plan:
     """A window, and the points in it where probes fire (one trampoline)."""
     window: Window
@@ -118,7 +118,7 @@ class Plan:
         return replace(self, points=points) if points else None
 
 
-@dataclass(frozen=True)
+@value_class
 class Refusal:
     site: Site
     reason: str

@@ -6,16 +6,16 @@ import bisect
 import difflib
 import fnmatch
 import re
-from dataclasses import dataclass
 from typing import List, Optional
 
+from urewrite.arch.base import value_class
 from urewrite.errors import UrewriteError
 from urewrite.rewriter.functions import Function
 from urewrite.rewriter.usdt import UsdtSite
 from urewrite.trampolines.region import KIND_ADDRESS, KIND_ENTRY, KIND_RETURN, KIND_USDT
 
 
-@dataclass(frozen=True)
+@value_class
 class Site:
     function: Function
     address: int
@@ -35,10 +35,8 @@ class Site:
     def at_exit(self, address: int, tail_call: bool, stays_within: tuple) -> "Site":
         """This return probe's site at one exit of its function: replace(), quicker (a
         big file's return probes have 100,000s of exits; replace() checks every field)."""
-        exit_site = object.__new__(Site)
-        exit_site.__dict__.update(self.__dict__, address=address, tail_call=tail_call,
-                                  stays_within=stays_within)
-        return exit_site
+        return Site(self.function, address, self.kind, self.name, self.spec, self.exact,
+                    self.semaphore, self.arguments, self.redirect, tail_call, stays_within)
 
     @property
     def at_entry(self) -> bool:
