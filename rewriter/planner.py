@@ -176,6 +176,8 @@ class Planner:
         self._entered: Optional[np.ndarray] = None
         self._branch_pairs: Optional[tuple] = None  # (their targets, sorted; sources), with them
         self._no_fragment_targets: Set[int] = set()  # with them: _clear_of_fragments()
+        # functions whose sweeps have no row that may be an indirect jump (prepare())
+        self._no_indirect_jumps: Set[int] = set()
         self._direct: Dict[int, Dict[int, int]] = {}
         self._tables: Dict[int, Dict[int, JumpTable]] = {}
         self._unknown_jumps: Dict[int, Optional[int]] = {}  # function -> _indirect_jump()
@@ -402,6 +404,9 @@ class Planner:
 
         self.taken_index.wait()  # (scans made ahead, on a thread: done before the fork)
         swept_ahead = self._swept_all(functions)  # (then the child has them all too)
+        if swept_ahead and self._batch is not None:  # (most: no indirect jump, no table)
+            self._no_indirect_jumps = self._held_without(
+                np.frombuffer(self._batch[0].kinds, np.uint8) == OTHER)
         second = parallel.Forked(found)
         if meanwhile is not None:
             meanwhile()
@@ -428,23 +433,30 @@ class Planner:
         """The addresses of functions none of whose branch targets (direct ones, and
         their jump tables' cases) is a fragment's start, of those the batch's sweeps
         hold: _parts() need not ask their branch_targets() (node: 78,000 functions, a
-        dict each, made in Python). Read from the batch's arrays at once."""
+        dict each, made in Python)."""
         if self._batch is None:
             return set()
-        batch, swept = self._batch
         fragments = self.fragments()
-        held = (batch.spans[:, 1] >= 0).tolist()  # (not those swept another way)
-        owner = np.repeat(np.arange(len(swept)), batch.spans[:, 3])  # (of each row)
-        reaching = set(np.unique(owner[np.isin(np.frombuffer(batch.targets, np.int64),
-                                               np.fromiter(fragments, np.int64))]).tolist())
-        clear = {fn.address for k, fn in enumerate(swept) if held[k] and k not in reaching}
-        for k, fn in enumerate(swept):  # (an address swept twice: clear only if both are)
-            if not held[k] or k in reaching:
-                clear.discard(fn.address)
+        clear = self._held_without(np.isin(np.frombuffer(self._batch[0].targets, np.int64),
+                                           np.fromiter(fragments, np.int64)))
         for address, tables in self._tables.items():
             if any(t in fragments for table in tables.values() for t in table.targets):
                 clear.discard(address)
         return clear
+
+    def _held_without(self, rows: np.ndarray) -> Set[int]:
+        """The addresses of the functions whose sweeps the batch holds (_sweep_all) with
+        none of `rows` (a mask over all the batch's rows), read at once: an address swept
+        twice counts only if both are held and without."""
+        batch, swept = self._batch
+        held = (batch.spans[:, 1] >= 0).tolist()  # (not those swept another way)
+        owner = np.repeat(np.arange(len(swept)), batch.spans[:, 3])  # (of each row)
+        having = set(np.unique(owner[rows]).tolist())
+        found = {fn.address for k, fn in enumerate(swept) if held[k] and k not in having}
+        for k, fn in enumerate(swept):
+            if not held[k] or k in having:
+                found.discard(fn.address)
+        return found
 
     def _branches(self, functions: List[Function]) -> tuple:
         """(targets, sources): where each direct branch or call of the functions lands
@@ -565,6 +577,10 @@ class Planner:
         """The jump tables of a function's indirect jumps: jump address -> table. A jump
         not here is not known to be a table (jump_tables.py)."""
         if fn.address not in self._tables:
+            if fn.address in self._no_indirect_jumps:  # (node: 70,000 functions, at once)
+                self._unknown_jumps[fn.address] = None
+                self._tables[fn.address] = {}
+                return self._tables[fn.address]
             jumps = self.indirect_jumps(fn)
             # (the recovery reads the instructions before a jump, decoded as it reads)
             insns = SweptCode(self.sweep(fn), self.backend.decode, self.elf.read) \

@@ -145,28 +145,3 @@ def test_a_short_branch_back_from_a_later_function_is_found_with_arrays(tmp_path
     assert found is not None and found[1] == source
     planner._branch_pairs = None
     assert planner._branch_from_outside(fn, [fn], inside) == found
-
-
-@pytest.mark.parametrize("path", FILES)
-def test_parts_found_with_arrays_are_found_without(path):
-    """_parts() skips the branch targets of the functions that prepare() found, from the
-    sweeps' arrays at once, to branch to no fragment (a part split off by the compiler,
-    entered by a jump): every function's parts are the same when asked without them,
-    the functions skipped do branch to none, and most are skipped."""
-    if not os.path.exists(path):
-        pytest.skip(f"needs Debian's {path}")
-    a = pipeline.analyse(path)
-    planner = a.planner
-    planner.prepare(a.functions)
-    clear, fragments = planner._no_fragment_targets, planner.fragments()
-    with_arrays = {fn.address: planner._parts(fn) for fn in a.functions if fn.size}
-    planner._parts_of.clear()
-    planner._no_fragment_targets = set()
-    for fn in a.functions:
-        if fn.size:
-            assert planner._parts(fn) == with_arrays[fn.address], fn.name
-        if fn.address in clear:
-            assert planner.branch_targets(fn).keys().isdisjoint(fragments.keys()), fn.name
-    assert len(clear) > len(a.functions) // 2
-    # (and some functions have fragments among their parts: found without the names)
-    assert any(f.address in fragments for parts in with_arrays.values() for f in parts[1:])
