@@ -185,3 +185,29 @@ def test_the_planner_sweeps_every_function_at_once_as_one_by_one():
     assert planner._sweep_all(functions)
     one_by_one = [planner.backend.sweep(planner._code(fn), fn.address) for fn in functions]
     assert all(same(planner._sweeps[fn.address], s) for fn, s in zip(functions, one_by_one))
+
+
+@pytest.mark.parametrize("path", SYSTEM_FILES[:2], ids=os.path.basename)
+def test_computed_addresses_are_the_python_loops(path):
+    """The addresses a function computes (rip-relative lea, mov of an immediate to a
+    register), found by the native module, are those the loop over the Python package
+    finds: on every function of system files, and on random bytes."""
+    if not os.path.exists(path):
+        pytest.skip(f"needs Debian's {path}")
+    elf = ElfFile.open(path)
+    backend = X86_64Backend()
+    found = 0
+    for fn in discover(elf):
+        if not fn.size:
+            continue
+        code = elf.read(fn.address, fn.size)
+        native = backend.computed_addresses(code, fn.address)
+        assert native == backend.python_computed_addresses(code, fn.address), fn.name
+        found += len(native)
+    assert found > 1000
+    rng = random.Random(7)
+    for _ in range(200):
+        code = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200)))
+        address = rng.randrange(1 << 47)
+        assert backend.computed_addresses(code, address) == \
+            backend.python_computed_addresses(code, address)

@@ -243,7 +243,14 @@ class X86_64Backend(Backend):
 
     def computed_addresses(self, code: bytes, address: int) -> list:
         # (iced-x86, as the sweep: node's functions with an indirect jump that is no
-        # table hold 544,000 instructions; Capstone took 2 s to decode them)
+        # table hold 544,000 instructions; Capstone took 2 s to decode them; the same
+        # loop in the native module where it was built, 0.4 s of CPU time less)
+        if linear_sweep.native_sweep is not None:
+            return linear_sweep.native_sweep.computed_addresses(code, address)
+        return self.python_computed_addresses(code, address)
+
+    @staticmethod
+    def python_computed_addresses(code: bytes, address: int) -> list:
         found = []
         for insn in iced_x86.Decoder(64, code, ip=address):
             mnemonic = insn.mnemonic

@@ -6,7 +6,7 @@
 //! second here against 7 s in the Python loop. The rules below mirror that loop
 //! line for line; tests/test_native_sweep.py holds the two to the same results.
 
-use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind};
+use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
@@ -190,9 +190,53 @@ fn sweep_functions<'py>(
     ])
 }
 
+/// The addresses a function's code computes, in order, as X86_64Backend.computed_addresses
+/// finds them with the Python package: the target of each RIP-relative `lea`, and each
+/// immediate of 0x1000 or more that a `mov` puts in a register (as the register holds
+/// it), up to the first instruction that does not decode. (node: 3,000 functions with
+/// an indirect jump that is no table, 0.4 s of CPU time in the Python loop.)
+#[pyfunction]
+fn computed_addresses(py: Python<'_>, code: &[u8], address: u64) -> Vec<u64> {
+    py.detach(|| {
+        let mut decoder = Decoder::with_ip(64, code, address, DecoderOptions::NONE);
+        let mut insn = Instruction::default();
+        let mut found = Vec::new();
+        while decoder.can_decode() {
+            decoder.decode_out(&mut insn);
+            match insn.mnemonic() {
+                Mnemonic::Lea => {
+                    if insn.memory_base() == Register::RIP {
+                        found.push(insn.ip_rel_memory_address());
+                    }
+                }
+                Mnemonic::Mov => {
+                    let bits = match insn.op1_kind() {
+                        OpKind::Immediate8 => 8,
+                        OpKind::Immediate16 | OpKind::Immediate8to16 => 16,
+                        OpKind::Immediate32 | OpKind::Immediate8to32 => 32,
+                        OpKind::Immediate64 | OpKind::Immediate8to64 | OpKind::Immediate32to64 => 64,
+                        _ => 0,
+                    };
+                    if bits != 0 && insn.op0_kind() == OpKind::Register {
+                        let mask = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
+                        let value = insn.immediate(1) & mask;
+                        if value >= 0x1000 {
+                            found.push(value);
+                        }
+                    }
+                }
+                Mnemonic::INVALID => break,
+                _ => {}
+            }
+        }
+        found
+    })
+}
+
 #[pymodule]
 fn native_sweep(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sweep_functions, m)?)?;
+    m.add_function(wrap_pyfunction!(computed_addresses, m)?)?;
     m.add_class::<sweep_search::SweepSearch>()?;
     Ok(())
 }
