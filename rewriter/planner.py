@@ -452,11 +452,10 @@ class Planner:
         held = (batch.spans[:, 1] >= 0).tolist()  # (not those swept another way)
         owner = np.repeat(np.arange(len(swept)), batch.spans[:, 3])  # (of each row)
         having = set(np.unique(owner[rows]).tolist())
-        found = {fn.address for k, fn in enumerate(swept) if held[k] and k not in having}
+        found, others = set(), set()
         for k, fn in enumerate(swept):
-            if not held[k] or k in having:
-                found.discard(fn.address)
-        return found
+            (found if held[k] and k not in having else others).add(fn.address)
+        return found - others
 
     def _branches(self, functions: List[Function]) -> tuple:
         """(targets, sources): where each direct branch or call of the functions lands
