@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -134,6 +135,8 @@ def test_table_without_kernel_rows():
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert out.startswith("machine: ")
+    # (the interpreter that ran it: its builds differ by a fifth on big files)
+    assert f"; Python {platform.python_version()} ({sys.executable})" in out.splitlines()[0]
     for row in ("usermode-nop", "usermode-usdt", "urewrite entry-push", "urewrite return-ret",
                 "urewrite entry+return-nop", "urewrite usdt"):
         assert f"\n{row} " in out, row
@@ -146,7 +149,8 @@ def test_table_without_kernel_rows():
 def test_json_schema_and_scaling_rows():
     data = bench_json(*TINY[:2], "--repeat", "2", "--no-kernel", "--threads", "1,2")
     assert set(data) >= {"machine", "trigger", "targets"}
-    assert set(data["machine"]) >= {"cpu", "cores", "kernel", "date", "loadavg"}
+    assert set(data["machine"]) >= {"cpu", "cores", "kernel", "date", "loadavg", "python",
+                                    "python_executable"}
     t = data["trigger"]
     assert t["threads"] == [1, 2] and t["repeat"] == 2 and t["iterations"] == 20000
     assert t["event_group"] is None and t["kernel_skipped"] == "--no-kernel"

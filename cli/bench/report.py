@@ -138,8 +138,10 @@ def format_targets(items: List[dict]) -> str:
 def format_report(result: dict) -> str:
     m = result["machine"]
     load = m.get("loadavg")
+    python = f"Python {m.get('python', '?')}" + \
+        (f" ({m['python_executable']})" if m.get("python_executable") else "")
     parts = [f"machine: {m['cpu']}, {m['cores']} cores, Linux {m['kernel']} ({m['arch']}), "
-             f"{m['date']}, load average at start {load[0] if load else '?'}"]
+             f"{m['date']}, load average at start {load[0] if load else '?'}; {python}"]
     if "trigger" in result:
         parts.append(format_trigger_table(result["trigger"]))
         if len(result["trigger"]["threads"]) > 1:

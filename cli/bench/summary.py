@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import sys
 import time
 from typing import List, Optional
 
@@ -46,6 +47,8 @@ def machine() -> dict:
                        cpu)
     return {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release(),
             "arch": platform.machine(), "python": platform.python_version(),
+            # (which interpreter: builds of one version differ by a fifth on `list`)
+            "python_executable": sys.executable,
             "date": time.strftime("%Y-%m-%d %H:%M %Z"), "loadavg": loadavg()}
 
 
