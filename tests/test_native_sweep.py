@@ -211,3 +211,33 @@ def test_computed_addresses_are_the_python_loops(path):
         address = rng.randrange(1 << 47)
         assert backend.computed_addresses(code, address) == \
             backend.python_computed_addresses(code, address)
+
+
+def test_a_big_batch_on_several_threads_is_one_function_at_a_time():
+    """A batch of more than a few megabytes is swept in runs, one thread each, joined in
+    order: the same sweeps, arrays and spans as each function swept alone (and the
+    fallback asked for the same functions, in the same order)."""
+    elf = ElfFile.open("/lib/x86_64-linux-gnu/libc.so.6")
+    spans = []
+    for fn in discover(elf):
+        offset = elf.offset_of(fn.address, max(fn.size, 1))
+        if offset is not None:
+            spans.append((offset, fn.size, fn.address))
+    rng = random.Random(5)
+    data = elf.data + bytes(rng.randrange(256) for _ in range(1 << 16))
+    junk = [(len(elf.data) + rng.randrange(0, 1 << 15), rng.randrange(1, 512), 0x900000 + k)
+            for k in range(200)]  # (some undecodable: the fallback's, in the right order)
+    spans = spans * 3 + junk + spans
+    spans = rng.sample(spans, len(spans))
+    assert sum(size for _, size, _ in spans) > 5 << 20  # (several runs)
+    batch_log, alone_log = Undecodable(), Undecodable()
+    batch = linear_sweep.native_sweeps(data, spans, batch_log)
+    alone = [linear_sweep.native_sweeps(data, [span], alone_log).sweeps[0] for span in spans]
+    assert all(same(b, a) for b, a in zip(batch.sweeps, alone))
+    assert batch_log.asked == alone_log.asked and len(batch_log.asked) > 20
+    edges, rows, marked = (np.frombuffer(b, np.int64) for b in (batch.edges, batch.rows, batch.marked))
+    for s, (e, ne, r, nr, m, nm) in zip(batch.sweeps, batch.spans.tolist()):
+        if ne >= 0:  # (where each lies in the joined arrays)
+            assert edges[e:e + ne].tolist() == s.edges.tolist()
+            assert rows[r:r + nr].tolist() == s.rows.tolist()
+            assert marked[m:m + nm].tolist() == s.marked.tolist()
