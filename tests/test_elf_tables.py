@@ -163,6 +163,81 @@ def test_discover_merges_symbols_and_fdes(built):
     assert not any(n.startswith("fn_") for n in found)  # every FDE has its symbol here
 
 
+def _discover_one_by_one(elf: ElfFile) -> list:
+    """What discover() finds, written as its rules say, symbol by symbol and FDE by FDE
+    (discover() does it with arrays): symbols at one address merge (names each once in
+    table order, the first size that is not 0); an FDE sizes a symbol without a size,
+    or is a function of its own; a function still without a size extends to the next
+    symbol or FDE start (a symbol first), or its section's end."""
+    in_code = functions._code_ranges(elf)
+    table = elf_symbols.table(elf)
+    by_address, marks = {}, {}
+    for i in range(len(table)):
+        value = int(table.values[i])
+        if table.shndx[i] == elf_symbols.SHN_UNDEF or not value or \
+                not in_code(np.array([value]))[0]:
+            continue
+        marks[value] = "next symbol"
+        name = table.name(i)
+        if table.types[i] != elf_symbols.STT_FUNC or not name:
+            continue
+        entry = by_address.setdefault(value, [[], 0, table.table_name(i), "symbol"])
+        if name not in entry[0]:
+            entry[0].append(name)
+        entry[1] = entry[1] or int(table.sizes[i])
+    for address, size in eh_frame.fde_ranges(elf):
+        if not size or address >= 1 << 63 or not in_code(np.array([address]))[0]:
+            continue
+        marks.setdefault(address, "next FDE")
+        entry = by_address.setdefault(address, [[f"fn_{address:x}"], size, "eh_frame", "eh_frame"])
+        if not entry[1]:
+            entry[1], entry[3] = size, "eh_frame"
+    starts = sorted(marks)
+    for address, entry in by_address.items():
+        if not entry[1]:
+            end, why = elf.section_at(address).end, "section end"
+            later = [s for s in starts if s > address]
+            if later and later[0] < end:
+                end, why = later[0], marks[later[0]]
+            entry[1], entry[3] = end - address, why
+    return [functions.Function(e[0][0], a, e[1], e[2], tuple(e[0][1:]), e[3])
+            for a, e in sorted(by_address.items())]
+
+
+@pytest.mark.parametrize("path", ["/usr/bin/python3.11", "/lib/x86_64-linux-gnu/libc.so.6",
+                                  "/usr/lib/x86_64-linux-gnu/libGL.so.1",
+                                  "/usr/lib/x86_64-linux-gnu/libasan.so.8",
+                                  "/usr/aarch64-linux-gnu/lib/libc.so.6"])
+def test_discover_follows_its_rules_on_system_files(path):
+    """Symbols in both tables (aliases, sizes from either), functions sized by the next
+    symbol (libGL's dispatch stubs) or their section's end (_init), arm64 too."""
+    if not Path(path).exists():
+        pytest.skip(f"needs Debian's {path}")
+    found = functions.discover(ElfFile.open(path))
+    assert found == _discover_one_by_one(ElfFile.open(path))
+    assert len(found) > 100
+
+
+def test_discover_follows_its_rules_on_built_files(built):
+    kinds = set()
+    for path in _files(built):
+        found = functions.discover(ElfFile.open(str(path)))
+        assert found == _discover_one_by_one(ElfFile.open(str(path))), path
+        kinds |= {f.sized_by for f in found}
+        kinds |= {"alias" for f in found if f.aliases}
+    assert {"symbol", "eh_frame", "section end"} <= kinds
+
+
+def test_symbols_at_one_address_take_the_first_size_and_each_name_once():
+    grouped = functions._Grouped(np.array([0x50, 0x30, 0x50, 0x50, 0x60]),
+                                 np.array([0, 7, 4, 9, 0]))
+    assert grouped.addresses.tolist() == [0x30, 0x50, 0x60]
+    assert grouped.sizes.tolist() == [7, 4, 0]  # (the first that is not 0, in table order)
+    names = ["f", "g", "f_alias", "f", "h"]
+    assert grouped.aliases(names) == {1: ["f", "f_alias"]}
+    assert functions._Grouped(np.array([0x50, 0x50]), np.array([3, 3])).aliases(["f", "f"]) == {}
+
+
 def test_lief_reads_an_eh_frame_we_do_not(built, monkeypatch):
     """An unknown pointer encoding hands the whole .eh_frame to LIEF, with the same result."""
     pytest.importorskip("lief")
