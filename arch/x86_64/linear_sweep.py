@@ -79,19 +79,21 @@ def native_sweeps(data: bytes, spans: Sequence[Tuple[int, int, int]],
     edges, rows, targets, marked, counts = (np.frombuffer(made[k], dtype=np.int64)
                                             for k in (0, 1, 3, 4, 5))
     kinds = np.frombuffer(made[2], dtype=np.uint8)
-    sweeps, where = [], np.empty((len(table), 6), dtype=np.int64)
-    e = r = m = 0
+    counts = counts.reshape(-1, 3)
+    # where each lies in the arrays: its first edge, row and marked, and their numbers
+    # (one the decoder could not sweep: -1 edges, in no array)
+    where = np.zeros((len(table), 6), dtype=np.int64)
+    where[:, 1::2] = counts
+    where[1:, 0::2] = np.cumsum(np.maximum(counts, 0), axis=0)[:-1]
+    where[counts[:, 0] < 0] = (0, -1, 0, 0, 0, 0)
+    sweeps = []
     # (slices of the five long arrays: views, no copies)
-    for k, ((offset, size, address), (ne, nr, nm)) in enumerate(
-            zip(spans, counts.reshape(-1, 3).tolist())):
+    for (offset, size, address), (e, ne, r, nr, m, nm) in zip(spans, where.tolist()):
         if ne < 0:
             sweeps.append(undecodable(data[offset:offset + size], address))
-            where[k] = (0, -1, 0, 0, 0, 0)
             continue
         sweeps.append(Sweep(edges[e:e + ne], rows[r:r + nr], kinds[r:r + nr],
                             targets[r:r + nr], marked[m:m + nm]))
-        where[k] = (e, ne, r, nr, m, nm)
-        e, r, m = e + ne, r + nr, m + nm
     return SweepBatch(sweeps, made[0], made[1], made[2], made[3], made[4], where)
 
 
