@@ -167,11 +167,15 @@ class _Walker(ValueReader):
             if cie_pointer:
                 cie = at - cie_pointer
                 encoding = self.cie_encodings.get(cie, _UNREAD)
-                if encoding == PCREL_SDATA4 and at + 12 <= end and not self.want_frames \
-                        and not (self.want_lsdas and cie in self.lsda_encodings):
+                frame = self._cie_frame_at(cie, at + 12, end) if self.want_frames else None
+                if encoding == PCREL_SDATA4 and at + 12 <= end and \
+                        (not self.want_frames or frame is not _UNREAD) and \
+                        not (self.want_lsdas and cie in self.lsda_encodings):
                     start, extent = _TWO_SDATA4.unpack_from(data, at + 4)
-                    out.append(((self.address + at + 4 + start) & 0xFFFFFFFFFFFFFFFF,
-                                extent & 0xFFFFFFFFFFFFFFFF))
+                    start = (self.address + at + 4 + start) & 0xFFFFFFFFFFFFFFFF
+                    out.append((start, extent & 0xFFFFFFFFFFFFFFFF))
+                    if self.want_frames:
+                        self.frames[start] = frame
                 else:
                     try:
                         fde = self._fde(at, cie_pointer, end)
@@ -220,6 +224,21 @@ class _Walker(ValueReader):
         if self.want_lsdas and body - cie_pointer in self.lsda_encodings:
             self.lsdas.append((start, size, self._lsda(body - cie_pointer, at, end)))
         return start, size
+
+    def _cie_frame_at(self, cie: int, at: int, end: int):
+        """The frame at the first address of the FDE whose augmentation (a one-byte
+        length) starts at `at`, when it is its CIE's own (no instruction but nops before
+        the first advance), worked out already: most FDEs, read inline (node: 76,000,
+        of which 25,000 only nops); else _UNREAD (_entry_frame() knows)."""
+        known = self.cies.get(cie)
+        if known is None or not known.augmented or at >= end or self.data[at] & 0x80:
+            return _UNREAD
+        at += 1 + self.data[at]
+        while at < end and self.data[at] == 0:  # nops (a leaf function's FDE: only those)
+            at += 1
+        if at < end and not self._advances(self.data[at]):
+            return _UNREAD
+        return self._cie_frames.get(known.instructions, _UNREAD)
 
     def _lsda(self, cie: int, at: int, end: int) -> Optional[int]:
         """The LSDA address in an FDE's augmentation data (0: none); None when it

@@ -291,6 +291,32 @@ def test_walker_pc_relative_and_absolute():
     assert eh_frame._Walker(data, base).fdes() == [(field - 0x100, 0x20), (0x401000, 0x30)]
 
 
+def test_walker_entry_frames_read_inline_and_in_full():
+    """The frame at each FDE's start: its CIE's where nothing but nops comes before the
+    first advance (read inline once the CIE's is known), else the FDE's own rules."""
+    # CIE zR (pcrel|sdata4): CFA = rsp+8, return address (r16) at CFA-8
+    cie = _entry(struct.pack("<IB", 0, 1) + b"zR\0" + b"\x01\x78\x10" + b"\x01\x1b"
+                 + b"\x0c\x07\x08" + b"\x90\x01")
+    bodies = [b"\0\0\0",  # nops only: the CIE's frame
+              b"\0\x0e\x10\0",  # a nop, then CFA offset 16 before any advance
+              b"\x41\x0e\x10",  # an advance first: the CIE's
+              b"",  # no instruction
+              b"\0\0\x0e\x18"]  # nops, then CFA offset 24
+    data, starts = cie, []
+    for k, body in enumerate(bodies * 2):  # (twice: the second time, the CIE's known)
+        at = len(data)
+        fde = _entry(struct.pack("<I", at + 4) + struct.pack("<ii", 0x1000 * (k + 1), 0x10)
+                     + b"\0" + body)
+        starts.append(at + 8 + 0x1000 * (k + 1))
+        data += fde
+    walker = eh_frame._Walker(data + b"\0" * 4, 0, frames=True)
+    assert [start for start, _ in walker.fdes()] == starts
+    cfa_offsets = [8, 16, 8, 8, 24] * 2
+    assert [walker.frames[s].cfa_offset for s in starts] == cfa_offsets
+    assert all(walker.frames[s].cfa_register == 7 for s in starts)
+    assert all(walker.frames[s].return_address == ("offset", -8) for s in starts)
+
+
 def test_walker_skips_personality_and_lsda():
     # zPLR: personality indirect|pcrel|sdata4, LSDA pcrel|sdata4, FDEs pcrel|sdata4
     cie = _cie(b"zPLR", b"\x9b" + struct.pack("<i", 0x40) + b"\x1b\x1b")
