@@ -171,9 +171,9 @@ class Planner:
         # every branch target of every function, sorted, once prepare() has seen them
         # all: a window with none inside needs no look at its neighbours' targets
         self._all_targets: Optional[np.ndarray] = None
-        # per function, with them: whether the byte scans (row 0) and the functions'
-        # branches (row 1) may enter it past its entry (_branch_from_outside)
-        self._entered: Optional[np.ndarray] = None
+        # per function, with them: (whether the byte scans may enter it past its entry,
+        # whether the functions' branches may), as _branch_from_outside asks
+        self._entered: Optional[List[tuple]] = None
         self._branch_pairs: Optional[tuple] = None  # (their targets, sorted; sources), with them
         self._no_fragment_targets: Set[int] = set()  # with them: _clear_of_fragments()
         # functions whose sweeps have no row that may be an indirect jump (prepare())
@@ -425,8 +425,8 @@ class Planner:
             order = np.argsort(targets, kind="stable")
             self._branch_pairs = (targets[order], sources[order])
             overlapping = self._overlapping()
-            self._entered = np.stack((overlapping | self._entered_from_outside(),
-                                      overlapping | self._entered_by(targets, sources)))
+            self._entered = list(zip((overlapping | self._entered_from_outside()).tolist(),
+                                     (overlapping | self._entered_by(targets, sources)).tolist()))
             self._no_fragment_targets = self._clear_of_fragments()
 
     def _clear_of_fragments(self) -> Set[int]:
@@ -788,13 +788,17 @@ class Planner:
                 return any(p.address <= address < p.end for p in parts)
 
         exits, conditional = [], set()
+        index = self._index_of(fn) if len(parts) == 1 else None
         for part in parts:
             tables = self.jump_tables(part)
             sweep = self.sweep(part)
             if sweep.end != part.end:
                 raise _Refused(f"its code does not decode past {sweep.end:#x}: an exit may "
                                f"lie beyond")
-            for k, kind, target, address in self._exit_rows(part, inside, len(parts) == 1):
+            for k, kind, target, address in self._exit_rows(part, inside, index):
+                if kind == RETURN:  # (most: as below, quicker)
+                    exits.append((address, False, ()))
+                    continue
                 if kind == OTHER:
                     table = tables.get(address)
                     if table is not None and all(inside(t) for t in table.targets):
@@ -822,22 +826,26 @@ class Planner:
                     exits.append((address, target is not None, ()))
                 if leaves == "taken":
                     conditional.add(address)
-        shared = self._branch_from_outside(fn, parts, inside)
+        shared = self._branch_from_outside(fn, parts, inside, index)
         if shared:
             raise _Refused("other code branches into it (at {:#x}, from {:#x}): its exits "
                            "are not only its own".format(*shared))
         return exits, conditional
 
-    def _exit_rows(self, part: Function, inside, alone: bool) -> list:
+    def _index_of(self, fn: Function) -> Optional[int]:
+        """Where the function is in self.functions (None: not there)."""
+        k = bisect.bisect_left(self._starts, fn.address)
+        return k if k < len(self.functions) and self.functions[k] is fn else None
+
+    def _exit_rows(self, part: Function, inside, index: Optional[int]) -> list:
         """(row, kind, target, address) of each instruction of the part's sweep that may
         leave the function (`inside`: whether an address is in it): returns, direct
         jumps and branches out, and the rest to ask of (OTHER). The compiled search
-        answers for a function of one part (sweep_search.py)."""
-        search = self._sweep_search() if alone else None
+        answers for a function of one part, at `index` in self.functions
+        (sweep_search.py)."""
+        search = self._sweep_search() if index is not None else None
         if search is not None:
-            k = bisect.bisect_left(self._starts, part.address)
-            found = search.exits(k) if k < len(self.functions) and \
-                self.functions[k] is part else None
+            found = search.exits(index)
             if found is not None:
                 return found
         sweep = self.sweep(part)
@@ -982,19 +990,22 @@ class Planner:
             raise _Refused(f"its size is unknown and its code up to the {fn.sized_by} "
                            f"does not end in a return or jump")
 
-    def _branch_from_outside(self, fn: Function, parts: List[Function], inside):
+    def _branch_from_outside(self, fn: Function, parts: List[Function], inside,
+                             index: Optional[int] = None):
         """(target, source) of a branch from code outside the function's parts to an
         instruction inside them other than its entry (code shared by two functions,
-        as glibc's string functions do), or None."""
+        as glibc's string functions do), or None. `index`: where a function of one
+        part is in self.functions."""
         # (prepare()'s marks, for a function of one part: whether the byte scans, and
         # whether the functions' branches, may enter it past its entry from outside; a
         # function that overlaps another has both. Where one says no, that look is
         # skipped: 5,400 of node's functions are marked, by one or the other.)
         by_scans = by_branches = True
         if len(parts) == 1 and self._entered is not None:
-            k = bisect.bisect_left(self._starts, fn.address)
-            if self.functions[k] is fn:
-                by_scans, by_branches = self._entered[:, k].tolist()
+            if index is None:
+                index = self._index_of(fn)
+            if index is not None:
+                by_scans, by_branches = self._entered[index]
         if not by_scans and not by_branches:
             return None
         starts = [self.sweep(part).starts for part in parts]

@@ -201,11 +201,13 @@ def test_rows_that_may_leave_a_function(path):
     planner = prepared(path).planner
     kinds = set()
     for fn in planner.functions:
-        found = planner._exit_rows(fn, lambda a: fn.address <= a < fn.end, True)
+        index = planner._index_of(fn)
+        assert planner.functions[index] is fn
+        found = planner._exit_rows(fn, lambda a: fn.address <= a < fn.end, index)
         planner._search, search = None, planner._search
         planner._batch, batch = None, planner._batch
         try:
-            assert planner._exit_rows(fn, lambda a: fn.address <= a < fn.end, True) == found
+            assert planner._exit_rows(fn, lambda a: fn.address <= a < fn.end, index) == found
         finally:
             planner._search, planner._batch = search, batch
         kinds.update(kind for _, kind, _, _ in found)
