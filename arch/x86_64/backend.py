@@ -56,6 +56,11 @@ def _exit_mnemonic(full: str) -> Optional[str]:
 # 64-bit anyway), then an ES override (no memory operand); never 0x66, which would
 # truncate the target
 _PUN_PREFIXES = (b"", b"\x48", b"\x26\x48")
+# pun_over_successor()'s candidates (made once): the low 3 bytes of the successor's
+# displacement (the site's displacement is e9 and these: > 0), and its top byte
+_SUCCESSOR_LOWS = np.arange(0, 0x800000, 0x100, dtype=np.int64)
+_SITE_DISPLACEMENTS = _SUCCESSOR_LOWS << 8 | 0xE9
+_SUCCESSOR_TOPS = np.arange(0x80, dtype=np.int64) << 24
 
 
 # computed_addresses(): lea from rip, mov of an immediate to a register (of its size)
@@ -327,9 +332,8 @@ class X86_64Backend(Backend):
         if j >= len(_PUN_PREFIXES):
             return None
         site_end, successor_end = window.end + 4, window.end + 5
-        lows = np.arange(0, 0x800000, 0x100, dtype=np.int64)  # (the site's displacement > 0)
-        tops = np.arange(0x80, dtype=np.int64) << 24
-        site_stubs = site_end + (lows << 8 | 0xE9)
+        lows, tops = _SUCCESSOR_LOWS, _SUCCESSOR_TOPS
+        site_stubs = site_end + _SITE_DISPLACEMENTS
         # site stubs to try a successor's stub with (each: 128 of those), all at once:
         # a row of successor stubs per site stub, the first row with one that fits wins
         tried = np.flatnonzero(fit(site_stubs, window.address))[:64]
