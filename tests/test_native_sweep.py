@@ -235,7 +235,8 @@ def test_a_big_batch_on_several_threads_is_one_function_at_a_time():
     alone = [linear_sweep.native_sweeps(data, [span], alone_log).sweeps[0] for span in spans]
     assert all(same(b, a) for b, a in zip(batch.sweeps, alone))
     assert batch_log.asked == alone_log.asked and len(batch_log.asked) > 20
-    edges, rows, marked = (np.frombuffer(b, np.int64) for b in (batch.edges, batch.rows, batch.marked))
+    edges, rows, marked = (np.frombuffer(b, np.int64)
+                           for b in (batch.edges, batch.rows, batch.marked))
     for s, (e, ne, r, nr, m, nm) in zip(batch.sweeps, batch.spans.tolist()):
         if ne >= 0:  # (where each lies in the joined arrays)
             assert edges[e:e + ne].tolist() == s.edges.tolist()

@@ -159,7 +159,11 @@ impl NeBytes for u8 {
 
 /// The runs' arrays of one field, one after another, as bytes made in place (no joined
 /// copy: node's edges are 50 MB).
-fn joined<'py, T: NeBytes>(py: Python<'py>, runs: &[Sweeps], field: fn(&Sweeps) -> &Vec<T>) -> Bound<'py, PyBytes> {
+fn joined<'py, T: NeBytes>(
+    py: Python<'py>,
+    runs: &[Sweeps],
+    field: fn(&Sweeps) -> &Vec<T>,
+) -> Bound<'py, PyBytes> {
     let total: usize = runs.iter().map(|r| field(r).len() * T::SIZE).sum();
     PyBytes::new_with(py, total, |out| {
         for (v, place) in runs.iter().flat_map(|r| field(r).iter()).zip(out.chunks_exact_mut(T::SIZE)) {
@@ -237,7 +241,8 @@ fn sweep_functions<'py>(
             let handles: Vec<_> = runs
                 .iter()
                 .map(|&(first, end)| {
-                    let (offsets, sizes, addresses) = (&offsets[first..end], &sizes[first..end], &addresses[first..end]);
+                    let (offsets, sizes, addresses) =
+                        (&offsets[first..end], &sizes[first..end], &addresses[first..end]);
                     scope.spawn(move || {
                         let mut out = Sweeps::default();
                         for ((&o, &s), &a) in offsets.iter().zip(sizes).zip(addresses) {
