@@ -67,15 +67,14 @@ def discover(elf: ElfFile) -> List[Function]:
     fdes = _Grouped(fde_starts[keep], fde_sizes[keep])
     fde_marks = fdes.addresses
     # a symbol without a size takes the first FDE's at its address
-    sizes, sized_by = symbols.sizes.copy(), np.zeros(len(symbols.addresses), dtype=bool)
+    sizes = symbols.sizes.copy()
     at_fde = np.searchsorted(fde_marks, symbols.addresses)
     has_fde = np.zeros(len(sizes), dtype=bool)
     if len(fde_marks):
         at_fde = at_fde.clip(max=len(fde_marks) - 1)
         has_fde = fde_marks[at_fde] == symbols.addresses
-    from_fde = has_fde & (sizes == 0)
-    sizes[from_fde] = fdes.sizes[at_fde[from_fde]]
-    sized_by[from_fde] = True
+    by_fde = has_fde & (sizes == 0)
+    sizes[by_fde] = fdes.sizes[at_fde[by_fde]]
     # an FDE where no symbol is: a function of its own, named by its address
     alone = ~np.isin(fde_marks, symbols.addresses)
 
@@ -91,7 +90,7 @@ def discover(elf: ElfFile) -> List[Function]:
     more = [()] * len(addresses)
     for k, group in symbols.aliases(names).items():
         more[k] = tuple(group[1:])
-    by = ["eh_frame" if b else "symbol" for b in sized_by.tolist()] + ["eh_frame"] * len(alone_at)
+    by = ["eh_frame" if b else "symbol" for b in by_fde.tolist()] + ["eh_frame"] * len(alone_at)
     listed = addresses.tolist()
     for k in unsized:  # (few: _init, crtstuff, hand-written code)
         sizes[k], by[k] = _extent(elf, listed[k], symbol_starts, fde_marks)
@@ -177,8 +176,8 @@ def _fde_ranges(elf: ElfFile) -> List[Tuple[int, int]]:
 
 
 def _fde_arrays(elf: ElfFile) -> tuple:
-    """(start addresses, sizes) of the FDEs, in file order, as int64 arrays (a start
-    past 2**63 -1: no code's)."""
+    """(start addresses, sizes) of the FDEs, in file order, as int64 arrays (a start or
+    size of 2**63 or more as -1 or 0: no function's)."""
     fdes = _fde_ranges(elf)
     return (np.array([a if a < 1 << 63 else -1 for a, _ in fdes], dtype=np.int64),
             np.array([s if s < 1 << 63 else 0 for _, s in fdes], dtype=np.int64))

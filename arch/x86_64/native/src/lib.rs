@@ -237,7 +237,7 @@ fn sweep_functions<'py>(
         // 78,000 functions take half the time on two cores; the runs' arrays are then
         // joined in order, so the result is a single thread's)
         let runs = runs_of(&sizes, threads_for(&sizes));
-        let swept: Vec<Sweeps> = std::thread::scope(|scope| {
+        std::thread::scope(|scope| {
             let handles: Vec<_> = runs
                 .iter()
                 .map(|&(first, end)| {
@@ -252,9 +252,10 @@ fn sweep_functions<'py>(
                     })
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().expect("a sweep thread panicked")).collect()
-        });
-        swept
+            let swept: Vec<Sweeps> =
+                handles.into_iter().map(|h| h.join().expect("a sweep thread panicked")).collect();
+            swept
+        })
     });
     Ok(vec![
         joined(py, &out, |s| &s.edges),
