@@ -58,7 +58,12 @@ def sweep(code: bytes, address: int, undecodable: Undecodable) -> Sweep:
     """The sweep of one function's code."""
     if native_sweep is None:
         return python_sweep(code, address, undecodable)
-    return native_sweeps(code, [(0, len(code), address)], undecodable).sweeps[0]
+    # (one function: its arrays are the call's whole arrays; asked 10,000s of times
+    # where only some functions are planned, so without the batch's bookkeeping)
+    made = _native_arrays(code, np.array([[0, len(code), address]], dtype=np.int64))
+    if made[5][0] < 0:
+        return undecodable(code, address)
+    return Sweep(*made[:5])
 
 
 def sweep_all(data: bytes, spans: Sequence[Tuple[int, int, int]],
@@ -73,12 +78,7 @@ def sweep_all(data: bytes, spans: Sequence[Tuple[int, int, int]],
 def native_sweeps(data: bytes, spans: Sequence[Tuple[int, int, int]],
                   undecodable: Undecodable) -> SweepBatch:
     table = np.array(spans, dtype=np.int64).reshape(-1, 3)  # (offset, size, address) rows
-    made = native_sweep.sweep_functions(
-        data, table[:, 0].tobytes(), table[:, 1].tobytes(), table[:, 2].tobytes(),
-        (PLAIN, CALL, JUMP, BRANCH, RETURN, OTHER))
-    edges, rows, targets, marked, counts = (np.frombuffer(made[k], dtype=np.int64)
-                                            for k in (0, 1, 3, 4, 5))
-    kinds = np.frombuffer(made[2], dtype=np.uint8)
+    edges, rows, kinds, targets, marked, counts, made = _native_arrays(data, table)
     counts = counts.reshape(-1, 3)
     # where each lies in the arrays: its first edge, row and marked, and their numbers
     # (one the decoder could not sweep: -1 edges, in no array)
@@ -95,6 +95,17 @@ def native_sweeps(data: bytes, spans: Sequence[Tuple[int, int, int]],
         sweeps.append(Sweep(edges[e:e + ne], rows[r:r + nr], kinds[r:r + nr],
                             targets[r:r + nr], marked[m:m + nm]))
     return SweepBatch(sweeps, made[0], made[1], made[2], made[3], made[4], where)
+
+
+def _native_arrays(data: bytes, table: np.ndarray) -> tuple:
+    """The native sweep of the functions of `table` (rows: offset in `data`, size,
+    address): its arrays (edges, rows, kinds, targets, marked, counts), then the bytes
+    they are read from."""
+    made = native_sweep.sweep_functions(
+        data, table[:, 0].tobytes(), table[:, 1].tobytes(), table[:, 2].tobytes(),
+        (PLAIN, CALL, JUMP, BRANCH, RETURN, OTHER))
+    return tuple(np.frombuffer(made[k], dtype=np.uint8 if k == 2 else np.int64)
+                 for k in range(6)) + (made,)
 
 
 def python_sweep(code: bytes, address: int, undecodable: Undecodable) -> Sweep:

@@ -237,20 +237,22 @@ fn sweep_functions<'py>(
         // 78,000 functions take half the time on two cores; the runs' arrays are then
         // joined in order, so the result is a single thread's)
         let runs = runs_of(&sizes, threads_for(&sizes));
+        let sweep_run = |(first, end): (usize, usize)| {
+            let mut out = Sweeps::default();
+            for i in first..end {
+                let (o, s) = (offsets[i] as usize, sizes[i] as usize);
+                out.sweep(&data[o..o + s], addresses[i] as u64, &k);
+            }
+            out
+        };
+        if runs.len() == 1 {
+            // (no thread for one run: most calls are one function's, swept as it is asked)
+            return vec![sweep_run(runs[0])];
+        }
         std::thread::scope(|scope| {
             let handles: Vec<_> = runs
                 .iter()
-                .map(|&(first, end)| {
-                    let (offsets, sizes, addresses) =
-                        (&offsets[first..end], &sizes[first..end], &addresses[first..end]);
-                    scope.spawn(move || {
-                        let mut out = Sweeps::default();
-                        for ((&o, &s), &a) in offsets.iter().zip(sizes).zip(addresses) {
-                            out.sweep(&data[o as usize..(o + s) as usize], a as u64, &k);
-                        }
-                        out
-                    })
-                })
+                .map(|&run| scope.spawn(move || sweep_run(run)))
                 .collect();
             let swept: Vec<Sweeps> =
                 handles.into_iter().map(|h| h.join().expect("a sweep thread panicked")).collect();
