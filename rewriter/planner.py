@@ -1346,8 +1346,8 @@ class Planner:
         (as _searched_window()); None where it is left to the Python planner."""
         search = self._sweep_search()
         fn = site.function
-        k = bisect.bisect_left(self._starts, fn.address)
-        if search is None or k == len(self.functions) or self.functions[k] is not fn:
+        k = self._index_of(fn)
+        if search is None or k is None:
             return None
         pad = self._entry_pad(fn)
         if pad is None:
@@ -1613,9 +1613,9 @@ class Planner:
         for j, site in enumerate(sites if search is not None else ()):
             if site.at_entry:
                 fn = site.function
-                k = bisect.bisect_left(self._starts, fn.address)
+                k = self._index_of(fn)
                 pad = self._entry_pad(fn) if fn.size and fn.address not in self._decoded \
-                    and k < len(self.functions) and self.functions[k] is fn else None
+                    and k is not None else None
                 if pad is not None:
                     entries.append((j, k, pad))
                 continue
@@ -1796,8 +1796,7 @@ class Planner:
         k = bisect.bisect_right(self._starts, site.address) - 1
         if k >= 0 and self.functions[k].address <= site.address < self.functions[k].end:
             return k
-        k = bisect.bisect_left(self._starts, site.function.address)
-        return k if k < len(self.functions) and self.functions[k] is site.function else None
+        return self._index_of(site.function)
 
     def _near_targets(self, fn: Function) -> Set[int]:
         """Where the branches of the function and of its neighbours land (kept for the
