@@ -5,11 +5,12 @@ of every kind, on random bytes, and where neither can decode."""
 import os
 import random
 
+import keystone
 import numpy as np
 import pytest
 
 from urewrite.arch.base import Sweep
-from urewrite.arch.x86_64 import linear_sweep
+from urewrite.arch.x86_64 import linear_sweep, return_address
 from urewrite.arch.x86_64.backend import X86_64Backend
 from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.functions import discover
@@ -242,3 +243,97 @@ def test_a_big_batch_on_several_threads_is_one_function_at_a_time():
             assert edges[e:e + ne].tolist() == s.edges.tolist()
             assert rows[r:r + nr].tolist() == s.rows.tolist()
             assert marked[m:m + nm].tolist() == s.marked.tolist()
+
+
+KS64 = keystone.Ks(keystone.KS_ARCH_X86, keystone.KS_MODE_64)
+FUNCTION = 0x401000
+
+
+def _assembled(text: str) -> bytes:
+    """Code at FUNCTION; a leading endbr64, which Keystone does not know, as bytes."""
+    if text.startswith("endbr64; "):
+        return linear_sweep.ENDBR64 + bytes(KS64.asm(text[9:], FUNCTION + 4)[0])
+    return bytes(KS64.asm(text, FUNCTION)[0])
+
+
+@pytest.mark.parametrize("path", SYSTEM_FILES[:2], ids=os.path.basename)
+def test_return_address_problems_are_the_python_walks(path):
+    """Whether a function reads its own return address, found by the native module's
+    walk over iced-x86's decode, is what the Python walk over Capstone's finds, in the
+    same words: on every function of system files (nearly all answered natively), and
+    on random bytes."""
+    if not os.path.exists(path):
+        pytest.skip(f"needs Debian's {path}")
+    elf = ElfFile.open(path)
+    native = problems = 0
+    for fn in discover(elf):
+        if not fn.size:
+            continue
+        code = elf.read(fn.address, fn.size)
+        expected = return_address.python_problem(code, fn.address)
+        assert return_address.problem(code, fn.address) == expected, fn.name
+        native += linear_sweep.native_sweep.return_address_problem(code, fn.address) is not None
+        problems += expected is not None
+    assert problems > 10 and native > 3000
+    rng = random.Random(11)
+    for _ in range(300):
+        code = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 120)))
+        assert return_address.problem(code, FUNCTION) == \
+            return_address.python_problem(code, FUNCTION)
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("push rbx; mov rbx, rdi; pop rbx; ret", None),
+    ("endbr64; push rbp; mov rbp, rsp; mov rax, [rbp + 8]; pop rbp; ret", "reads"),
+    ("push rbp; mov rbp, rsp; mov rax, [rbp + 16]; pop rbp; ret", None),
+    ("push rbx; sub rsp, 0x20; mov rax, [rsp + 0x28]; add rsp, 0x20; pop rbx; ret", "reads"),
+    ("push rbx; sub rsp, 0x20; mov rax, [rsp + 0x20]; add rsp, 0x20; pop rbx; ret", None),
+    ("lea rsp, [rsp - 0x18]; mov rax, [rsp + 0x18]; ret", "reads"),
+    ("add rsp, -8; mov rax, [rsp + 8]; ret", "reads"),
+    ("pop rax; jmp rax", "pops"),
+    ("push rbx; pop rbx; pop rax; jmp rax", "pops"),
+    # both ways from a conditional branch, the depth each path has
+    ("test edi, edi; je away; push rax; pop rax; ret; away: mov rax, [rsp]; ret", "reads"),
+    ("test edi, edi; je away; push rax; mov rax, [rsp]; pop rax; ret; away: ret", None),
+    ("test edi, edi; jne 0x401000; ret", "jumps back"),
+    ("endbr64; test edi, edi; jne 0x401004; ret", "jumps back"),
+    ("call 0x402000; mov rax, [rsp]; ret", "reads"),
+    # rsp set from elsewhere: the depth is unknown from there
+    ("mov rsp, rbp; mov rax, [rsp]; ret", None),
+    ("and rsp, -16; mov rax, [rsp]; ret", None),
+    ("cmp rsp, rax; mov rax, [rsp]; ret", "reads"),
+    ("ret; mov rax, [rsp]", None),
+    ("jmp rax; mov rax, [rsp]", None),
+    ("syscall; mov rax, [rsp]", None),
+    ("int3; mov rax, [rsp]", None),
+    ("ud2; mov rax, [rsp]", "reads"),
+])
+def test_return_address_walks_by_hand(text, problem):
+    """Hand-made functions, each rule of the walk: the native answer, in the Python
+    walk's words, and the kind of problem."""
+    code = _assembled(text)
+    assert linear_sweep.native_sweep.return_address_problem(code, FUNCTION) is not None
+    found = return_address.problem(code, FUNCTION)
+    assert found == return_address.python_problem(code, FUNCTION)
+    assert (found is None) if problem is None else (problem in found), found
+
+
+@pytest.mark.parametrize("code", [
+    b"\x85\xff" b"\xc7\xf8\x01\x00\x00\x00" b"\xc3" b"\xc3",  # xbegin (Capstone: a jump)
+    b"\x48\xff\x28" b"\xc3",  # jmp far [rax]
+    b"\x48\x89\xf8" b"\x06" b"\xc3",  # mov rax, rdi; an opcode iced-x86 refuses; ret
+])
+def test_return_address_walks_left_to_python(code):
+    """Flow that the native walk does not mirror, and opcodes iced-x86 refuses before
+    the end (Capstone takes some), are left to the Python walk."""
+    assert linear_sweep.native_sweep.return_address_problem(code, FUNCTION) is None
+    assert return_address.problem(code, FUNCTION) == return_address.python_problem(code, FUNCTION)
+
+
+def test_return_address_walk_of_code_cut_mid_instruction():
+    """Code that ends inside an instruction (a size that cuts it): both decoders stop
+    there, and the native walk answers."""
+    code = _assembled("push rbx; mov rax, [rsp + 8]; pop rbx; ret; mov rax, 0x1234567890")[:-3]
+    assert linear_sweep.native_sweep.return_address_problem(code, FUNCTION) is not None
+    assert "reads" in return_address.problem(code, FUNCTION)
+    assert return_address.problem(code, FUNCTION) == return_address.python_problem(code, FUNCTION)

@@ -10,6 +10,10 @@ would see the stub. Found here:
 A jump from the function to its own entry (a loop, a self tail call) is refused
 too: it would run the entry trampoline again and count a return per pass.
 Reads through a copied pointer are not seen; docs/design.md says so.
+
+The native module (native/src/return_address.rs) makes the same walk over iced-x86's
+decode where it was built, and answers for most functions; this file words what it
+finds, and walks the rest itself with Capstone.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from typing import Optional
 
 import capstone
 from capstone import x86_const as X
+
+from urewrite.arch.x86_64.linear_sweep import native_sweep
 
 _decoder = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
 _decoder.detail = True
@@ -46,6 +52,21 @@ def _operands(insn, register: str) -> list:
 
 
 def problem(code: bytes, address: int) -> Optional[str]:
+    found = native_sweep and native_sweep.return_address_problem(code, address)
+    if found is None:  # (no native module, or a function it leaves to this one)
+        return python_problem(code, address)
+    kind, at = found
+    if kind == native_sweep.RETURN_ADDRESS_FINE:
+        return None
+    insn = next(_decoder.disasm(code[at - address:], at, 1))
+    if kind == native_sweep.RETURN_ADDRESS_JUMPS_TO_ENTRY:
+        return _jumps_back(insn)
+    if kind == native_sweep.RETURN_ADDRESS_POPS:
+        return _pops(insn)
+    return _reads(insn)
+
+
+def python_problem(code: bytes, address: int) -> Optional[str]:
     insns = list(_decoder.disasm(code, address))
     body = insns[1:] if insns and insns[0].id == X.X86_INS_ENDBR64 else insns
     entry = {address, body[0].address} if body else set()
@@ -54,8 +75,7 @@ def problem(code: bytes, address: int) -> Optional[str]:
             continue
         ops = insn.operands
         if len(ops) == 1 and ops[0].type == X.X86_OP_IMM and ops[0].imm in entry:
-            return (f"'{insn.mnemonic} {insn.op_str}' at {insn.address:#x} jumps back to its "
-                    f"entry, which would redirect again and count a return per pass")
+            return _jumps_back(insn)
     framed = (len(body) >= 2 and body[0].id == X.X86_INS_PUSH and body[0].op_str == "rbp"
               and body[1].id == X.X86_INS_MOV and body[1].op_str == "rbp, rsp")
     if framed:
@@ -75,7 +95,7 @@ def problem(code: bytes, address: int) -> Optional[str]:
                and op.mem.disp == depth for op in _operands(insn, "rsp")):
             return _reads(insn)
         if insn.id == X.X86_INS_POP and depth == 0:
-            return f"'{insn.mnemonic} {insn.op_str}' at {insn.address:#x} pops its return address"
+            return _pops(insn)
         change = _stack_change(insn)
         if change is None:
             continue  # rsp set some other way: the depth is unknown from here
@@ -88,6 +108,15 @@ def problem(code: bytes, address: int) -> Optional[str]:
 
 def _reads(insn) -> str:
     return f"'{insn.mnemonic} {insn.op_str}' at {insn.address:#x} reads its return address"
+
+
+def _pops(insn) -> str:
+    return f"'{insn.mnemonic} {insn.op_str}' at {insn.address:#x} pops its return address"
+
+
+def _jumps_back(insn) -> str:
+    return (f"'{insn.mnemonic} {insn.op_str}' at {insn.address:#x} jumps back to its entry, "
+            f"which would redirect again and count a return per pass")
 
 
 def _successors(insn) -> tuple:

@@ -10,6 +10,7 @@ use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+mod return_address;
 mod sweep_search;
 
 const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
@@ -312,10 +313,22 @@ fn computed_addresses(py: Python<'_>, code: &[u8], address: u64) -> Vec<u64> {
     })
 }
 
+/// Whether a function reads its own return address (return_address.rs): (what, where),
+/// or None where the Python code must answer.
+#[pyfunction]
+fn return_address_problem(py: Python<'_>, code: &[u8], address: u64) -> Option<(u8, u64)> {
+    py.detach(|| return_address::problem(code, address))
+}
+
 #[pymodule]
 fn native_sweep(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sweep_functions, m)?)?;
     m.add_function(wrap_pyfunction!(computed_addresses, m)?)?;
+    m.add_function(wrap_pyfunction!(return_address_problem, m)?)?;
+    m.add("RETURN_ADDRESS_FINE", return_address::FINE)?;
+    m.add("RETURN_ADDRESS_JUMPS_TO_ENTRY", return_address::JUMPS_TO_ENTRY)?;
+    m.add("RETURN_ADDRESS_READS", return_address::READS)?;
+    m.add("RETURN_ADDRESS_POPS", return_address::POPS)?;
     m.add_class::<sweep_search::SweepSearch>()?;
     Ok(())
 }
