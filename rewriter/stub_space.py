@@ -13,8 +13,7 @@ Python call per candidate.
 
 from __future__ import annotations
 
-import bisect
-from typing import Callable, List, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -29,21 +28,18 @@ class StubSpace:
         self.size = size  # bytes of one stub (the backend's patch jump)
         self._page_cap = page_cap  # (read when first needed)
         self._cap = None
-        self._starts: List[int] = []  # the stubs taken, sorted
+        self._starts = np.zeros(0, dtype=np.int64)  # the stubs taken, sorted
         self.pages: set = set()  # the pages they are on
-        self._arrays = None  # (starts, pages) as sorted arrays, made again after a take
+        self._known = np.zeros(0, dtype=np.int64)  # the same, sorted
 
     def fit(self, stubs: np.ndarray, source: int, taken: Sequence[int] = ()) -> np.ndarray:
         """Which of `stubs` (int64 addresses) may take the stub of the jump at `source`,
         when the stubs `taken` are taken too: a boolean array. With 2-D `stubs`, `taken`
         is an array of one stub per row, taken with that row's alone (many pairs of
         stubs at once: a punned jump and its successor's)."""
-        if self._arrays is None:
-            self._arrays = (np.array(self._starts, dtype=np.int64),
-                            np.array(sorted(self.pages), dtype=np.int64))
         if self._cap is None:
             self._cap = self._page_cap()
-        starts, known = self._arrays
+        starts, known = self._starts, self._known
         if stubs.ndim == 2:
             ok = (stubs >= self.floor) & (stubs <= source + REACH)
             if not ok.any():
@@ -52,9 +48,9 @@ class StubSpace:
             left = np.nonzero(ok)  # (the costly test last, on what is left, as below)
             ok[left] = _clear_of(stubs[left], starts, self.size)
             return ok
-        pages = set(self.pages)
-        for stub in taken:
-            pages |= self._pages_of(stub)
+        pages = self.pages
+        if len(taken):
+            pages = pages.union(*(self._pages_of(stub) for stub in taken))
         if len(pages) != len(known):
             known = np.array(sorted(pages), dtype=np.int64)
         if len(pages) >= self._cap and len(stubs) > 64 and bool((stubs[1:] >= stubs[:-1]).all()):
@@ -78,8 +74,9 @@ class StubSpace:
         for stub in taken:
             ok &= np.abs(stubs - stub) >= size
         first, last = stubs & -layout.PAGE, (stubs + size - 1) & -layout.PAGE
-        new = (~_member(first, known)).astype(np.int64) + \
-            ((last != first) & ~_member(last, known))
+        new = (~_member(first, known)).astype(np.int64)
+        across = np.flatnonzero(last != first)  # (few: stubs that cross a page's end)
+        new[across] += ~_member(last[across], known)
         ok &= len(pages) + new <= self._cap
         # the costly test (a search among every stub taken) last, on what is left: past
         # the cap on pages, most candidates of a search are out already
@@ -98,22 +95,31 @@ class StubSpace:
         pages = len(self.pages) + (~_member(taken_first, known)).astype(np.int64) + \
             ((taken_last != taken_first) & ~_member(taken_last, known))
 
-        def new(page: np.ndarray) -> np.ndarray:  # on no page used, nor the taken stub's
-            return ~_member(page, known) & (page != taken_first) & (page != taken_last)
+        def new(page: np.ndarray, where=...) -> np.ndarray:
+            """Which pages (of the stubs at `where`) are no page used, nor the taken
+            stub's."""
+            firsts = np.broadcast_to(taken_first, stubs.shape)[where]
+            lasts = np.broadcast_to(taken_last, stubs.shape)[where]
+            return ~_member(page, known) & (page != firsts) & (page != lasts)
 
         first, last = stubs & -layout.PAGE, (stubs + size - 1) & -layout.PAGE
-        added = new(first).astype(np.int64) + ((last != first) & new(last))
+        added = new(first).astype(np.int64)
+        across = np.nonzero(last != first)  # (few: stubs that cross a page's end)
+        added[across] += new(last[across], across)
         if self._cap is None:
             self._cap = self._page_cap()
         return ok & (pages + added <= self._cap)
 
     def take(self, stub: int) -> None:
-        k = bisect.bisect_left(self._starts, stub)
-        assert (k == len(self._starts) or self._starts[k] - stub >= self.size) and \
-            (k == 0 or stub - self._starts[k - 1] >= self.size), hex(stub)
-        self._starts.insert(k, stub)
+        starts = self._starts
+        k = int(np.searchsorted(starts, stub))
+        assert (k == len(starts) or starts[k] - stub >= self.size) and \
+            (k == 0 or stub - starts[k - 1] >= self.size), hex(stub)
+        # (the arrays that fit() reads, kept as they change: node's `list` takes 6,000)
+        self._starts = np.insert(starts, k, stub)
+        for page in self._pages_of(stub) - self.pages:
+            self._known = np.insert(self._known, np.searchsorted(self._known, page), page)
         self.pages |= self._pages_of(stub)
-        self._arrays = None
 
     def _pages_of(self, stub: int) -> set:
         return {stub & -layout.PAGE, (stub + self.size - 1) & -layout.PAGE}

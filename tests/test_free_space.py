@@ -34,10 +34,18 @@ def test_taken_at_once_is_taken_one_by_one(seed):
     for start, end in ranges:
         one_by_one.take(start, end)
     at_once = Occupancy.of([a for a, _ in ranges], [b for _, b in ranges])
+    half = len(ranges) // 2  # (some taken at once, the rest one by one after them)
+    both = Occupancy.of([a for a, _ in ranges[:half]], [b for _, b in ranges[:half]])
+    for start, end in ranges[half:]:
+        both.take(start, end)
     for _ in range(500):
         start = rng.randrange(400)
         end = start + rng.randrange(1, 12)
-        assert at_once.is_free(start, end) == one_by_one.is_free(start, end), (start, end)
+        assert at_once.is_free(start, end) == one_by_one.is_free(start, end) == \
+            both.is_free(start, end), (start, end)
+    for start, end in ranges:  # (taken already, by either part)
+        with pytest.raises(AssertionError):
+            both.take(start, end)
 
 
 def test_overlapping_ranges_are_not_taken():

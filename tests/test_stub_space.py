@@ -77,3 +77,43 @@ def test_fit_with_no_page_to_spare_is_fit_of_each(seed):
                                       for x in candidates.tolist()]
             if not taken:  # (the test means something: some fit and some do not)
                 assert found.any() and not found.all()
+
+
+def _fits_by_rules(space: StubSpace, stub: int, source: int, taken=()) -> bool:
+    """The rules of a stub's place, one candidate at a time: above the floor, within
+    reach of its source, clear of every stub taken (and of `taken`), and on pages that
+    keep the stubs' pages within the cap."""
+    size = space.size
+    others = [int(s) for s in space._starts] + list(taken)
+    pages = set(space.pages)
+    for s in list(taken) + [stub]:
+        pages |= {s & -layout.PAGE, (s + size - 1) & -layout.PAGE}
+    return (stub >= FLOOR and stub <= source + (1 << 31) - 64
+            and all(abs(stub - s) >= size for s in others) and len(pages) <= space._page_cap())
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_fit_is_the_rules_written_out(seed):
+    """fit(), in each of its forms (sorted candidates, any order, rows with a stub taken
+    each), against the rules asked of each candidate alone; candidates and stubs taken
+    across a page's end among them, as stubs are taken one by one."""
+    rng = random.Random(seed)
+    space = _space(rng, rng.randrange(0, 10), cap=rng.randrange(1, 7))
+    for _ in range(3):
+        near = sorted({FLOOR - 8 + rng.randrange(8 * layout.PAGE) for _ in range(200)} |
+                      {FLOOR + k * layout.PAGE - rng.randrange(1, 6) for k in range(1, 8)})
+        source = FLOOR + rng.choice([0, 2 * layout.PAGE])
+        for candidates in (near, rng.sample(near, len(near))):
+            for taken in ((), (FLOOR + 3 * layout.PAGE - 2,)):
+                found = space.fit(np.array(candidates, dtype=np.int64), source, taken)
+                assert found.tolist() == [_fits_by_rules(space, c, source, taken)
+                                          for c in candidates]
+        rows = np.array([rng.sample(near, 16) for _ in range(6)], dtype=np.int64)
+        row_taken = np.array([rng.choice(near) for _ in range(6)], dtype=np.int64)
+        found = space.fit(rows, source, row_taken)
+        assert found.tolist() == [[_fits_by_rules(space, int(c), source, (int(t),)) for c in row]
+                                  for row, t in zip(rows, row_taken)]
+        fitting = [c for c in near if _fits_by_rules(space, c, source)]
+        if fitting:
+            space.take(rng.choice(fitting))
+    assert space.pages
