@@ -378,6 +378,9 @@ class Backend(ABC):
     # The planner's searches over a SweepBatch's arrays, compiled (rewriter/sweep_search.py),
     # where the backend's native module has them; None: the planner searches in Python.
     sweep_search_engine: Optional[type] = None
+    # The first stubs of punned jumps that fit, searched compiled (rewriter/stub_space.py),
+    # where the backend's native module has it; None: numpy answers.
+    stub_places_engine: Optional[type] = None
 
     @abstractmethod
     def flow_kind(self, insn: Insn) -> tuple:
@@ -498,22 +501,22 @@ class Backend(ABC):
     # bytes say, and a stub placed there goes on to the trampoline.
     puns = False  # whether the backend offers them
 
-    def pun(self, window: Window, following: bytes, fit) -> Optional[tuple]:
+    def pun(self, window: Window, following: bytes, stubs) -> Optional[tuple]:
         """(the bytes that replace the window, the stub address, the bytes the jump
         spans from the window's start) of a jump written in the window whose
         displacement ends in `following` (the bytes after the window, kept), for the
         first stub address that may take a stub; None if none. The stub holds a
-        `site_patch` jump to the trampoline. `fit(stubs, source, taken=())`
-        (rewriter/stub_space.py) tells which of an array of stub addresses may take
-        the stub of the jump at `source`, with the stubs `taken` taken too."""
+        `site_patch` jump to the trampoline. `stubs` (rewriter/stub_space.py) finds the
+        first of an array of stub addresses that may take the stub of the jump at a
+        source (`first`; `first_in_rows` for rows of them, each with a stub taken)."""
         raise NotImplementedError(f"{self.name} has no punned jumps")
 
-    def pun_over_successor(self, window: Window, fit) -> Optional[tuple]:
+    def pun_over_successor(self, window: Window, stubs) -> Optional[tuple]:
         """A punned jump whose kept bytes are those of a jump written over the window that
         follows (the successor, moved to a trampoline of its own, E9Patch's successor
         eviction): both displacements chosen so that both go to free stubs. (the bytes
         that replace the window, its stub, the successor's jump's first bytes, its stub)
-        for the first pair of stub addresses `fit` (as for `pun`) takes; None if none."""
+        for the first pair of stub addresses `stubs` (as for `pun`) takes; None if none."""
         raise NotImplementedError(f"{self.name} has no punned jumps")
 
     # -- can I? ------------------------------------------------------------

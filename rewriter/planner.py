@@ -1186,7 +1186,8 @@ class Planner:
         # (a partial, not a lambda: one would hold the planner in a reference cycle,
         # and the collector would visit a big file's millions of objects to free it)
         self._stubs = StubSpace(self.stub_floor, self.backend.patch_size,
-                                functools.partial(layout.stub_page_cap, self.elf))
+                                functools.partial(layout.stub_page_cap, self.elf),
+                                self.backend.stub_places_engine)
         tentative, verdicts = [], {}  # (verdicts: id(plan) -> precompute's _branch_into)
         groups = self._by_address(sites)
         found = []  # (_group_plan()'s `found`, for each group: a few thousand at a time)
@@ -2020,7 +2021,7 @@ class Planner:
             return reason
         floor = self.stub_floor
         found = self.backend.pun(window, self.elf.data[following:following + size],
-                                 self._stubs.fit)
+                                 self._stubs)
         if found is None:
             moved = self._successor(window, used)
             if isinstance(moved, Window):
@@ -2039,7 +2040,7 @@ class Planner:
         """The punned jump of `plan`'s window ending in the jump that moves `moved` (the
         instructions after it) away, both displacements chosen so that both go to free
         stubs; None if no pair is free."""
-        found = self.backend.pun_over_successor(plan.window, self._stubs.fit)
+        found = self.backend.pun_over_successor(plan.window, self._stubs)
         if found is None:
             return None
         patch, site_stub, successor_jump, stub = found

@@ -6,14 +6,16 @@ within the stub's own reach of its trampoline, on no other stub, and on pages th
 stubs already use or on new ones within the cap (each run of stub pages is a program
 header: layout.stub_page_cap).
 
-A backend's search tries many candidate addresses (tens of thousands for one site):
-`fit` answers for a whole array at once, so the search costs a few numpy passes, not a
-Python call per candidate.
+A backend's search tries many candidate addresses (tens of thousands for one site) and
+takes the first that fit: `first` and `first_in_rows`. They ask the backend's compiled
+search where it has one (Backend.stub_places_engine: x86_64's, in Rust), which stops at
+the first that fit; else `fit` answers for a whole array at once, so the search costs a
+few numpy passes, not a Python call per candidate.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -23,14 +25,51 @@ REACH = (1 << 31) - 64  # a stub's rel32 jump reaches its trampoline in the new 
 
 
 class StubSpace:
-    def __init__(self, floor: int, size: int, page_cap: Callable[[], int]):
+    def __init__(self, floor: int, size: int, page_cap: Callable[[], int],
+                 engine: Optional[type] = None):
         self.floor = floor
         self.size = size  # bytes of one stub (the backend's patch jump)
         self._page_cap = page_cap  # (read when first needed)
         self._cap = None
+        self._engine = engine  # (made when first asked, with the cap)
+        self._compiled = None
         self._starts = np.zeros(0, dtype=np.int64)  # the stubs taken, sorted
         self.pages: set = set()  # the pages they are on
         self._known = np.zeros(0, dtype=np.int64)  # the same, sorted
+        self._later: list = []  # stubs taken since, not yet in those (see take())
+
+    def first(self, stubs: np.ndarray, source: int, taken: Sequence[int] = (),
+              limit: int = 1) -> np.ndarray:
+        """The indices of the first `limit` of `stubs` (1-D) that may take the stub of
+        the jump at `source` (with the stubs `taken` taken too), in order."""
+        compiled = self._compiled_search()
+        if compiled is not None:
+            return np.array(compiled.first(np.ascontiguousarray(stubs, dtype=np.int64).tobytes(),
+                                           source, [int(t) for t in taken], limit), dtype=np.int64)
+        return np.flatnonzero(self.fit(stubs, source, taken))[:limit]
+
+    def first_in_rows(self, stubs: np.ndarray, source: int,
+                      taken: np.ndarray) -> Optional[Tuple[int, int]]:
+        """(row, column) of the first stub that fits in the first row that has one, of
+        2-D `stubs`, each row's with its stub of `taken` taken too; None if none."""
+        compiled = self._compiled_search()
+        if compiled is not None:
+            return compiled.first_in_rows(np.ascontiguousarray(stubs, dtype=np.int64).tobytes(),
+                                          stubs.shape[1], source, [int(t) for t in taken])
+        found = self.fit(stubs, source, taken)
+        rows = np.flatnonzero(found.any(axis=1))
+        if not len(rows):
+            return None
+        return int(rows[0]), int(np.argmax(found[rows[0]]))
+
+    def _compiled_search(self):
+        if self._compiled is None and self._engine is not None:
+            if self._cap is None:
+                self._cap = self._page_cap()
+            self._compiled = self._engine(self.floor, self.size, REACH, layout.PAGE, self._cap)
+            for stub in self._starts.tolist() + self._later:
+                self._compiled.take(stub)
+        return self._compiled
 
     def fit(self, stubs: np.ndarray, source: int, taken: Sequence[int] = ()) -> np.ndarray:
         """Which of `stubs` (int64 addresses) may take the stub of the jump at `source`,
@@ -39,6 +78,10 @@ class StubSpace:
         stubs at once: a punned jump and its successor's)."""
         if self._cap is None:
             self._cap = self._page_cap()
+        if self._later:
+            self._starts = np.sort(np.append(self._starts, self._later))
+            self._known = np.array(sorted(self.pages), dtype=np.int64)
+            self._later = []
         starts, known = self._starts, self._known
         if stubs.ndim == 2:
             ok = (stubs >= self.floor) & (stubs <= source + REACH)
@@ -111,11 +154,18 @@ class StubSpace:
         return ok & (pages + added <= self._cap)
 
     def take(self, stub: int) -> None:
+        if self._compiled is not None:
+            # (it checks the stub overlaps none; fit()'s arrays, which it does not read,
+            # take the stub when fit() is next asked)
+            self._compiled.take(stub)
+            self._later.append(stub)
+            self.pages |= self._pages_of(stub)
+            return
         starts = self._starts
         k = int(np.searchsorted(starts, stub))
         assert (k == len(starts) or starts[k] - stub >= self.size) and \
             (k == 0 or stub - starts[k - 1] >= self.size), hex(stub)
-        # (the arrays that fit() reads, kept as they change: node's `list` takes 6,000)
+        # (the arrays that fit() reads, kept as they change: libLLVM's `list` takes 13,000)
         self._starts = np.insert(starts, k, stub)
         for page in self._pages_of(stub) - self.pages:
             self._known = np.insert(self._known, np.searchsorted(self._known, page), page)

@@ -6,6 +6,7 @@ import random
 import numpy as np
 import pytest
 
+from urewrite.arch.x86_64 import linear_sweep
 from urewrite.rewriter import layout
 from urewrite.rewriter.stub_space import StubSpace
 
@@ -117,3 +118,53 @@ def test_fit_is_the_rules_written_out(seed):
         if fitting:
             space.take(rng.choice(fitting))
     assert space.pages
+
+
+ENGINE = getattr(linear_sweep.native_sweep, "StubPlaces", None)
+
+
+@pytest.mark.skipif(ENGINE is None, reason="the native module was not built (no Rust toolchain)")
+@pytest.mark.parametrize("seed", range(16))
+def test_first_compiled_is_first_of_fit(seed):
+    """The compiled search (x86_64's native module) finds the very stubs numpy's fit()
+    finds first: sorted candidates and not, with stubs taken, rows each with its own
+    taken stub; before the cap on pages is met and after. Part of the stubs are taken
+    before the compiled search is first asked (it is made then, and told of them)."""
+    rng = random.Random(seed)
+    cap = rng.randrange(1, 7)
+    plain, compiled = (StubSpace(FLOOR, 5, lambda: cap, engine) for engine in (None, ENGINE))
+    for _ in range(rng.randrange(0, 6)):
+        stub = FLOOR + rng.randrange(6) * layout.PAGE + rng.choice([0, layout.PAGE - 3, 77])
+        if plain.fit(np.array([stub]), FLOOR)[0]:
+            plain.take(stub)
+            compiled.take(stub)
+    seen = 0
+    for _ in range(12):
+        near = sorted({FLOOR - 8 + rng.randrange(8 * layout.PAGE) for _ in range(300)} |
+                      {FLOOR + k * layout.PAGE - rng.randrange(1, 6) for k in range(1, 8)})
+        source = FLOOR + rng.choice([0, 2 * layout.PAGE, -(1 << 31)])
+        for candidates in (near, rng.sample(near, len(near))):
+            candidates = np.array(candidates, dtype=np.int64)
+            for taken in ((), (FLOOR + 3 * layout.PAGE - 2,), (int(candidates[5]),)):
+                for limit in (1, 3, 64):
+                    expected = np.flatnonzero(plain.fit(candidates, source, taken))[:limit]
+                    assert compiled.first(candidates, source, taken, limit).tolist() == \
+                        plain.first(candidates, source, taken, limit).tolist() == \
+                        expected.tolist()
+                    seen += len(expected)
+        rows = np.array([sorted(rng.sample(near, 16)) for _ in range(6)], dtype=np.int64)
+        row_taken = np.array([rng.choice(near) for _ in range(6)], dtype=np.int64)
+        assert compiled.first_in_rows(rows, source, row_taken) == \
+            plain.first_in_rows(rows, source, row_taken)
+        assert compiled.fit(rows, source, row_taken).tolist() == \
+            plain.fit(rows, source, row_taken).tolist()  # (its arrays, made as asked)
+        found = plain.first(np.array(near, dtype=np.int64), source, limit=len(near))
+        if len(found):  # (one that fits, taken: on a new page while there are some)
+            stub = near[rng.choice(found.tolist())]
+            plain.take(stub)
+            compiled.take(stub)
+            with pytest.raises(ValueError):
+                compiled.take(stub + 4)  # (overlaps it)
+            with pytest.raises(AssertionError):
+                plain.take(stub - 4)
+    assert seen and len(plain.pages) == cap  # (the cap met along the way)

@@ -136,6 +136,7 @@ class X86_64Backend(Backend):
         return linear_sweep.sweep_all(data, spans, super().sweep)
 
     sweep_search_engine = linear_sweep.sweep_search_engine
+    stub_places_engine = getattr(linear_sweep.native_sweep, "StubPlaces", None)
 
     def flow_kind(self, insn: Insn) -> tuple:
         mnemonic = _bare_mnemonic(insn.mnemonic)
@@ -305,7 +306,7 @@ class X86_64Backend(Backend):
 
     puns = True
 
-    def pun(self, window: Window, following: bytes, fit) -> Optional[tuple]:
+    def pun(self, window: Window, following: bytes, stubs) -> Optional[tuple]:
         # `jmp rel32` at window + j, after j prefixes it ignores; of its displacement
         # the low `free` bytes are still in the window (ours to choose), the rest are
         # the kept bytes that follow it
@@ -317,14 +318,14 @@ class X86_64Backend(Backend):
             displacement = high - (1 << 32) if high >> 31 else high
             end = window.address + j + 5
             lows = np.arange(0, 1 << (8 * free), 8, dtype=np.int64)  # (8 apart: fewer tries)
-            found = np.flatnonzero(fit(end + displacement + lows, window.address))
+            found = stubs.first(end + displacement + lows, window.address)
             if len(found):
                 low = int(lows[found[0]])
                 return (_PUN_PREFIXES[j] + b"\xe9" + low.to_bytes(free, "little"),
                         end + displacement + low, j + 5)
         return None
 
-    def pun_over_successor(self, window: Window, fit) -> Optional[tuple]:
+    def pun_over_successor(self, window: Window, stubs) -> Optional[tuple]:
         # the site's `jmp rel32` ends 4 bytes into the successor, after window.size - 1
         # prefixes: its displacement is the successor's jump's e9 and the low 3 bytes of
         # that one's displacement, whose top byte is free
@@ -336,17 +337,17 @@ class X86_64Backend(Backend):
         site_stubs = site_end + _SITE_DISPLACEMENTS
         # site stubs to try a successor's stub with (each: 128 of those), all at once:
         # a row of successor stubs per site stub, the first row with one that fits wins
-        tried = np.flatnonzero(fit(site_stubs, window.address))[:64]
+        tried = stubs.first(site_stubs, window.address, limit=64)
         if not len(tried):
             return None
-        found = fit(successor_end + (tops[None, :] | lows[tried][:, None]), window.end,
-                    site_stubs[tried])
-        rows = np.flatnonzero(found.any(axis=1))
-        if not len(rows):
+        found = stubs.first_in_rows(successor_end + (tops[None, :] | lows[tried][:, None]),
+                                    window.end, site_stubs[tried])
+        if found is None:
             return None
-        k = tried[rows[0]]
+        row, column = found
+        k = tried[row]
         site_stub, low = int(site_stubs[k]), int(lows[k])
-        displacement = int(tops[int(np.argmax(found[rows[0]]))]) | low
+        displacement = int(tops[column]) | low
         return (_PUN_PREFIXES[j] + b"\xe9", site_stub,
                 b"\xe9" + displacement.to_bytes(4, "little"), successor_end + displacement)
 

@@ -11,6 +11,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 mod return_address;
+mod stub_places;
 mod sweep_search;
 
 const ENDBR64: [u8; 4] = [0xf3, 0x0f, 0x1e, 0xfa];
@@ -330,5 +331,6 @@ fn native_sweep(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("RETURN_ADDRESS_READS", return_address::READS)?;
     m.add("RETURN_ADDRESS_POPS", return_address::POPS)?;
     m.add_class::<sweep_search::SweepSearch>()?;
+    m.add_class::<stub_places::StubPlaces>()?;
     Ok(())
 }

@@ -1,0 +1,172 @@
+//! Where punned jumps' stubs may go: the first candidates that fit, in order
+//! (rewriter/stub_space.py, `StubSpace.first` and `first_in_rows`).
+//!
+//! The Python code answers for a whole array of candidates with numpy, then takes the
+//! first that fit: a successor's punned jump asks 32,768 candidates and then 64 rows of
+//! 128, and libLLVM's return probes ask 6,700 such pairs (3 s). Here a search stops at
+//! the first that fit, and once the stubs use every page the cap allows, looks only at
+//! candidates on those pages. The rules are stub_space.py's, one candidate at a time;
+//! tests/test_stub_space.py holds the two to the same answers. Nothing here knows an
+//! instruction set.
+
+use pyo3::prelude::*;
+
+fn int64s(raw: &[u8]) -> Vec<i64> {
+    raw.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().unwrap())).collect()
+}
+
+#[pyclass(module = "urewrite.arch.x86_64.native_sweep")]
+pub struct StubPlaces {
+    floor: i64,
+    size: i64,  // bytes of one stub
+    reach: i64, // how far above its source a stub may be
+    page: i64,
+    cap: i64,         // pages the stubs may use
+    starts: Vec<i64>, // the stubs taken, sorted
+    pages: Vec<i64>,  // the pages they are on, sorted
+}
+
+/// One search's view of the pages: those in use, with a taken stub's that are not yet.
+struct Pages<'a> {
+    used: &'a [i64],
+    extra: Vec<i64>,
+}
+
+impl Pages<'_> {
+    fn known(&self, page: i64) -> bool {
+        self.used.binary_search(&page).is_ok() || self.extra.contains(&page)
+    }
+
+    fn count(&self) -> i64 {
+        (self.used.len() + self.extra.len()) as i64
+    }
+
+    /// Every page in use, sorted.
+    fn all(&self) -> Vec<i64> {
+        let mut all: Vec<i64> = self.used.iter().chain(&self.extra).copied().collect();
+        all.sort_unstable();
+        all
+    }
+}
+
+impl StubPlaces {
+    fn page_of(&self, address: i64) -> i64 {
+        address & -self.page
+    }
+
+    fn pages_with(&self, taken: &[i64]) -> Pages<'_> {
+        let mut extra = Vec::new();
+        for &stub in taken {
+            for page in [self.page_of(stub), self.page_of(stub + self.size - 1)] {
+                if self.pages.binary_search(&page).is_err() && !extra.contains(&page) {
+                    extra.push(page);
+                }
+            }
+        }
+        Pages { used: &self.pages, extra }
+    }
+
+    /// stub_space.py's rules for one candidate, with the stubs `taken` taken too.
+    fn fits(&self, stub: i64, source: i64, taken: &[i64], pages: &Pages) -> bool {
+        if stub < self.floor || stub > source + self.reach {
+            return false;
+        }
+        if taken.iter().any(|&t| (stub - t).abs() < self.size) {
+            return false;
+        }
+        let (first, last) = (self.page_of(stub), self.page_of(stub + self.size - 1));
+        let new = !pages.known(first) as i64 + (last != first && !pages.known(last)) as i64;
+        if pages.count() + new > self.cap {
+            return false;
+        }
+        let k = self.starts.partition_point(|&s| s < stub);
+        (k == self.starts.len() || self.starts[k] - stub >= self.size)
+            && (k == 0 || stub - self.starts[k - 1] >= self.size)
+    }
+
+    /// The indices of the first `limit` of `stubs` that fit, in order.
+    fn first_of(&self, stubs: &[i64], source: i64, taken: &[i64], limit: usize) -> Vec<usize> {
+        let pages = self.pages_with(taken);
+        let mut found = Vec::new();
+        if stubs.windows(2).all(|w| w[0] <= w[1]) {
+            // sorted (a search's): only those from the floor to the source's reach, and
+            // when no page more may be used, only those on a page in use
+            let lo = stubs.partition_point(|&s| s < self.floor);
+            let hi = stubs.partition_point(|&s| s <= source + self.reach);
+            let runs: Vec<(usize, usize)> = if pages.count() >= self.cap {
+                pages.all().iter().map(|&page| {
+                    let within = &stubs[lo..hi.max(lo)];
+                    (lo + within.partition_point(|&s| s < page),
+                     lo + within.partition_point(|&s| s < page + self.page))
+                }).collect()
+            } else {
+                vec![(lo, hi.max(lo))]
+            };
+            for (start, end) in runs {
+                for k in start..end {
+                    if self.fits(stubs[k], source, taken, &pages) {
+                        found.push(k);
+                        if found.len() == limit {
+                            return found;
+                        }
+                    }
+                }
+            }
+            return found;
+        }
+        for (k, &stub) in stubs.iter().enumerate() {
+            if self.fits(stub, source, taken, &pages) {
+                found.push(k);
+                if found.len() == limit {
+                    break;
+                }
+            }
+        }
+        found
+    }
+}
+
+#[pymethods]
+impl StubPlaces {
+    #[new]
+    fn new(floor: i64, size: i64, reach: i64, page: i64, cap: i64) -> Self {
+        StubPlaces { floor, size, reach, page, cap, starts: Vec::new(), pages: Vec::new() }
+    }
+
+    /// Take a stub (the caller has found that it fits): an error if it overlaps one.
+    fn take(&mut self, stub: i64) -> PyResult<()> {
+        let k = self.starts.partition_point(|&s| s < stub);
+        if (k < self.starts.len() && self.starts[k] - stub < self.size)
+            || (k > 0 && stub - self.starts[k - 1] < self.size) {
+            return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                "a stub at {stub:#x} overlaps one taken")));
+        }
+        self.starts.insert(k, stub);
+        for page in [self.page_of(stub), self.page_of(stub + self.size - 1)] {
+            if let Err(k) = self.pages.binary_search(&page) {
+                self.pages.insert(k, page);
+            }
+        }
+        Ok(())
+    }
+
+    /// The indices of the first `limit` stubs (int64 values, packed) that fit for the
+    /// jump at `source`, with the stubs `taken` taken too, in order.
+    fn first(&self, py: Python<'_>, stubs: &[u8], source: i64, taken: Vec<i64>, limit: usize)
+             -> Vec<usize> {
+        let stubs = int64s(stubs);
+        py.detach(|| self.first_of(&stubs, source, &taken, limit))
+    }
+
+    /// (row, column) of the first stub that fits in the first row that has one, of rows
+    /// of `columns` stubs each (packed), each row's with its stub of `taken` taken too.
+    fn first_in_rows(&self, py: Python<'_>, stubs: &[u8], columns: usize, source: i64,
+                     taken: Vec<i64>) -> Option<(usize, usize)> {
+        let stubs = int64s(stubs);
+        py.detach(|| {
+            stubs.chunks(columns.max(1)).zip(&taken).enumerate().find_map(|(row, (stubs, &t))| {
+                self.first_of(stubs, source, &[t], 1).first().map(|&column| (row, column))
+            })
+        })
+    }
+}
