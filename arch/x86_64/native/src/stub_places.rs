@@ -9,10 +9,19 @@
 //! tests/test_stub_space.py holds the two to the same answers. Nothing here knows an
 //! instruction set.
 
+use std::borrow::Cow;
+
 use pyo3::prelude::*;
 
-fn int64s(raw: &[u8]) -> Vec<i64> {
-    raw.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().unwrap())).collect()
+/// int64 values packed in bytes: read in place where they are aligned (CPython's bytes
+/// are), else copied.
+fn int64s(raw: &[u8]) -> Cow<'_, [i64]> {
+    // SAFETY: any 8 bytes are a valid i64; align_to gives the aligned middle part
+    match unsafe { raw.align_to::<i64>() } {
+        ([], middle, []) => Cow::Borrowed(middle),
+        _ => Cow::Owned(raw.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+                        .collect()),
+    }
 }
 
 #[pyclass(module = "urewrite.arch.x86_64.native_sweep")]
@@ -39,13 +48,6 @@ impl Pages<'_> {
 
     fn count(&self) -> i64 {
         (self.used.len() + self.extra.len()) as i64
-    }
-
-    /// Every page in use, sorted.
-    fn all(&self) -> Vec<i64> {
-        let mut all: Vec<i64> = self.used.iter().chain(&self.extra).copied().collect();
-        all.sort_unstable();
-        all
     }
 }
 
@@ -92,15 +94,22 @@ impl StubPlaces {
             // sorted (a search's): only those from the floor to the source's reach, and
             // when no page more may be used, only those on a page in use
             let lo = stubs.partition_point(|&s| s < self.floor);
-            let hi = stubs.partition_point(|&s| s <= source + self.reach);
-            let runs: Vec<(usize, usize)> = if pages.count() >= self.cap {
-                pages.all().iter().map(|&page| {
-                    let within = &stubs[lo..hi.max(lo)];
-                    (lo + within.partition_point(|&s| s < page),
-                     lo + within.partition_point(|&s| s < page + self.page))
-                }).collect()
+            let hi = stubs.partition_point(|&s| s <= source + self.reach).max(lo);
+            let runs: Vec<(usize, usize)> = if pages.count() >= self.cap
+                && hi - lo > 2 * pages.count() as usize {
+                // (a run of candidates per page in use, in order: pages in use are
+                // sorted, a taken stub's few others merged in)
+                let within = &stubs[lo..hi];
+                let run = |page: i64| (lo + within.partition_point(|&s| s < page),
+                                       lo + within.partition_point(|&s| s < page + self.page));
+                let mut runs: Vec<(usize, usize)> = pages.used.iter().map(|&p| run(p)).collect();
+                for &page in &pages.extra {
+                    let k = runs.partition_point(|r| r.0 < run(page).0);
+                    runs.insert(k, run(page));
+                }
+                runs
             } else {
-                vec![(lo, hi.max(lo))]
+                vec![(lo, hi)]
             };
             for (start, end) in runs {
                 for k in start..end {
