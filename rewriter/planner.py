@@ -641,6 +641,9 @@ class Planner:
                 self.redirected_because[returns[key].function.address] = reason
         if redirects:
             expanded = [s for s in expanded if s.probe_key not in unpatched] + redirects
+            # (the first round's plans are made again: not kept beside the second's, 24 MB
+            # of libLLVM's peak)
+            kept = failed = None
             kept, failed = self._whole_returns(self._plan_sites(expanded))
             refused += [Refusal(returns[key], f"{unpatched.get(key, '')}; and its return "
                                               f"address cannot be redirected: {reason}"
