@@ -206,8 +206,20 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
-fn int64s(raw: &[u8]) -> Vec<i64> {
+/// int64 values packed in bytes (native order), copied.
+pub(crate) fn int64s(raw: &[u8]) -> Vec<i64> {
     raw.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().unwrap())).collect()
+}
+
+/// int64 values packed in a bytes object, read in place (CPython's bytes are 8-byte
+/// aligned: an error if these are not).
+pub(crate) fn view(raw: &[u8]) -> PyResult<&[i64]> {
+    // SAFETY: any 8 bytes are a valid i64; align_to gives the aligned middle part
+    let (head, middle, tail) = unsafe { raw.align_to::<i64>() };
+    if !head.is_empty() || !tail.is_empty() {
+        return Err(pyo3::exceptions::PyValueError::new_err("int64 arrays are not 8-byte aligned"));
+    }
+    Ok(middle)
 }
 
 /// Sweep the functions whose bytes lie at `offsets` (int64, native order) in `data`,

@@ -6,8 +6,8 @@
 //! It answers only where the decode means what Capstone's does there. A function that
 //! holds an instruction whose flow is not mirrored here (far jumps and calls, xbegin,
 //! rsm, ud0, an opcode iced-x86 refuses before its end: Capstone takes some) is left to
-//! the Python code. tests/test_native_sweep.py holds the two to the
-//! same answers on every function of several system files.
+//! the Python code. tests/test_native_sweep.py holds the two to the same answers on
+//! every function of system files.
 
 use std::collections::HashMap;
 
@@ -23,7 +23,7 @@ pub const READS: u8 = 2;
 pub const POPS: u8 = 3;
 
 /// An instruction's flow, as Capstone's groups (jump, call, ret, int, iret) tell it.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy)]
 enum Flow {
     Plain,
     Call,                 // the callee pops what the call pushed: on to the next one

@@ -9,20 +9,9 @@
 //! tests/test_stub_space.py holds the two to the same answers. Nothing here knows an
 //! instruction set.
 
-use std::borrow::Cow;
-
 use pyo3::prelude::*;
 
-/// int64 values packed in bytes: read in place where they are aligned (CPython's bytes
-/// are), else copied.
-fn int64s(raw: &[u8]) -> Cow<'_, [i64]> {
-    // SAFETY: any 8 bytes are a valid i64; align_to gives the aligned middle part
-    match unsafe { raw.align_to::<i64>() } {
-        ([], middle, []) => Cow::Borrowed(middle),
-        _ => Cow::Owned(raw.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
-                        .collect()),
-    }
-}
+use crate::view;
 
 #[pyclass(module = "urewrite.arch.x86_64.native_sweep")]
 pub struct StubPlaces {
@@ -162,20 +151,20 @@ impl StubPlaces {
     /// The indices of the first `limit` stubs (int64 values, packed) that fit for the
     /// jump at `source`, with the stubs `taken` taken too, in order.
     fn first(&self, py: Python<'_>, stubs: &[u8], source: i64, taken: Vec<i64>, limit: usize)
-             -> Vec<usize> {
-        let stubs = int64s(stubs);
-        py.detach(|| self.first_of(&stubs, source, &taken, limit))
+             -> PyResult<Vec<usize>> {
+        let stubs = view(stubs)?;
+        Ok(py.detach(|| self.first_of(stubs, source, &taken, limit)))
     }
 
     /// (row, column) of the first stub that fits in the first row that has one, of rows
     /// of `columns` stubs each (packed), each row's with its stub of `taken` taken too.
     fn first_in_rows(&self, py: Python<'_>, stubs: &[u8], columns: usize, source: i64,
-                     taken: Vec<i64>) -> Option<(usize, usize)> {
-        let stubs = int64s(stubs);
-        py.detach(|| {
+                     taken: Vec<i64>) -> PyResult<Option<(usize, usize)>> {
+        let stubs = view(stubs)?;
+        Ok(py.detach(|| {
             stubs.chunks(columns.max(1)).zip(&taken).enumerate().find_map(|(row, (stubs, &t))| {
                 self.first_of(stubs, source, &[t], 1).first().map(|&column| (row, column))
             })
-        })
+        }))
     }
 }

@@ -15,27 +15,15 @@
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use crate::{int64s, view};
+
 /// The rows the planner reads around a window (SweepSearch::rows_read).
 type Rows = (i64, Vec<i64>, Vec<i64>, Vec<(i64, i64)>);
-
-fn int64s(raw: &[u8]) -> Vec<i64> {
-    raw.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().unwrap())).collect()
-}
 
 /// int64 values as a bytes object.
 fn packed(py: Python<'_>, values: &[i64]) -> Py<PyBytes> {
     let raw: Vec<u8> = values.iter().flat_map(|v| v.to_ne_bytes()).collect();
     PyBytes::new(py, &raw).unbind()
-}
-
-/// The int64 values of a bytes object made by `sweep_functions`, read in place.
-fn view(raw: &[u8]) -> PyResult<&[i64]> {
-    // SAFETY: any 8 bytes are a valid i64; align_to gives the aligned middle part
-    let (head, middle, tail) = unsafe { raw.align_to::<i64>() };
-    if !head.is_empty() || !tail.is_empty() {
-        return Err(pyo3::exceptions::PyValueError::new_err("sweep arrays are not 8-byte aligned"));
-    }
-    Ok(middle)
 }
 
 #[pyclass(module = "urewrite.arch.x86_64.native_sweep")]
