@@ -144,8 +144,9 @@ def list_sites(path: str, tactics: Optional[tuple] = None, progress: Progress = 
 def return_probes(a: Analysis, sites: List[Site]) -> Dict[int, ReturnProbe]:
     """Function address -> its return probe (of `sites`, every function's), planned
     at once."""
+    outcomes = a.planner.plan(sites)  # (first: the probes below are not made beside it)
     found = {fn.address: ReturnProbe(0, {}, False, None, None) for fn in a.functions}
-    for o in a.planner.plan(sites):
+    for o in outcomes:
         if not isinstance(o, Plan):
             found[o.site.function.address].refusal = o.reason
             continue
