@@ -67,9 +67,11 @@ impl StubPlaces {
         }
         let (first, last) = (self.page_of(stub), self.page_of(stub + self.size - 1));
         let new = !pages.known(first) as i64 + (last != first && !pages.known(last)) as i64;
-        if pages.count() + new > self.cap {
-            return false;
-        }
+        pages.count() + new <= self.cap && self.clear(stub)
+    }
+
+    /// Whether a stub at `stub` overlaps none taken.
+    fn clear(&self, stub: i64) -> bool {
         let k = self.starts.partition_point(|&s| s < stub);
         (k == self.starts.len() || self.starts[k] - stub >= self.size)
             && (k == 0 || stub - self.starts[k - 1] >= self.size)
@@ -78,45 +80,35 @@ impl StubPlaces {
     /// The indices of the first `limit` of `stubs` that fit, in order.
     fn first_of(&self, stubs: &[i64], source: i64, taken: &[i64], limit: usize) -> Vec<usize> {
         let pages = self.pages_with(taken);
-        let mut found = Vec::new();
+        // the runs of candidates to look at, in order: all of them, or where they are
+        // sorted (a search's), only those from the floor to the source's reach, and when
+        // no page more may be used, only those on a page in use
+        let mut runs = vec![(0, stubs.len())];
         if stubs.windows(2).all(|w| w[0] <= w[1]) {
-            // sorted (a search's): only those from the floor to the source's reach, and
-            // when no page more may be used, only those on a page in use
             let lo = stubs.partition_point(|&s| s < self.floor);
             let hi = stubs.partition_point(|&s| s <= source + self.reach).max(lo);
-            let runs: Vec<(usize, usize)> = if pages.count() >= self.cap
-                && hi - lo > 2 * pages.count() as usize {
-                // (a run of candidates per page in use, in order: pages in use are
-                // sorted, a taken stub's few others merged in)
+            runs = vec![(lo, hi)];
+            if pages.count() >= self.cap && hi - lo > 2 * pages.count() as usize {
+                // (a run per page in use: pages in use are sorted, a taken stub's few
+                // others merged in)
                 let within = &stubs[lo..hi];
                 let run = |page: i64| (lo + within.partition_point(|&s| s < page),
                                        lo + within.partition_point(|&s| s < page + self.page));
-                let mut runs: Vec<(usize, usize)> = pages.used.iter().map(|&p| run(p)).collect();
+                runs = pages.used.iter().map(|&p| run(p)).collect();
                 for &page in &pages.extra {
-                    let k = runs.partition_point(|r| r.0 < run(page).0);
-                    runs.insert(k, run(page));
-                }
-                runs
-            } else {
-                vec![(lo, hi)]
-            };
-            for (start, end) in runs {
-                for k in start..end {
-                    if self.fits(stubs[k], source, taken, &pages) {
-                        found.push(k);
-                        if found.len() == limit {
-                            return found;
-                        }
-                    }
+                    let added = run(page);
+                    runs.insert(runs.partition_point(|r| r.0 < added.0), added);
                 }
             }
-            return found;
         }
-        for (k, &stub) in stubs.iter().enumerate() {
-            if self.fits(stub, source, taken, &pages) {
-                found.push(k);
-                if found.len() == limit {
-                    break;
+        let mut found = Vec::new();
+        for (start, end) in runs {
+            for k in start..end {
+                if self.fits(stubs[k], source, taken, &pages) {
+                    found.push(k);
+                    if found.len() == limit {
+                        return found;
+                    }
                 }
             }
         }
@@ -133,13 +125,11 @@ impl StubPlaces {
 
     /// Take a stub (the caller has found that it fits): an error if it overlaps one.
     fn take(&mut self, stub: i64) -> PyResult<()> {
-        let k = self.starts.partition_point(|&s| s < stub);
-        if (k < self.starts.len() && self.starts[k] - stub < self.size)
-            || (k > 0 && stub - self.starts[k - 1] < self.size) {
+        if !self.clear(stub) {
             return Err(pyo3::exceptions::PyValueError::new_err(format!(
                 "a stub at {stub:#x} overlaps one taken")));
         }
-        self.starts.insert(k, stub);
+        self.starts.insert(self.starts.partition_point(|&s| s < stub), stub);
         for page in [self.page_of(stub), self.page_of(stub + self.size - 1)] {
             if let Err(k) = self.pages.binary_search(&page) {
                 self.pages.insert(k, page);
