@@ -39,6 +39,34 @@ SHF_ALLOC = 2
 BRANCH, IMMEDIATE, RELOCATION, CONSTANT = "branch", "immediate", "relocation", "constant"
 
 
+class _QuickSwitches:
+    """Python's switch interval lowered while any scan thread runs: the first to start
+    keeps the process's own, the last to end puts it back. (Each thread kept the
+    interval it found: one that started while another ran kept the lowered one, and
+    put it back last.)"""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._running = 0
+        self._kept = 0.0
+
+    def enter(self, interval: float) -> None:
+        with self._lock:
+            if not self._running:
+                self._kept = sys.getswitchinterval()
+                sys.setswitchinterval(min(self._kept, interval))
+            self._running += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._running -= 1
+            if not self._running:
+                sys.setswitchinterval(self._kept)
+
+
+_quick_switches = _QuickSwitches()
+
+
 @dataclass(frozen=True)
 class Match:
     """Bytes that may name `target`: in code at `source` (BRANCH, IMMEDIATE), or data."""
@@ -117,15 +145,14 @@ class TakenIndex:
             return
 
         def scan() -> None:
-            interval = sys.getswitchinterval()
-            sys.setswitchinterval(min(interval, self.SWITCH_INTERVAL))
+            _quick_switches.enter(self.SWITCH_INTERVAL)
             try:
                 self.every_value()
                 self._branch_table()
             except BaseException:  # (asked again where it can be reported)
                 pass
             finally:
-                sys.setswitchinterval(interval)
+                _quick_switches.leave()
 
         self._scanning = threading.Thread(target=scan, name="urewrite scans", daemon=True)
         self._scanning.start()

@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import sys
+import threading
 
 import pytest
 
@@ -207,9 +208,16 @@ def test_scans_made_ahead_are_the_scans_made_when_asked(tmp_path, path, monkeypa
     assert sorted(scanned) == sorted(s.addr for s in elf.executable_sections())
 
 
+def _no_scans_running() -> None:
+    """Wait for scans other tests left on their threads (a rewrite that never asked for
+    them): while any runs, the switch interval is lowered."""
+    for thread in threading.enumerate():
+        if thread.name == "urewrite scans":
+            thread.join()
+
+
 def test_a_scan_that_fails_ahead_fails_where_it_is_asked(monkeypatch, capsys):
     """The thread prints no traceback: the question that needs the scan meets the error."""
-    import threading
     from urewrite.rewriter.elf_file import ElfFile
     from urewrite.rewriter.taken_addresses import TakenIndex
     backend = X86_64Backend()
@@ -220,8 +228,43 @@ def test_a_scan_that_fails_ahead_fails_where_it_is_asked(monkeypatch, capsys):
         raise ValueError("no scan today")
     monkeypatch.setattr(backend, "code_reference_table", broken)
     index = TakenIndex(ElfFile.open(sys.executable), backend)
+    _no_scans_running()
     index.scan_ahead()
     with pytest.raises(ValueError, match="no scan today"):
         index.find([0x1000])
     assert capsys.readouterr().err == "" and not uncaught
     assert sys.getswitchinterval() == pytest.approx(0.005)
+
+
+def test_scans_that_overlap_put_the_switch_interval_back():
+    """Two files' scans on threads at once (one starts while the other runs): once both
+    end, Python's switch interval is the process's own again, not the lowered one."""
+    from urewrite.rewriter.elf_file import ElfFile
+    from urewrite.rewriter.taken_addresses import TakenIndex
+    _no_scans_running()
+    own = sys.getswitchinterval()
+    release = threading.Event()
+
+    def scans_held_until_released():
+        """An index whose scans, on their thread, wait in their first code table: the
+        event is set once they are there."""
+        backend, there = X86_64Backend(), threading.Event()
+        table = backend.code_reference_table
+
+        def held(code, base):
+            there.set()
+            release.wait(10)
+            return table(code, base)
+        backend.code_reference_table = held
+        index = TakenIndex(ElfFile.open(sys.executable), backend)
+        index.scan_ahead()
+        assert there.wait(10)
+        return index
+
+    first = scans_held_until_released()
+    assert sys.getswitchinterval() < own  # (lowered while they run)
+    second = scans_held_until_released()  # (started while the first runs)
+    release.set()
+    first.wait()
+    second.wait()
+    assert sys.getswitchinterval() == pytest.approx(own)
