@@ -253,18 +253,23 @@ def _listing(input_file: str, tactics, patchable: bool = False, progress=None,
             continue
         status = {"patchable": ok, "displaced": o.window.size if ok else None,
                   "tactic": o.tactic if ok else None, "reason": None if ok else o.reason}
-        site = o.site
-        if site.kind == KIND_USDT:
-            provider, name = site.name.split(":", 1)
-            probes.append({"provider": provider, "name": name, "address": site.address,
-                           "semaphore": site.semaphore or None, "arguments": site.arguments,
-                           "function": site.function.name, **status})
-        else:
-            fn = site.function
-            functions.append({"name": fn.name, "aliases": list(fn.aliases), "address": fn.address,
-                              "size": fn.size, "sized_by": fn.sized_by, "origin": fn.origin,
-                              "split_off": fn.address in split_off or ".cold" in fn.name,
-                              **status})
+        # every site of a plan: sites a few bytes apart share one window (libjvm's
+        # GetVersion__entry and __return, two adjacent 1-byte nops)
+        for site in o.sites if ok and len(o.points) + len(o.points[0].sites) > 2 else (o.site,):
+            if site.kind == KIND_USDT:
+                provider, name = site.name.split(":", 1)
+                probes.append({"provider": provider, "name": name, "address": site.address,
+                               "semaphore": site.semaphore or None,
+                               "arguments": site.arguments, "function": site.function.name,
+                               **status})
+            else:
+                fn = site.function
+                functions.append({"name": fn.name, "aliases": list(fn.aliases),
+                                  "address": fn.address, "size": fn.size,
+                                  "sized_by": fn.sized_by, "origin": fn.origin,
+                                  "split_off": fn.address in split_off or ".cold" in fn.name,
+                                  **status})
+    probes.sort(key=lambda p: p["address"])  # (refused ones come after the plans)
 
     def add_returns() -> None:
         found = returns()

@@ -16,7 +16,7 @@ import numpy as np
 from urewrite.rewriter.elf_file import ElfFile
 
 SHT_SYMTAB, SHT_DYNSYM = 2, 11
-STT_FUNC = 2
+STT_FUNC, STT_TLS = 2, 6
 SHN_UNDEF = 0
 # Elf64_Sym: name, info, other, shndx, value, size
 SYM = np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"), ("shndx", "<u2"),
@@ -57,6 +57,7 @@ class SymbolTable:
         self.values = entries["value"].astype(np.int64)
         self.sizes = entries["size"].astype(np.int64)
         self.types = entries["info"] & 0xF
+        self.binds = entries["info"] >> 4  # STB_LOCAL 0, STB_GLOBAL 1, STB_WEAK 2
         self.shndx = entries["shndx"]
         self._name_at = entries["name"]
         self._table = np.concatenate(tables) if tables else np.zeros(0, np.int32)
@@ -107,6 +108,20 @@ class SymbolTable:
                         found[name] = int(self.values[hits[0]])
                     at = self._data.find(needle, at + 1, end)
         return found
+
+    def named(self, name: str) -> np.ndarray:
+        """Indices of the symbols called `name`, defined or not, in table order: a byte
+        search of the string tables, as values_of() does."""
+        hits = []
+        needle = name.encode() + b"\0"
+        for t, (start, end) in enumerate(self._strings):
+            at = self._data.find(needle, start, end)
+            while at >= 0:
+                # (a name may be the tail of a longer string: only an entry pointing
+                # at its first byte names it)
+                hits.append(np.flatnonzero((self._table == t) & (self._name_at == at - start)))
+                at = self._data.find(needle, at + 1, end)
+        return np.unique(np.concatenate(hits)) if hits else np.zeros(0, np.int64)
 
     def table_name(self, i: int) -> str:
         return self._table_names[self._table[i]]

@@ -9,11 +9,11 @@ import os
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from urewrite.arch import backend_for
 from urewrite.errors import UrewriteError
-from urewrite.rewriter import elf_symbols, elf_writer, layout, parallel, usdt
+from urewrite.rewriter import elf_writer, layout, parallel, usdt
 from urewrite.rewriter.elf_file import DT_INIT, ElfFile
 from urewrite.rewriter.functions import Function, discover
 from urewrite.rewriter.usdt import UsdtSite
@@ -35,6 +35,13 @@ class Analysis:
     functions: List[Function]
     usdt: List[UsdtSite]
     planner: Planner
+    symbols: Optional[usdt.Symbols] = None  # what USDT operands name (when first needed)
+
+    def sdt_arguments(self, text: str) -> list:
+        """The backend's ArgSpecs of a USDT argument string (ValueError: unreadable)."""
+        if self.symbols is None:
+            self.symbols = usdt.Symbols(self.elf)
+        return self.planner.backend.sdt_arguments(text, self.symbols)
 
 
 @dataclass
@@ -136,9 +143,44 @@ def list_sites(path: str, tactics: Optional[tuple] = None, progress: Progress = 
         returns = parallel.Forked(lambda: returns_as(return_probes(a, return_sites)))
         usdt_sites = select(["usdt:*:*"], a.functions, a.planner.boundaries, a.usdt) \
             if a.usdt else []
+        usdt_sites, refused = usdt_refusals(a, usdt_sites, per_site=True)
         outcomes = (a.planner.plan(entries, _steps(progress, "entries", len(entries)))
-                    + a.planner.plan(usdt_sites))
+                    + a.planner.plan(usdt_sites) + refused)
         return a, outcomes, returns.result
+
+
+def usdt_refusals(a: Analysis, sites: List[Site], per_site: bool
+                  ) -> Tuple[List[Site], List[Refusal]]:
+    """(the sites left, the refusals) once the USDT probes that cannot be probed as
+    their notes say are taken out (usdt.refusals: an argument form that cannot be
+    read, a semaphore outside the writable memory, a note cut short): every site of
+    such a probe, since a probe counts all its sites or none. `per_site`: a refusal
+    for each of its sites (list's rows), else one for the probe (a rewrite's one
+    line)."""
+    usdt_sites = [s for s in sites if s.kind == KIND_USDT]
+    bad = usdt.refusals(usdt_sites, a.sdt_arguments, a.elf, a.usdt) if usdt_sites else []
+    if not bad:
+        return sites, []
+    first: Dict[str, Tuple[Site, str]] = {}
+    for site, why in bad:
+        first.setdefault(site.name, (site, why))
+    reasons = dict(bad)
+    site_count = {name: sum(s.name == name for s in usdt_sites) for name in first}
+    kept, refused = [], []
+    for s in sites:
+        if s.kind != KIND_USDT or s.name not in first:
+            kept.append(s)
+            continue
+        at, why = first[s.name]
+        if per_site:
+            refused.append(Refusal(s, reasons.get(s) or f"its site at {at.address:#x} cannot be "
+                                                     f"probed: {why}"))
+        elif s is at:
+            others = site_count[s.name] - 1
+            refused.append(Refusal(s, why + (f" (at {s.address:#x}: its {others} other site"
+                                             f"{'s' if others > 1 else ''} left out too)"
+                                             if others else "")))
+    return kept, refused
 
 
 def return_probes(a: Analysis, sites: List[Site]) -> Dict[int, ReturnProbe]:
@@ -222,12 +264,13 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
         sites = [s for s in sites if not _excluded(s, exclude)]
         if not sites:
             raise UrewriteError("--exclude leaves no site to probe")
+    sites, refused_usdt = usdt_refusals(a, sites, per_site=False)
     if len(sites) >= PREPARE_AT:  # most of the file: analyse every function on all cores,
         # and find the sites' windows the same way (list does the same)
         a.planner.prepare(a.functions, meanwhile=a.planner.read_unwind_tables,
                           progress=_steps(progress, "analysing functions", len(a.functions)))
         a.planner.precompute(sites, _steps(progress, "finding windows", len(sites)))
-    outcomes = a.planner.plan(sites, _steps(progress, "planning", len(sites)))
+    outcomes = a.planner.plan(sites, _steps(progress, "planning", len(sites))) + refused_usdt
     plans = [o for o in outcomes if isinstance(o, Plan)]
     refusals = [o for o in outcomes if isinstance(o, Refusal)]
     exact = [r for r in refusals if r.site.exact]
@@ -291,16 +334,6 @@ def _excluded(site: Site, globs: List[str]) -> bool:
 
 def _argument_encoder(a: Analysis, backend, entry_args: int, warnings: List[str]):
     """site -> encoded argument descriptors for its events (cached per site)."""
-    symbols = {}
-
-    def symbol(name: str) -> Optional[int]:
-        if not symbols:
-            for sym in elf_symbols.symbols(a.elf):
-                if sym.value and sym.name:
-                    symbols.setdefault(sym.name, sym.value)
-            symbols.setdefault("", None)
-        return symbols.get(name)
-
     cache = {}
 
     def encode(site: Site) -> bytes:
@@ -308,14 +341,15 @@ def _argument_encoder(a: Analysis, backend, entry_args: int, warnings: List[str]
         if found is None:
             try:
                 if site.kind == KIND_USDT:
-                    specs = backend.sdt_arguments(site.arguments, symbol)
+                    specs = a.sdt_arguments(site.arguments)
                 elif site.kind == KIND_RETURN:  # (unknown yet at a tail call's jump)
                     specs = [] if site.tail_call else backend.return_value()
                 else:
                     specs = backend.abi_arguments(entry_args) if entry_args else []
-            except ValueError as e:
+                found = arguments.encode(specs)
+            except ValueError as e:  # (USDT sites were checked: usdt_refusals)
                 warnings.append(f"{site.name}: arguments not recorded: {e}")
-                specs = []
-            found = cache[site] = arguments.encode(specs)
+                found = arguments.encode([])
+            cache[site] = found
         return found
     return encode

@@ -680,7 +680,7 @@ te_drop:
 te_skip:                                   # no ring to write to: the event is not recorded
     ret
 
-# rsi = descriptor (u8 kind, size, signed, base, index, scale; i64 value),
+# rsi = descriptor (u8 kind, size, signed, base, index, scale, shift; i64 value),
 # r12 = frame, r15 = site rsp, r8 = region -> rax. Clobbers rax, rcx, rdx.
 argument_value:
     movzx ecx, byte ptr [rsi]
@@ -688,7 +688,8 @@ argument_value:
     je av_constant
     cmp ecx, 1
     je av_register
-    # memory: base + index * scale + displacement (kind 4: + load bias)
+    # memory: base + index * scale + displacement (kind 4: + load bias; 5: + the
+    # thread pointer, x86's %fs segment)
     movzx ecx, byte ptr [rsi + 3]
     call frame_register
     mov rdx, rax
@@ -698,9 +699,14 @@ argument_value:
     imul rax, rcx
     add rax, rdx
     add rax, qword ptr [rsi + 8]
+    cmp byte ptr [rsi], 5
+    je av_thread
     cmp byte ptr [rsi], 4
     jne av_load
     add rax, qword ptr [r8 + {OFF_LOAD_BIAS}]
+    jmp av_load
+av_thread:
+    .byte 0x64, 0x48, 0x03, 0x04, 0x25, 0, 0, 0, 0   # add rax, fs:[0] (the TLS ABI: the thread pointer)
 av_load:
     movzx ecx, byte ptr [rsi + 1]
     cmp ecx, 8
@@ -726,6 +732,8 @@ av_constant:
 av_register:
     movzx ecx, byte ptr [rsi + 3]
     call frame_register
+    movzx ecx, byte ptr [rsi + 6]          # a shift: %ah ... are bits 8-15 of their register
+    shr rax, cl
 av_extend:
     movzx ecx, byte ptr [rsi + 1]
     cmp byte ptr [rsi + 2], 0
