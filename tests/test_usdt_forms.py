@@ -1,0 +1,228 @@
+"""USDT argument forms: `urewrite trace` records, for every operand form a compiler
+writes, the value the program passed (samples/usdt_forms.c prints them).
+
+Built with gcc at -O0 and -O2 as PIE, -O2 as non-PIE (absolute addresses), -O2 static
+(thread-locals before and after libc), and for arm64 with aarch64-linux-gnu-gcc at
+-O0/-O2, run under qemu-aarch64. The forms met: registers of every width, stack
+slots, base + index * scale + displacement, RIP-relative globals with offsets into
+a struct and an array (`8+stats(%rip)`, `stats+12(%rip)`), constants cut to their
+size, `%fs` thread-locals read from two threads, high-byte registers, 12 arguments;
+arm64's `[sp, 16]`, `[x0]`, `[x1, x2]`, `[x1, x2, lsl 3]`, w and x registers. The
+probe whose argument is a double is refused in one line that quotes it; the others
+are not held back. Also: `list` shows every site with its arguments or its reason;
+an exactly named probe that cannot be read is an error, a glob's a warning; two
+adjacent sites (two 1-byte nops in a row) are both listed, counted and traced.
+
+The record holds 64 bits per argument (docs/region.md): an unsigned 8-byte value
+above 2^63 is recorded as the signed 64-bit value of the same bits.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from conftest import check, run, urewrite
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "samples" / "usdt_forms.c"
+ROUNDS = 3
+SDT_H = next((Path(p) for p in ("/usr/include/sys/sdt.h",
+                                "/usr/include/x86_64-linux-gnu/sys/sdt.h") if Path(p).is_file()),
+             None)
+X86_BUILDS = {"O0": ["-O0"], "O2": ["-O2"], "O2-nopie": ["-O2", "-fno-pie", "-no-pie"],
+              "O2-static": ["-O2", "-static"]}
+ARM_BUILDS = {"arm-O0": ["-O0"], "arm-O2": ["-O2"]}
+# probes each build fires (the rest by hand, per architecture)
+COMMON = {"registers", "globals", "indexed", "tls", "constants", "locals", "twelve"}
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("gcc") is None or SDT_H is None,
+    reason="needs gcc and <sys/sdt.h> (Debian: systemtap-sdt-dev)")
+
+
+def _as_record(value: int) -> int:
+    """A value as an event record holds it: 64 bits, read as signed."""
+    value &= (1 << 64) - 1
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def fired(stdout: str) -> Dict[str, List[List[int]]]:
+    seen: Dict[str, List[List[int]]] = {}
+    for line in stdout.splitlines():
+        if line.startswith("fire "):
+            name, *args = line.split()[1:]
+            seen.setdefault(name, []).append([_as_record(int(a)) for a in args])
+    return seen
+
+
+def steady(stdout: str) -> str:
+    """The output less the thread pointer, which differs from run to run."""
+    return re.sub(r"(?m)^(fire symbols \S+ \S+ \S+) \d+", r"\1 TP", stdout)
+
+
+def recorded(events_file: Path) -> Dict[str, List[List[int]]]:
+    out: Dict[str, List[List[int]]] = {}
+    for line in events_file.read_text().splitlines():
+        e = json.loads(line)
+        assert e["kind"] == "usdt"
+        out.setdefault(e["probe"].split(":", 1)[1], []).append(e["args"])
+    return out
+
+
+def _arm():
+    """(compiler, command prefix to run a program) for arm64, or None with a reason."""
+    try:
+        from test_aarch64 import CC, QEMU, SYSROOT
+    except Exception as e:  # pragma: no cover
+        return None, f"the arm64 helpers: {e}"
+    if not shutil.which(CC) or not shutil.which(QEMU):
+        return None, "needs aarch64-linux-gnu-gcc and qemu-aarch64"
+    if not SYSROOT:
+        return None, "cannot find the AArch64 libraries for qemu -L"
+    return (CC, [QEMU, "-L", SYSROOT]), ""
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """name -> (plain, probed, command prefix, rewrite's stderr, the original's stdout)."""
+    root = tmp_path_factory.mktemp("usdt_forms")
+    (root / "include" / "sys").mkdir(parents=True)
+    for header in ("sdt.h", "sdt-config.h"):  # (the cross compiler may not see the host's)
+        shutil.copy(SDT_H.parent / header, root / "include" / "sys" / header)
+    arm, _ = _arm()
+    jobs = [(name, "gcc", flags, []) for name, flags in X86_BUILDS.items()]
+    if arm:
+        jobs += [(name, arm[0], flags, arm[1]) for name, flags in ARM_BUILDS.items()]
+
+    def build(job):
+        name, cc, flags, prefix = job
+        plain, probed = root / name, root / f"{name}.probed"
+        check([cc, *flags, "-pthread", "-isystem", root / "include", SOURCE, "-o", plain])
+        out = urewrite(plain, "-p", "usdt:forms:*", "-o", probed)
+        assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+        original = check([*prefix, plain, ROUNDS]).stdout
+        return name, (plain, probed, prefix, out.stderr, original)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(build, jobs))
+
+
+def _get(built, name):
+    if name not in built:
+        pytest.skip(_arm()[1])
+    return built[name]
+
+
+@pytest.mark.parametrize("name", [*X86_BUILDS, *ARM_BUILDS])
+def test_trace_records_what_the_program_passed(built, name, tmp_path):
+    plain, probed, prefix, rewrite_stderr, original = _get(built, name)
+    events = tmp_path / "events.jsonl"
+    out = urewrite("trace", "--json", "-o", events, "--", *prefix, probed, ROUNDS)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert steady(out.stdout) == steady(original)  # armed, the program does what it did
+    expected = fired(out.stdout)
+    by_hand = {"high", "symbols"} | ({"absolute"} if name == "O2-nopie" else set()) \
+        if not name.startswith("arm") else {"views"}
+    assert set(expected) == COMMON | by_hand
+    assert recorded(events) == expected
+    # the main thread's three rounds, then each worker's own thread-locals
+    assert [args[0] for args in expected["tls"]][-2:] == [1000, 1001]
+    # the double: refused in one line quoting it, a warning (a glob named it)
+    warnings = [line for line in rewrite_stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and re.fullmatch(
+        r"urewrite: warning: not probing forms:floating: argument 1 '8f@[^']+' cannot be "
+        r"read: a floating-point value \(trace records integers\)", warnings[0]), warnings
+
+
+def _readelf_sites(path) -> List[tuple]:
+    """(name, address, arguments) of each USDT note, as readelf -n prints them."""
+    text = check(["readelf", "-n", path]).stdout
+    return [(m.group(1), int(m.group(2), 16), m.group(3).strip()) for m in re.finditer(
+        r"Name: (\S+)\n\s+Location: (0x[0-9a-f]+),.*\n\s+Arguments:(.*)", text)]
+
+
+@pytest.mark.parametrize("name", ["O2", "arm-O2"])
+def test_list_shows_every_site_with_its_arguments_or_its_reason(built, name):
+    plain = _get(built, name)[0]
+    out = urewrite("list", "--json", plain)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["usdt"]
+    assert sorted((r["name"], r["address"], r["arguments"]) for r in rows) \
+        == sorted(_readelf_sites(plain))
+    for r in rows:
+        if r["name"] == "floating":
+            assert not r["patchable"] and r["reason"].startswith(
+                f"argument 1 '{r['arguments']}' cannot be read: a floating-point value")
+        else:
+            assert r["patchable"], r
+    text = urewrite("list", plain)
+    assert re.search(r"forms:floating .* no: argument 1 '8f@\S+' cannot be read", text.stdout)
+
+
+def test_an_unreadable_probe_named_exactly_is_an_error(built, tmp_path):
+    plain = _get(built, "O2")[0]
+    out = urewrite(plain, "-p", "usdt:forms:floating", "-p", "usdt:forms:tls",
+                   "-o", tmp_path / "out")
+    assert out.returncode == 1 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("urewrite: cannot probe forms:floating: argument 1 '8f@%rax' "
+                                 "cannot be read: a floating-point value")
+    assert not (tmp_path / "out").exists()
+    kept = urewrite(plain, "-p", "usdt:forms:floating", "-p", "usdt:forms:tls", "--keep-going",
+                    "-o", tmp_path / "out")
+    assert kept.returncode == 0, kept.stderr
+    assert "urewrite: warning: not probing forms:floating: argument 1 '8f@%rax'" in kept.stderr
+    assert "1 probes at 1 sites, 1 refused" in kept.stderr
+    alone = urewrite(plain, "-p", "usdt:forms:floating", "--keep-going", "-o", tmp_path / "o2")
+    assert alone.returncode == 1 and alone.stderr.count("\n") == 1
+    assert "no patchable site: forms:floating: argument 1 '8f@%rax'" in alone.stderr
+
+
+ADJACENT_C = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/sdt.h>
+int main(int argc, char **argv) {
+    int n = argc > 1 ? atoi(argv[1]) : 5;
+    for (int i = 0; i < n; i++) {
+        DTRACE_PROBE1(adj, first, i);
+        DTRACE_PROBE1(adj, second, i);
+        DTRACE_PROBE(adj, third);
+    }
+    printf("done %d\n", n);
+    return 0;
+}
+"""
+
+
+def test_adjacent_sites_are_all_listed_counted_and_traced(tmp_path):
+    """Three probes in a row: three 1-byte nops, one window (libjvm's
+    hotspot_jni:GetVersion__entry and __return are two such)."""
+    (tmp_path / "adjacent.c").write_text(ADJACENT_C)
+    plain, probed = tmp_path / "adjacent", tmp_path / "adjacent.probed"
+    check(["gcc", "-O2", tmp_path / "adjacent.c", "-o", plain])
+    sites = _readelf_sites(plain)
+    assert [s[1] - sites[0][1] for s in sites] == [0, 1, 2]  # adjacent
+    listed = json.loads(urewrite("list", "--json", plain).stdout)["usdt"]
+    assert [(r["name"], r["address"], r["patchable"]) for r in listed] \
+        == [(name, address, True) for name, address, _ in sites]
+    summary = json.loads(urewrite("list", "--summary", "--json", plain).stdout)
+    counts = summary["files"][0] if "files" in summary else summary
+    assert (counts["usdt_sites"], counts["usdt"]) == (3, 3), summary
+    out = urewrite(plain, "-p", "usdt:adj:*", "-o", probed)
+    assert out.returncode == 0, out.stderr
+    report = tmp_path / "stat.json"
+    assert urewrite("stat", "--json", "-o", report, "--", probed, 7).returncode == 0
+    hits = {p["name"]: p["hits"] for p in json.loads(report.read_text())["probes"]}
+    assert hits == {"adj:first": 7, "adj:second": 7, "adj:third": 7}
+    events = tmp_path / "events.jsonl"
+    assert urewrite("trace", "--json", "-o", events, "--", probed, 3).returncode == 0
+    assert [(json.loads(l)["probe"], json.loads(l)["args"]) for l in
+            events.read_text().splitlines()] == \
+        [e for i in range(3) for e in (("adj:first", [i]), ("adj:second", [i]), ("adj:third", []))]
