@@ -164,7 +164,8 @@ def _report_rewrite(result, output: str, as_json: bool, quiet: bool) -> None:
             click.echo(f"urewrite: warning: not probing {what}: {r.reason}", err=True)
         refused = f", {len(result.refusals)} refused" if result.refusals else ""
         probes = len({site.probe_key for p in result.plans for site in p.sites})
-        click.echo(f"urewrite: wrote {output}: {probes} probes at {len(result.plans)} sites"
+        sites = sum(len(p.sites) for p in result.plans)  # (adjacent ones may share a window)
+        click.echo(f"urewrite: wrote {output}: {probes} probes at {sites} sites"
                    f"{refused}", err=True)
 
 
