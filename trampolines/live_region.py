@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from urewrite.trampolines import region as R
+from urewrite.trampolines.region_reader import open_region_file
 
 _HEADER = struct.Struct("<8sIIQIIQQQQQiIqII32s256s")
 
@@ -52,7 +53,7 @@ class LiveRegion:
 
     def __init__(self, path: str):
         self.path = path
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_region_file(path)  # (no symlink, FIFO or device: see region_reader)
         try:
             st = os.fstat(fd)
             self.inode = (st.st_dev, st.st_ino)
