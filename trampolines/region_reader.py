@@ -145,10 +145,11 @@ def parse_table(blob: bytes, header: Header, path: str) -> ProbeTable:
 
 class TableCache:
     """Probe tables already parsed in this run, by template: a further file of the same
-    rewrite costs a byte comparison, not a parse."""
+    rewrite costs a byte comparison, not a parse. (And the run's scratch buffer.)"""
 
     def __init__(self):
         self._tables: Dict[tuple, List[Tuple[bytes, ProbeTable]]] = {}
+        self.scratch = Scratch()
 
     def table(self, fd: int, header: Header, path: str) -> ProbeTable:
         blob = _pread_exact(fd, header.owners_off - header.probes_off, header.probes_off, path)
@@ -202,20 +203,39 @@ class Sums:
         return out
 
 
-def read_counts(fd: int, header: Header, path: str) -> Tuple[list, int]:
+class Scratch:
+    """A buffer reused from one file to the next: reading megabytes of counters into
+    fresh memory would fault in every page of it each time."""
+
+    def __init__(self):
+        self._buffer = np.empty(0, dtype=np.uint8)
+
+    def get(self, size: int) -> np.ndarray:
+        if len(self._buffer) < size:
+            self._buffer = np.empty(size, dtype=np.uint8)
+        return self._buffer[:size]
+
+
+def read_counts(fd: int, header: Header, path: str, scratch: Scratch) -> Tuple[list, int]:
     """The data of the counter rows in use and of the shared row, as (first word,
-    values) runs; and the number of per-thread rows in use (docs/region.md: a free
-    slot's row was never written)."""
+    values) runs (valid until `scratch` is used again); and the number of per-thread
+    rows in use (docs/region.md: a free slot's row was never written)."""
     owners = np.frombuffer(_pread_exact(fd, header.slots * R.OWNER_ENTRY_SIZE,
                                         header.owners_off, path), dtype="<u8")
     claimed = np.flatnonzero(owners[::R.OWNER_ENTRY_SIZE // 8]).tolist()
-    runs = []
     row_bytes = 8 * header.row_words
+    wanted = []  # (row's first byte, from, to)
     for slot in claimed + [header.slots]:
         row = header.counters_off + slot * header.stride
-        for start, end in _data_runs(fd, row, row + row_bytes):
-            runs.append(((start - row) // 8,
-                         np.frombuffer(_pread_exact(fd, end - start, start, path), dtype="<u8")))
+        wanted += [(row, start, end) for start, end in _data_runs(fd, row, row + row_bytes)]
+    buffer = scratch.get(sum(end - start for _, start, end in wanted))
+    runs, at = [], 0
+    for row, start, end in wanted:
+        part = buffer[at:at + end - start]
+        if os.preadv(fd, [part], start) != end - start:
+            raise R.RegionError(f"{path}: truncated or inconsistent region")
+        runs.append(((start - row) // 8, part.view("<u8")))
+        at += end - start
     return runs, len(claimed)
 
 
@@ -241,12 +261,14 @@ def read_counts_of(path: str, tables: TableCache,
     try:
         header = read_header(fd, path, os.fstat(fd).st_size)
         table = tables.table(fd, header, path)
-        runs, threads = read_counts(fd, header, path)
+        runs, threads = read_counts(fd, header, path, tables.scratch)
     finally:
         os.close(fd)
-    sums = Sums(header.row_words)
-    if shared is not None:
-        sums = shared.setdefault(id(table), sums)
+    sums = None if shared is None else shared.get(id(table))
+    if sums is None:
+        sums = Sums(header.row_words)
+        if shared is not None:
+            shared[id(table)] = sums
     for first, values in runs:
         sums.add(first, values)
     return RegionCounts(path, header, table, sums, threads)
