@@ -20,7 +20,7 @@ import os
 import stat
 import struct
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -149,7 +149,15 @@ class TableCache:
 
     def __init__(self):
         self._tables: Dict[tuple, List[Tuple[bytes, ProbeTable]]] = {}
+        self._derived: Dict[tuple, object] = {}
         self.scratch = Scratch()
+
+    def derived(self, table: ProbeTable, what: str, make: Callable[[], object]):
+        """Something a reader makes from a probe table, made once per table."""
+        key = (id(table), what)
+        if key not in self._derived:
+            self._derived[key] = make()
+        return self._derived[key]
 
     def table(self, fd: int, header: Header, path: str) -> ProbeTable:
         blob = _pread_exact(fd, header.owners_off - header.probes_off, header.probes_off, path)
