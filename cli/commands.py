@@ -678,17 +678,22 @@ def trace(as_json, fmt, output, ring_entries, pids, all_of, duration, command):
 @click.option("--rewrite-scaling", is_flag=True,
               help="Also time rewrites of a generated program with more and more probes.")
 @click.option("--functions", type=click.IntRange(1), default=10_000, metavar="N",
-              show_default=True, help="Functions in the generated program of --rewrite-scaling.")
+              show_default=True,
+              help="Functions in the generated program of --rewrite-scaling and --collection.")
 @click.option("--no-trigger", is_flag=True,
-              help="Skip the trigger bench (with --redis, --rewrite-scaling or --big).")
+              help="Skip the trigger bench (with --redis, --rewrite-scaling, --big or "
+                   "--collection).")
 @click.option("--plot", metavar="FILE", help="Draw M hits/s per row into FILE (PNG; needs "
                                              "matplotlib).")
 @click.option("--big", "big_files", multiple=True, metavar="FILE",
               type=click.Path(exists=True, dir_okay=False),
               help="Also time list, one probe and every function on FILE, with peak "
                    "memory (a big program or library: node, libLLVM). Repeatable.")
+@click.option("--collection", is_flag=True,
+              help="Also time reading a process's counts (--functions functions probed "
+                   "at entry and return) and stat over a loop of short runs.")
 def bench(as_json, threads, no_kernel, iterations, repeat, redis, redis_requests,
-          rewrite_scaling, functions, no_trigger, plot, big_files):
+          rewrite_scaling, functions, no_trigger, plot, big_files, collection):
     """Measure what a probe costs here: urewrite against kernel uprobes.
 
     \b
@@ -709,7 +714,7 @@ def bench(as_json, threads, no_kernel, iterations, repeat, redis, redis_requests
     try:
         result = bench_module.run(iterations, repeat, thread_counts, not no_kernel, redis,
                                   redis_requests, rewrite_scaling, functions, not no_trigger,
-                                  big_files)
+                                  big_files, collection)
         if plot:
             bench_module.plot(result, plot)
     except UrewriteError as e:

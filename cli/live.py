@@ -19,19 +19,19 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import signal
 import socket
 import struct
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional
 
 from urewrite.errors import UrewriteError
+from urewrite.runner import made_here, region_directory, remove_region_directory
 from urewrite.trampolines import live_note
-from urewrite.trampolines.region import FILE_SUFFIX, read_region, read_regions
+from urewrite.trampolines.region import FILE_SUFFIX, read_region
+from urewrite.trampolines.region_reader import collect_paths, region_paths
 
 DISARMED, NOT_SET_UP = 1, 0
 POLL_SECONDS = 0.01
@@ -180,16 +180,6 @@ def start_time(pid: int) -> str:
         raise LiveError(f"pid {pid}: no such process")
 
 
-def _fs_ids(pid: int) -> tuple:
-    """The file-system user and group the process creates files as."""
-    ids = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(("Uid:", "Gid:")):
-                ids[line[:3]] = int(line.split()[4])
-    return ids["Uid"], ids["Gid"]
-
-
 class TracerLock:
     """One tracer per process: an abstract unix socket named after it, bound while we
     hold it (the kernel frees the name however we end)."""
@@ -254,15 +244,10 @@ class LiveProcess:
 
 
 def _region_directory(pid: int) -> str:
-    """A fresh directory for one process's regions, that the process can write (and,
-    since the runtime creates regions 0600, that only it and root can read)."""
-    shm = "/dev/shm"
-    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
-    directory = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{pid}-", dir=base)
-    if os.geteuid() == 0:
-        uid, gid = _fs_ids(pid)
-        os.chown(directory, uid, gid)
-    return directory
+    """A fresh directory for one process's regions, that the process can write (when we
+    are root, whatever user it is or becomes, as for `stat` of a command: see
+    runner.region_directory), in a holder named after it."""
+    return region_directory(f"{DIR_PREFIX}{pid}-")
 
 
 def _check_armable(pid: int, memory: ProcessMemory, obj: MappedObject) -> Optional[str]:
@@ -275,7 +260,7 @@ def _check_armable(pid: int, memory: ProcessMemory, obj: MappedObject) -> Option
     if state > DISARMED:
         where = memory.cstring(obj.at("dir"), obj.note.offsets["dir_max"] + 1).decode(
             errors="replace")
-        if os.path.basename(where).startswith(f"{DIR_PREFIX}{pid}-"):
+        if made_here(where, f"{DIR_PREFIX}{pid}-"):
             return where
         raise LiveError(f"pid {pid}: {obj.name} is armed already: it writes its region to "
                         f"{where} (UREWRITE_DIR when it started); read it there")
@@ -310,7 +295,7 @@ def arm(pid: int, ring_entries: int = 0, only: Optional[tuple] = None) -> LivePr
                 if dead_tracer:  # nothing of the program's to keep; its set-up's
                     saved["dir"] = b"\0" * len(path)  # semaphore increment to undo too
                     saved["ring_entries"] = bytes(8)
-                    shutil.rmtree(dead_tracer, ignore_errors=True)
+                    remove_region_directory(dead_tracer)
                 process.objects.append(ArmedObject(obj, saved, int(bool(dead_tracer))))
                 # what the set-up reads first, then the state word that makes it run
                 memory.write(obj.at("dir"), path)
@@ -323,7 +308,7 @@ def arm(pid: int, ring_entries: int = 0, only: Optional[tuple] = None) -> LivePr
                     _disarm_one(process, armed)
                 except Gone:
                     break
-            shutil.rmtree(directory, ignore_errors=True)
+            remove_region_directory(directory)
             raise
         return process
     except Gone:
@@ -434,7 +419,11 @@ def _forked_children(process: LiveProcess):
             tags = {a.obj.note.tag: a for a in process.objects}
             for obj in mapped_objects(pid, memory):
                 armed = tags.get(obj.note.tag)
-                if armed is not None:
+                # (only a process writing to our directory: a file's name is no proof,
+                # any user's process may create files there)
+                if armed is not None and memory.cstring(
+                        obj.at("dir"), obj.note.offsets["dir_max"] + 1) == \
+                        process.directory.encode():
                     yield _disarm_one(child, ArmedObject(obj, armed.saved, 0))
         except (Gone, LiveError):
             pass
@@ -575,9 +564,10 @@ def run(pids_text: Optional[str], all_of: Optional[str], duration: Optional[floa
 
 
 def regions_of(processes: List[LiveProcess], problems: List[str]):
-    return [r for p in processes for r in read_regions(p.directory, problems)]
+    return collect_paths([path for p in processes for path in region_paths(p.directory)],
+                         problems)
 
 
 def remove(processes: List[LiveProcess]) -> None:
     for p in processes:
-        shutil.rmtree(p.directory, ignore_errors=True)
+        remove_region_directory(p.directory)

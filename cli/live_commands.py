@@ -4,7 +4,6 @@ to the group. The work is in top.py, export.py and region_source.py."""
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import time
 
@@ -65,7 +64,8 @@ def top(directory, pids, all_of, interval, refreshes, once, plain, duration, com
     """
     from urewrite.live_view import Ticker
     from urewrite.region_source import DirectorySource, Watcher
-    from urewrite.runner import exit_status, interrupts_to, region_directory
+    from urewrite.runner import exit_status, interrupts_to, region_directory, \
+        remove_region_directory
     from urewrite.top import run_top
     from urewrite.trampolines.region import ENV_VAR
 
@@ -109,7 +109,7 @@ def top(directory, pids, all_of, interval, refreshes, once, plain, duration, com
         click.echo(f"urewrite: {e}", err=True)
         sys.exit(127)
     finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+        remove_region_directory(run_dir)
     sys.exit(exit_status(returncode))
 
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import time
 from typing import Callable, List, Optional, TextIO, Tuple
 
 from urewrite.region_source import DirectorySource, ProbeChange, Snapshot, Watcher, changes
-from urewrite.runner import exit_status, interrupts_to, region_directory
-from urewrite.trampolines.region import ENV_VAR, Region, read_regions
+from urewrite.runner import exit_status, interrupts_to, region_directory, remove_region_directory
+from urewrite.trampolines.region import ENV_VAR, Region
+from urewrite.trampolines.region_reader import collect
 
 POLL_SECONDS = 0.05  # how often the end (the command's exit, the deadline) is checked
 
@@ -179,7 +179,7 @@ def _watch_command(command: List[str], interval: Optional[float], as_json: bool,
         ticker.finish()
         # the report reads the files as plain stat does: exact now that all are closed
         problems: List[str] = []
-        return exit_status(returncode), read_regions(directory, problems), problems
+        return exit_status(returncode), collect(directory, problems), problems
     finally:
         watcher.close()
-        shutil.rmtree(directory, ignore_errors=True)
+        remove_region_directory(directory)

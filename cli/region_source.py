@@ -19,11 +19,12 @@ import os
 import time
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 from urewrite.errors import UrewriteError
 from urewrite.trampolines import region as R
 from urewrite.trampolines.live_region import LiveProbe, LiveRegion, RegionCounts, open_live
+from urewrite.trampolines.region_reader import TableCache
 
 
 class DirectorySource:
@@ -59,9 +60,9 @@ class ArmedSource:
         return [path for p in self.processes for path in region_files(p.directory)]
 
 
-@dataclass(frozen=True)
-class ProbeKey:
-    """A probe as stat totals it: processes of one object add up."""
+class ProbeKey(NamedTuple):
+    """A probe as stat totals it: processes of one object add up. (A tuple: hashed in
+    C, a million times a snapshot of many processes of a big program.)"""
     object: str
     name: str
     kind: str
@@ -75,10 +76,16 @@ class RegionSample:
     object: str
     probes: Tuple[LiveProbe, ...]
     counts: RegionCounts
+    probe_keys: Tuple[ProbeKey, ...] = ()  # (made once per object and probe table)
 
     def keys(self) -> Iterable[Tuple[int, ProbeKey]]:
-        for i, p in enumerate(self.probes):
-            yield i, ProbeKey(self.object, p.name, p.kind, p.address)
+        if not self.probe_keys:
+            self.probe_keys = _keys(self.object, self.probes)
+        return enumerate(self.probe_keys)
+
+
+def _keys(obj: str, probes: Tuple[LiveProbe, ...]) -> Tuple[ProbeKey, ...]:
+    return tuple(ProbeKey(obj, p.name, p.kind, p.address) for p in probes)
 
 
 @dataclass
@@ -118,6 +125,8 @@ class Watcher:
         self.on_problem = on_problem or (lambda message: None)
         self._open: Dict[str, LiveRegion] = {}
         self._bad: Dict[str, tuple] = {}  # path -> inode it had when it failed
+        self._tables = TableCache()  # processes of one rewrite share a probe table
+        self._keys: Dict[tuple, Tuple[ProbeKey, ...]] = {}
 
     def _identity(self, path: str) -> Optional[tuple]:
         try:
@@ -135,7 +144,7 @@ class Watcher:
             live = None
         if live is None and inode is not None and self._bad.get(path) != inode:
             try:
-                live = open_live(path)
+                live = open_live(path, self._tables)
             except R.RegionError as e:
                 self._bad[path] = inode
                 self.on_problem(str(e))
@@ -151,8 +160,12 @@ class Watcher:
         for path in paths:
             live = self._region(path)
             if live is not None:
+                keys = self._keys.get((live.object, id(live.probes)))
+                if keys is None:
+                    keys = self._keys[live.object, id(live.probes)] = _keys(live.object,
+                                                                            live.probes)
                 snap.regions[(path, live.inode)] = RegionSample(
-                    path, live.pid, live.object, live.probes, live.read())
+                    path, live.pid, live.object, live.probes, live.read(), keys)
         return snap
 
     def close(self) -> None:
@@ -176,16 +189,26 @@ def changes(before: Snapshot, after: Snapshot) -> List[ProbeChange]:
     rows: Dict[ProbeKey, ProbeChange] = {}
     for identity, r in after.regions.items():
         old = before.regions.get(identity)  # None: a region new since `before`
+        hits_now, histograms_now = r.counts.hits, r.counts.histograms
+        hits_then = old.counts.hits if old else None
+        histograms_then = old.counts.histograms if old else None
         for i, key in r.keys():
-            hits = r.counts.hits[i] - (old.counts.hits[i] if old else 0)
-            row = rows.setdefault(key, ProbeChange(key, 0, 0, 0.0, None))
-            row.hits += hits
-            row.total += r.counts.hits[i]
-            now = r.counts.histograms[i]
+            row = rows.get(key)
+            if row is None:
+                row = rows[key] = ProbeChange(key, 0, 0, 0.0, None)
+            row.hits += hits_now[i] - (hits_then[i] if old else 0)
+            row.total += hits_now[i]
+            now = histograms_now[i]
             if now is not None:
-                then = old.counts.histograms[i] if old else [0] * len(now)
-                delta = [a - b for a, b in zip(now, then)]
-                row.histogram = delta if row.histogram is None else \
+                then = histograms_then[i] if old else None
+                # most do not change in an interval (a new region's mostly hold zeros):
+                # compared at C speed
+                if then == now or (then is None and not any(now)):
+                    if row.histogram is None:
+                        row.histogram = [0] * len(now)
+                    continue
+                delta = now if then is None else [a - b for a, b in zip(now, then)]
+                row.histogram = list(delta) if row.histogram is None else \
                     [a + b for a, b in zip(row.histogram, delta)]
     for row in rows.values():
         row.per_second = row.hits / seconds

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Tuple
 
-from urewrite.runner import exit_status, interrupts_to, region_directory
+from urewrite.runner import exit_status, interrupts_to, region_directory, remove_region_directory
 from urewrite.trampolines.region import ENV_VAR, FILE_SUFFIX, TRACE_ENV_VAR
 from urewrite.trampolines.ring import Event, RingReader, open_ring
 
@@ -77,4 +76,4 @@ def run_and_trace(command: List[str], ring_entries: int,
     finally:
         for reader in readers.values():
             reader.close()
-        shutil.rmtree(directory, ignore_errors=True)
+        remove_region_directory(directory)

@@ -346,6 +346,24 @@ def test_rewrite_scaling_rows():
     assert any(t["target"] == "rewrite with 1 probe under 0.5 s" for t in data["targets"])
 
 
+def test_collection_row():
+    """--collection: the generated program's every function probed at entry and return,
+    its counts checked (the bench fails on a wrong count), the figures and targets
+    there, and the text table shows them."""
+    data = bench_json("--no-trigger", "--collection", "--functions", "150")
+    c = data["collection"]
+    assert c["functions"] == 150 and c["runs"] == 40
+    assert c["probes"] >= 300  # (main and the C runtime's functions too)
+    assert 0 < c["ms_per_process"] and 0 < c["first_region_ms"]
+    assert 0 < c["plain_s"] and 0 < c["armed_s"] and 0 < c["stat_s"]
+    assert c["stat_ratio"] == pytest.approx(c["stat_s"] / c["plain_s"])
+    targets = {t["target"]: t for t in data["targets"]}
+    assert f"a process's counts ({c['probes']:,} probes) collected within 5 ms" in targets
+    proc = urewrite("bench", "--no-trigger", "--collection", "--functions", "150")
+    assert proc.returncode == 0, proc.stderr
+    assert "a process's counts read and added up:" in proc.stdout
+
+
 def test_big_file_rows(builder):
     """--big FILE: list, one probe (main) and every function, each timed, counted and
     judged against the issue's limits; the text table names each step."""

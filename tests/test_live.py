@@ -293,9 +293,15 @@ def test_another_users_process(programs):
         tracer = Tracer("stat", "--json", "-p", server.pid, "--duration", 2)
         tracer.armed()
         server.work(64)
-        files = [Path("/dev/shm", d, f) for d in live_dirs()
-                 if d.startswith(f"urewrite-live-{server.pid}-")
-                 for f in os.listdir(Path("/dev/shm", d))]
+        holders = [Path("/dev/shm", d) for d in live_dirs()
+                   if d.startswith(f"urewrite-live-{server.pid}-")]
+        assert len(holders) == 1
+        # root's holder others pass through but cannot list; in it a directory any
+        # user may create files in, and not list, rename or delete other users'
+        (directory,) = holders[0].iterdir()
+        assert [(p.stat().st_mode & 0o7777, p.stat().st_uid) for p in (holders[0], directory)] \
+            == [(0o711, 0), (0o1733, 0)]
+        files = list(directory.iterdir())
         assert len(files) == 1
         info = files[0].stat()
         assert (info.st_mode & 0o777, info.st_uid) == (0o600, pwd.getpwnam(target_user).pw_uid)

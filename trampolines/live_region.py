@@ -1,12 +1,14 @@
 """Reads a region while its process runs: mapped read-only, never written.
 
-`region.read_region` unpacks the file byte by byte, which is right once the
+`region.read_region` copies the file with pread, which is right once the
 writer is gone. A live reader must instead load each counter with one
 aligned 8-byte load, or a read racing with a carry (0x0ff -> 0x100) could see
-half of each value and a counter would jump back and forth. A memoryview cast
-to "Q" over the mapping loads whole words (as the ring reader does), so every
-counter read is a value it really held, and totals only ever grow from one
-read to the next.
+half of each value and a counter would jump back and forth. numpy's arithmetic
+on u64 elements of the 8-aligned mapping loads each element whole (x86_64 and
+AArch64 access an aligned 8-byte element of a vector load single-copy atomically),
+so every counter read is a value it really held, and totals only ever grow from
+one read to the next. The probe table is parsed once per rewrite (region_reader's
+TableCache), not once per file.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import struct
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
-from urewrite.trampolines import region as R
+import numpy as np
 
-_HEADER = struct.Struct("<8sIIQIIQQQQQiIqII32s256s")
+from urewrite.trampolines import region as R
+from urewrite.trampolines.region_reader import Sums, TableCache, open_region_file, read_header
 
 
 @dataclass(frozen=True)
@@ -48,85 +51,51 @@ class NotReady(Exception):
 
 class LiveRegion:
     """A region file mapped read-only. Raises NotReady while it is being set up and
-    RegionError when it is not a region this reader knows."""
+    RegionError when it is not a region this reader knows. `tables`: a cache shared
+    by the regions a watcher opens (processes of one rewrite share a probe table)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, tables: Optional[TableCache] = None):
         self.path = path
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        tables = tables or TableCache()
+        fd = open_region_file(path)  # (no symlink, FIFO or device: see region_reader)
         try:
             st = os.fstat(fd)
             self.inode = (st.st_dev, st.st_ino)
             if st.st_size < R.HEADER_SIZE:
                 raise NotReady(path)  # created, not sized yet
+            magic, pid = struct.unpack("<8s64xi", os.pread(fd, R.OFF_PID + 4, 0))
+            if magic == b"\0" * 8 or pid == 0:
+                raise NotReady(path)  # sized, template or pid not copied in yet
+            self.header = read_header(fd, path, st.st_size)
+            self._table = tables.table(fd, self.header, path)
+            self.probes: Tuple[LiveProbe, ...] = tables.derived(self._table, "live", lambda: tuple(
+                LiveProbe(*fields) for fields in zip(self._table.names, self._table.kinds,
+                                                    self._table.addresses,
+                                                    self._table.histograms)))
             self._map = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
         finally:
             os.close(fd)
-        try:
-            self._read_header()
-        except BaseException:
-            self._map.close()
-            raise
-        self._words = memoryview(self._map)[:len(self._map) // 8 * 8].cast("Q")
-
-    def _read_header(self) -> None:
-        data = self._map
-        (magic, version, _, size, count, slots, probes_off, strings_off, owners_off,
-         counters_off, stride, pid, machine, bias, _, _, _, obj) = _HEADER.unpack_from(data)
-        if magic == b"\0" * 8 or pid == 0:
-            raise NotReady(self.path)  # sized, template or pid not copied in yet
-        if magic != R.MAGIC:
-            raise R.RegionError(f"{self.path}: not a urewrite region")
-        if version != R.VERSION:
-            raise R.RegionError(f"{self.path}: region version {version}, this reader knows "
-                                f"{R.VERSION}")
-        latency_count = struct.unpack_from("<I", data, R.OFF_LATENCY_COUNT)[0]
-        if size > len(data) or counters_off + (slots + 1) * stride > len(data) \
-                or strings_off > owners_off or owners_off % 8 \
-                or owners_off + slots * R.OWNER_ENTRY_SIZE > len(data) \
-                or probes_off + count * R.PROBE_ENTRY_SIZE > strings_off \
-                or R.row_bytes(count, latency_count) > stride \
-                or counters_off % 8 or stride % 8:
-            raise R.RegionError(f"{self.path}: truncated or inconsistent region")
-        self.pid, self.machine, self.load_bias = pid, machine, bias
-        self.object = obj.split(b"\0")[0].decode(errors="replace")
-        self.slots, self.count = slots, count
-        self._counters, self._stride = counters_off // 8, stride // 8
-        self._owners, self._owner_words = owners_off // 8, R.OWNER_ENTRY_SIZE // 8
-        self._row_words = count + R.LATENCY_BUCKETS * latency_count
-        probes = []
-        for i in range(count):
-            address, kind, name_off = struct.unpack_from("<QII", data,
-                                                          probes_off + i * R.PROBE_ENTRY_SIZE)
-            start = strings_off + name_off
-            end = data.find(b"\0", start, owners_off)
-            if end < 0:
-                raise R.RegionError(f"{self.path}: truncated or inconsistent region")
-            name = data[start:end].decode(errors="replace")
-            histogram = (kind >> 16) - 1
-            if histogram >= latency_count:
-                raise R.RegionError(f"{self.path}: probe {name} names a missing histogram")
-            kind &= R.KIND_MASK
-            probes.append(LiveProbe(name, R.KIND_NAMES.get(kind, str(kind)), address, histogram))
-        self.probes: Tuple[LiveProbe, ...] = tuple(probes)
+        h = self.header
+        self.pid, self.machine, self.load_bias, self.object = h.pid, h.machine, h.load_bias, \
+            h.object
+        self.slots, self.count = h.slots, h.count
 
     def _sums(self) -> List[int]:
         """Each u64 of a row (counters, then histograms) summed over the rows in use
-        and the shared row, every one read with one 8-byte load."""
-        owners = self._words[self._owners:self._owners + self._owner_words * self.slots:
-                             self._owner_words]
+        and the shared row, every one read with one aligned 8-byte load (numpy's loads
+        of u64 elements on an 8-aligned mapping)."""
+        h = self.header
+        words = np.frombuffer(self._map, dtype="<u8", count=len(self._map) // 8)
         try:
-            rows = R.claimed_slots(owners.tolist()) + [self.slots]
+            owners = words[h.owners_off // 8:][:h.slots * R.OWNER_ENTRY_SIZE // 8]
+            rows = np.flatnonzero(owners[::R.OWNER_ENTRY_SIZE // 8]).tolist() + [h.slots]
+            sums = Sums(h.row_words)
+            for slot in rows:
+                start = (h.counters_off + slot * h.stride) // 8
+                sums.add(0, words[start:start + h.row_words])
+            return sums.values()
         finally:
-            owners.release()
-        return R.sum_rows(self._row(slot) for slot in rows)
-
-    def _row(self, slot: int) -> List[int]:
-        start = self._counters + slot * self._stride
-        row = self._words[start:start + self._row_words]
-        try:
-            return row.tolist()
-        finally:
-            row.release()
+            del words
 
     def read(self) -> RegionCounts:
         sums = self._sums()
@@ -138,24 +107,27 @@ class LiveRegion:
                 continue
             base = self.count + R.LATENCY_BUCKETS * p.histogram
             histograms.append(sums[base:base + R.LATENCY_BUCKETS])
-        ring = self._words[R.OFF_RING // 8]
-        events = dropped = 0
-        if ring and ring % 8 == 0 and ring + 16 <= len(self._map):
-            events = self._words[(ring + R.RING_HEAD) // 8]
-            dropped = self._words[(ring + R.RING_DROPPED) // 8]
-        return RegionCounts(hits, histograms, events, dropped,
-                            self._words[R.OFF_RETURNS_MISSED // 8], bool(ring))
+        ring = struct.unpack_from("<Q", self._map, R.OFF_RING)[0]
+        words = memoryview(self._map)[:len(self._map) // 8 * 8].cast("Q")
+        try:
+            events = dropped = 0
+            if ring and ring % 8 == 0 and ring + 16 <= len(self._map):
+                events = words[(ring + R.RING_HEAD) // 8]
+                dropped = words[(ring + R.RING_DROPPED) // 8]
+            returns_missed = words[R.OFF_RETURNS_MISSED // 8]
+        finally:
+            words.release()
+        return RegionCounts(hits, histograms, events, dropped, returns_missed, bool(ring))
 
     def close(self) -> None:
-        self._words.release()
         self._map.close()
 
 
-def open_live(path: str) -> Optional[LiveRegion]:
+def open_live(path: str, tables: Optional[TableCache] = None) -> Optional[LiveRegion]:
     """A reader for `path`, or None while its process is still setting it up (or the
     file went away). RegionError for a file that is not a region we can read."""
     try:
-        return LiveRegion(path)
+        return LiveRegion(path, tables)
     except (NotReady, FileNotFoundError):
         return None
     except (OSError, ValueError) as e:  # unreadable, or mmap of an emptied file

@@ -17,9 +17,7 @@ the runtime copies into the region at set-up; readers sum the counters.
 
 from __future__ import annotations
 
-import mmap
 import operator
-import os
 import struct
 from dataclasses import dataclass, field
 from typing import List, Optional
@@ -204,23 +202,9 @@ class RegionError(Exception):
 
 def read_region(path: str) -> Region:
     """Read one region file and sum each probe's counters over all rows."""
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size < HEADER_SIZE:
-            raise RegionError(f"{path}: not a urewrite region (or one still being set up)")
-        # (mapped, not read: a region is 257 rows, mostly never written; a fully
-        # probed libc's is 400 MB)
-        try:
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError:  # (emptied since: a process killed during set-up)
-            raise RegionError(f"{path}: not a urewrite region (or one still being set up)")
-    try:
-        if data[:8] != MAGIC:
-            raise RegionError(f"{path}: not a urewrite region (or one still being set up)")
-        return _parse(path, data)
-    except (struct.error, ValueError, IndexError) as e:
-        raise RegionError(f"{path}: corrupt region ({e})")
-    finally:
-        data.close()
+    from urewrite.trampolines import region_reader
+    return region_reader.to_region(region_reader.read_counts_of(path,
+                                                                region_reader.TableCache()))
 
 
 def claimed_slots(owner_threads) -> List[int]:
@@ -236,47 +220,6 @@ def sum_rows(rows) -> List[int]:
     for row in rows:
         totals = list(row) if totals is None else list(map(operator.add, totals, row))
     return totals
-
-
-def _parse(path: str, data) -> Region:
-    (_, version, _, size, count, slots, probes_off, strings_off, owners_off, counters_off,
-     stride, pid, machine, bias, bid_size, _, bid, obj, *_, latency_count,
-     _, returns_missed) = _HEADER.unpack_from(data)
-    if version != VERSION:
-        raise RegionError(f"{path}: region version {version}, this reader knows {VERSION}")
-    if len(data) < size or counters_off + (slots + 1) * stride > len(data) \
-            or probes_off + count * PROBE_ENTRY_SIZE > len(data) \
-            or owners_off + slots * OWNER_ENTRY_SIZE > len(data) \
-            or row_bytes(count, latency_count) > stride:
-        raise RegionError(f"{path}: truncated or inconsistent region")
-    region = Region(path, pid, obj.split(b"\0")[0].decode(errors="replace"),
-                    bid[:min(bid_size, 32)].hex(), bias, machine,
-                    returns_missed=returns_missed)
-    claimed = claimed_slots(struct.unpack_from(f"<{slots * OWNER_ENTRY_SIZE // 8}Q", data,
-                                               owners_off)[::OWNER_ENTRY_SIZE // 8])
-    region.threads = len(claimed)
-    # the counters, then the histograms, of each row in use and the shared row
-    buckets = LATENCY_BUCKETS
-    words = count + buckets * latency_count
-    totals = sum_rows(struct.unpack_from(f"<{words}Q", data, counters_off + slot * stride)
-                      for slot in claimed + [slots])
-    for i, (address, kind, name_off) in enumerate(struct.iter_unpack(
-            "<QII", data[probes_off:probes_off + count * PROBE_ENTRY_SIZE])):
-        start = strings_off + name_off
-        end = data.find(b"\0", start, owners_off)
-        if end < 0:
-            raise RegionError(f"{path}: truncated or inconsistent region")
-        name = data[start:end].decode(errors="replace")
-        histogram = None
-        if kind >> 16:
-            if (kind >> 16) > latency_count:
-                raise RegionError(f"{path}: probe {name} names a missing histogram")
-            base = count + buckets * ((kind >> 16) - 1)
-            histogram = totals[base:base + buckets]
-        kind &= KIND_MASK
-        region.probes.append(ProbeCount(name, KIND_NAMES.get(kind, str(kind)), address, totals[i],
-                                        histogram))
-    return region
 
 
 def template_probe_names(template: bytes) -> List[str]:
@@ -303,10 +246,12 @@ def read_regions(directory: str, problems: Optional[List[str]] = None) -> List[R
     A file that cannot be read (a process killed during set-up, say) is skipped
     and described in `problems` when given, else raises RegionError.
     """
+    from urewrite.trampolines import region_reader
+    tables = region_reader.TableCache()
     regions = []
-    for name in sorted(n for n in os.listdir(directory) if n.endswith(FILE_SUFFIX)):
+    for path in region_reader.region_paths(directory):
         try:
-            regions.append(read_region(os.path.join(directory, name)))
+            regions.append(region_reader.to_region(region_reader.read_counts_of(path, tables)))
         except RegionError as e:
             if problems is None:
                 raise

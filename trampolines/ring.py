@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from urewrite.trampolines import region as R
+from urewrite.trampolines.region_reader import open_region_file
 
 # sequence, ticks, probe, tid, argument count, then the arguments
 _RECORD = struct.Struct(f"<QQIII4x{R.MAX_ARGS}q{R.RECORD_SIZE - R.REC_ARGS - 8 * R.MAX_ARGS}x")
@@ -52,7 +53,7 @@ class RingReader:
 
     def __init__(self, path: str):
         self.path = path
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_region_file(path)  # (no symlink, FIFO or device: see region_reader)
         try:
             self.map = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
         finally:

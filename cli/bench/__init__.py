@@ -19,6 +19,9 @@
    generated program as the number of probes grows.
 5. Big files (--big FILE): `list`, one probe and every function of a given big
    program or library (node, libLLVM), with time and peak memory.
+6. Collection (--collection): what reading a process's counts costs (every
+   function of a generated program probed at entry and return), and what `stat`
+   adds to a loop of short runs of it.
 
 Kernel rows need root and tracefs; every uprobe event made here lives in a
 group of its own (urwbench_<pid>) and is removed on exit, on error and on
@@ -35,6 +38,7 @@ One module per job:
     summary.py       rows as JSON with speed-ups, the machine, the targets
     rewrite_cost.py  rewrite time and memory as probes grow
     big_files.py     list and rewrite time and memory on a given big file
+    collection.py    reading a process's counts; stat over a loop of short runs
     redis.py         redis-server under redis-benchmark
     report.py        the text tables
     chart.py         the --plot chart
@@ -49,6 +53,7 @@ from typing import Iterator, Sequence
 
 from urewrite.bench.big_files import big_file_bench
 from urewrite.bench.chart import plot
+from urewrite.bench.collection import collection_bench
 from urewrite.bench.common import ENV_VAR, RUN_TIMEOUT, BenchError, clean_env, log
 from urewrite.bench.kernel import (TRACEFS_DIRS, KernelEvents, bpftrace_probe,
                                    bpftrace_unavailable, find_tracefs, function_offsets,
@@ -69,7 +74,7 @@ __all__ = [
     "BenchError", "ENV_VAR", "KERNEL_KIND", "KernelEvents", "REDIS_FUNCTIONS", "REDIS_TESTS",
     "RUN_TIMEOUT", "RedisServer", "Row", "TRACEFS_DIRS", "TRIGGERS", "TRIGGER_SOURCE",
     "UREWRITE_KINDS", "big_file_bench", "bpftrace_probe", "bpftrace_row", "bpftrace_unavailable", "build_target",
-    "clean_env", "find_tracefs", "format_redis_table", "format_report", "format_rewrite_table",
+    "clean_env", "collection_bench", "find_tracefs", "format_redis_table", "format_report", "format_rewrite_table",
     "format_scaling_table", "format_targets", "format_trigger_table", "free_port",
     "function_offsets", "generated_program", "kernel_row", "loadavg", "log", "machine",
     "measure_rows", "parse_threads", "plot", "probe_counts", "redis_bench", "redis_benchmark",
@@ -97,7 +102,7 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 def run(iterations: int = 100_000_000, repeat: int = 5, threads: Sequence[int] = (1,),
         kernel: bool = True, redis: bool = False, redis_requests: int = 100000,
         rewrite: bool = False, functions: int = 10000, trigger: bool = True,
-        big_files: Sequence[str] = ()) -> dict:
+        big_files: Sequence[str] = (), collection: bool = False) -> dict:
     """Everything `urewrite bench` measures, as one JSON-able dict."""
     result = {"machine": machine()}
     with _sigterm_as_interrupt():
@@ -110,6 +115,8 @@ def run(iterations: int = 100_000_000, repeat: int = 5, threads: Sequence[int] =
                 result["rewrite_scaling"] = rewrite_scaling(work, functions)
             if big_files:
                 result["big_files"] = big_file_bench(work, list(big_files))
+            if collection:
+                result["collection"] = collection_bench(work, functions)
     result["machine"]["loadavg_end"] = loadavg()
     result["targets"] = targets(result)
     return result

@@ -152,6 +152,9 @@ def format_report(result: dict) -> str:
         parts.append(format_rewrite_table(result["rewrite_scaling"]))
     if "big_files" in result:
         parts.append(format_big_files_table(result["big_files"]))
+    if "collection" in result:
+        from urewrite.bench.collection import format_collection_table
+        parts.append(format_collection_table(result["collection"]))
     if result.get("targets"):
         parts.append(format_targets(result["targets"]))
     return "\n\n".join(parts) + "\n"

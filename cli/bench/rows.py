@@ -4,7 +4,6 @@ that measure them."""
 
 from __future__ import annotations
 
-import shutil
 import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
@@ -64,7 +63,7 @@ def urewrite_row(binary: str, trigger: str, kind: str, iterations: int, threads:
     row = Row(name, "urewrite", kind, trigger, threads, iterations)
 
     def measure() -> float:
-        from urewrite.runner import region_directory
+        from urewrite.runner import region_directory, remove_region_directory
         from urewrite.trampolines.region import read_regions
         regions = region_directory()
         try:
@@ -73,7 +72,7 @@ def urewrite_row(binary: str, trigger: str, kind: str, iterations: int, threads:
             counted = {(p.name, p.kind): (p.hits, p.histogram)
                        for r in read_regions(regions) for p in r.probes}
         finally:
-            shutil.rmtree(regions, ignore_errors=True)
+            remove_region_directory(regions)
         expected = iterations * threads
         if trigger == "usdt":
             _check_hits(name, counted.get(("trigger:usdt", "usdt"), (0, None))[0], expected)

@@ -99,6 +99,10 @@ def targets(result: dict) -> List[dict]:
             r = min(big, key=lambda r: r["probes"])
             add(f"rewrite with {r['probes']} probes under 5 s", r["seconds"],
                 r["seconds"] < 5, "s")
+    if result.get("collection"):
+        from urewrite.bench.collection import collection_targets
+        for what, value, met, unit in collection_targets(result["collection"]):
+            add(what, value, met, unit)
     for r in result.get("big_files", {}).get("rows", []):
         for step, (seconds, mib) in result["big_files"]["limits"].items():
             s = r[step]
