@@ -486,6 +486,7 @@ slow_hit:
     mrs x2, nzcv
     str x2, [sp, #32]
     cbz x17, sh_shared
+{SLOW_HIT_SHARED_TP}
     ldr x1, hash_k
     mul x1, x17, x1
     lsr x1, x1, #{SLOT_SHIFT}
@@ -652,6 +653,7 @@ te_claim:
     mov w13, #0
     mrs x10, tpidr_el0
     cbz x10, te_tid
+{TRACE_SHARED_TP}
     ldr x11, hash_k
     mul x11, x10, x11
     lsr x11, x11, #{SLOT_SHIFT}
@@ -929,6 +931,7 @@ shadow_stack:
     mov x2, #0
     mrs x9, tpidr_el0
     cbz x9, ss_done
+{SHADOW_SHARED_TP}
     ldr x10, hash_k
     mul x10, x9, x10
     lsr x10, x10, #{SHADOW_SHIFT}          // the first entry to look at

@@ -53,7 +53,7 @@ def build(spec: RuntimeSpec) -> Runtime:
             "PS_DIR": PS_DIR, "DIR_MAX": DIR_MAX, "PS_NAME": PS_NAME,
             "PS_ENVBUF": PS_ENVBUF, "ENVBUF_SIZE": ENVBUF_SIZE, "PS_TRACE": PS_TRACE,
             "CLOCK_KIND": region.CLOCK_TSC,
-            "RED_ZONE": trampoline.RED_ZONE,
+            "RED_ZONE": trampoline.RED_ZONE, "FSBASE_USABLE": trampoline.FSBASE_USABLE,
             "SAVE_PUSH": "\n".join(f"    push {r}" for r in SAVED_PUSH),
             "RESTORE_PUSH": "\n".join(f"    pop {r}" for r in reversed(SAVED_PUSH)),
             "SAVE_POP": "\n".join(f"    push {r}" for r in SAVED_POP),
