@@ -119,6 +119,15 @@ def test_threads_count_in_rows_of_their_own(programs, kind, tmp_path):
     region = _regions(kind, programs[kind][1], tmp_path)
     assert region.threads > 1
     assert [p.hits for p in region.probes] == [GOROUTINES * EACH] * 2
+    _every_return_sampled_or_missed(region)
+
+
+def _every_return_sampled_or_missed(region) -> None:
+    """Latency pairs are kept per thread, and goroutines move between threads: a
+    return whose entry is not on its thread's stack of open calls gives no sample,
+    and is counted as such."""
+    ret = next(p for p in region.probes if p.kind == "return")
+    assert sum(ret.histogram) + region.latency_missed == ret.hits
 
 
 def test_without_rdfsbase_counts_are_exact_in_the_shared_row(programs, tmp_path):
@@ -135,6 +144,7 @@ def test_without_rdfsbase_counts_are_exact_in_the_shared_row(programs, tmp_path)
     region = _regions("static", blind, tmp_path)
     assert region.threads == 0
     assert [p.hits for p in region.probes] == [GOROUTINES * EACH] * 2
+    assert region.latency_missed == GOROUTINES * EACH  # the shared row measures nothing
 
 
 def test_arm64_threads_share_no_row(programs, tmp_path):
@@ -143,6 +153,7 @@ def test_arm64_threads_share_no_row(programs, tmp_path):
     region = _regions("arm64", programs["arm64"][1], tmp_path)
     assert region.threads == 0
     assert [p.hits for p in region.probes] == [GOROUTINES * EACH] * 2
+    assert region.latency_missed == GOROUTINES * EACH  # the shared row measures nothing
 
 
 @pytest.mark.skipif(not _fsgsbase(), reason="the kernel does not let rdfsbase run: "

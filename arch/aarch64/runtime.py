@@ -85,7 +85,7 @@ def build(spec: RuntimeSpec) -> Runtime:
             "SHADOW_DEPTH": f"{SHADOW_DEPTH:#x}",
             "SHADOW_MAP_LOW": f"{SHADOW_MAP_SIZE & 0xFFFF:#x}",
             "SHADOW_MAP_HIGH": f"{SHADOW_MAP_SIZE >> 16:#x}",
-            "OFF_RETURNS_MISSED": region.OFF_RETURNS_MISSED,
+            "OFF_RETURNS_MISSED": region.OFF_RETURNS_MISSED, "OFF_LATENCY_MISSED": region.OFF_LATENCY_MISSED,
             "LOST_MESSAGE": LOST_MESSAGE, "LOST_MESSAGE_SIZE": len(LOST_MESSAGE) + 1,
             "SLOW_HIT_SHARED_TP": _unless_shared(spec, "x17", "sh_shared", "x2", "x3"),
             "TRACE_SHARED_TP": _unless_shared(spec, "x10", "te_tid", "x11", "x12"),

@@ -866,7 +866,7 @@ lat_exit:
     add x10, x0, x10                       // the stack
 lx_pop:
     ldr x11, [x10]
-    cbz x11, lx_done
+    cbz x11, lx_missed                     // no open call: our entry was not recorded
     add x12, x10, x11, lsl #4              // the innermost entry
     ldr x13, [x12]
     cmp x13, x17
@@ -875,7 +875,7 @@ lx_pop:
     str x11, [x10]
     b lx_pop
 lx_ours:
-    b.ne lx_done                           // above ours: our entry was not recorded
+    b.ne lx_missed                         // above ours: our entry was not recorded
     ldr x13, [x12, #8]                     // ticks at entry
     sub x11, x11, #1
     str x11, [x10]
@@ -902,6 +902,14 @@ lx_add:                                    // exclusive, as the counters: a sign
     add x12, x12, #1
     stxr w13, x12, [x9]
     cbnz w13, lx_add
+    b lx_done
+lx_missed:                                 // (its stack was full, or it entered on
+    add x9, x16, #{OFF_LATENCY_MISSED}     // another thread): the region says how many
+lx_missed_add:
+    ldxr x12, [x9]
+    add x12, x12, #1
+    stxr w13, x12, [x9]
+    cbnz w13, lx_missed_add
 lx_done:
     ldr x9, [sp, #48]
     msr nzcv, x9

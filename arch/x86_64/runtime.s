@@ -870,7 +870,7 @@ lat_exit:
 lx_pop:
     mov rax, qword ptr [rcx]
     test rax, rax
-    jz lx_done
+    jz lx_missed                           # no open call: our entry was not recorded
     dec rax
     shl rax, 4
     cmp qword ptr [rcx + rax + 16], rdx
@@ -879,7 +879,7 @@ lx_pop:
     mov qword ptr [rcx], rax
     jmp lx_pop
 lx_ours:
-    jne lx_done                            # above ours: our entry was not recorded
+    jne lx_missed                          # above ours: our entry was not recorded
     mov rdi, qword ptr [rcx + rax + 24]    # ticks at entry
     shr rax, 4
     mov qword ptr [rcx], rax
@@ -902,6 +902,10 @@ lx_bucket:
     add r8, r10
     lea r8, [r8 + rdi*8]
     add qword ptr [rsi + r8], 1            # the row is this thread's: a plain add
+    jmp lx_done
+lx_missed:                                 # (its stack was full, or it entered on another
+    mov rax, qword ptr [rsp + 32]          # thread): the region says how many
+    lock inc qword ptr [rax + {OFF_LATENCY_MISSED}]
 lx_done:
     pop r10
     pop r9

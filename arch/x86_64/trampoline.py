@@ -279,6 +279,8 @@ def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
     w.jcc("e", L.own_row)
     for index in probe_indexes:
         w.lock_inc_rsi_disp(8 * index)
+    for _ in point.leaves:  # a return without a latency sample: the region says how many
+        w.lock_inc_rdx_disp(region.OFF_LATENCY_MISSED)
     w.jmp(L.counted)
 
     if flags_live:  # first hit in this process (or in a forked child): set up, then count

@@ -316,6 +316,10 @@ class Writer:
         self._imm("<i", disp)
         self.code.append(0x01)
 
+    def lock_inc_rdx_disp(self, disp: int) -> None:
+        """lock add qword ptr [rdx + disp32], 1"""
+        self.code += b"\xf0\x48\x83\x82" + struct.pack("<i", disp) + b"\x01"
+
     def mov_rax_rdx(self) -> None:
         self.code += b"\x48\x89\xd0"
 
