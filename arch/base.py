@@ -323,6 +323,7 @@ class RuntimeSpec:
     file_tag: bytes  # names the region file of this object
     exe_entry: Optional[int]  # original entry point to continue at, for executables
     dso_init: Optional[int]  # original DT_INIT to continue at, for shared objects
+    go_program: bool = False  # a Go program: its threads may share one thread pointer
 
 
 @dataclass(frozen=True)

@@ -575,11 +575,18 @@ def stat(as_json, output, interval, directory, pids, all_of, duration, command):
     sink.close()
     if not regions:
         click.echo(f"urewrite: no probe region in {directory}" if directory else "urewrite: no probe region was written: is the command rewritten by urewrite (and not set-user-ID)?", err=True)
+    from urewrite.trampolines import region as region_layout
     for region in regions:
         if region.returns_missed:
             click.echo(f"urewrite: {region.object} (pid {region.pid}): {region.returns_missed} "
                        f"calls could not redirect their return address: their returns are "
                        f"not counted", err=True)
+        if region.latency_missed:
+            click.echo(f"urewrite: {region.object} (pid {region.pid}): {region.latency_missed} "
+                       f"returns of functions measured for latency gave no sample (more than "
+                       f"{region_layout.LATENCY_DEPTH} calls open in a thread, or entered on "
+                       f"another thread)",
+                       err=True)
     sys.exit(exit_code or 0)
 
 

@@ -134,7 +134,7 @@ def _expected_size(trampolines, plans, start: int) -> int:
 def build(backend: Backend, plans, placement: Placement, object_name: str, build_id: bytes,
           file_tag: str, exe_entry: Optional[int], dso_init: Optional[int],
           arguments_of=lambda site: arguments.encode(()), progress=None,
-          siteless=(), detailed=lambda plan: plan) -> SegmentImage:
+          siteless=(), detailed=lambda plan: plan, go_program=False) -> SegmentImage:
     """`arguments_of(site)`: the encoded argument descriptors its events record.
     `detailed(plan)`: the plan with its windows' instructions decoded in detail
     (Planner.detailed), for the code that moves them.
@@ -177,7 +177,7 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
         template=template_at, template_size=copied,
         region_size=layout.region_size,
         slot_count=layout.slot_count, file_tag=file_tag.encode(), exe_entry=exe_entry,
-        dso_init=dso_init)
+        dso_init=dso_init, go_program=go_program)
     try:
         runtime = backend.runtime(spec)
     except OverflowError:

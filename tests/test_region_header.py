@@ -58,6 +58,7 @@ HEADER_FIELDS = {
     "latency_count": region.OFF_LATENCY_COUNT,
     "ns_mult": region.OFF_NS_MULT,
     "returns_missed": region.OFF_RETURNS_MISSED,
+    "latency_missed": region.OFF_LATENCY_MISSED,
 }
 
 

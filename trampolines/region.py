@@ -68,6 +68,9 @@ OFF_LATENCY_COUNT = 428  # histograms per row (functions probed at entry and ret
 OFF_NS_MULT = 432  # nanoseconds per clock tick, 32.32 fixed point
 # calls whose return address could not be redirected: their returns went uncounted
 OFF_RETURNS_MISSED = 440
+# returns of functions measured for latency that gave no sample (their entry was
+# not on the thread's stack of open calls: it was full, or another thread's)
+OFF_LATENCY_MISSED = 448
 CLOCK_TSC, CLOCK_CNTVCT = 1, 2
 
 # Latency: in each row, after the counters, LATENCY_BUCKETS u64 per histogram
@@ -102,8 +105,8 @@ REC_SEQ, REC_TICKS, REC_PROBE, REC_TID, REC_NARGS, REC_ARGS = 0, 8, 16, 20, 24, 
 MAX_ARGS = 12  # (RECORD_SIZE - REC_ARGS) / 8: as many as sdt.h gives a probe
 RING_MIN, RING_MAX, RING_DEFAULT = 16, 1 << 22, 1 << 16
 
-_HEADER = struct.Struct("<8sIIQIIQQQQQiIqII32s256sQIIQQQIIQQ")
-assert _HEADER.size == 448
+_HEADER = struct.Struct("<8sIIQIIQQQQQiIqII32s256sQIIQQQIIQQQ")
+assert _HEADER.size == 456
 
 
 def _align(value: int, to: int) -> int:
@@ -163,7 +166,7 @@ def build_template(probes: List[ProbeInfo], object_name: str, build_id: bytes,
                           SLOT_COUNT, layout.probes_offset, layout.strings_offset,
                           layout.owners_offset, layout.counters_offset, layout.slot_stride,
                           0, machine, 0, len(build_id[:32]), 0, build_id[:32], name,
-                          0, 0, RECORD_SIZE, 0, 0, 0, 0, histograms(probes), 0, 0)
+                          0, 0, RECORD_SIZE, 0, 0, 0, 0, histograms(probes), 0, 0, 0)
     out = bytearray(header.ljust(HEADER_SIZE, b"\0"))
     names = bytearray()
     for probe in probes:
@@ -194,6 +197,7 @@ class Region:
     probes: List[ProbeCount] = field(default_factory=list)
     threads: int = 0  # per-thread slots in use
     returns_missed: int = 0  # calls not redirected: their returns went uncounted
+    latency_missed: int = 0  # returns of measured functions that gave no latency sample
 
 
 class RegionError(Exception):

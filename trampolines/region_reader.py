@@ -75,6 +75,7 @@ class Header:
     object: str
     latency_count: int
     returns_missed: int
+    latency_missed: int
     template_key: tuple  # the fields that come from the rewrite's template
 
     @property
@@ -94,6 +95,7 @@ def read_header(fd: int, path: str, file_size: int) -> Header:
         raise R.RegionError(f"{path}: region version {version}, this reader knows {R.VERSION}")
     latency_count, = struct.unpack_from("<I", raw, R.OFF_LATENCY_COUNT)
     returns_missed, = struct.unpack_from("<Q", raw, R.OFF_RETURNS_MISSED)
+    latency_missed, = struct.unpack_from("<Q", raw, R.OFF_LATENCY_MISSED)
     if size > file_size or count > MAX_PROBES or slots > MAX_SLOTS \
             or latency_count > min(count, R.MAX_HISTOGRAMS) \
             or not probes_off >= R.HEADER_SIZE \
@@ -108,7 +110,7 @@ def read_header(fd: int, path: str, file_size: int) -> Header:
     return Header(count, slots, probes_off, strings_off, owners_off, counters_off, stride,
                   pid, machine, bias, bid[:min(bid_size, 32)].hex(),
                   obj.split(b"\0")[0].decode(errors="replace"), latency_count,
-                  returns_missed, key)
+                  returns_missed, latency_missed, key)
 
 
 @dataclass(frozen=True)
@@ -285,7 +287,8 @@ def read_counts_of(path: str, tables: TableCache,
 def to_region(counts: RegionCounts, with_probes: bool = True) -> R.Region:
     h, table = counts.header, counts.table
     region = R.Region(counts.path, h.pid, h.object, h.build_id, h.load_bias, h.machine,
-                      threads=counts.threads, returns_missed=h.returns_missed)
+                      threads=counts.threads, returns_missed=h.returns_missed,
+                      latency_missed=h.latency_missed)
     if not with_probes:
         return region
     values = counts.sums.values()

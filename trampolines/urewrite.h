@@ -102,7 +102,8 @@ struct urewrite_header {
     uint32_t latency_count;    /* latency histograms per row (entry+return probed functions) */
     uint64_t ns_mult;          /* ns per clock tick, 32.32 fixed point */
     uint64_t returns_missed;   /* calls whose return address could not be redirected */
-    uint8_t reserved[64];      /* zero; later compatible fields go here */
+    uint64_t latency_missed;   /* returns of latency-measured functions without a sample */
+    uint8_t reserved[56];      /* zero; later compatible fields go here */
 };
 
 /* Latency: in every counter row, after probe_count counters, latency_count
@@ -194,7 +195,8 @@ UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, clock_kind) 
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, latency_count) == 428, "latency_count");
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, ns_mult) == 432, "ns_mult");
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, returns_missed) == 440, "returns_missed");
-UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, reserved) == 448, "reserved");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, latency_missed) == 448, "latency_missed");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, reserved) == 456, "reserved");
 UREWRITE_EXTENSION_ _Static_assert(sizeof(struct urewrite_ring) == 64, "ring control size");
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_record, ticks) == 8, "record ticks");
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_record, probe) == 16, "record probe");

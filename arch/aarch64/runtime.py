@@ -53,6 +53,20 @@ def _restore_all() -> str:
     return "\n".join(lines)
 
 
+def _unless_shared(spec: RuntimeSpec, reg: str, target: str, a: str, b: str) -> str:
+    """In a Go program, the stand-in thread pointer is no thread's identity: Go's
+    threads (clone without CLONE_SETTLS) all inherit it, and pure Go never sets
+    tpidr_el0. Code that sends `reg` holding it to `target`, as for no thread
+    pointer (clobbers `a`, `b` and the flags); nothing for other programs, whose C
+    library replaces the stand-in before it starts a thread."""
+    if not spec.go_program:
+        return ""
+    return "\n".join((
+        f"    adr {a}, link_table", f"    ldr {b}, [{a}, #8]", f"    add {a}, {a}, {b}",
+        f"    add {a}, {a}, #1, lsl #12", f"    add {a}, {a}, #{PS_TCB}",
+        f"    cmp {reg}, {a}", f"    b.eq {target}"))
+
+
 def build(spec: RuntimeSpec) -> Runtime:
     runtime = runtime_asm.assemble(
         "urewrite.arch.aarch64", "runtime.s", "KS_ARCH_ARM64", "KS_MODE_LITTLE_ENDIAN",
@@ -71,8 +85,11 @@ def build(spec: RuntimeSpec) -> Runtime:
             "SHADOW_DEPTH": f"{SHADOW_DEPTH:#x}",
             "SHADOW_MAP_LOW": f"{SHADOW_MAP_SIZE & 0xFFFF:#x}",
             "SHADOW_MAP_HIGH": f"{SHADOW_MAP_SIZE >> 16:#x}",
-            "OFF_RETURNS_MISSED": region.OFF_RETURNS_MISSED,
+            "OFF_RETURNS_MISSED": region.OFF_RETURNS_MISSED, "OFF_LATENCY_MISSED": region.OFF_LATENCY_MISSED,
             "LOST_MESSAGE": LOST_MESSAGE, "LOST_MESSAGE_SIZE": len(LOST_MESSAGE) + 1,
+            "SLOW_HIT_SHARED_TP": _unless_shared(spec, "x17", "sh_shared", "x2", "x3"),
+            "TRACE_SHARED_TP": _unless_shared(spec, "x10", "te_tid", "x11", "x12"),
+            "SHADOW_SHARED_TP": _unless_shared(spec, "x9", "ss_done", "x10", "x1"),
         }, lambda source, target: b_imm(source, target).to_bytes(4, "little"))
     # arm64_exports: two quads just before the shared table of entry points at the end
     at = len(runtime.code) - 8 * len(runtime_asm.EXPORTS) - 16

@@ -486,6 +486,7 @@ slow_hit:
     mrs x2, nzcv
     str x2, [sp, #32]
     cbz x17, sh_shared
+{SLOW_HIT_SHARED_TP}
     ldr x1, hash_k
     mul x1, x17, x1
     lsr x1, x1, #{SLOT_SHIFT}
@@ -652,6 +653,7 @@ te_claim:
     mov w13, #0
     mrs x10, tpidr_el0
     cbz x10, te_tid
+{TRACE_SHARED_TP}
     ldr x11, hash_k
     mul x11, x10, x11
     lsr x11, x11, #{SLOT_SHIFT}
@@ -864,7 +866,7 @@ lat_exit:
     add x10, x0, x10                       // the stack
 lx_pop:
     ldr x11, [x10]
-    cbz x11, lx_done
+    cbz x11, lx_missed                     // no open call: our entry was not recorded
     add x12, x10, x11, lsl #4              // the innermost entry
     ldr x13, [x12]
     cmp x13, x17
@@ -873,7 +875,7 @@ lx_pop:
     str x11, [x10]
     b lx_pop
 lx_ours:
-    b.ne lx_done                           // above ours: our entry was not recorded
+    b.ne lx_missed                         // above ours: our entry was not recorded
     ldr x13, [x12, #8]                     // ticks at entry
     sub x11, x11, #1
     str x11, [x10]
@@ -900,6 +902,14 @@ lx_add:                                    // exclusive, as the counters: a sign
     add x12, x12, #1
     stxr w13, x12, [x9]
     cbnz w13, lx_add
+    b lx_done
+lx_missed:                                 // (its stack was full, or it entered on
+    add x9, x16, #{OFF_LATENCY_MISSED}     // another thread): the region says how many
+lx_missed_add:
+    ldxr x12, [x9]
+    add x12, x12, #1
+    stxr w13, x12, [x9]
+    cbnz w13, lx_missed_add
 lx_done:
     ldr x9, [sp, #48]
     msr nzcv, x9
@@ -929,6 +939,7 @@ shadow_stack:
     mov x2, #0
     mrs x9, tpidr_el0
     cbz x9, ss_done
+{SHADOW_SHARED_TP}
     ldr x10, hash_k
     mul x10, x9, x10
     lsr x10, x10, #{SHADOW_SHIFT}          // the first entry to look at

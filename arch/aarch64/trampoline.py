@@ -215,6 +215,13 @@ def _point(w: Writer, L: _Labels, point, refs: RuntimeRefs, displaced, jump=None
     w.ldr(LR, SP, FRAME_LR)
     w.cbz(X1, L.owned)
     _count(w, probe_indexes, L.shared)
+    for k, _ in enumerate(point.leaves):  # a return without a latency sample: say so
+        w.add_imm(X0, X16, region.OFF_LATENCY_MISSED)
+        w.label(f"{L.missed}{k}")
+        w.ldxr(X1, X0)
+        w.add_imm(X1, X1, 1)
+        w.stxr(X17, X1, X0)
+        w.cbnz(X17, f"{L.missed}{k}", wide=False)
     w.b(L.counted)
 
     w.label(L.setup)

@@ -53,7 +53,7 @@ def build(spec: RuntimeSpec) -> Runtime:
             "PS_DIR": PS_DIR, "DIR_MAX": DIR_MAX, "PS_NAME": PS_NAME,
             "PS_ENVBUF": PS_ENVBUF, "ENVBUF_SIZE": ENVBUF_SIZE, "PS_TRACE": PS_TRACE,
             "CLOCK_KIND": region.CLOCK_TSC,
-            "RED_ZONE": trampoline.RED_ZONE,
+            "RED_ZONE": trampoline.RED_ZONE, "FSBASE_USABLE": trampoline.FSBASE_USABLE,
             "SAVE_PUSH": "\n".join(f"    push {r}" for r in SAVED_PUSH),
             "RESTORE_PUSH": "\n".join(f"    pop {r}" for r in reversed(SAVED_PUSH)),
             "SAVE_POP": "\n".join(f"    push {r}" for r in SAVED_POP),
@@ -63,7 +63,7 @@ def build(spec: RuntimeSpec) -> Runtime:
             "SHADOW_MASK": SHADOW_THREADS - 1,
             "SHADOW_SHIFT": 64 - (SHADOW_THREADS.bit_length() - 1),
             "SHADOW_DEPTH": SHADOW_DEPTH, "SHADOW_MAP_SIZE": SHADOW_MAP_SIZE,
-            "OFF_RETURNS_MISSED": region.OFF_RETURNS_MISSED,
+            "OFF_RETURNS_MISSED": region.OFF_RETURNS_MISSED, "OFF_LATENCY_MISSED": region.OFF_LATENCY_MISSED,
             "LOST_MESSAGE": LOST_MESSAGE, "LOST_MESSAGE_SIZE": len(LOST_MESSAGE) + 1,
         }, jmp_rel32)
     # x86_exports: two quads just before the shared table of entry points at the end

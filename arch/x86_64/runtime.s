@@ -9,7 +9,7 @@
 #   a region of its own:       [0] region address, or 1 = disarmed, 0 = not set up
 #                              [16] 1 when the region has an event ring (tracing)
 #                              [8] set-up in progress: fs base of the thread doing it
-#   later pages survive fork:  PS_STARTED, PS_TCB (a stand-in thread control block
+#   later pages survive fork:  PS_STARTED, FSBASE_USABLE (rdfsbase may run), PS_TCB (a stand-in thread control block
 #                              before libc sets one up), PS_DIR (value of the
 #                              environment variable), PS_NAME, PS_ENVBUF
 
@@ -77,6 +77,18 @@ cev_next:
     pop rdi
     jmp cev_next
 cev_done:
+    add rdi, 8                             # the auxiliary vector follows envp's NULL
+cev_auxv:
+    mov rax, qword ptr [rdi]
+    test rax, rax                          # AT_NULL
+    jz cev_auxv_done
+    add rdi, 16
+    cmp rax, 26                            # AT_HWCAP2
+    jne cev_auxv
+    test byte ptr [rdi - 8], 2             # HWCAP2_FSGSBASE: rdfsbase may run
+    jz cev_auxv_done
+    mov byte ptr [rbx + {FSBASE_USABLE}], 1
+cev_auxv_done:
     ret
 
 # Reads /proc/self/environ into PS_ENVBUF and records our variables from it.
@@ -463,6 +475,23 @@ ad_out:
     jnz ad_out
     ret
 
+# -> rcx = this thread's identity, as the trampolines compute it: its thread pointer
+# (fs:[0], the TLS ABI's self pointer); where that word is 0 (Go points fs at its
+# own per-thread data), its fs base, read with rdfsbase where the kernel allows it;
+# else 0: no identity (counts go to the shared row). Clobbers flags only.
+thread_identity:
+    .byte 0x64, 0x48, 0x8b, 0x0c, 0x25, 0, 0, 0, 0   # mov rcx, fs:[0] (Keystone makes it RIP-relative)
+    test rcx, rcx
+    jnz ti_done
+    push rbx
+    call load_state
+    cmp byte ptr [rbx + {FSBASE_USABLE}], 0
+    pop rbx
+    je ti_done
+    .byte 0xf3, 0x48, 0x0f, 0xae, 0xc1    # rdfsbase rcx
+ti_done:
+    ret
+
 # The row of a thread whose hashed owner entry is not its own: rdx = region,
 # rcx = thread pointer, rsi = that entry's offset in the owner table. Looks at
 # {OWNER_PROBES} entries from there (wrapping) for the thread's own, else claims a
@@ -635,7 +664,9 @@ te_claim:
     # the thread id learnt when this thread claimed its row (0 in the shared row)
     # (looking where slow_hit does: from the hashed entry, {OWNER_PROBES} entries)
     xor esi, esi
-    .byte 0x64, 0x48, 0x8b, 0x0c, 0x25, 0, 0, 0, 0   # mov rcx, fs:[0] (Keystone makes it RIP-relative)
+    call thread_identity
+    test rcx, rcx
+    jz te_tid
     movabs rdx, {HASH_MULTIPLIER}
     imul rdx, rcx
     shr rdx, {SLOT_SHIFT}
@@ -847,7 +878,7 @@ lat_exit:
 lx_pop:
     mov rax, qword ptr [rcx]
     test rax, rax
-    jz lx_done
+    jz lx_missed                           # no open call: our entry was not recorded
     dec rax
     shl rax, 4
     cmp qword ptr [rcx + rax + 16], rdx
@@ -856,7 +887,7 @@ lx_pop:
     mov qword ptr [rcx], rax
     jmp lx_pop
 lx_ours:
-    jne lx_done                            # above ours: our entry was not recorded
+    jne lx_missed                          # above ours: our entry was not recorded
     mov rdi, qword ptr [rcx + rax + 24]    # ticks at entry
     shr rax, 4
     mov qword ptr [rcx], rax
@@ -879,6 +910,10 @@ lx_bucket:
     add r8, r10
     lea r8, [r8 + rdi*8]
     add qword ptr [rsi + r8], 1            # the row is this thread's: a plain add
+    jmp lx_done
+lx_missed:                                 # (its stack was full, or it entered on another
+    mov rax, qword ptr [rsp + 32]          # thread): the region says how many
+    lock inc qword ptr [rax + {OFF_LATENCY_MISSED}]
 lx_done:
     pop r10
     pop r9
@@ -904,7 +939,7 @@ shadow_stack:
     call load_state
     lea r8, [rbx + {PS_SHADOW}]
     xor ebx, ebx
-    .byte 0x64, 0x48, 0x8b, 0x0c, 0x25, 0, 0, 0, 0   # mov rcx, fs:[0]
+    call thread_identity
     test rcx, rcx
     jz ss_done
     movabs rax, {HASH_MULTIPLIER}

@@ -56,6 +56,9 @@ from urewrite.trampolines.arguments import encode
 
 RED_ZONE = 128
 TRACING = 16  # state page: 1 when the region has an event ring
+# state memory, in the page that survives fork: 1 when the kernel lets rdfsbase run
+# (AT_HWCAP2 has HWCAP2_FSGSBASE), read by a thread whose fs:[0] is no thread pointer
+FSBASE_USABLE = 4096 + 24
 SAVED = 4  # rcx, rax, rdx, rsi
 ARGUMENTS_ALIGN = 8  # of a trace path's argument descriptors
 
@@ -225,7 +228,7 @@ def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
         w.cmp_rdx_imm8(1)
         w.jcc("be", L.traced)
     w.label(L.count)
-    _owner_entry(w)
+    _owner_entry(w, L, refs)
     w.cmp_rdx_rsi_disp_rcx(refs.owners_offset)
     w.jcc("ne", L.slow)
     w.mov_rsi_rdx_rsi_disp(refs.owners_offset + 8)
@@ -259,6 +262,14 @@ def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
         w.lea_rsp(RED_ZONE)
     w.jmp(L.resume)
 
+    w.label(L.fs_base)
+    w.cmp_rip_byte_imm8(refs.state + FSBASE_USABLE, 0)
+    w.jcc("e", L.slow)  # rcx = 0: slow_hit gives the shared row
+    w.rdfsbase_rcx()
+    w.test_rcx_rcx()
+    w.jcc("ne", L.identified)
+    w.jmp(L.slow)
+
     # The hashed owner entry is not this thread's: slow_hit finds or claims one
     # nearby (rdx = region, rcx = thread pointer, rsi = entry offset; it clobbers
     # rsi and flags). Its own row counts as on the fast path; the shared row, owned
@@ -268,6 +279,8 @@ def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
     w.jcc("e", L.own_row)
     for index in probe_indexes:
         w.lock_inc_rsi_disp(8 * index)
+    for _ in point.leaves:  # a return without a latency sample: the region says how many
+        w.lock_inc_rdx_disp(region.OFF_LATENCY_MISSED)
     w.jmp(L.counted)
 
     if flags_live:  # first hit in this process (or in a forked child): set up, then count
@@ -287,9 +300,16 @@ def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
         w.jmp(L.resume)
 
 
-def _owner_entry(w: Writer) -> None:
-    """rcx = thread pointer, rsi = offset of its owner entry (rdx = region)."""
+def _owner_entry(w: Writer, L: _Labels, refs: RuntimeRefs) -> None:
+    """rcx = the thread's identity, rsi = offset of its owner entry (rdx = region).
+    The identity is the thread pointer (fs:[0], the TLS ABI's self pointer); where
+    that word is 0 (Go points fs at its own per-thread data), the fs base itself,
+    read with rdfsbase where the kernel allows it (out of line); else none, and
+    slow_hit counts in the shared row: a free entry's 0 must never match."""
     w.mov_rcx_fs0()
+    w.test_rcx_rcx()
+    w.jcc("e", L.fs_base)
+    w.label(L.identified)
     w.movabs_rsi(region.HASH_MULTIPLIER)
     w.imul_rsi_rcx()
     w.shr_rsi(region.SLOT_SHIFT)

@@ -190,6 +190,13 @@ class Writer:
         """mov rcx, qword ptr fs:[0]: the thread pointer (x86_64 TLS ABI)."""
         self.code += b"\x64\x48\x8b\x0c\x25\x00\x00\x00\x00"
 
+    def test_rcx_rcx(self) -> None:
+        self.code += b"\x48\x85\xc9"
+
+    def rdfsbase_rcx(self) -> None:
+        """rdfsbase rcx: the fs base, without a system call (where the kernel allows it)"""
+        self.code += b"\xf3\x48\x0f\xae\xc1"
+
     def movabs_rdx(self, value: int) -> None:
         self.code += b"\x48\xba" + struct.pack("<Q", value)
 
@@ -308,6 +315,10 @@ class Writer:
         self.code += b"\xf0\x48\x83\x86"
         self._imm("<i", disp)
         self.code.append(0x01)
+
+    def lock_inc_rdx_disp(self, disp: int) -> None:
+        """lock add qword ptr [rdx + disp32], 1"""
+        self.code += b"\xf0\x48\x83\x82" + struct.pack("<i", disp) + b"\x01"
 
     def mov_rax_rdx(self) -> None:
         self.code += b"\x48\x89\xd0"

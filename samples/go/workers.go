@@ -1,0 +1,60 @@
+// Goroutines on several threads call work a known number of times; the
+// program prints its own count of calls, to compare with urewrite's.
+//
+// usage: workers [GOROUTINES [CALLS_EACH]]
+package main
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+)
+
+var calls atomic.Int64
+
+//go:noinline
+func work(n int) int {
+	calls.Add(1)
+	s := 0
+	for i := 0; i < n%7; i++ {
+		s += i * n
+	}
+	return s
+}
+
+func arg(i int, def int) int {
+	if len(os.Args) > i {
+		if v, err := strconv.Atoi(os.Args[i]); err == nil {
+			return v
+		}
+	}
+	return def
+}
+
+func main() {
+	if runtime.GOMAXPROCS(0) < 4 {
+		runtime.GOMAXPROCS(4)
+	}
+	goroutines, each := arg(1, 8), arg(2, 2500)
+	var wg sync.WaitGroup
+	var sum atomic.Int64
+	for g := 0; g < goroutines; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			s := 0
+			for i := 0; i < each; i++ {
+				s += work(g*each + i)
+				if i%64 == 0 {
+					runtime.Gosched() // move between threads now and then
+				}
+			}
+			sum.Add(int64(s))
+		}(g)
+	}
+	wg.Wait()
+	fmt.Printf("calls=%d sum=%d\n", calls.Load(), sum.Load())
+}

@@ -1,0 +1,171 @@
+"""Go programs: exact counts when goroutines run on several threads.
+
+Go points each thread's fs at its own data, whose first word is 0, so fs:[0]
+(the TLS ABI's self pointer, the thread identity of C programs) tells no thread
+apart; on arm64 pure Go never sets tpidr_el0, and its threads inherit the
+start hook's stand-in. samples/go/workers.go calls a //go:noinline function
+from goroutines on several threads (GOMAXPROCS >= 4) and prints its own count;
+rewritten with `-p main.work -r main.work`, `stat` must report exactly that
+count for the entry and the return, built static and PIE (x86_64) and static
+for arm64 (under qemu-aarch64).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import SAMPLES, check, rewrite, run, stat
+from urewrite.trampolines.region import read_regions
+
+GO = shutil.which("go") or ("/usr/local/go/bin/go" if os.access("/usr/local/go/bin/go", os.X_OK)
+                            else None)
+pytestmark = pytest.mark.skipif(GO is None, reason="needs a Go toolchain (go not found; "
+                                "Debian: apt-get install golang)")
+QEMU = shutil.which("qemu-aarch64")
+GOROUTINES, EACH = 16, 5000
+HWCAP2_FSGSBASE = 2
+AT_HWCAP2 = 26
+
+
+def _go_build(source: Path, out: Path, *flags: str, goarch: str = "amd64") -> Path:
+    """Builds one Go file offline, with the module cache and build cache under tmp."""
+    work = out.parent
+    (work / "go.mod").write_text("module sample\n\ngo 1.21\n")
+    shutil.copy(source, work / source.name)
+    env = {"GOARCH": goarch, "GOTOOLCHAIN": "local", "GOFLAGS": "", "GOPROXY": "off",
+           "GOCACHE": str(work / "cache"), "GOPATH": str(work / "gopath")}
+    if goarch != "amd64":
+        env["CGO_ENABLED"] = "0"  # (no cross C toolchain needed)
+    check([GO, "build", *flags, "-o", str(out), source.name], env=env, cwd=work)
+    return out
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory):
+    """(kind -> original, rewritten): each built in a directory of its own."""
+    built = {}
+    kinds = {"static": ((), "amd64"), "pie": (("-buildmode=pie",), "amd64"),
+             "arm64": ((), "arm64")}
+    for kind, (flags, goarch) in kinds.items():
+        d = tmp_path_factory.mktemp(f"go-{kind}")
+        original = _go_build(SAMPLES / "go" / "workers.go", d / "workers", *flags, goarch=goarch)
+        probed = d / "workers.probed"
+        rewrite(original, probed, "main.work", extra=["-r", "main.work"])
+        built[kind] = (original, probed)
+    return built
+
+
+def _command(kind: str, program: Path, *args) -> list:
+    if kind == "arm64":
+        if QEMU is None:
+            pytest.skip("needs qemu-aarch64 (Debian: apt-get install qemu-user)")
+        return [QEMU, program, *map(str, args)]
+    return [program, *map(str, args)]
+
+
+def _own_count(output: str) -> int:
+    match = re.search(r"calls=(\d+)", output)
+    assert match, output
+    return int(match.group(1))
+
+
+def _fsgsbase() -> bool:
+    """Whether the kernel lets rdfsbase run (AT_HWCAP2 of this process)."""
+    data = Path("/proc/self/auxv").read_bytes()
+    for at in range(0, len(data) - 15, 16):
+        kind, value = struct.unpack_from("<QQ", data, at)
+        if kind == AT_HWCAP2:
+            return bool(value & HWCAP2_FSGSBASE)
+    return False
+
+
+@pytest.mark.parametrize("kind", ["static", "pie", "arm64"])
+def test_counts_equal_the_programs_own(programs, kind, tmp_path):
+    original, probed = programs[kind]
+    plain = check(_command(kind, original, GOROUTINES, EACH))
+    assert check(_command(kind, probed, GOROUTINES, EACH)).stdout == plain.stdout  # disarmed
+    run_ = stat(_command(kind, probed, GOROUTINES, EACH), tmp_path)
+    assert run_.proc.returncode == 0, run_.proc.stderr
+    assert run_.proc.stdout == plain.stdout
+    calls = _own_count(plain.stdout)
+    assert calls == GOROUTINES * EACH
+    entry = [p for p in run_.probes if p["name"] == "main.work" and p["kind"] == "entry"]
+    returns = [p for p in run_.probes if p["name"] == "main.work" and p["kind"] == "return"]
+    assert [p["hits"] for p in entry] == [calls]
+    assert [p["hits"] for p in returns] == [calls]
+
+
+def _regions(kind: str, program: Path, tmp_path: Path):
+    regions = tmp_path / "regions"
+    regions.mkdir()
+    check(_command(kind, program, GOROUTINES, EACH), env={"UREWRITE_DIR": str(regions)})
+    (region,) = read_regions(str(regions))
+    return region
+
+
+@pytest.mark.skipif(not _fsgsbase(), reason="the kernel does not let rdfsbase run "
+                    "(AT_HWCAP2 without FSGSBASE): Go's threads count in the shared row")
+@pytest.mark.parametrize("kind", ["static", "pie"])
+def test_threads_count_in_rows_of_their_own(programs, kind, tmp_path):
+    """Told apart by their fs base: several threads claim rows (plain adds there)."""
+    region = _regions(kind, programs[kind][1], tmp_path)
+    assert region.threads > 1
+    assert [p.hits for p in region.probes] == [GOROUTINES * EACH] * 2
+    _every_return_sampled_or_missed(region)
+
+
+def _every_return_sampled_or_missed(region) -> None:
+    """Latency pairs are kept per thread, and goroutines move between threads: a
+    return whose entry is not on its thread's stack of open calls gives no sample,
+    and is counted as such."""
+    ret = next(p for p in region.probes if p.kind == "return")
+    assert sum(ret.histogram) + region.latency_missed == ret.hits
+
+
+def test_without_rdfsbase_counts_are_exact_in_the_shared_row(programs, tmp_path):
+    """Where the kernel does not allow rdfsbase, Go's threads cannot be told apart:
+    every hit counts in the shared row, atomically. The start hook's store of the
+    flag it reads from AT_HWCAP2 is made to store 0, as such a kernel would leave it."""
+    probed = programs["static"][1]
+    data = probed.read_bytes()
+    store = bytes.fromhex("c68318100000" "01")  # mov byte ptr [rbx + 0x1018], 1
+    assert data.count(store) == 1
+    blind = tmp_path / "workers.blind"
+    blind.write_bytes(data.replace(store, store[:-1] + b"\0"))
+    blind.chmod(0o755)
+    region = _regions("static", blind, tmp_path)
+    assert region.threads == 0
+    assert [p.hits for p in region.probes] == [GOROUTINES * EACH] * 2
+    assert region.latency_missed == GOROUTINES * EACH  # the shared row measures nothing
+
+
+def test_arm64_threads_share_no_row(programs, tmp_path):
+    """On arm64 Go's threads all hold the stand-in thread pointer: none claims a row
+    (its adds there would mix the threads' latency stacks), all count in the shared one."""
+    region = _regions("arm64", programs["arm64"][1], tmp_path)
+    assert region.threads == 0
+    assert [p.hits for p in region.probes] == [GOROUTINES * EACH] * 2
+    assert region.latency_missed == GOROUTINES * EACH  # the shared row measures nothing
+
+
+@pytest.mark.skipif(not _fsgsbase(), reason="the kernel does not let rdfsbase run: "
+                    "events of Go's threads name no thread (tid 0)")
+def test_trace_events_name_their_threads(programs, tmp_path):
+    probed = programs["static"][1]
+    events = tmp_path / "events.jsonl"
+    proc = run([sys.executable, "-m", "urewrite", "trace", "--ring", 1 << 18, "--json",
+                "-o", events, "--", probed, GOROUTINES, EACH])
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
+    work = [e for e in lines if e.get("probe") == "main.work"]
+    assert len(work) == 2 * GOROUTINES * EACH
+    tids = {e["tid"] for e in work}
+    assert 0 not in tids and len(tids) > 1

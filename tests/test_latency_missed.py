@@ -1,0 +1,58 @@
+"""Returns of functions measured for latency that give no sample are counted, never
+dropped silently: samples/latency_depth.c recurses deeper than a thread's stack of
+open calls holds (126), in several threads; every return either adds a sample to
+the histogram or counts in the region's `latency_missed`, exactly as many as the
+calls that were open beyond the limit. x86_64, and arm64 under qemu-aarch64.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import SAMPLES, check, rewrite
+from urewrite.trampolines.region import LATENCY_DEPTH, read_regions
+
+DEPTH, ROUNDS, THREADS = 200, 50, 4
+CALLS = DEPTH * ROUNDS * THREADS
+SAMPLED = LATENCY_DEPTH * ROUNDS * THREADS
+CROSS_CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
+
+
+def _region_after(command, tmp_path: Path):
+    regions = tmp_path / "regions"
+    regions.mkdir()
+    out = check([*command, DEPTH, ROUNDS, THREADS], env={"UREWRITE_DIR": str(regions)})
+    assert out.stdout.strip() == f"calls={CALLS}"  # (descend(n) returns n)
+    (region,) = read_regions(str(regions))
+    return region
+
+
+def _check_region(region) -> None:
+    entry = next(p for p in region.probes if p.kind == "entry")
+    ret = next(p for p in region.probes if p.kind == "return")
+    assert entry.hits == ret.hits == CALLS
+    assert sum(ret.histogram) == SAMPLED
+    assert region.latency_missed == CALLS - SAMPLED
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+def test_calls_beyond_the_stack_of_open_calls_are_counted(tmp_path):
+    program = tmp_path / "latency_depth"
+    check(["gcc", "-O2", "-pthread", SAMPLES / "latency_depth.c", "-o", program])
+    probed = tmp_path / "latency_depth.probed"
+    rewrite(program, probed, "descend", extra=["-r", "descend"])
+    _check_region(_region_after([probed], tmp_path))
+
+
+@pytest.mark.skipif(shutil.which(CROSS_CC) is None or shutil.which(QEMU) is None,
+                    reason="needs aarch64-linux-gnu-gcc and qemu-aarch64 (Debian: apt-get "
+                           "install gcc-aarch64-linux-gnu qemu-user)")
+def test_arm64_calls_beyond_the_stack_of_open_calls_are_counted(tmp_path):
+    program = tmp_path / "latency_depth"
+    check([CROSS_CC, "-O2", "-static", "-pthread", SAMPLES / "latency_depth.c", "-o", program])
+    probed = tmp_path / "latency_depth.probed"
+    rewrite(program, probed, "descend", extra=["-r", "descend"])
+    _check_region(_region_after([QEMU, probed], tmp_path))
