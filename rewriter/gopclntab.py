@@ -108,17 +108,19 @@ def _parse(elf: ElfFile, start: int) -> Optional[GoTable]:
     if not 0 < nfunc < 1 << 24:
         return None
     if magic == MAGIC_116:
-        names_at, pcln_at = struct.unpack_from("<Q24xQ", data, start + 24)
+        names_at, pctab_at, pcln_at = struct.unpack_from("<Q16xQQ", data, start + 24)
         header_text = 0
     else:
-        header_text, names_at, pcln_at = struct.unpack_from("<QQ24xQ", data, start + 24)
+        header_text, names_at, pctab_at, pcln_at = struct.unpack_from("<QQ16xQQ", data,
+                                                                      start + 24)
     names_at += start
+    pctab_at += start
     pcln_at += start
     if magic == MAGIC_116:
         ftab = np.frombuffer(data, dtype="<u8", count=2 * (nfunc + 1), offset=pcln_at)
         entries = ftab[0::2].astype(np.int64)
         funcoffs = ftab[1::2].astype(np.int64)
-        name_field, defer_field = 8, 16
+        name_field, defer_field, pcsp_field = 8, 16, 20
     else:
         ftab = np.frombuffer(data, dtype="<u4", count=2 * (nfunc + 1), offset=pcln_at)
         funcoffs = ftab[1::2].astype(np.int64)
@@ -126,11 +128,11 @@ def _parse(elf: ElfFile, start: int) -> Optional[GoTable]:
         if text is None:
             return None
         entries = text + ftab[0::2].astype(np.int64)
-        name_field, defer_field = 4, 12
+        name_field, defer_field, pcsp_field = 4, 12, 16
     if (np.diff(entries) < 0).any():
         return None
     funcs = pcln_at + funcoffs[:-1]
-    if len(funcs) and (funcs.min() < 0 or funcs.max() + defer_field + 4 > len(data)):
+    if len(funcs) and (funcs.min() < 0 or funcs.max() + pcsp_field + 4 > len(data)):
         return None
     raw = np.frombuffer(data, dtype=np.uint8)
     name_offsets = _words(raw, funcs + name_field).view(np.int32).astype(np.int64)
@@ -142,7 +144,97 @@ def _parse(elf: ElfFile, start: int) -> Optional[GoTable]:
         return None
     addresses = entries[:-1]
     sizes = _sizes(elf, entries, quantum)
+    coded = _code_sizes(raw, pctab_at, _words(raw, funcs + pcsp_field).astype(np.int64), quantum)
+    if coded is not None:  # (exact: the padding trimmed off may end a function, an int3
+        # after a call that never returns)
+        exact = (coded > 0) & (coded <= np.diff(entries))
+        sizes = np.where(exact, coded, sizes)
     return GoTable(addresses, sizes, names, deferreturn, quantum, magic)
+
+
+def _code_sizes(raw: np.ndarray, pctab_at: int, tables: np.ndarray,
+                quantum: int) -> Optional[np.ndarray]:
+    """Each function's code size, where its SP-delta table (pcsp) covers it, else 0:
+    the sum of the table's PC steps. A table is pairs of varints (value delta, PC
+    delta in quanta), ended by a 0 byte where a value delta would start (after the
+    first pair). Read for all functions at once, a pair per round. None if a table
+    runs off the bytes."""
+    sizes = np.zeros(len(tables), dtype=np.int64)
+    pos = pctab_at + tables
+    live = np.flatnonzero(tables > 0)
+    first = True
+    rounds = 0
+    while len(live):
+        rounds += 1
+        if len(live) < _FEW:  # (the long tables of a few big functions: one at a time)
+            for k in live.tolist():
+                step = _table_steps(raw, int(pos[k]), first)
+                if step is None:
+                    return None
+                sizes[k] += step * quantum
+            break
+        at = pos[live]
+        if at.max() >= len(raw):
+            return None
+        if not first:
+            going = raw[at] != 0
+            live, at = live[going], at[going]
+            if not len(live):
+                break
+        first = False
+        _, at = _read_varint(raw, at)  # (the SP delta: not needed)
+        if at is None:
+            return None
+        step, at = _read_varint(raw, at)
+        if at is None:
+            return None
+        sizes[live] += step * quantum
+        pos[live] = at
+    return sizes
+
+
+_FEW = 32
+
+
+def _table_steps(raw: np.ndarray, at: int, first: bool) -> Optional[int]:
+    """The sum of the PC deltas of one table's pairs from `at` on."""
+    data, total = raw, 0
+    while True:
+        if at >= len(data):
+            return None
+        if data[at] == 0 and not first:
+            return total
+        first = False
+        for want in (False, True):
+            value, shift = 0, 0
+            while True:
+                if at >= len(data) or shift > 28:
+                    return None
+                byte = int(data[at])
+                at += 1
+                value |= (byte & 0x7F) << shift
+                shift += 7
+                if not byte & 0x80:
+                    break
+            if want:
+                total += value
+
+
+def _read_varint(raw: np.ndarray, at: np.ndarray) -> tuple:
+    """(values, positions after them) of the unsigned varints at `at`."""
+    at = at.copy()
+    values = np.zeros(len(at), dtype=np.int64)
+    rest = np.arange(len(at))
+    for shift in range(0, 35, 7):
+        if not len(rest):
+            return values, at
+        if at[rest].max() >= len(raw):
+            return values, None
+        byte = raw[at[rest]].astype(np.int64)
+        values[rest] |= (byte & 0x7F) << shift
+        at[rest] += 1
+        rest = rest[byte & 0x80 != 0]
+    return (values, at) if not len(rest) else (values, None)
 
 
 def _words(raw: np.ndarray, at: np.ndarray, width: int = 4) -> np.ndarray:
@@ -298,7 +390,9 @@ def _sizes(elf: ElfFile, entries: np.ndarray, quantum: int) -> np.ndarray:
     # the run of padding that ends each function: the units after its last non-padding one
     last_code = np.where(~pad, np.arange(_PAD_LOOK), -1).max(axis=1)
     trimmed = sizes - (_PAD_LOOK - 1 - last_code) * unit
-    return np.where(held & (trimmed > 0), trimmed, sizes)
+    # (a marker, such as go:textfipsstart, is padding alone: one byte of it, as its
+    # symbol says)
+    return np.where(held, np.maximum(trimmed, 1), sizes)
 
 
 # padding is at most the function alignment (32 bytes on x86_64, 16 on arm64)
