@@ -1,4 +1,5 @@
-"""Finds the functions of an ELF file: symbols first, then .eh_frame for what they miss.
+"""Finds the functions of an ELF file: symbols first, then a Go program's .gopclntab
+and .eh_frame for what they miss.
 
 A stripped executable still has an FDE per function in .eh_frame; those get the
 name fn_<address>. PLT stubs have FDEs too but are not functions of the file.
@@ -6,6 +7,9 @@ A function whose symbol has no size and no FDE (_init, _fini, the crtstuff
 functions, hand-written assembly) extends to the next thing that starts after
 it: a symbol, an FDE, or the end of its section. The planner checks more before
 it trusts such an extent with a return probe (it must end in a return or jump).
+A Go program's functions (stripped, they are in .gopclntab alone) take their names
+from it where no symbol names them, and where one does, its names are aliases
+(gopclntab.py, go_names.py).
 Both tables are read by our own readers (elf_symbols.py, eh_frame.py): LIEF's
 import alone costs more than a one-probe rewrite. LIEF still reads an .eh_frame
 whose pointer encodings ours does not know.
@@ -18,7 +22,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from urewrite.arch.base import value_class
-from urewrite.rewriter import eh_frame
+from urewrite.rewriter import eh_frame, go_names, gopclntab
 from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.elf_symbols import SHN_UNDEF, STT_FUNC
 from urewrite.rewriter.elf_symbols import table as symbol_table
@@ -29,15 +33,16 @@ class Function:
     name: str
     address: int
     size: int  # 0 when neither a symbol nor an FDE gives it
-    origin: str  # "symtab", "dynsym" or "eh_frame"
+    origin: str  # "symtab", "dynsym", "gopclntab" or "eh_frame"
     aliases: tuple = ()
-    # where the size comes from: "symbol", "eh_frame", or "next symbol" / "next FDE" /
-    # "section end" for an extent inferred up to what follows it
+    # where the size comes from: "symbol", "eh_frame", "gopclntab" (up to the next Go
+    # function, less padding), or "next symbol" / "next FDE" / "section end" for an
+    # extent inferred up to what follows it
     sized_by: str = "symbol"
 
     @property
     def size_inferred(self) -> bool:
-        return self.sized_by not in ("symbol", "eh_frame")
+        return self.sized_by not in ("symbol", "eh_frame", "gopclntab")
 
     @property
     def end(self) -> int:
@@ -94,8 +99,42 @@ def discover(elf: ElfFile) -> List[Function]:
     listed = addresses.tolist()
     for k in unsized:  # (few: _init, crtstuff, hand-written code)
         sizes[k], by[k] = _extent(elf, listed[k], symbol_starts, fde_marks)
-    return [Function(primary[k], listed[k], sizes[k], origins[k], more[k], by[k])
-            for k in np.argsort(addresses, kind="stable").tolist()]
+    found = [Function(primary[k], listed[k], sizes[k], origins[k], more[k], by[k])
+             for k in np.argsort(addresses, kind="stable").tolist()]
+    return _with_go_functions(elf, found, in_code)
+
+
+def _with_go_functions(elf: ElfFile, found: List[Function], in_code) -> List[Function]:
+    """`found` with the functions of the file's .gopclntab: their names as aliases of
+    a symbol's function at their entry; a function of their own elsewhere (in place
+    of an FDE's fn_<address>)."""
+    go = gopclntab.table(elf)
+    if go is None:
+        return found
+    keep = in_code(go.addresses)
+    at = {fn.address: k for k, fn in enumerate(found)}
+    added = []
+    for address, size, name in zip(go.addresses[keep].tolist(), go.sizes[keep].tolist(),
+                                   [n for n, k in zip(go.names, keep.tolist()) if k]):
+        names = (name,) + go_names.typed_names(name)
+        k = at.get(address)
+        if k is None:
+            added.append(Function(name, address, size, "gopclntab", names[1:], "gopclntab"))
+            continue
+        fn = found[k]
+        if fn.origin == "eh_frame":
+            found[k] = Function(name, address, fn.size or size, "gopclntab", names[1:],
+                                fn.sized_by if fn.size else "gopclntab")
+            continue
+        # (a symbol's own name may have forms of its own: `.abi0` assembly functions)
+        new = tuple(n for n in dict.fromkeys(names + go_names.typed_names(fn.name))
+                    if n not in fn.names)
+        if new or not fn.size:
+            found[k] = Function(fn.name, address, fn.size or size, fn.origin,
+                                fn.aliases + new, fn.sized_by if fn.size else "gopclntab")
+    if added:
+        found = sorted(found + added, key=lambda f: f.address)
+    return found
 
 
 class _Grouped:

@@ -328,9 +328,11 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
 
 def _excluded(site: Site, globs: List[str]) -> bool:
     """Whether --exclude leaves the site out: a glob matches a name of its function
-    (any alias), or, for a USDT site, its usdt:PROVIDER:NAME."""
+    (any alias), or, for a USDT site, its usdt:PROVIDER:NAME; or is one of them (Go's
+    `main.Map[...]`, a name with a glob's characters)."""
     names = site.function.names + (("usdt:" + site.name,) if site.kind == KIND_USDT else ())
-    return any(fnmatch.fnmatchcase(name, glob) for glob in globs for name in names)
+    return any(name == glob or fnmatch.fnmatchcase(name, glob)
+               for glob in globs for name in names)
 
 
 def _argument_encoder(a: Analysis, backend, entry_args: int, warnings: List[str]):

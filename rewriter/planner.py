@@ -31,7 +31,7 @@ from urewrite.arch.base import (BRANCH, JUMP, OTHER, RETURN, Backend, Insn, Swee
                                 Window, value_class)
 from urewrite.arch.jump_tables import JumpTable
 from urewrite.errors import UrewriteError
-from urewrite.rewriter import (copied_code, elf_symbols, except_table, free_space,
+from urewrite.rewriter import (copied_code, elf_symbols, except_table, free_space, go_runtime,
                                jump_table_guard, layout, parallel, redirection,
                                sweep_search, taken_addresses)
 from urewrite.rewriter.arrays import unique
@@ -202,6 +202,7 @@ class Planner:
         self._symbol_starts: Optional[np.ndarray] = None  # where symbols start, sorted, when needed
         self._conditional_exits: Set[int] = set()  # exits that leave only when taken
         self._landing_pads: Optional[except_table.LandingPads] = None  # when first needed
+        self._injected: Optional[Set[int]] = None  # _keep_injected_flags(), when first needed
         self.redirected_because: Dict[int, str] = {}  # function -> why its exits are not patched
         self._cold_parts: Dict[str, List[Function]] = {}  # "f" -> f.cold, f.cold.1, ...
         self.copied = copied_code.find(elf)  # code never to patch, sorted
@@ -649,7 +650,30 @@ class Planner:
                                               f"address cannot be redirected: {reason}"
                                 if key in unpatched else reason)
                         for key, reason in failed.items()]
-        return kept + refused + in_copy
+        return self._keep_injected_flags(kept + refused + in_copy)
+
+    def _keep_injected_flags(self, outcomes: List[Outcome]) -> List[Outcome]:
+        """The outcomes, where a function that a runtime enters by a call it injects at
+        any instruction (go_runtime.injected_entries) keeps the flags at its entry and
+        exits, and has no return redirected (its return goes back to that instruction,
+        every flag live)."""
+        if self._injected is None:
+            self._injected = go_runtime.injected_entries(self.elf)
+        if not self._injected:
+            return outcomes
+        out = []
+        for o in outcomes:
+            if isinstance(o, Plan) and any(s.function.address in self._injected
+                                           for s in o.sites):
+                redirected = [s for s in o.sites if s.redirect]
+                out += [Refusal(s, "Go's runtime injects calls to it at any instruction: its "
+                                   "return address cannot be redirected") for s in redirected]
+                o = o.without({s.probe_key for s in redirected})
+                if o is None:
+                    continue
+                o = replace(o, points=tuple(replace(p, flags_live=True) for p in o.points))
+            out.append(o)
+        return out
 
     def _refuse_copied(self, sites: List[Site]) -> tuple:
         """(refusals of the sites in copied code, the other sites). A return probe is

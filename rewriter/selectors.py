@@ -105,7 +105,7 @@ def _named_sites(spec: str, by_name, kind: int) -> List[Site]:
     for a glob that matches several names of one function, the most public one
     (fewest leading underscores: `free` before `__libc_free`), then the first in
     symbol-table order."""
-    glob = _is_glob(spec)
+    glob = _is_glob(spec) and spec not in by_name
     matches = _matcher(spec) if glob else None  # (10,000 names given: no regex each)
     out = []
     for fn in _functions_named(spec, by_name):
@@ -142,7 +142,9 @@ def _add_named(sites: dict, new: List[Site], notes: Optional[List[str]]) -> None
 
 
 def _functions_named(spec: str, by_name) -> List[Function]:
-    if _is_glob(spec):
+    # (a name with a glob's characters is a name where a function has it: Go's
+    # instantiations, `main.Map[...]`)
+    if _is_glob(spec) and spec not in by_name:
         matched = {}  # a function once, however many of its names match
         matches = _matcher(spec)
         for name, fns in by_name.items():

@@ -8,7 +8,8 @@ a jump table of absolute addresses):
 - relocation addends (RELA) and relocated words (RELR) in PIE files and
   shared objects;
 - plain constants in position-dependent executables, which need no relocation:
-  8-byte words in data, and 4-byte immediates anywhere in code.
+  8-byte words in data, and 4-byte immediates anywhere in code;
+- in a Go program, the places its runtime resumes code at (go_runtime.py).
 All scans over-approximate: a match may be a coincidence, never a miss. A match
 in code says where its bytes are (`source`), so that the planner can check it
 against the instruction holding them; matches in data are real data and count.
@@ -30,6 +31,7 @@ from typing import Dict, Iterable, List, Optional, Set
 
 import numpy as np
 
+from urewrite.rewriter import go_runtime
 from urewrite.rewriter.arrays import unique
 from urewrite.rewriter.elf_file import ET_EXEC, PF_X, SHT_NOBITS, ElfFile
 
@@ -37,6 +39,7 @@ SHT_RELA, SHT_RELR = 4, 19
 SHF_ALLOC = 2
 
 BRANCH, IMMEDIATE, RELOCATION, CONSTANT = "branch", "immediate", "relocation", "constant"
+RUNTIME = "runtime"  # a language runtime's own landing place; `section` says which and why
 
 
 class _QuickSwitches:
@@ -79,7 +82,8 @@ class Match:
         return {BRANCH: f"a branch or address computation{at} in {self.section}",
                 IMMEDIATE: f"an immediate{at} in {self.section}",
                 RELOCATION: f"a relocation in {self.section}",
-                CONSTANT: f"a constant in {self.section}"}[self.kind]
+                CONSTANT: f"a constant in {self.section}",
+                RUNTIME: self.section}[self.kind]
 
 
 @dataclass
@@ -253,6 +257,8 @@ class TakenIndex:
                     words = np.frombuffer(data[:len(data) // 8 * 8], dtype="<u8").view(np.int64)
                     tables.append(_Table.of(CONSTANT, section.name,
                                             unique(words[self._in_code(words)])))
+            for why, addresses in go_runtime.landings(elf):
+                tables.append(_Table.of(RUNTIME, why, unique(addresses)))
             self._data_tables = tables
         return self._data_tables
 
