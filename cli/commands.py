@@ -228,18 +228,20 @@ def _list_rows(input_file: str, tactics, patchable: bool = False, progress=None)
     from urewrite.rewriter.pipeline import no_cycle_collection
 
     with no_cycle_collection():  # (the rows too: the file's analysis is still alive)
-        _, functions, probes, add_returns = _listing(input_file, tactics, patchable, progress)
+        _, functions, probes, add_returns = _listing(input_file, tactics, patchable, progress,
+                                                     names=False)
         add_returns()
         return functions, probes
 
 
 def _listing(input_file: str, tactics, patchable: bool = False, progress=None,
-             encoded: bool = False) -> tuple:
+             encoded: bool = False, names: bool = True) -> tuple:
     """(analysis, functions, USDT sites, add_returns): the rows `list` shows, each with
     its plan or refusal; add_returns() gives each function's row its "return", last
     (`encoded`: in JSON): it waits for the return probes, planned in another process
     meanwhile (the caller may write the rest of the rows first). Call it with the
-    cyclic collector paused (no_cycle_collection): the file's analysis is alive."""
+    cyclic collector paused (no_cycle_collection): the file's analysis is alive.
+    `names`: each row's "demangled" names too (--summary counts without them)."""
     from urewrite.rewriter.pipeline import list_sites
     from urewrite.rewriter.planner import Plan
     from urewrite.trampolines.region import KIND_RETURN, KIND_USDT
@@ -247,6 +249,7 @@ def _listing(input_file: str, tactics, patchable: bool = False, progress=None,
     analysis, outcomes, returns = list_sites(
         input_file, tactics, progress, _encoded_returns if encoded else _return_rows)
     split_off = analysis.planner.fragments()
+    demangled = _demangled_names(analysis.functions) if names else {}
     functions, probes = [], []
     for o in outcomes:
         ok = isinstance(o, Plan)
@@ -266,6 +269,7 @@ def _listing(input_file: str, tactics, patchable: bool = False, progress=None,
             else:
                 fn = site.function
                 functions.append({"name": fn.name, "aliases": list(fn.aliases),
+                                  "demangled": demangled.get(fn.address, []),
                                   "address": fn.address, "size": fn.size,
                                   "sized_by": fn.sized_by, "origin": fn.origin,
                                   "split_off": fn.address in split_off or ".cold" in fn.name,
@@ -277,6 +281,20 @@ def _listing(input_file: str, tactics, patchable: bool = False, progress=None,
         for row in functions:
             row["return"] = found[row["address"]]
     return analysis, functions, probes, add_returns
+
+
+def _demangled_names(functions) -> dict:
+    """Function address -> the display names of its C++ and Rust symbols, each once,
+    in symbol-table order (most functions have one, or none)."""
+    from urewrite.rewriter.demangle import demangle_all
+
+    found = demangle_all(name for fn in functions for name in fn.names)
+    out = {}
+    for fn in functions:
+        shown = [found[n].display for n in fn.names if n in found]
+        if shown:
+            out[fn.address] = list(dict.fromkeys(shown))
+    return out
 
 
 def _coverage(functions: list, probes: list) -> dict:
@@ -500,8 +518,9 @@ def _json_rows(report: dict):
 
 def _names(row) -> str:
     """A function with its aliases (other symbols at its address), any of which -p
-    and -r accept: '__libc_free = free = cfree'."""
-    return " = ".join([row["name"]] + row["aliases"])
+    and -r accept: '__libc_free = free = cfree'; a C++ or Rust function's demangled
+    name first: 'app::parse(char const*) = _ZN3app5parseEPKc'."""
+    return " = ".join(row["demangled"] + [row["name"]] + row["aliases"])
 
 
 def _return_row(probe) -> dict:

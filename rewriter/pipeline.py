@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 import gc
 import hashlib
 import os
@@ -260,11 +259,9 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
     elf, backend = a.elf, a.planner.backend
     warnings: List[str] = []
     sites = select(specs, a.functions, a.planner.boundaries, a.usdt, return_specs,
-                   notes=warnings)
-    if exclude:
-        sites = [s for s in sites if not _excluded(s, exclude)]
-        if not sites:
-            raise UrewriteError("--exclude leaves no site to probe")
+                   notes=warnings, exclude=exclude)
+    if exclude and not sites:
+        raise UrewriteError("--exclude leaves no site to probe")
     sites, refused_usdt = usdt_refusals(a, sites, per_site=False)
     if len(sites) >= PREPARE_AT:  # most of the file: analyse every function on all cores,
         # and find the sites' windows the same way (list does the same)
@@ -324,15 +321,6 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
                                                    dt_init[0] if dt_init else None, out),
         os.stat(input_path).st_mode)
     return RewriteResult(output_path, plans, refusals, warnings)
-
-
-def _excluded(site: Site, globs: List[str]) -> bool:
-    """Whether --exclude leaves the site out: a glob matches a name of its function
-    (any alias), or, for a USDT site, its usdt:PROVIDER:NAME; or is one of them (Go's
-    `main.Map[...]`, a name with a glob's characters)."""
-    names = site.function.names + (("usdt:" + site.name,) if site.kind == KIND_USDT else ())
-    return any(name == glob or fnmatch.fnmatchcase(name, glob)
-               for glob in globs for name in names)
 
 
 def _argument_encoder(a: Analysis, backend, entry_args: int, warnings: List[str]):

@@ -10,6 +10,7 @@ from typing import List, Optional
 
 from urewrite.arch.base import value_class
 from urewrite.errors import UrewriteError
+from urewrite.rewriter import demangle
 from urewrite.rewriter.functions import Function
 from urewrite.rewriter.usdt import UsdtSite
 from urewrite.trampolines.region import KIND_ADDRESS, KIND_ENTRY, KIND_RETURN, KIND_USDT
@@ -68,7 +69,7 @@ USDT_PREFIX = "usdt:"
 
 def select(specs: List[str], functions: List[Function], boundaries,
            usdt_sites: List[UsdtSite] = (), return_specs: List[str] = (),
-           notes: Optional[List[str]] = None) -> List[Site]:
+           notes: Optional[List[str]] = None, exclude: List[str] = ()) -> List[Site]:
     """Sites for the specs, in address order; one address may carry several probes.
 
     `boundaries(function)` gives the instruction start addresses of a function. A
@@ -76,13 +77,12 @@ def select(specs: List[str], functions: List[Function], boundaries,
     function's address; the planner finds its exits.
 
     A function probe is named as the user asked (`free`, not its alias
-    `__libc_free`); see `_named_sites`. `notes` collects a line for each alias
-    named again, which probes nothing more.
+    `__libc_free`; `app::parse`, not `_ZN3app5parseEPKc`); see `_named_sites`.
+    `notes` collects a line for each alias named again, which probes nothing more.
+    `exclude`: globs that leave out the sites of functions with a name that matches
+    (demangled names too), or a USDT site by its usdt:PROVIDER:NAME.
     """
-    by_name = {}
-    for fn in functions:
-        for name in fn.names:
-            by_name.setdefault(name, []).append(fn)
+    names = _Names(functions)
     starts = [fn.address for fn in functions]
     sites = {}
     for spec in specs:
@@ -94,30 +94,112 @@ def select(specs: List[str], functions: List[Function], boundaries,
             site = _address_site(spec, functions, starts, boundaries)
             sites.setdefault((site.address, site.probe_key), site)
             continue
-        _add_named(sites, _named_sites(spec, by_name, KIND_ENTRY), notes)
+        _add_named(sites, _named_sites(spec, names, KIND_ENTRY), notes)
     for spec in return_specs:
-        _add_named(sites, _named_sites(spec, by_name, KIND_RETURN), notes)
-    return [sites[k] for k in sorted(sites, key=lambda k: (k[0], str(k[1])))]
+        _add_named(sites, _named_sites(spec, names, KIND_RETURN), notes)
+    ordered = [sites[k] for k in sorted(sites, key=lambda k: (k[0], str(k[1])))]
+    if exclude:
+        matchers = [(glob, _matcher(glob)) for glob in exclude]
+        ordered = [s for s in ordered if not _excluded(s, matchers, names)]
+    return ordered
 
 
-def _named_sites(spec: str, by_name, kind: int) -> List[Site]:
-    """A site per function the name or glob names, under the name that matched:
-    for a glob that matches several names of one function, the most public one
+class _Names:
+    """A file's function names: its symbols' (`by_symbol`: name -> functions), and on
+    first use, the demangled names of its C++ and Rust symbols (`by_demangled`: every
+    name demangle.accepted() gives -> [(function, the display name it reports)])."""
+
+    def __init__(self, functions: List[Function]):
+        self.functions = functions
+        self.by_symbol = {}
+        for fn in functions:
+            for name in fn.names:
+                self.by_symbol.setdefault(name, []).append(fn)
+        self._by_demangled = None
+        self._accepted = None  # symbol -> its demangled names, the display name first
+
+    @property
+    def by_demangled(self) -> dict:
+        if self._by_demangled is None:
+            found = demangle.demangle_all(self.by_symbol)
+            self._accepted = {symbol: demangle.accepted(d) for symbol, d in found.items()}
+            self._by_demangled = {}
+            for fn in self.functions:
+                seen = set()  # (a function's aliases may demangle alike: C1 and C2
+                for symbol in fn.names:  # constructors)
+                    for name in self._accepted.get(symbol, ()):
+                        if name not in seen:
+                            seen.add(name)
+                            self._by_demangled.setdefault(name, []).append(
+                                (fn, found[symbol].display))
+        return self._by_demangled
+
+    def all_of(self, fn: Function) -> list:
+        """Every name of the function: its symbols', then their demangled ones."""
+        self.by_demangled  # noqa: B018 (made with it)
+        return list(fn.names) + [name for symbol in fn.names
+                                 for name in self._accepted.get(symbol, ())]
+
+
+def _named_sites(spec: str, names: _Names, kind: int) -> List[Site]:
+    """A site per function the name or glob names, under the name that matched.
+
+    A name given exactly: a symbol's name first (as before demangling: the same
+    probes, named alike), else a demangled one; each function it names is reported
+    under it. A glob matches a function when it matches any of its names: symbols'
+    and demangled ones (with and without parameter list); a C++ or Rust function
+    that matched by a demangled name is reported under its display name
+    (`app::f(int)`), any other under the most public of its names that matched
     (fewest leading underscores: `free` before `__libc_free`), then the first in
     symbol-table order."""
-    glob = _is_glob(spec) and spec not in by_name
-    matches = _matcher(spec) if glob else None  # (10,000 names given: no regex each)
+    exact = names.by_symbol.get(spec)
+    if exact is None:  # (a demangled name may hold [ ]: looked up before a glob's match)
+        found = names.by_demangled.get(spec) if not spec.startswith(("_Z", "_R")) else None
+        exact = [fn for fn, _ in found] if found else None
+    if exact is not None:
+        return [Site(fn, fn.address, kind, spec, spec, exact=True) for fn in exact]
+    if not _is_glob(spec):
+        raise UrewriteError(f"no function named '{spec}'{_close_matches(spec, names)}")
+    matches = _matcher(spec)  # (10,000 names given: no regex each)
+    matched = {}  # address -> (function, its symbols' names that matched)
+    for name, fns in names.by_symbol.items():
+        if matches(name):
+            for fn in fns:
+                matched.setdefault(fn.address, (fn, []))[1].append(name)
+    displayed = {}  # address -> the display name of a demangled name that matched
+    for name, pairs in names.by_demangled.items():
+        if matches(name):
+            for fn, display in pairs:
+                if fn.address not in displayed:
+                    displayed[fn.address] = display
+                    matched.setdefault(fn.address, (fn, []))
+    if not matched:
+        raise UrewriteError(f"no function matches '{spec}'")
     out = []
-    for fn in _functions_named(spec, by_name):
-        if not glob:
-            name = spec
-        elif fn.aliases:
-            name = min((n for n in fn.names if matches(n)),
-                       key=lambda n: len(n) - len(n.lstrip("_")))
-        else:  # (its one name is the one that matched)
-            name = fn.name
-        out.append(Site(fn, fn.address, kind, name, spec, exact=not glob))
+    for address, (fn, symbols) in matched.items():
+        name = displayed.get(address)
+        if name is None:
+            name = symbols[0] if len(symbols) == 1 else \
+                min(symbols, key=lambda n: len(n) - len(n.lstrip("_")))
+        out.append(Site(fn, fn.address, kind, name, spec, exact=False))
     return out
+
+
+def _close_matches(spec: str, names: _Names) -> str:
+    """' (close matches: ...)' for a name no function has: among symbols' names, or
+    for a name with `::`, `<` or `(`, among demangled names."""
+    pool = names.by_demangled if any(c in spec for c in ":<(") else names.by_symbol
+    close = difflib.get_close_matches(spec, list(pool), n=5, cutoff=0.6)
+    return f" (close matches: {', '.join(close)})" if close else ""
+
+
+def _excluded(site: Site, globs: list, names: _Names) -> bool:
+    """Whether --exclude leaves the site out (`globs`: (glob, its _matcher())): a glob
+    matches a name of its function (any alias, demangled names too), or, for a USDT
+    site, its usdt:PROVIDER:NAME; or is one of them (Go's `main.Map[...]`, a name with
+    a glob's characters)."""
+    of = names.all_of(site.function) + (["usdt:" + site.name] if site.kind == KIND_USDT else [])
+    return any(name == glob or matches(name) for glob, matches in globs for name in of)
 
 
 def _matcher(glob: str):
@@ -139,26 +221,6 @@ def _add_named(sites: dict, new: List[Site], notes: Optional[List[str]]) -> None
             what = "return probe" if site.kind == KIND_RETURN else "probe"
             notes.append(f"{site.name} is another name of {old.name} (one function at "
                          f"{site.address:#x}): one {what}, reported as {old.name}")
-
-
-def _functions_named(spec: str, by_name) -> List[Function]:
-    # (a name with a glob's characters is a name where a function has it: Go's
-    # instantiations, `main.Map[...]`)
-    if _is_glob(spec) and spec not in by_name:
-        matched = {}  # a function once, however many of its names match
-        matches = _matcher(spec)
-        for name, fns in by_name.items():
-            if matches(name):
-                for fn in fns:
-                    matched.setdefault(fn.address, fn)
-        if not matched:
-            raise UrewriteError(f"no function matches '{spec}'")
-        return list(matched.values())
-    if spec not in by_name:
-        close = difflib.get_close_matches(spec, list(by_name), n=5, cutoff=0.6)
-        hint = f" (close matches: {', '.join(close)})" if close else ""
-        raise UrewriteError(f"no function named '{spec}'{hint}")
-    return by_name[spec]
 
 
 def _usdt_sites(spec: str, usdt_sites: List[UsdtSite], functions, starts) -> List[Site]:
