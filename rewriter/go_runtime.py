@@ -38,8 +38,17 @@ INJECTED = ("runtime.asyncPreempt", "runtime.debugCallV2", "runtime.debugCallV1"
 SYSTEMSTACK_SWITCH_PC = 8
 
 
-def is_go(elf: ElfFile) -> bool:
-    return gopclntab.table(elf) is not None
+GO_SECTIONS = (".go.buildinfo", ".gopclntab")
+NT_GO_BUILD_ID = 4  # the "Go" note the Go linker writes (.note.go.buildid)
+
+
+def is_go_program(elf: ElfFile) -> bool:
+    """Whether the file is a Go program: the one place that decides it. Go's linker
+    names these sections (kept by `-s -w`), and writes a "Go" build ID note; either
+    is enough."""
+    if any(elf.section_named(name) is not None for name in GO_SECTIONS):
+        return True
+    return any(owner == b"Go" and kind == NT_GO_BUILD_ID for owner, kind, _ in elf.notes())
 
 
 def landings(elf: ElfFile) -> List[Tuple[str, np.ndarray]]:

@@ -15,7 +15,7 @@ from urewrite.errors import UrewriteError
 from urewrite.rewriter import elf_writer, layout, parallel, usdt
 from urewrite.rewriter.elf_file import DT_INIT, ElfFile
 from urewrite.rewriter.functions import Function, discover
-from urewrite.rewriter.go_program import is_go_program
+from urewrite.rewriter.go_runtime import is_go_program
 from urewrite.rewriter.usdt import UsdtSite
 from urewrite.rewriter.planner import TACTICS, Plan, Planner, Refusal
 from urewrite.rewriter.selectors import Site, select
