@@ -437,12 +437,12 @@ def _print_list(functions: list, heads: list, width: int, probes: list, quiet: b
     for k in range(0, len(lines), 10_000):  # (an echo per row took seconds for node)
         click.echo("\n".join(lines[k:k + 10_000]))
     if probes:
-        width = max(len(f"{p['provider']}:{p['name']}") for p in probes)
+        width = max(len(_printable(f"{p['provider']}:{p['name']}")) for p in probes)
         click.echo(f"\n{'ADDRESS':<18} {'USDT':<{width}}  {'SEMAPHORE':<18}  PROBE  ARGUMENTS")
         for p in probes:
             semaphore = f"{p['semaphore']:#x}" if p["semaphore"] else "-"
-            click.echo(f"{p['address']:#018x} {p['provider'] + ':' + p['name']:<{width}}  "
-                       f"{semaphore:<18}  {_status(p)}  {p['arguments'] or '-'}")
+            click.echo(f"{p['address']:#018x} {_printable(p['provider'] + ':' + p['name']):<{width}}"
+                       f"  {semaphore:<18}  {_status(p)}  {_printable(p['arguments']) or '-'}")
     ok = sum(r["patchable"] for r in functions)
     usdt_ok = sum(p["patchable"] for p in probes)
     if not quiet:
@@ -528,6 +528,12 @@ def _return_row(probe) -> dict:
     mechanism = "redirection" if probe.redirected else None if probe.refusal else "exit sites"
     return {"mechanism": mechanism, "exits": probe.exits, "tactics": probe.tactics,
             "checked": probe.checked, "reason": probe.refusal or probe.redirected_because}
+
+
+def _printable(text: str) -> str:
+    """A note's string on one row: control characters escaped (a note may hold any)."""
+    return text if text.isprintable() else \
+        "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _status(row) -> str:

@@ -226,3 +226,83 @@ def test_adjacent_sites_are_all_listed_counted_and_traced(tmp_path):
     assert [(json.loads(l)["probe"], json.loads(l)["args"]) for l in
             events.read_text().splitlines()] == \
         [e for i in range(3) for e in (("adj:first", [i]), ("adj:second", [i]), ("adj:third", []))]
+
+
+class _Symbols:
+    """A symbol table for the parser: stats at 0x4000, a thread-local at offset -0x30."""
+
+    def address(self, name):
+        if name != "stats":
+            raise ValueError(f"symbol {name} is not in the file's symbol tables")
+        return 0x4000
+
+    def thread_offset(self, name):
+        if name != "tls":
+            raise ValueError(f"symbol {name} is not in the file's symbol tables")
+        return -0x30
+
+
+def test_x86_operand_forms_are_read_or_refused_with_a_reason():
+    """The forms libbpf's usdt.c and sdt.h say compilers write, and the ones around them."""
+    from urewrite.arch.x86_64 import arguments as X
+    from urewrite.trampolines.arguments import (CONSTANT, LINKED_MEMORY, MEMORY, REGISTER,
+                                                THREAD_MEMORY, ArgSpec, encode)
+    S = X.SLOT
+    read = {
+        "4@$5": ArgSpec(CONSTANT, 4, False, value=5),
+        "1@$-56": ArgSpec(CONSTANT, 1, False, value=200),
+        "-2@$0xffff": ArgSpec(CONSTANT, 2, True, value=-1),
+        "8@$18446744073709551615": ArgSpec(CONSTANT, 8, False, value=-1),
+        "-8@%rax": ArgSpec(REGISTER, 8, True, base=S["rax"]),
+        "-4@%r9d": ArgSpec(REGISTER, 4, True, base=S["r9"]),
+        "2@%r10w": ArgSpec(REGISTER, 2, False, base=S["r10"]),
+        "1@%r11b": ArgSpec(REGISTER, 1, False, base=S["r11"]),
+        "1@%sil": ArgSpec(REGISTER, 1, False, base=S["rsi"]),
+        "-1@%ah": ArgSpec(REGISTER, 1, True, base=S["rax"], shift=8),
+        "8@%eax": ArgSpec(REGISTER, 4, False, base=S["rax"]),  # the register's width governs
+        "-4@-20(%rbp)": ArgSpec(MEMORY, 4, True, base=S["rbp"], value=-20),
+        "8@(%rsp)": ArgSpec(MEMORY, 8, False, base=S["rsp"]),
+        "-8@16(%rdx,%rcx,8)": ArgSpec(MEMORY, 8, True, base=S["rdx"], index=S["rcx"], scale=8,
+                                      value=16),
+        "-8@0(%rbp,%rbx,8)": ArgSpec(MEMORY, 8, True, base=S["rbp"], index=S["rbx"], scale=8),
+        "4@8(,%rax,4)": ArgSpec(MEMORY, 4, False, index=S["rax"], scale=4, value=8),
+        "4@(%rax,%rdx)": ArgSpec(MEMORY, 4, False, base=S["rax"], index=S["rdx"]),
+        "-4@stats(%rip)": ArgSpec(LINKED_MEMORY, 4, True, value=0x4000),
+        "-4@stats+8(%rip)": ArgSpec(LINKED_MEMORY, 4, True, value=0x4008),
+        "-4@stats-8(%rip)": ArgSpec(LINKED_MEMORY, 4, True, value=0x3FF8),
+        "-4@40+stats(%rip)": ArgSpec(LINKED_MEMORY, 4, True, value=0x4028),
+        "-4@stats+48-8(%rip)": ArgSpec(LINKED_MEMORY, 4, True, value=0x4028),
+        "-4@stats+8": ArgSpec(LINKED_MEMORY, 4, True, value=0x4008),
+        "-8@stats(,%rcx,8)": ArgSpec(LINKED_MEMORY, 8, True, index=S["rcx"], scale=8,
+                                     value=0x4000),
+        "-4@%fs:tls@tpoff": ArgSpec(THREAD_MEMORY, 4, True, value=-0x30),
+        "-8@%fs:16+tls@tpoff": ArgSpec(THREAD_MEMORY, 8, True, value=-0x20),
+        "-8@%fs:tls@tpoff(,%rdi,8)": ArgSpec(THREAD_MEMORY, 8, True, index=S["rdi"], scale=8,
+                                            value=-0x30),
+        "-4@%fs:(%rax)": ArgSpec(THREAD_MEMORY, 4, True, base=S["rax"]),
+        "8@%fs:0x28": ArgSpec(THREAD_MEMORY, 8, False, value=0x28),
+        "4@%ds:8(%rax)": ArgSpec(MEMORY, 4, False, base=S["rax"], value=8),
+    }
+    for text, spec in read.items():
+        assert X.sdt_arguments(text, _Symbols()) == [spec], text
+        encode([spec])  # (packs)
+    assert X.sdt_arguments("", None) == []
+    assert len(X.sdt_arguments(" ".join(read), _Symbols())) == len(read)
+    refused = {
+        "8f@%xmm0": "a floating-point value", "8@%xmm0": "floating-point or vector register",
+        "8@%gs:0x28": "the %gs segment", "8@$stats": "an address or expression as a constant",
+        "8@(%eax)": "only 64-bit addresses", "8@16(%rip)": "RIP-relative without a symbol",
+        "8@nosuch(%rip)": "symbol nosuch is not in", "8@stats@GOTPCREL(%rip)": "@gotpcrel",
+        "8@tls@tpoff": "@tpoff outside the %fs segment", "8@%fs:stats": "without @tpoff",
+        "8@a+b(%rip)": "names two symbols", "8@-stats(%rip)": "subtracts a symbol",
+        "8@(%rax,%rsp)": "%rsp cannot be an index", "8@(%rax,%rbx,3)": "scale 3",
+        "8@%rip": "instruction pointer", "8@%foo": "%foo is not a general register",
+        "16@%rax": "size 16", "0@%rax": "size 0", "8@": "has no operand",
+        "@%rax": "is not SIZE@OPERAND", "8@$99999999999999999999999": "does not fit in 64 bits",
+        "8@99999999999999999999999(%rax)": "does not fit in 64 bits",
+        "8@(%rip,%rax)": "RIP-relative with an index", "8@()": "is not (BASE,INDEX,SCALE)",
+    }
+    for text, reason in refused.items():
+        with pytest.raises(ValueError, match=re.escape(reason)) as e:
+            X.sdt_arguments(f"-4@%eax {text}", _Symbols())
+        assert str(e.value).startswith(f"argument 2 '{text}'"), str(e.value)
