@@ -193,10 +193,17 @@ class Sums:
     def __init__(self, words: int):
         self.low = np.zeros(words, dtype=np.uint64)
         self.wraps: Optional[np.ndarray] = None
+        self.bound = 0  # above every word of `low` (as long as no word wrapped)
 
     def add(self, first: int, values: np.ndarray) -> None:
+        top = int(values.max()) if len(values) else 0
         part = self.low[first:first + len(values)]
         np.add(part, values, out=part)
+        self.bound += top
+        # Nothing can have wrapped while the bound is below 2^63 (live counters may grow
+        # between the two reads of `values`, never by 2^63): skip the costlier check.
+        if self.bound < 1 << 63:
+            return
         wrapped = part < values  # (an unsigned sum that wrapped is below either term)
         if wrapped.any():
             if self.wraps is None:
