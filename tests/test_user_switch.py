@@ -15,6 +15,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -184,3 +185,30 @@ def test_nothing_left_behind(programs, tmp_path):
     directory = Path(proc.stdout.strip())
     assert directory.parent.name.startswith("urewrite-")
     assert not directory.parent.exists()
+
+
+def test_stat_pid_counts_workers_forked_while_armed(programs):
+    """Armed live (`stat -p`) while root, the server forks workers that switch to nobody
+    and set up their regions in the tracer's directory; the tracer counts them all
+    and disarms them."""
+    server = subprocess.Popen([*map(str, _server(programs, "server-late.probed")), "wait"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    tracer = None
+    try:
+        pid = int(server.stdout.readline().split()[1])
+        tracer = subprocess.Popen([sys.executable, "-m", "urewrite", "stat", "--json", "-p",
+                                   str(pid)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+        line = tracer.stderr.readline()
+        assert "urewrite: armed pid" in line, line + tracer.stderr.read()
+        out, _ = server.communicate("go\n", timeout=120)
+        assert server.returncode == 0 and out == f"served {SERVED}\n"
+        report, err = tracer.communicate(timeout=120)
+        assert tracer.returncode == 0, err
+        assert "Traceback" not in err
+        assert _entries(json.loads(report)["probes"], "handle_request") == SERVED
+    finally:
+        for proc in (server, tracer):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
