@@ -29,7 +29,7 @@ from urewrite.trampolines import region as R
 # Limits on what a header may ask us to read: far above any rewrite (node has 160,000
 # probes), far below what would exhaust memory.
 MAX_PROBES = 1 << 24
-MAX_TABLE_BYTES = 1 << 30  # probe table and names
+MAX_TABLE_BYTES = 1 << 28  # probe table and names (a big C++ library: tens of MB)
 MAX_SLOTS = 1 << 12
 
 _NOT_REGION = "not a urewrite region (or one still being set up)"
@@ -272,7 +272,7 @@ def read_counts_of(path: str, tables: TableCache,
     try:
         fd = open_region_file(path)
     except FileNotFoundError:
-        raise R.RegionError(f"{path}: removed while being read")
+        raise R.RegionError(f"{path}: no such file (removed?)")
     try:
         header = read_header(fd, path, os.fstat(fd).st_size)
         table = tables.table(fd, header, path)
