@@ -6,6 +6,7 @@ import os
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import tempfile
 from contextlib import contextmanager
@@ -71,10 +72,17 @@ def region_directory(prefix: str = HOLDER_PREFIX) -> str:
 
 
 def made_here(directory: str, prefix: str = HOLDER_PREFIX) -> bool:
-    """Whether `directory` looks like one `region_directory(prefix)` made."""
+    """Whether `directory` is one `region_directory(prefix)` made: in a holder of that
+    name in our base, a real directory (not a symlink someone planted) and ours."""
     holder = os.path.dirname(os.path.normpath(directory))
-    return os.path.dirname(holder) == region_base() and \
-        os.path.basename(holder).startswith(prefix)
+    if os.path.dirname(holder) != region_base() or \
+            not os.path.basename(holder).startswith(prefix):
+        return False
+    try:
+        st = os.lstat(holder)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
 
 
 def remove_region_directory(directory: str) -> None:

@@ -2,8 +2,10 @@
  * PostgreSQL's postmaster or nginx's master do: what tests/test_user_switch.py
  * counts under `urewrite stat`.
  *
- *   dropping_server UID GID WORKERS REQUESTS
+ *   dropping_server UID GID WORKERS REQUESTS [wait]
  *
+ * With "wait", it first prints "ready PID" and waits for a line on stdin (a
+ * tracer arms it meanwhile: `urewrite stat -p PID`).
  * The parent (still root) handles REQUESTS requests, forks WORKERS workers, and
  * waits for them. Each worker switches to UID/GID for good (setgroups, setgid,
  * setuid), checks it cannot get root back, then handles REQUESTS requests and one
@@ -43,8 +45,15 @@ NOINLINE int worker(int index, uid_t uid, gid_t gid, int requests) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 5)
+    if (argc != 5 && argc != 6)
         return 2;
+    if (argc == 6) {
+        char line[64];
+        printf("ready %ld\n", (long)getpid());
+        fflush(stdout);
+        if (!fgets(line, sizeof line, stdin))
+            return 2;
+    }
     uid_t uid = (uid_t)atol(argv[1]);
     gid_t gid = (gid_t)atol(argv[2]);
     int workers = atoi(argv[3]), requests = atoi(argv[4]);

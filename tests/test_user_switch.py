@@ -15,6 +15,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -137,10 +138,11 @@ def test_regions_are_their_users_and_no_one_elses(programs, tmp_path, name, work
         cd "$UREWRITE_DIR" || exit 9
         stat -c '%a %U' .. .
         stat -c '%a %U' *.ure
-        setpriv --reuid={other} --regid={other} --clear-groups ls .. > /dev/null 2>&1 && echo holder listed
-        setpriv --reuid={other} --regid={other} --clear-groups ls . > /dev/null 2>&1 && echo listed
+        as_other="setpriv --reuid={other} --regid={other} --clear-groups"
+        $as_other ls .. > /dev/null 2>&1 && echo holder listed
+        $as_other ls . > /dev/null 2>&1 && echo listed
         for f in *.ure; do
-            setpriv --reuid={other} --regid={other} --clear-groups cat "$f" > /dev/null 2>&1 && echo read "$f"
+            $as_other cat "$f" > /dev/null 2>&1 && echo read "$f"
         done
         exit 0
     """
@@ -184,3 +186,30 @@ def test_nothing_left_behind(programs, tmp_path):
     directory = Path(proc.stdout.strip())
     assert directory.parent.name.startswith("urewrite-")
     assert not directory.parent.exists()
+
+
+def test_stat_pid_counts_workers_forked_while_armed(programs):
+    """Armed live (`stat -p`) while root, the server forks workers that switch to nobody
+    and set up their regions in the tracer's directory; the tracer counts them all
+    and disarms them."""
+    server = subprocess.Popen([*map(str, _server(programs, "server-late.probed")), "wait"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    tracer = None
+    try:
+        pid = int(server.stdout.readline().split()[1])
+        tracer = subprocess.Popen([sys.executable, "-m", "urewrite", "stat", "--json", "-p",
+                                   str(pid)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+        line = tracer.stderr.readline()
+        assert "urewrite: armed pid" in line, line + tracer.stderr.read()
+        out, _ = server.communicate("go\n", timeout=120)
+        assert server.returncode == 0 and out == f"served {SERVED}\n"
+        report, err = tracer.communicate(timeout=120)
+        assert tracer.returncode == 0, err
+        assert "Traceback" not in err
+        assert _entries(json.loads(report)["probes"], "handle_request") == SERVED
+    finally:
+        for proc in (server, tracer):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()

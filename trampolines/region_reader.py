@@ -29,7 +29,7 @@ from urewrite.trampolines import region as R
 # Limits on what a header may ask us to read: far above any rewrite (node has 160,000
 # probes), far below what would exhaust memory.
 MAX_PROBES = 1 << 24
-MAX_TABLE_BYTES = 1 << 30  # probe table and names
+MAX_TABLE_BYTES = 1 << 28  # probe table and names (a big C++ library: tens of MB)
 MAX_SLOTS = 1 << 12
 
 _NOT_REGION = "not a urewrite region (or one still being set up)"
@@ -195,10 +195,17 @@ class Sums:
     def __init__(self, words: int):
         self.low = np.zeros(words, dtype=np.uint64)
         self.wraps: Optional[np.ndarray] = None
+        self.bound = 0  # above every word of `low` (as long as no word wrapped)
 
     def add(self, first: int, values: np.ndarray) -> None:
+        top = int(values.max()) if len(values) else 0
         part = self.low[first:first + len(values)]
         np.add(part, values, out=part)
+        self.bound += top
+        # Nothing can have wrapped while the bound is below 2^63 (live counters may grow
+        # between the two reads of `values`, never by 2^63): skip the costlier check.
+        if self.bound < 1 << 63:
+            return
         wrapped = part < values  # (an unsigned sum that wrapped is below either term)
         if wrapped.any():
             if self.wraps is None:
@@ -267,7 +274,7 @@ def read_counts_of(path: str, tables: TableCache,
     try:
         fd = open_region_file(path)
     except FileNotFoundError:
-        raise R.RegionError(f"{path}: removed while being read")
+        raise R.RegionError(f"{path}: no such file (removed?)")
     try:
         header = read_header(fd, path, os.fstat(fd).st_size)
         table = tables.table(fd, header, path)
