@@ -169,3 +169,37 @@ def test_trace_events_name_their_threads(programs, tmp_path):
     assert len(work) == 2 * GOROUTINES * EACH
     tids = {e["tid"] for e in work}
     assert 0 not in tids and len(tids) > 1
+
+
+@pytest.fixture(scope="module")
+def growth(tmp_path_factory):
+    """samples/go/growth.go, static for x86_64 and arm64: (kind -> original, rewritten)."""
+    built = {}
+    for kind, goarch in (("static", "amd64"), ("arm64", "arm64")):
+        d = tmp_path_factory.mktemp(f"go-growth-{kind}")
+        original = _go_build(SAMPLES / "go" / "growth.go", d / "growth", goarch=goarch)
+        probed = d / "growth.probed"
+        rewrite(original, probed, "main.descend", extra=["-r", "main.descend"])
+        built[kind] = (original, probed)
+    return built
+
+
+@pytest.mark.parametrize("kind", ["static", "arm64"])
+def test_a_call_that_grows_its_stack_enters_twice_and_returns_once(growth, kind, tmp_path):
+    """Go's prologue restarts a function from its entry after morestack has copied
+    the stack: the entry probe counts that call twice; the return probe (exits are
+    patched, never the return address, so the copy carries nothing of ours) counts
+    each call once."""
+    original, probed = growth[kind]
+    depth, rounds = 5000, 20
+    plain = check(_command(kind, original, depth, rounds))
+    run_ = stat(_command(kind, probed, depth, rounds), tmp_path)
+    assert run_.proc.returncode == 0, run_.proc.stderr
+    assert run_.proc.stdout == plain.stdout
+    calls = _own_count(plain.stdout)
+    assert calls == (depth + 1) * rounds
+    entries = [p["hits"] for p in run_.probes if p["kind"] == "entry"]
+    returns = [p["hits"] for p in run_.probes if p["kind"] == "return"]
+    assert returns == [calls]
+    (entered,) = entries
+    assert calls < entered <= calls + 64 * rounds  # a few restarts per new goroutine's stack

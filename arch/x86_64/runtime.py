@@ -63,7 +63,8 @@ def build(spec: RuntimeSpec) -> Runtime:
             "SHADOW_MASK": SHADOW_THREADS - 1,
             "SHADOW_SHIFT": 64 - (SHADOW_THREADS.bit_length() - 1),
             "SHADOW_DEPTH": SHADOW_DEPTH, "SHADOW_MAP_SIZE": SHADOW_MAP_SIZE,
-            "OFF_RETURNS_MISSED": region.OFF_RETURNS_MISSED, "OFF_LATENCY_MISSED": region.OFF_LATENCY_MISSED,
+            "OFF_RETURNS_MISSED": region.OFF_RETURNS_MISSED,
+            "OFF_LATENCY_MISSED": region.OFF_LATENCY_MISSED,
             "LOST_MESSAGE": LOST_MESSAGE, "LOST_MESSAGE_SIZE": len(LOST_MESSAGE) + 1,
         }, jmp_rel32)
     # x86_exports: two quads just before the shared table of entry points at the end
