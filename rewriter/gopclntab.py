@@ -88,6 +88,8 @@ def _header_candidates(elf: ElfFile):
     if section is not None and section.size:
         yield section.offset
         return
+    if elf.sections:  # (Go's linkers always name it: a file with sections is no Go program)
+        return
     data = elf.data
     quantum = 1 if elf.machine == EM_X86_64 else 4
     for magic in _MAGICS:
@@ -120,7 +122,7 @@ def _parse(elf: ElfFile, start: int) -> Optional[GoTable]:
         ftab = np.frombuffer(data, dtype="<u8", count=2 * (nfunc + 1), offset=pcln_at)
         entries = ftab[0::2].astype(np.int64)
         funcoffs = ftab[1::2].astype(np.int64)
-        name_field, defer_field, pcsp_field = 8, 16, 20
+        name_field, defer_field, pcsp_field, id_field = 8, 16, 20, 40
     else:
         ftab = np.frombuffer(data, dtype="<u4", count=2 * (nfunc + 1), offset=pcln_at)
         funcoffs = ftab[1::2].astype(np.int64)
@@ -129,6 +131,7 @@ def _parse(elf: ElfFile, start: int) -> Optional[GoTable]:
             return None
         entries = text + ftab[0::2].astype(np.int64)
         name_field, defer_field, pcsp_field = 4, 12, 16
+        id_field = 40 if magic == MAGIC_120 else 36  # (1.20 added startLine before it)
     if (np.diff(entries) < 0).any():
         return None
     funcs = pcln_at + funcoffs[:-1]
@@ -142,6 +145,8 @@ def _parse(elf: ElfFile, start: int) -> Optional[GoTable]:
     names = _names(data, names_at, name_offsets)
     if names is None:
         return None
+    kinds = _words(raw, funcs + id_field)  # funcID, flag, ...: bytes of one word
+    _name_abi0_twins(names, kinds & 0xFF, kinds >> 8 & 0xFF, np.diff(entries))
     addresses = entries[:-1]
     sizes = _sizes(elf, entries, quantum)
     coded = _code_sizes(raw, pctab_at, _words(raw, funcs + pcsp_field).astype(np.int64), quantum)
@@ -150,6 +155,31 @@ def _parse(elf: ElfFile, start: int) -> Optional[GoTable]:
         exact = (coded > 0) & (coded <= np.diff(entries))
         sizes = np.where(exact, coded, sizes)
     return GoTable(addresses, sizes, names, deferreturn, quantum, magic)
+
+
+FUNC_FLAG_ASM = 4
+
+
+def _name_abi0_twins(names: List[str], ids: np.ndarray, flags: np.ndarray,
+                     spans: np.ndarray) -> None:
+    """Give `.abi0` to the ABI0 one of two functions the table names alike, as the
+    symbol table names it: a function written in assembly (beside the wrapper that
+    Go code calls), else the wrapper (a special funcID) that assembly calls, else
+    the shorter one."""
+    seen = {}
+    twins = []
+    for k, name in enumerate(names):
+        other = seen.setdefault(name, k)
+        if other != k:
+            twins.append((other, k))
+    ids, flags, spans = ids.tolist(), flags.tolist(), spans.tolist()
+    for a, b in twins:
+        asm = [k for k in (a, b) if flags[k] & FUNC_FLAG_ASM]
+        special = [k for k in (a, b) if ids[k]]
+        abi0 = asm[0] if len(asm) == 1 else special[0] if len(special) == 1 else \
+            min((a, b), key=lambda k: spans[k])
+        if not names[abi0].endswith(".abi0"):
+            names[abi0] += ".abi0"
 
 
 def _code_sizes(raw: np.ndarray, pctab_at: int, tables: np.ndarray,
