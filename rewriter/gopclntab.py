@@ -148,12 +148,18 @@ def _parse(elf: ElfFile, start: int) -> Optional[GoTable]:
     kinds = _words(raw, funcs + id_field)  # funcID, flag, ...: bytes of one word
     _name_abi0_twins(names, kinds & 0xFF, kinds >> 8 & 0xFF, np.diff(entries))
     addresses = entries[:-1]
-    sizes = _sizes(elf, entries, quantum)
-    coded = _code_sizes(raw, pctab_at, _words(raw, funcs + pcsp_field).astype(np.int64), quantum)
-    if coded is not None:  # (exact: the padding trimmed off may end a function, an int3
-        # after a call that never returns)
-        exact = (coded > 0) & (coded <= np.diff(entries))
-        sizes = np.where(exact, coded, sizes)
+    # exact from the SP-delta tables; up to the next entry less padding where there is
+    # none (the padding trimmed off may end a function: an int3 after a call that
+    # never returns)
+    spans = np.diff(entries)
+    sizes = _code_sizes(raw, pctab_at, _words(raw, funcs + pcsp_field).astype(np.int64),
+                        quantum)
+    unknown = np.arange(len(spans)) if sizes is None else \
+        np.flatnonzero((sizes <= 0) | (sizes > spans))
+    if sizes is None:
+        sizes = spans.copy()
+    if len(unknown):
+        sizes[unknown] = _sizes(elf, entries[unknown], spans[unknown], quantum)
     return GoTable(addresses, sizes, names, deferreturn, quantum, magic)
 
 
@@ -395,15 +401,14 @@ def _in_code(elf: ElfFile, address: int) -> bool:
     return any(s.flags & PF_X and s.vaddr <= address < s.vaddr + s.memsz for s in elf.loads)
 
 
-def _sizes(elf: ElfFile, entries: np.ndarray, quantum: int) -> np.ndarray:
-    """Each function's extent: up to the next entry, less the linker's padding before
-    it (int3 bytes on x86_64; zero words on arm64), looked at in the last _PAD_LOOK
-    units of every function at once."""
-    sizes = np.diff(entries)
+def _sizes(elf: ElfFile, entries: np.ndarray, sizes: np.ndarray, quantum: int) -> np.ndarray:
+    """The extents of functions at `entries` that span `sizes` bytes up to the next
+    one, less the linker's padding before it (int3 bytes on x86_64; zero words on
+    arm64), looked at in the last _PAD_LOOK units of each at once."""
     if not len(sizes):
         return sizes
     unit = 1 if quantum == 1 else 4
-    offsets = _file_offsets(elf, entries[:-1], sizes)
+    offsets = _file_offsets(elf, entries, sizes)
     held = (offsets >= 0) & (sizes > 0)
     ends = np.where(held, offsets + sizes, 0)
     back = np.arange(_PAD_LOOK, 0, -1, dtype=np.int64) * unit  # (last unit last)
