@@ -29,6 +29,7 @@ from urewrite.rewriter.elf_file import ET_EXEC, PF_X, ElfFile
 MAGIC_116, MAGIC_118, MAGIC_120 = 0xFFFFFFFA, 0xFFFFFFF0, 0xFFFFFFF1
 _MAGICS = (MAGIC_120, MAGIC_118, MAGIC_116)
 SHT_RELA = 4
+DT_RELA, DT_RELASZ = 7, 8
 EM_X86_64, EM_AARCH64 = 62, 183
 # moduledata: pcHeader, five slices (funcnametab ... pclntable), ftab (a slice),
 # findfunctab, minpc, maxpc, then text
@@ -344,25 +345,30 @@ def _moduledata_text(elf: ElfFile, header_address: int, first_entryoff: int) -> 
 def _words_naming(elf: ElfFile, value: int):
     """Addresses of 8-byte aligned words that hold `value`, in the file or as the
     addend of a relocation that fills them."""
-    needle = struct.pack("<Q", value)
     for seg in elf.loads:
         if seg.flags & PF_X or not seg.filesz:
             continue
-        chunk = np.frombuffer(elf.data, dtype="<u8", count=seg.filesz // 8,
-                              offset=seg.offset) if seg.offset % 8 == 0 else None
-        if chunk is None:
+        if seg.offset % 8:
             continue
+        chunk = np.frombuffer(elf.data, dtype="<u8", count=seg.filesz // 8, offset=seg.offset)
         for k in np.flatnonzero(chunk == np.uint64(value)).tolist()[:8]:
             yield seg.vaddr + 8 * k
-    del needle
-    for section in elf.sections:
-        if section.type != SHT_RELA:
-            continue
-        count = section.size // 24
-        rela = np.frombuffer(elf.data, dtype="<u8", count=count * 3,
-                             offset=section.offset).reshape(-1, 3)
+    for rela in _rela_tables(elf):
         for k in np.flatnonzero(rela[:, 2] == np.uint64(value)).tolist()[:8]:
             yield int(rela[k, 0])
+
+
+def _rela_tables(elf: ElfFile) -> List[np.ndarray]:
+    """The RELA relocations (offset, info, addend rows): of the sections, or without
+    section headers, of the dynamic table's DT_RELA."""
+    spans = [(s.offset, s.size) for s in elf.sections if s.type == SHT_RELA]
+    if not elf.sections:
+        address, size = elf.dynamic_value(DT_RELA), elf.dynamic_value(DT_RELASZ)
+        offset = elf.offset_of(address, size) if address and size else None
+        if offset is not None:
+            spans.append((offset, size))
+    return [np.frombuffer(elf.data, dtype="<u8", count=size // 24 * 3,
+                          offset=offset).reshape(-1, 3) for offset, size in spans]
 
 
 def _word_at(elf: ElfFile, address: int) -> Optional[int]:
@@ -381,11 +387,8 @@ def _relocated(elf: ElfFile) -> dict:
     if cached is None:
         cached = {}
         if elf.type != ET_EXEC:
-            for section in elf.sections:
-                if section.type == SHT_RELA:
-                    rela = np.frombuffer(elf.data, dtype="<u8", count=section.size // 24 * 3,
-                                         offset=section.offset).reshape(-1, 3)
-                    cached.update(zip(rela[:, 0].tolist(), rela[:, 2].tolist()))
+            for rela in _rela_tables(elf):
+                cached.update(zip(rela[:, 0].tolist(), rela[:, 2].tolist()))
         elf._go_relocated = cached
     return cached
 
