@@ -113,10 +113,16 @@ def _with_go_functions(elf: ElfFile, found: List[Function], in_code) -> List[Fun
         return found
     keep = in_code(go.addresses)
     at = {fn.address: k for k, fn in enumerate(found)}
+    own = set(go.names)  # (a form is no alias where it is another function's own name:
+    # `runtime.newproc` and its wrapper `runtime.newproc.abi0`)
+
+    def forms(name: str) -> tuple:
+        return tuple(n for n in go_names.typed_names(name) if n not in own)
+
     added = []
     for address, size, name in zip(go.addresses[keep].tolist(), go.sizes[keep].tolist(),
                                    [n for n, k in zip(go.names, keep.tolist()) if k]):
-        names = (name,) + go_names.typed_names(name)
+        names = (name,) + forms(name)
         k = at.get(address)
         if k is None:
             added.append(Function(name, address, size, "gopclntab", names[1:], "gopclntab"))
@@ -127,8 +133,7 @@ def _with_go_functions(elf: ElfFile, found: List[Function], in_code) -> List[Fun
                                 fn.sized_by if fn.size else "gopclntab")
             continue
         # (a symbol's own name may have forms of its own: `.abi0` assembly functions)
-        new = tuple(n for n in dict.fromkeys(names + go_names.typed_names(fn.name))
-                    if n not in fn.names)
+        new = tuple(n for n in dict.fromkeys(names + forms(fn.name)) if n not in fn.names)
         if new or not fn.size:
             found[k] = Function(fn.name, address, fn.size or size, fn.origin,
                                 fn.aliases + new, fn.sized_by if fn.size else "gopclntab")

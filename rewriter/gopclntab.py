@@ -29,6 +29,7 @@ from urewrite.rewriter.elf_file import ET_EXEC, PF_X, ElfFile
 MAGIC_116, MAGIC_118, MAGIC_120 = 0xFFFFFFFA, 0xFFFFFFF0, 0xFFFFFFF1
 _MAGICS = (MAGIC_120, MAGIC_118, MAGIC_116)
 SHT_RELA = 4
+DT_RELA, DT_RELASZ = 7, 8
 EM_X86_64, EM_AARCH64 = 62, 183
 # moduledata: pcHeader, five slices (funcnametab ... pclntable), ftab (a slice),
 # findfunctab, minpc, maxpc, then text
@@ -88,6 +89,8 @@ def _header_candidates(elf: ElfFile):
     if section is not None and section.size:
         yield section.offset
         return
+    if elf.sections:  # (Go's linkers always name it: a file with sections is no Go program)
+        return
     data = elf.data
     quantum = 1 if elf.machine == EM_X86_64 else 4
     for magic in _MAGICS:
@@ -120,7 +123,7 @@ def _parse(elf: ElfFile, start: int) -> Optional[GoTable]:
         ftab = np.frombuffer(data, dtype="<u8", count=2 * (nfunc + 1), offset=pcln_at)
         entries = ftab[0::2].astype(np.int64)
         funcoffs = ftab[1::2].astype(np.int64)
-        name_field, defer_field, pcsp_field = 8, 16, 20
+        name_field, defer_field, pcsp_field, id_field = 8, 16, 20, 40
     else:
         ftab = np.frombuffer(data, dtype="<u4", count=2 * (nfunc + 1), offset=pcln_at)
         funcoffs = ftab[1::2].astype(np.int64)
@@ -129,6 +132,7 @@ def _parse(elf: ElfFile, start: int) -> Optional[GoTable]:
             return None
         entries = text + ftab[0::2].astype(np.int64)
         name_field, defer_field, pcsp_field = 4, 12, 16
+        id_field = 40 if magic == MAGIC_120 else 36  # (1.20 added startLine before it)
     if (np.diff(entries) < 0).any():
         return None
     funcs = pcln_at + funcoffs[:-1]
@@ -142,14 +146,47 @@ def _parse(elf: ElfFile, start: int) -> Optional[GoTable]:
     names = _names(data, names_at, name_offsets)
     if names is None:
         return None
+    kinds = _words(raw, funcs + id_field)  # funcID, flag, ...: bytes of one word
+    _name_abi0_twins(names, kinds & 0xFF, kinds >> 8 & 0xFF, np.diff(entries))
     addresses = entries[:-1]
-    sizes = _sizes(elf, entries, quantum)
-    coded = _code_sizes(raw, pctab_at, _words(raw, funcs + pcsp_field).astype(np.int64), quantum)
-    if coded is not None:  # (exact: the padding trimmed off may end a function, an int3
-        # after a call that never returns)
-        exact = (coded > 0) & (coded <= np.diff(entries))
-        sizes = np.where(exact, coded, sizes)
+    # exact from the SP-delta tables; up to the next entry less padding where there is
+    # none (the padding trimmed off may end a function: an int3 after a call that
+    # never returns)
+    spans = np.diff(entries)
+    sizes = _code_sizes(raw, pctab_at, _words(raw, funcs + pcsp_field).astype(np.int64),
+                        quantum)
+    unknown = np.arange(len(spans)) if sizes is None else \
+        np.flatnonzero((sizes <= 0) | (sizes > spans))
+    if sizes is None:
+        sizes = spans.copy()
+    if len(unknown):
+        sizes[unknown] = _sizes(elf, entries[unknown], spans[unknown], quantum)
     return GoTable(addresses, sizes, names, deferreturn, quantum, magic)
+
+
+FUNC_FLAG_ASM = 4
+
+
+def _name_abi0_twins(names: List[str], ids: np.ndarray, flags: np.ndarray,
+                     spans: np.ndarray) -> None:
+    """Give `.abi0` to the ABI0 one of two functions the table names alike, as the
+    symbol table names it: a function written in assembly (beside the wrapper that
+    Go code calls), else the wrapper (a special funcID) that assembly calls, else
+    the shorter one."""
+    seen = {}
+    twins = []
+    for k, name in enumerate(names):
+        other = seen.setdefault(name, k)
+        if other != k:
+            twins.append((other, k))
+    ids, flags, spans = ids.tolist(), flags.tolist(), spans.tolist()
+    for a, b in twins:
+        asm = [k for k in (a, b) if flags[k] & FUNC_FLAG_ASM]
+        special = [k for k in (a, b) if ids[k]]
+        abi0 = asm[0] if len(asm) == 1 else special[0] if len(special) == 1 else \
+            min((a, b), key=lambda k: spans[k])
+        if not names[abi0].endswith(".abi0"):
+            names[abi0] += ".abi0"
 
 
 def _code_sizes(raw: np.ndarray, pctab_at: int, tables: np.ndarray,
@@ -308,25 +345,30 @@ def _moduledata_text(elf: ElfFile, header_address: int, first_entryoff: int) -> 
 def _words_naming(elf: ElfFile, value: int):
     """Addresses of 8-byte aligned words that hold `value`, in the file or as the
     addend of a relocation that fills them."""
-    needle = struct.pack("<Q", value)
     for seg in elf.loads:
         if seg.flags & PF_X or not seg.filesz:
             continue
-        chunk = np.frombuffer(elf.data, dtype="<u8", count=seg.filesz // 8,
-                              offset=seg.offset) if seg.offset % 8 == 0 else None
-        if chunk is None:
+        if seg.offset % 8:
             continue
+        chunk = np.frombuffer(elf.data, dtype="<u8", count=seg.filesz // 8, offset=seg.offset)
         for k in np.flatnonzero(chunk == np.uint64(value)).tolist()[:8]:
             yield seg.vaddr + 8 * k
-    del needle
-    for section in elf.sections:
-        if section.type != SHT_RELA:
-            continue
-        count = section.size // 24
-        rela = np.frombuffer(elf.data, dtype="<u8", count=count * 3,
-                             offset=section.offset).reshape(-1, 3)
+    for rela in _rela_tables(elf):
         for k in np.flatnonzero(rela[:, 2] == np.uint64(value)).tolist()[:8]:
             yield int(rela[k, 0])
+
+
+def _rela_tables(elf: ElfFile) -> List[np.ndarray]:
+    """The RELA relocations (offset, info, addend rows): of the sections, or without
+    section headers, of the dynamic table's DT_RELA."""
+    spans = [(s.offset, s.size) for s in elf.sections if s.type == SHT_RELA]
+    if not elf.sections:
+        address, size = elf.dynamic_value(DT_RELA), elf.dynamic_value(DT_RELASZ)
+        offset = elf.offset_of(address, size) if address and size else None
+        if offset is not None:
+            spans.append((offset, size))
+    return [np.frombuffer(elf.data, dtype="<u8", count=size // 24 * 3,
+                          offset=offset).reshape(-1, 3) for offset, size in spans]
 
 
 def _word_at(elf: ElfFile, address: int) -> Optional[int]:
@@ -345,11 +387,8 @@ def _relocated(elf: ElfFile) -> dict:
     if cached is None:
         cached = {}
         if elf.type != ET_EXEC:
-            for section in elf.sections:
-                if section.type == SHT_RELA:
-                    rela = np.frombuffer(elf.data, dtype="<u8", count=section.size // 24 * 3,
-                                         offset=section.offset).reshape(-1, 3)
-                    cached.update(zip(rela[:, 0].tolist(), rela[:, 2].tolist()))
+            for rela in _rela_tables(elf):
+                cached.update(zip(rela[:, 0].tolist(), rela[:, 2].tolist()))
         elf._go_relocated = cached
     return cached
 
@@ -365,15 +404,14 @@ def _in_code(elf: ElfFile, address: int) -> bool:
     return any(s.flags & PF_X and s.vaddr <= address < s.vaddr + s.memsz for s in elf.loads)
 
 
-def _sizes(elf: ElfFile, entries: np.ndarray, quantum: int) -> np.ndarray:
-    """Each function's extent: up to the next entry, less the linker's padding before
-    it (int3 bytes on x86_64; zero words on arm64), looked at in the last _PAD_LOOK
-    units of every function at once."""
-    sizes = np.diff(entries)
+def _sizes(elf: ElfFile, entries: np.ndarray, sizes: np.ndarray, quantum: int) -> np.ndarray:
+    """The extents of functions at `entries` that span `sizes` bytes up to the next
+    one, less the linker's padding before it (int3 bytes on x86_64; zero words on
+    arm64), looked at in the last _PAD_LOOK units of each at once."""
     if not len(sizes):
         return sizes
     unit = 1 if quantum == 1 else 4
-    offsets = _file_offsets(elf, entries[:-1], sizes)
+    offsets = _file_offsets(elf, entries, sizes)
     held = (offsets >= 0) & (sizes > 0)
     ends = np.where(held, offsets + sizes, 0)
     back = np.arange(_PAD_LOOK, 0, -1, dtype=np.int64) * unit  # (last unit last)

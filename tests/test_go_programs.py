@@ -270,18 +270,23 @@ def test_injected_functions_keep_the_flags(go_work):
 
 @pytest.mark.skipif(uprobes_unavailable() is not None, reason=str(uprobes_unavailable()))
 def test_cgo_entry_counts_equal_kernel_uprobes(go_work, uprobes):
+    """Kernel uprobes at the same entries count the same run: functions whose count
+    varies from run to run too (a preemption request makes a function's prologue
+    call morestack, which starts the function again), the runtime's among them."""
     program = build(go_work, "cgo")
     symbols = _symbols(program)
     names = ("main.work", "main.deep", "main.mayPanic", "runtime.gopanic",
-             "main.(*Counter).Scale")
+             "main.(*Counter).Scale", "runtime.newstack", "runtime.mallocgc",
+             "runtime.schedule", "runtime.newproc")
     probed = go_work / "features.cgo.counted"
     proc = urewrite(program, *[x for n in names for x in ("-p", n)], "-o", probed)
     assert proc.returncode == 0, proc.stderr
-    kernel = uprobes.count(program, {n: symbols[n] for n in names},
-                           lambda: check([program]))
-    armed = stat([probed], go_work)
-    ours = {p["name"]: p["hits"] for p in armed.probes}
+    runs = []
+    kernel = uprobes.count(probed, {n: symbols[n] for n in names},
+                           lambda: runs.append(stat([probed], go_work)))
+    ours = {p["name"]: p["hits"] for p in runs[0].probes}
     assert ours == kernel
+    assert ours["main.work"] == calls(runs[0].proc.stdout)
 
 
 def test_gofmt_probed_formats_go_sources(go_work, tmp_path):
@@ -326,3 +331,28 @@ def test_go_probed_lists_and_builds(go_work, tmp_path):
     built = run([probed, "build", "-o", tmp_path / "hello.got", "."], cwd=hello, env=env)
     assert built.returncode == 0, built.stderr[-2000:]
     assert check([tmp_path / "hello.got"]).stdout == "[1 2 3]\n"
+
+
+PROMETHEUS = Path("/usr/bin/prometheus")
+
+
+@pytest.mark.skipif(not PROMETHEUS.exists(), reason=f"no {PROMETHEUS} (Debian's prometheus)")
+def test_stripped_distribution_binary(tmp_path):
+    """Debian's prometheus (stripped; the Go 1.18 table layout; cgo): its functions are
+    listed from .gopclntab, probed by name, and count as it runs."""
+    from urewrite.rewriter import functions
+    from urewrite.rewriter.elf_file import ElfFile
+    found = functions.discover(ElfFile.open(str(PROMETHEUS)))  # (`list` takes 20 s)
+    assert sum(f.origin == "gopclntab" for f in found) > 40000
+    out = tmp_path / "prometheus.probed"
+    proc = urewrite(PROMETHEUS, "-p", "main.main", "-r", "main.main",
+                    "-p", "github.com/prometheus/common/version.Print", "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    want = run([PROMETHEUS, "--version"])
+    armed = stat([out, "--version"], tmp_path)
+    assert (armed.proc.returncode, armed.proc.stdout) == (want.returncode, want.stdout)
+    assert want.stderr in armed.proc.stderr
+    hits = {(p["name"], p["kind"]): p["hits"] for p in armed.probes}
+    # (--version ends the program inside main.main: os.Exit)
+    assert hits == {("main.main", "entry"): 1, ("main.main", "return"): 0,
+                    ("github.com/prometheus/common/version.Print", "entry"): 1}
