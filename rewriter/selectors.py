@@ -64,6 +64,13 @@ def _is_glob(spec: str) -> bool:
     return any(c in spec for c in "*?[")
 
 
+def _may_be_demangled(spec: str) -> bool:
+    """Whether a spec that looks like a glob may be a demangled name, looked up as such
+    first: C++ and Rust names hold * and [ ] only in types, operators, ABI tags and
+    clone suffixes ('app::f(char const*)', 'operator[]', 'f[abi:cxx11]()')."""
+    return any(c in spec for c in "(<[") or "operator" in spec
+
+
 USDT_PREFIX = "usdt:"
 
 
@@ -106,8 +113,10 @@ def select(specs: List[str], functions: List[Function], boundaries,
 
 class _Names:
     """A file's function names: its symbols' (`by_symbol`: name -> functions), and on
-    first use, the demangled names of its C++ and Rust symbols (`by_demangled`: every
-    name demangle.accepted() gives -> [(function, the display name it reports)])."""
+    first use, what its C++ and Rust symbols demangle to (`demangled`: symbol ->
+    demangle.Demangled; `accepted(symbol)`: the names that select it) and an index of
+    those (`by_demangled`: name -> functions), each made when first needed (a glob
+    that matches a function's display name needs no other)."""
 
     def __init__(self, functions: List[Function]):
         self.functions = functions
@@ -115,30 +124,52 @@ class _Names:
         for fn in functions:
             for name in fn.names:
                 self.by_symbol.setdefault(name, []).append(fn)
+        self._demangled = None
+        self._accepted = {}
         self._by_demangled = None
-        self._accepted = None  # symbol -> its demangled names, the display name first
+
+    @property
+    def demangled(self) -> dict:
+        if self._demangled is None:
+            self._demangled = demangle.demangle_all(self.by_symbol)
+        return self._demangled
+
+    def accepted(self, symbol: str) -> tuple:
+        """The demangled names that select the symbol's function, the display name
+        first; () for a symbol that does not demangle."""
+        found = self._accepted.get(symbol)
+        if found is None:
+            d = self.demangled.get(symbol)
+            found = self._accepted[symbol] = demangle.accepted(d) if d else ()
+        return found
 
     @property
     def by_demangled(self) -> dict:
         if self._by_demangled is None:
-            found = demangle.demangle_all(self.by_symbol)
-            self._accepted = {symbol: demangle.accepted(d) for symbol, d in found.items()}
             self._by_demangled = {}
             for fn in self.functions:
                 seen = set()  # (a function's aliases may demangle alike: C1 and C2
                 for symbol in fn.names:  # constructors)
-                    for name in self._accepted.get(symbol, ()):
+                    for name in self.accepted(symbol):
                         if name not in seen:
                             seen.add(name)
-                            self._by_demangled.setdefault(name, []).append(
-                                (fn, found[symbol].display))
+                            self._by_demangled.setdefault(name, []).append(fn)
         return self._by_demangled
 
     def all_of(self, fn: Function) -> list:
         """Every name of the function: its symbols', then their demangled ones."""
-        self.by_demangled  # noqa: B018 (made with it)
-        return list(fn.names) + [name for symbol in fn.names
-                                 for name in self._accepted.get(symbol, ())]
+        return list(fn.names) + [name for symbol in fn.names for name in self.accepted(symbol)]
+
+    def display_matching(self, fn: Function, matches) -> Optional[str]:
+        """The display name of the first of the function's symbols with a demangled
+        name that `matches`, None if none has."""
+        demangled = self.demangled
+        for symbol in fn.names:
+            d = demangled.get(symbol)
+            if d is not None and (matches(d.display) or
+                                  any(map(matches, self.accepted(symbol)[1:]))):
+                return d.display
+        return None
 
 
 def _named_sites(spec: str, names: _Names, kind: int) -> List[Site]:
@@ -153,35 +184,30 @@ def _named_sites(spec: str, names: _Names, kind: int) -> List[Site]:
     (fewest leading underscores: `free` before `__libc_free`), then the first in
     symbol-table order."""
     exact = names.by_symbol.get(spec)
-    if exact is None:  # (a demangled name may hold [ ]: looked up before a glob's match)
-        found = names.by_demangled.get(spec) if not spec.startswith(("_Z", "_R")) else None
-        exact = [fn for fn, _ in found] if found else None
+    if exact is None and not spec.startswith(("_Z", "_R")) and \
+            (not _is_glob(spec) or _may_be_demangled(spec)):
+        exact = names.by_demangled.get(spec)
     if exact is not None:
         return [Site(fn, fn.address, kind, spec, spec, exact=True) for fn in exact]
     if not _is_glob(spec):
         raise UrewriteError(f"no function named '{spec}'{_close_matches(spec, names)}")
     matches = _matcher(spec)  # (10,000 names given: no regex each)
-    matched = {}  # address -> (function, its symbols' names that matched)
-    for name, fns in names.by_symbol.items():
-        if matches(name):
-            for fn in fns:
-                matched.setdefault(fn.address, (fn, []))[1].append(name)
-    displayed = {}  # address -> the display name of a demangled name that matched
-    for name, pairs in names.by_demangled.items():
-        if matches(name):
-            for fn, display in pairs:
-                if fn.address not in displayed:
-                    displayed[fn.address] = display
-                    matched.setdefault(fn.address, (fn, []))
-    if not matched:
-        raise UrewriteError(f"no function matches '{spec}'")
     out = []
-    for address, (fn, symbols) in matched.items():
-        name = displayed.get(address)
+    for fn in names.functions:
+        name = names.display_matching(fn, matches)
         if name is None:
-            name = symbols[0] if len(symbols) == 1 else \
-                min(symbols, key=lambda n: len(n) - len(n.lstrip("_")))
+            if not fn.aliases:
+                if not matches(fn.name):
+                    continue
+                name = fn.name
+            else:
+                symbols = [n for n in fn.names if matches(n)]
+                if not symbols:
+                    continue
+                name = min(symbols, key=lambda n: len(n) - len(n.lstrip("_")))
         out.append(Site(fn, fn.address, kind, name, spec, exact=False))
+    if not out:
+        raise UrewriteError(f"no function matches '{spec}'")
     return out
 
 
