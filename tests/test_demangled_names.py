@@ -168,6 +168,19 @@ def test_cxx_probed_by_demangled_names_counts_as_by_mangled_ones(builds, kind, t
     for (name, probe_kind, address), hits in named.items():
         assert hits == ROUNDS, (name, probe_kind)
     assert len(named) == len(expected_probes)
+    if kind.endswith("arm64"):
+        return
+    events = tmp_path / "events.jsonl"
+    proc = urewrite("trace", "--json", "-o", events, "--", tmp_path / "by_name", str(ROUNDS))
+    assert proc.returncode == 0, proc.stderr
+    traced: Dict[tuple, int] = {}
+    for line in events.read_text().splitlines():
+        event = json.loads(line)
+        key = (event["probe"], event["kind"])
+        traced[key] = traced.get(key, 0) + 1
+    assert traced == {(name, probe_kind): ROUNDS * sum(1 for n, k, _ in named
+                                                       if (n, k) == (name, probe_kind))
+                      for name, probe_kind, _ in named}
 
 
 @pytest.mark.parametrize("kind", ["cxx-O0", "cxx-O2"])
