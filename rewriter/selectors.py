@@ -186,7 +186,7 @@ def _named_sites(spec: str, names: _Names, kind: int) -> List[Site]:
     exact = names.by_symbol.get(spec)
     if exact is None and not spec.startswith(("_Z", "_R")) and \
             (not _is_glob(spec) or _may_be_demangled(spec)):
-        exact = names.by_demangled.get(spec)
+        exact = names.by_demangled.get(spec) or names.by_demangled.get(_gcc_spelling(spec))
     if exact is not None:
         return [Site(fn, fn.address, kind, spec, spec, exact=True) for fn in exact]
     if not _is_glob(spec):
@@ -209,6 +209,16 @@ def _named_sites(spec: str, names: _Names, kind: int) -> List[Site]:
     if not out:
         raise UrewriteError(f"no function matches '{spec}'")
     return out
+
+
+def _gcc_spelling(spec: str) -> str:
+    """A C++ name as GCC's demangler spells it: templates closed with '> >' (LLVM's
+    tools print '>>'), operator>> left as it is."""
+    while True:
+        spelled = re.sub(r"(?<!operator)>>", "> >", spec)
+        if spelled == spec:
+            return spec
+        spec = spelled
 
 
 def _close_matches(spec: str, names: _Names) -> str:

@@ -83,6 +83,9 @@ FUNCTIONS = [
     Function("_Z1fi", 0x3000, 16, "symtab"),  # C++: f(int)
     Function("_ZN3app1XixEi", 0x4000, 16, "symtab"),  # app::X::operator[](int)
     Function("_ZN3app3SrvC2Ev", 0x5000, 16, "symtab", ("_ZN3app3SrvC1Ev",)),  # app::Srv::Srv()
+    # std::vector<std::vector<int, std::allocator<int> >, ...>::size() const
+    Function("_ZNKSt6vectorIS_IiSaIiEESaIS1_EE4sizeEv", 0x6000, 16, "symtab"),
+    Function("_ZN3app1XrsEi", 0x7000, 16, "symtab"),  # app::X::operator>>(int)
 ]
 
 
@@ -115,10 +118,21 @@ def test_brackets_in_a_demangled_name_are_no_glob():
         ("app::X::operator[](int)", 0x4000, KIND_ENTRY, True)]
 
 
+def test_llvm_spelling_of_templates_is_accepted():
+    """GCC's demangler closes nested templates with '> >', LLVM's tools with '>>': a name
+    copied from either selects the function, reported as typed."""
+    gcc = "std::vector<std::vector<int, std::allocator<int> >, std::allocator<std::vector<int, " \
+          "std::allocator<int> > > >::size"
+    llvm = gcc.replace("> >", ">>").replace("> >", ">>")
+    assert ">>" in llvm and _named([llvm]) == [(llvm, 0x6000, KIND_ENTRY, True)]
+    assert _named([gcc]) == [(gcc, 0x6000, KIND_ENTRY, True)]
+    assert _named(["app::X::operator>>"]) == [("app::X::operator>>", 0x7000, KIND_ENTRY, True)]
+
+
 def test_exclude_takes_demangled_names():
-    assert [n for n, *_ in _named(["*"], exclude=["f(?*)", "app::*"])] == ["f", "f()"]
-    assert [n for n, *_ in _named(["*"], exclude=["app::X::operator?]"])] == \
-        ["f", "f()", "f(int)", "app::Srv::Srv()"]
+    assert [n for n, *_ in _named(["*"], exclude=["f(?*)", "app::*", "std::*"])] == ["f", "f()"]
+    assert [n for n, *_ in _named(["*"], exclude=["app::X::operator?]", "std::*"])] == \
+        ["f", "f()", "f(int)", "app::Srv::Srv()", "app::X::operator>>(int)"]
 
 
 def test_an_unknown_name_hints_at_demangled_ones():
