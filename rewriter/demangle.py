@@ -77,9 +77,16 @@ def _may_be_rust_legacy(symbol: str) -> bool:
     return symbol.startswith("_ZN") and (symbol.endswith("E") or "E." in symbol)
 
 
-def _rust(symbol: str) -> Optional[Demangled]:
-    import pyderust  # (only for files with Rust or C++ names)
+def _pyderust():
+    try:
+        import pyderust  # (only for files with Rust or C++ names)
+    except ImportError as e:
+        raise UrewriteError(f"Rust names need the pyderust package (pip install pyderust): {e}")
+    return pyderust
 
+
+def _rust(symbol: str) -> Optional[Demangled]:
+    pyderust = _pyderust()
     try:
         return Demangled(symbol, pyderust.demangle(symbol), None)
     except pyderust.DemangleError:
@@ -87,8 +94,7 @@ def _rust(symbol: str) -> Optional[Demangled]:
 
 
 def _rust_accepted(d: Demangled) -> Tuple[str, ...]:
-    import pyderust
-
+    pyderust = _pyderust()
     names = [d.display]
     if d.symbol.startswith("_Z"):  # (v0's full form is every crate's disambiguator)
         names.append(pyderust.demangle(d.symbol, include_hash=True))
