@@ -230,8 +230,9 @@ def _close_matches(spec: str, names: _Names) -> str:
 
 
 def _excluded(site: Site, globs: list, names: _Names) -> bool:
-    """Whether --exclude leaves the site out (`globs`: their _matcher()s): a glob matches a name of its function
-    (any alias, demangled names too), or, for a USDT site, its usdt:PROVIDER:NAME."""
+    """Whether --exclude leaves the site out (`globs`: their _matcher()s): a glob
+    matches a name of its function (any alias, demangled names too), or, for a USDT
+    site, its usdt:PROVIDER:NAME."""
     of = names.all_of(site.function) + (["usdt:" + site.name] if site.kind == KIND_USDT else [])
     return any(matches(name) for matches in globs for name in of)
 
