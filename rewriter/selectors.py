@@ -160,16 +160,31 @@ class _Names:
         """Every name of the function: its symbols', then their demangled ones."""
         return list(fn.names) + [name for symbol in fn.names for name in self.accepted(symbol)]
 
-    def display_matching(self, fn: Function, matches) -> Optional[str]:
+    def display_matching(self, fn: Function, matches, core: str = "") -> Optional[str]:
         """The display name of the first of the function's symbols with a demangled
-        name that `matches`, None if none has."""
+        name that `matches`, None if none has. `core`: _core(glob) (a quicker no)."""
         demangled = self.demangled
         for symbol in fn.names:
             d = demangled.get(symbol)
-            if d is not None and (matches(d.display) or
-                                  any(map(matches, self.accepted(symbol)[1:]))):
+            if d is not None and (matches(d.display) or (
+                    _may_start(d, core) and any(map(matches, self.accepted(symbol)[1:])))):
                 return d.display
         return None
+
+
+def _core(glob: str) -> str:
+    """What every name a glob matches starts with, cut before its first space or
+    bracket: 'uv_*' -> 'uv_', 'app::f [clone*' -> 'app::f', '*::f' -> ''."""
+    return re.split(r"[*?\[ (<]", glob, maxsplit=1)[0]
+
+
+def _may_start(d: demangle.Demangled, core: str) -> bool:
+    """Whether a demangled name of the symbol may start with `core` (a _core()): each
+    starts as its display name or its full C++ declaration does, up to the end of the
+    name (a form without parameters, or without template arguments, is a prefix of
+    it; a clone's ends in ' [clone', cut off by _core) or beyond it (Rust's hash)."""
+    return not core or d.display.startswith(core[:len(d.display)]) or \
+        (d.full is not None and d.full.startswith(core[:len(d.full)]))
 
 
 def _named_sites(spec: str, names: _Names, kind: int) -> List[Site]:
@@ -191,10 +206,10 @@ def _named_sites(spec: str, names: _Names, kind: int) -> List[Site]:
         return [Site(fn, fn.address, kind, spec, spec, exact=True) for fn in exact]
     if not _is_glob(spec):
         raise UrewriteError(f"no function named '{spec}'{_close_matches(spec, names)}")
-    matches = _matcher(spec)  # (10,000 names given: no regex each)
+    matches, core = _matcher(spec), _core(spec)  # (10,000 names given: no regex each)
     out = []
     for fn in names.functions:
-        name = names.display_matching(fn, matches)
+        name = names.display_matching(fn, matches, core)
         if name is None:
             if not fn.aliases:
                 if not matches(fn.name):

@@ -86,6 +86,9 @@ FUNCTIONS = [
     # std::vector<std::vector<int, std::allocator<int> >, ...>::size() const
     Function("_ZNKSt6vectorIS_IiSaIiEESaIS1_EE4sizeEv", 0x6000, 16, "symtab"),
     Function("_ZN3app1XrsEi", 0x7000, 16, "symtab"),  # app::X::operator>>(int)
+    Function("_ZN6rtrial7compute4work17h0123456789abcdefE", 0x8000, 16, "symtab"),
+    Function("_ZN3app1gEi.isra.0", 0x9000, 16, "symtab"),  # app::g(int) [clone .isra.0]
+    Function("_ZN3app5twiceIiEET_S1_", 0xa000, 16, "symtab"),  # int app::twice<int>(int)
 ]
 
 
@@ -112,6 +115,18 @@ def test_a_glob_reports_display_names_and_symbols_it_matched_alone():
     assert _named(["app::Srv::*"]) == [("app::Srv::Srv()", 0x5000, KIND_ENTRY, False)]
 
 
+@pytest.mark.parametrize("glob, address, name", [
+    # each matches a name other than the display one, which it does not match
+    ("rtrial::compute::work::h0123*", 0x8000, "rtrial::compute::work"),
+    ("app::g [clone .isra*", 0x9000, "app::g(int) [clone .isra.0]"),
+    ("int app::tw*", 0xa000, "app::twice<int>(int)"),
+    ("*::twice", 0xa000, "app::twice<int>(int)"),
+    ("app::twic?", 0xa000, "app::twice<int>(int)"),
+])
+def test_a_glob_matches_names_besides_the_display_name(glob, address, name):
+    assert _named([glob]) == [(name, address, KIND_ENTRY, False)]
+
+
 def test_brackets_in_a_demangled_name_are_no_glob():
     assert _named(["app::X::operator[]"]) == [("app::X::operator[]", 0x4000, KIND_ENTRY, True)]
     assert _named(["app::X::operator[](int)"]) == [
@@ -130,9 +145,11 @@ def test_llvm_spelling_of_templates_is_accepted():
 
 
 def test_exclude_takes_demangled_names():
-    assert [n for n, *_ in _named(["*"], exclude=["f(?*)", "app::*", "std::*"])] == ["f", "f()"]
-    assert [n for n, *_ in _named(["*"], exclude=["app::X::operator?]", "std::*"])] == \
-        ["f", "f()", "f(int)", "app::Srv::Srv()", "app::X::operator>>(int)"]
+    assert [n for n, *_ in _named(["*"], exclude=["f(?*)", "app::*", "std::*", "rtrial::*"])] \
+        == ["f", "f()"]
+    assert [n for n, *_ in _named(["f*", "app::*"], exclude=["app::X::operator?]", "*::g*"])] \
+        == ["f", "f()", "f(int)", "app::Srv::Srv()", "app::X::operator>>(int)",
+            "app::twice<int>(int)"]
 
 
 def test_an_unknown_name_hints_at_demangled_ones():
