@@ -106,7 +106,7 @@ def select(specs: List[str], functions: List[Function], boundaries,
         _add_named(sites, _named_sites(spec, names, KIND_RETURN), notes)
     ordered = [sites[k] for k in sorted(sites, key=lambda k: (k[0], str(k[1])))]
     if exclude:
-        matchers = [_matcher(glob) for glob in exclude]
+        matchers = [(_matcher(glob), _core(glob)) for glob in exclude]
         ordered = [s for s in ordered if not _excluded(s, matchers, names)]
     return ordered
 
@@ -155,10 +155,6 @@ class _Names:
                             seen.add(name)
                             self._by_demangled.setdefault(name, []).append(fn)
         return self._by_demangled
-
-    def all_of(self, fn: Function) -> list:
-        """Every name of the function: its symbols', then their demangled ones."""
-        return list(fn.names) + [name for symbol in fn.names for name in self.accepted(symbol)]
 
     def display_matching(self, fn: Function, matches, core: str = "") -> Optional[str]:
         """The display name of the first of the function's symbols with a demangled
@@ -245,11 +241,15 @@ def _close_matches(spec: str, names: _Names) -> str:
 
 
 def _excluded(site: Site, globs: list, names: _Names) -> bool:
-    """Whether --exclude leaves the site out (`globs`: their _matcher()s): a glob
-    matches a name of its function (any alias, demangled names too), or, for a USDT
-    site, its usdt:PROVIDER:NAME."""
-    of = names.all_of(site.function) + (["usdt:" + site.name] if site.kind == KIND_USDT else [])
-    return any(matches(name) for matches in globs for name in of)
+    """Whether --exclude leaves the site out (`globs`: their (_matcher(), _core())): a
+    glob matches a name of its function (any alias, demangled names too), or, for a
+    USDT site, its usdt:PROVIDER:NAME."""
+    fn = site.function
+    for matches, core in globs:
+        if any(map(matches, fn.names)) or names.display_matching(fn, matches, core) or \
+                (site.kind == KIND_USDT and matches("usdt:" + site.name)):
+            return True
+    return False
 
 
 def _matcher(glob: str):
