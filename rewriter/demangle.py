@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import threading
 from typing import Dict, Iterable, NamedTuple, Optional, Tuple
 
 from urewrite.errors import UrewriteError
@@ -41,8 +42,11 @@ def demangle_all(symbols: Iterable[str]) -> Dict[str, Demangled]:
     """symbol -> its Demangled, for those of `symbols` that demangle (C++ and Rust)."""
     found = {}
     for symbol in symbols:
-        if symbol[:2] in ("_Z", "_R") and symbol not in found:
-            d = demangle(symbol)
+        start = symbol[:2]
+        if (start == "_Z" or start == "_R") and symbol not in found:
+            # (C++ functions straight to _cxx: node has 60,000)
+            d = _cxx(symbol) if start == "_Z" and not _may_be_rust_legacy(symbol) \
+                else demangle(symbol)
             if d is not None:
                 found[symbol] = d
     return found
@@ -50,7 +54,7 @@ def demangle_all(symbols: Iterable[str]) -> Dict[str, Demangled]:
 
 def demangle(symbol: str) -> Optional[Demangled]:
     """One symbol's Demangled, None when it is no C++ or Rust mangled name."""
-    if symbol.startswith("_R") or (symbol.startswith("_ZN") and _may_be_rust_legacy(symbol)):
+    if symbol.startswith("_R") or _may_be_rust_legacy(symbol):
         d = _rust(symbol)
         if d is not None or symbol.startswith("_R"):
             return d
@@ -70,12 +74,19 @@ def _may_be_rust_legacy(symbol: str) -> bool:
     """A legacy Rust name is a C++ nested name alone (`_ZN...E`, maybe a `.suffix`;
     its path may hold `..`): a C++ function's mangling has its parameter types after
     the E."""
-    return symbol.endswith("E") or "E." in symbol
+    return symbol.startswith("_ZN") and (symbol.endswith("E") or "E." in symbol)
+
+
+def _pyderust():
+    try:
+        import pyderust  # (only for files with Rust or C++ names)
+    except ImportError as e:
+        raise UrewriteError(f"Rust names need the pyderust package (pip install pyderust): {e}")
+    return pyderust
 
 
 def _rust(symbol: str) -> Optional[Demangled]:
-    import pyderust  # (only for files with Rust or C++ names)
-
+    pyderust = _pyderust()
     try:
         return Demangled(symbol, pyderust.demangle(symbol), None)
     except pyderust.DemangleError:
@@ -83,8 +94,7 @@ def _rust(symbol: str) -> Optional[Demangled]:
 
 
 def _rust_accepted(d: Demangled) -> Tuple[str, ...]:
-    import pyderust
-
+    pyderust = _pyderust()
     names = [d.display]
     if d.symbol.startswith("_Z"):  # (v0's full form is every crate's disambiguator)
         names.append(pyderust.demangle(d.symbol, include_hash=True))
@@ -221,7 +231,8 @@ def _without_last_arguments(name: str) -> Optional[str]:
 
 
 class _CxxDemangler:
-    """libstdc++'s __cxa_demangle, loaded on first use."""
+    """libstdc++'s __cxa_demangle, loaded on first use, writing into one buffer that it
+    grows as it needs (a malloc and a free for each name took as long as the rest)."""
 
     def __init__(self):
         try:
@@ -233,21 +244,25 @@ class _CxxDemangler:
         self._demangle.restype = ctypes.c_void_p
         self._demangle.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p,
                                    ctypes.POINTER(ctypes.c_int)]
-        self._free = libc.free
-        self._free.argtypes = [ctypes.c_void_p]
+        malloc = libc.malloc
+        malloc.restype, malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+        self._size = ctypes.c_size_t(4096)
+        self._buffer = malloc(self._size.value)  # (kept for the process's life)
+        if not self._buffer:
+            raise MemoryError
+        self._size_ref = ctypes.byref(self._size)
         self._status = ctypes.c_int()
         self._status_ref = ctypes.byref(self._status)
+        self._lock = threading.Lock()
 
     def __call__(self, symbol: str) -> Optional[str]:
-        out = self._demangle(symbol.encode(errors="surrogateescape"), None, None,
-                             self._status_ref)
-        if not out:
-            return None
-        try:
-            return ctypes.string_at(out).decode(errors="replace") if self._status.value == 0 \
-                else None
-        finally:
-            self._free(out)
+        with self._lock:
+            out = self._demangle(symbol.encode(errors="surrogateescape"), self._buffer,
+                                 self._size_ref, self._status_ref)
+            if not out or self._status.value != 0:
+                return None
+            self._buffer = out  # (where it grew to, if it did)
+            return ctypes.string_at(out).decode(errors="replace")
 
 
 _loaded: Optional[_CxxDemangler] = None

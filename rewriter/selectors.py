@@ -64,6 +64,13 @@ def _is_glob(spec: str) -> bool:
     return any(c in spec for c in "*?[")
 
 
+def _may_be_demangled(spec: str) -> bool:
+    """Whether a spec that looks like a glob may be a demangled name, looked up as such
+    first: C++ and Rust names hold * and [ ] only in types, operators, ABI tags and
+    clone suffixes ('app::f(char const*)', 'operator[]', 'f[abi:cxx11]()')."""
+    return any(c in spec for c in "(<[") or "operator" in spec
+
+
 USDT_PREFIX = "usdt:"
 
 
@@ -99,15 +106,17 @@ def select(specs: List[str], functions: List[Function], boundaries,
         _add_named(sites, _named_sites(spec, names, KIND_RETURN), notes)
     ordered = [sites[k] for k in sorted(sites, key=lambda k: (k[0], str(k[1])))]
     if exclude:
-        matchers = [(glob, _matcher(glob)) for glob in exclude]
+        matchers = [(glob, _matcher(glob), _core(glob)) for glob in exclude]
         ordered = [s for s in ordered if not _excluded(s, matchers, names)]
     return ordered
 
 
 class _Names:
     """A file's function names: its symbols' (`by_symbol`: name -> functions), and on
-    first use, the demangled names of its C++ and Rust symbols (`by_demangled`: every
-    name demangle.accepted() gives -> [(function, the display name it reports)])."""
+    first use, what its C++ and Rust symbols demangle to (`demangled`: symbol ->
+    demangle.Demangled; `accepted(symbol)`: the names that select it) and an index of
+    those (`by_demangled`: name -> functions), each made when first needed (a glob
+    that matches a function's display name needs no other)."""
 
     def __init__(self, functions: List[Function]):
         self.functions = functions
@@ -115,30 +124,63 @@ class _Names:
         for fn in functions:
             for name in fn.names:
                 self.by_symbol.setdefault(name, []).append(fn)
+        self._demangled = None
+        self._accepted = {}
         self._by_demangled = None
-        self._accepted = None  # symbol -> its demangled names, the display name first
+
+    @property
+    def demangled(self) -> dict:
+        if self._demangled is None:
+            self._demangled = demangle.demangle_all(self.by_symbol)
+        return self._demangled
+
+    def accepted(self, symbol: str) -> tuple:
+        """The demangled names that select the symbol's function, the display name
+        first; () for a symbol that does not demangle."""
+        found = self._accepted.get(symbol)
+        if found is None:
+            d = self.demangled.get(symbol)
+            found = self._accepted[symbol] = demangle.accepted(d) if d else ()
+        return found
 
     @property
     def by_demangled(self) -> dict:
         if self._by_demangled is None:
-            found = demangle.demangle_all(self.by_symbol)
-            self._accepted = {symbol: demangle.accepted(d) for symbol, d in found.items()}
             self._by_demangled = {}
             for fn in self.functions:
                 seen = set()  # (a function's aliases may demangle alike: C1 and C2
                 for symbol in fn.names:  # constructors)
-                    for name in self._accepted.get(symbol, ()):
+                    for name in self.accepted(symbol):
                         if name not in seen:
                             seen.add(name)
-                            self._by_demangled.setdefault(name, []).append(
-                                (fn, found[symbol].display))
+                            self._by_demangled.setdefault(name, []).append(fn)
         return self._by_demangled
 
-    def all_of(self, fn: Function) -> list:
-        """Every name of the function: its symbols', then their demangled ones."""
-        self.by_demangled  # noqa: B018 (made with it)
-        return list(fn.names) + [name for symbol in fn.names
-                                 for name in self._accepted.get(symbol, ())]
+    def display_matching(self, fn: Function, matches, core: str = "") -> Optional[str]:
+        """The display name of the first of the function's symbols with a demangled
+        name that `matches`, None if none has. `core`: _core(glob) (a quicker no)."""
+        demangled = self.demangled
+        for symbol in fn.names:
+            d = demangled.get(symbol)
+            if d is not None and (matches(d.display) or (
+                    _may_start(d, core) and any(map(matches, self.accepted(symbol)[1:])))):
+                return d.display
+        return None
+
+
+def _core(glob: str) -> str:
+    """What every name a glob matches starts with, cut before its first space or
+    bracket: 'uv_*' -> 'uv_', 'app::f [clone*' -> 'app::f', '*::f' -> ''."""
+    return re.split(r"[*?\[ (<]", glob, maxsplit=1)[0]
+
+
+def _may_start(d: demangle.Demangled, core: str) -> bool:
+    """Whether a demangled name of the symbol may start with `core` (a _core()): each
+    starts as its display name or its full C++ declaration does, up to the end of the
+    name (a form without parameters, or without template arguments, is a prefix of
+    it; a clone's ends in ' [clone', cut off by _core) or beyond it (Rust's hash)."""
+    return not core or d.display.startswith(core[:len(d.display)]) or \
+        (d.full is not None and d.full.startswith(core[:len(d.full)]))
 
 
 def _named_sites(spec: str, names: _Names, kind: int) -> List[Site]:
@@ -153,36 +195,41 @@ def _named_sites(spec: str, names: _Names, kind: int) -> List[Site]:
     (fewest leading underscores: `free` before `__libc_free`), then the first in
     symbol-table order."""
     exact = names.by_symbol.get(spec)
-    if exact is None:  # (a demangled name may hold [ ]: looked up before a glob's match)
-        found = names.by_demangled.get(spec) if not spec.startswith(("_Z", "_R")) else None
-        exact = [fn for fn, _ in found] if found else None
+    if exact is None and not spec.startswith(("_Z", "_R")) and \
+            (not _is_glob(spec) or _may_be_demangled(spec)):
+        exact = names.by_demangled.get(spec) or names.by_demangled.get(_gcc_spelling(spec))
     if exact is not None:
         return [Site(fn, fn.address, kind, spec, spec, exact=True) for fn in exact]
     if not _is_glob(spec):
         raise UrewriteError(f"no function named '{spec}'{_close_matches(spec, names)}")
-    matches = _matcher(spec)  # (10,000 names given: no regex each)
-    matched = {}  # address -> (function, its symbols' names that matched)
-    for name, fns in names.by_symbol.items():
-        if matches(name):
-            for fn in fns:
-                matched.setdefault(fn.address, (fn, []))[1].append(name)
-    displayed = {}  # address -> the display name of a demangled name that matched
-    for name, pairs in names.by_demangled.items():
-        if matches(name):
-            for fn, display in pairs:
-                if fn.address not in displayed:
-                    displayed[fn.address] = display
-                    matched.setdefault(fn.address, (fn, []))
-    if not matched:
-        raise UrewriteError(f"no function matches '{spec}'")
+    matches, core = _matcher(spec), _core(spec)  # (10,000 names given: no regex each)
     out = []
-    for address, (fn, symbols) in matched.items():
-        name = displayed.get(address)
+    for fn in names.functions:
+        name = names.display_matching(fn, matches, core)
         if name is None:
-            name = symbols[0] if len(symbols) == 1 else \
-                min(symbols, key=lambda n: len(n) - len(n.lstrip("_")))
+            if not fn.aliases:
+                if not matches(fn.name):
+                    continue
+                name = fn.name
+            else:
+                symbols = [n for n in fn.names if matches(n)]
+                if not symbols:
+                    continue
+                name = min(symbols, key=lambda n: len(n) - len(n.lstrip("_")))
         out.append(Site(fn, fn.address, kind, name, spec, exact=False))
+    if not out:
+        raise UrewriteError(f"no function matches '{spec}'")
     return out
+
+
+def _gcc_spelling(spec: str) -> str:
+    """A C++ name as GCC's demangler spells it: templates closed with '> >' (LLVM's
+    tools print '>>'), operator>> left as it is."""
+    while True:
+        spelled = re.sub(r"(?<!operator)>>", "> >", spec)
+        if spelled == spec:
+            return spec
+        spec = spelled
 
 
 def _close_matches(spec: str, names: _Names) -> str:
@@ -194,12 +241,17 @@ def _close_matches(spec: str, names: _Names) -> str:
 
 
 def _excluded(site: Site, globs: list, names: _Names) -> bool:
-    """Whether --exclude leaves the site out (`globs`: (glob, its _matcher())): a glob
-    matches a name of its function (any alias, demangled names too), or, for a USDT
-    site, its usdt:PROVIDER:NAME; or is one of them (Go's `main.Map[...]`, a name with
-    a glob's characters)."""
-    of = names.all_of(site.function) + (["usdt:" + site.name] if site.kind == KIND_USDT else [])
-    return any(name == glob or matches(name) for glob, matches in globs for name in of)
+    """Whether --exclude leaves the site out (`globs`: (glob, its _matcher(), _core())):
+    a glob matches a name of its function (any alias, demangled names too), or, for a
+    USDT site, its usdt:PROVIDER:NAME; or is one of them (Go's `main.Map[...]`, a name
+    with a glob's characters)."""
+    fn = site.function
+    for glob, matches, core in globs:
+        if any(name == glob or matches(name) for name in fn.names) or \
+                names.display_matching(fn, matches, core) or \
+                (site.kind == KIND_USDT and matches("usdt:" + site.name)):
+            return True
+    return False
 
 
 def _matcher(glob: str):

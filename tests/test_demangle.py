@@ -83,6 +83,12 @@ FUNCTIONS = [
     Function("_Z1fi", 0x3000, 16, "symtab"),  # C++: f(int)
     Function("_ZN3app1XixEi", 0x4000, 16, "symtab"),  # app::X::operator[](int)
     Function("_ZN3app3SrvC2Ev", 0x5000, 16, "symtab", ("_ZN3app3SrvC1Ev",)),  # app::Srv::Srv()
+    # std::vector<std::vector<int, std::allocator<int> >, ...>::size() const
+    Function("_ZNKSt6vectorIS_IiSaIiEESaIS1_EE4sizeEv", 0x6000, 16, "symtab"),
+    Function("_ZN3app1XrsEi", 0x7000, 16, "symtab"),  # app::X::operator>>(int)
+    Function("_ZN6rtrial7compute4work17h0123456789abcdefE", 0x8000, 16, "symtab"),
+    Function("_ZN3app1gEi.isra.0", 0x9000, 16, "symtab"),  # app::g(int) [clone .isra.0]
+    Function("_ZN3app5twiceIiEET_S1_", 0xa000, 16, "symtab"),  # int app::twice<int>(int)
 ]
 
 
@@ -109,16 +115,41 @@ def test_a_glob_reports_display_names_and_symbols_it_matched_alone():
     assert _named(["app::Srv::*"]) == [("app::Srv::Srv()", 0x5000, KIND_ENTRY, False)]
 
 
+@pytest.mark.parametrize("glob, address, name", [
+    # each matches a name other than the display one, which it does not match
+    ("rtrial::compute::work::h0123*", 0x8000, "rtrial::compute::work"),
+    ("app::g [clone .isra*", 0x9000, "app::g(int) [clone .isra.0]"),
+    ("int app::tw*", 0xa000, "app::twice<int>(int)"),
+    ("*::twice", 0xa000, "app::twice<int>(int)"),
+    ("app::twic?", 0xa000, "app::twice<int>(int)"),
+])
+def test_a_glob_matches_names_besides_the_display_name(glob, address, name):
+    assert _named([glob]) == [(name, address, KIND_ENTRY, False)]
+
+
 def test_brackets_in_a_demangled_name_are_no_glob():
     assert _named(["app::X::operator[]"]) == [("app::X::operator[]", 0x4000, KIND_ENTRY, True)]
     assert _named(["app::X::operator[](int)"]) == [
         ("app::X::operator[](int)", 0x4000, KIND_ENTRY, True)]
 
 
+def test_llvm_spelling_of_templates_is_accepted():
+    """GCC's demangler closes nested templates with '> >', LLVM's tools with '>>': a name
+    copied from either selects the function, reported as typed."""
+    gcc = "std::vector<std::vector<int, std::allocator<int> >, std::allocator<std::vector<int, " \
+          "std::allocator<int> > > >::size"
+    llvm = gcc.replace("> >", ">>").replace("> >", ">>")
+    assert ">>" in llvm and _named([llvm]) == [(llvm, 0x6000, KIND_ENTRY, True)]
+    assert _named([gcc]) == [(gcc, 0x6000, KIND_ENTRY, True)]
+    assert _named(["app::X::operator>>"]) == [("app::X::operator>>", 0x7000, KIND_ENTRY, True)]
+
+
 def test_exclude_takes_demangled_names():
-    assert [n for n, *_ in _named(["*"], exclude=["f(?*)", "app::*"])] == ["f", "f()"]
-    assert [n for n, *_ in _named(["*"], exclude=["app::X::operator?]"])] == \
-        ["f", "f()", "f(int)", "app::Srv::Srv()"]
+    assert [n for n, *_ in _named(["*"], exclude=["f(?*)", "app::*", "std::*", "rtrial::*"])] \
+        == ["f", "f()"]
+    assert [n for n, *_ in _named(["f*", "app::*"], exclude=["app::X::operator?]", "*::g*"])] \
+        == ["f", "f()", "f(int)", "app::Srv::Srv()", "app::X::operator>>(int)",
+            "app::twice<int>(int)"]
 
 
 def test_an_unknown_name_hints_at_demangled_ones():

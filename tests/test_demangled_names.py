@@ -101,16 +101,16 @@ def _by_address(counts: Dict[tuple, int]) -> Dict[tuple, int]:
 
 # -- C++ ------------------------------------------------------------------------------
 
-# the sample's functions: mangled name -> (its display name, calls per round)
+# the sample's functions called once a round: mangled name -> its display name
 CXX = {
-    "_ZN3app1fEi": ("app::f(int)", 1),
-    "_ZN3app1fEd": ("app::f(double)", 1),
-    "_ZN3app1fEPKc": ("app::f(char const*)", 1),
-    "_ZN3app5parseEPKc": ("app::parse(char const*)", 1),
-    "_ZN3app3Srv6handleEi": ("app::Srv::handle(int)", 1),
-    "_ZN3app5twiceIiEET_S1_": ("app::twice<int>(int)", 1),
-    "_ZN3app5twiceIdEET_S1_": ("app::twice<double>(double)", 1),
-    "_ZN3app4eachEiPFiiE": ("app::each(int, int (*)(int))", 1),
+    "_ZN3app1fEi": "app::f(int)",
+    "_ZN3app1fEd": "app::f(double)",
+    "_ZN3app1fEPKc": "app::f(char const*)",
+    "_ZN3app5parseEPKc": "app::parse(char const*)",
+    "_ZN3app3Srv6handleEi": "app::Srv::handle(int)",
+    "_ZN3app5twiceIiEET_S1_": "app::twice<int>(int)",
+    "_ZN3app5twiceIdEET_S1_": "app::twice<double>(double)",
+    "_ZN3app4eachEiPFiiE": "app::each(int, int (*)(int))",
 }
 # by what the user types: the functions each name selects (all overloads, instances)
 CXX_TYPED = {
@@ -127,7 +127,7 @@ CXX_KINDS = ["cxx-O0", "cxx-O2", "cxx-O2-arm64"]
 def test_cxx_list_shows_demangled_names(builds, kind):
     program = builds(kind)
     rows = {r["name"]: r for r in _listed(program)}
-    for mangled, (display, _) in CXX.items():
+    for mangled, display in CXX.items():
         assert rows[mangled]["demangled"] == [display], mangled
     operator = [r for r in rows.values()
                 if r["name"].startswith("_ZNK3app5PointplERKS0_")]
@@ -168,6 +168,19 @@ def test_cxx_probed_by_demangled_names_counts_as_by_mangled_ones(builds, kind, t
     for (name, probe_kind, address), hits in named.items():
         assert hits == ROUNDS, (name, probe_kind)
     assert len(named) == len(expected_probes)
+    if kind.endswith("arm64"):
+        return
+    events = tmp_path / "events.jsonl"
+    proc = urewrite("trace", "--json", "-o", events, "--", tmp_path / "by_name", str(ROUNDS))
+    assert proc.returncode == 0, proc.stderr
+    traced: Dict[tuple, int] = {}
+    for line in events.read_text().splitlines():
+        event = json.loads(line)
+        key = (event["probe"], event["kind"])
+        traced[key] = traced.get(key, 0) + 1
+    assert traced == {(name, probe_kind): ROUNDS * sum(1 for n, k, _ in named
+                                                       if (n, k) == (name, probe_kind))
+                      for name, probe_kind, _ in named}
 
 
 @pytest.mark.parametrize("kind", ["cxx-O0", "cxx-O2"])
@@ -178,12 +191,22 @@ def test_cxx_globs_report_display_names_and_exclude_by_them(builds, kind, tmp_pa
     result = _rewrite(program, tmp_path / "glob", "-p", "app::*", "-r", "*::f(*)",
                       "--exclude", "app::twice", "--exclude", "*::operator+*")
     got = sorted((p["name"], p["kind"]) for p in result["probes"])
-    shown = [display for m, (display, _) in CXX.items() if "twice" not in m]
+    shown = [display for m, display in CXX.items() if "twice" not in m]
     assert got == sorted([(d, "entry") for d in shown]
                          + [(d, "return") for d in shown if d.startswith("app::f(")])
     counts = _counts(kind, tmp_path / "glob", tmp_path, original)
     assert {name for name, _, _ in counts} == set(shown)
     assert all(hits == ROUNDS for hits in counts.values())
+    # the lambda (called 3 times a round through its function pointer, _FUN) and the
+    # operator (at -O2 a clone of it, which its name says)
+    result = _rewrite(program, tmp_path / "lambda", "-p", "main::{lambda(int)#1}::_FUN",
+                      "-p", "*::Point::operator+*")
+    operator = "app::Point::operator+(app::Point const&) const" + \
+        (" [clone .isra.0]" if kind == "cxx-O2" else "")
+    assert sorted(p["name"] for p in result["probes"]) == [operator, "main::{lambda(int)#1}::_FUN"]
+    counts = _counts(kind, tmp_path / "lambda", tmp_path, original)
+    assert {name: hits for (name, _, _), hits in counts.items()} == {
+        "main::{lambda(int)#1}::_FUN": 3 * ROUNDS, operator: ROUNDS}
     # the mangled names stay: a glob over them reports them as they are
     mangled = _rewrite(program, tmp_path / "mangled", "-p", "_ZN3app1f*")
     assert sorted((p["name"], p["address"]) for p in mangled["probes"]) == \
