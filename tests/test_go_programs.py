@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SAMPLES, check, run, stat, uprobes_unavailable, urewrite
+from conftest import SAMPLES, check, file_offset, run, stat, uprobes_unavailable, urewrite
 
 FEATURES = SAMPLES / "go" / "features"
 
@@ -43,6 +43,7 @@ BUILDS = {
     "pie": ("amd64", ["-buildmode=pie"], {"CGO_ENABLED": "0"}),
     "cgo": ("amd64", [], {"CGO_ENABLED": "1"}),
     "stripped": ("amd64", ["-ldflags=-s -w"], {"CGO_ENABLED": "0"}),
+    "cgo-pie": ("amd64", ["-buildmode=pie"], {"CGO_ENABLED": "1"}),
     "arm64": ("arm64", [], {"CGO_ENABLED": "0"}),
     "arm64-stripped": ("arm64", ["-ldflags=-s -w"], {"CGO_ENABLED": "0"}),
 }
@@ -100,7 +101,7 @@ def calls(stdout: str) -> int:
     return int(re.search(r"^calls: (\d+)$", stdout, re.M).group(1))
 
 
-@pytest.mark.parametrize("name", list(BUILDS))
+@pytest.mark.parametrize("name", [b for b in BUILDS if b != "cgo-pie"])
 def test_every_function_probed_runs_as_the_original(go_work, name):
     program = build(go_work, name)
     want = execute(program)
@@ -194,14 +195,18 @@ def _headerless(program: Path, out: Path) -> Path:
     return out
 
 
-@pytest.mark.parametrize("name", ["static", "pie", "cgo", "arm64-stripped"])
+@pytest.mark.parametrize("name", ["static", "pie", "cgo", "cgo-pie", "arm64-stripped"])
 def test_table_found_without_section_headers(go_work, name):
     """The table, and the text start its entries are relative to, are found without
-    section headers: the same functions as with them."""
+    section headers: the same functions as with them. In the PIEs, moduledata's words
+    are left 0 in the file too, as linkers may (lld): only the dynamic table's
+    relocations hold them."""
     from urewrite.rewriter import gopclntab
     from urewrite.rewriter.elf_file import ElfFile
     program = build(go_work, name)
     copy = _headerless(program, go_work / f"{program.name}.nosections")
+    if "pie" in name:
+        _clear_moduledata_words(program, copy)
     with_headers, without = (gopclntab.table(ElfFile.open(str(p))) for p in (program, copy))
     assert with_headers is not None and without is not None
     assert len(with_headers) > 1500
@@ -213,6 +218,25 @@ def test_table_found_without_section_headers(go_work, name):
         found = dict(zip(with_headers.names, with_headers.addresses.tolist()))
         for n in ("main.work", "main.main", "runtime.main"):
             assert found[n] == symbols[n]
+
+
+def _clear_moduledata_words(program: Path, copy: Path) -> None:
+    """Zero, in `copy`, the words that relocations fill in moduledata (found by readelf:
+    the relocation whose addend is the table's address, and those after it)."""
+    table = int(re.search(r"\.gopclntab\s+\S+\s+([0-9a-f]+)",
+                          run(["readelf", "-SW", program]).stdout).group(1), 16)
+    relocated = {}
+    for line in run(["readelf", "-rW", program]).stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[2] == "R_X86_64_RELATIVE":
+            relocated[int(parts[0], 16)] = int(parts[3], 16)
+    moduledata = next(place for place, addend in relocated.items() if addend == table)
+    data = bytearray(copy.read_bytes())
+    for place in relocated:
+        if moduledata <= place < moduledata + 256:
+            at = file_offset(program, place)
+            data[at:at + 8] = bytes(8)
+    copy.write_bytes(bytes(data))
 
 
 def _symbols(program: Path) -> dict:
