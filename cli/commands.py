@@ -441,8 +441,9 @@ def _print_list(functions: list, heads: list, width: int, probes: list, quiet: b
         click.echo(f"\n{'ADDRESS':<18} {'USDT':<{width}}  {'SEMAPHORE':<18}  PROBE  ARGUMENTS")
         for p in probes:
             semaphore = f"{p['semaphore']:#x}" if p["semaphore"] else "-"
-            click.echo(f"{p['address']:#018x} {_printable(p['provider'] + ':' + p['name']):<{width}}"
-                       f"  {semaphore:<18}  {_status(p)}  {_printable(p['arguments']) or '-'}")
+            probe = _printable(f"{p['provider']}:{p['name']}")
+            click.echo(f"{p['address']:#018x} {probe:<{width}}  {semaphore:<18}  {_status(p)}  "
+                       f"{_printable(p['arguments']) or '-'}")
     ok = sum(r["patchable"] for r in functions)
     usdt_ok = sum(p["patchable"] for p in probes)
     if not quiet:

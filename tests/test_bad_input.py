@@ -458,8 +458,8 @@ ODD_NOTES = {
                             "is not in the file's writable memory"),
     "semaphore-far": (lambda p, b, s: _stapsdt(p[0], b, 0xFFFFFFFFFFFFFFF0, b"fz\0a\08@%rax\0"),
                       "is not in the file's writable memory"),
-    "prelink-base-wraps": (lambda p, b, s: _stapsdt(p[0], 0xFFFFFFFFFFFFFF00, 0, b"fz\0a\08@%rax\0"),
-                           "no function"),
+    "prelink-base-wraps": (lambda p, b, s: _stapsdt(p[0], 0xFFFFFFFFFFFFFF00, 0,
+                                                    b"fz\0a\08@%rax\0"), "no function"),
     "one-site-of-two-unreadable": (lambda p, b, s: _stapsdt(p[0], b, 0, b"fz\0a\08@%rax\0")
                                    + _stapsdt(p[1], b, 0, b"fz\0a\08@%foo\0"),
                                    "cannot be read: %foo is not a general register"),
