@@ -309,7 +309,13 @@ def test_cgo_entry_counts_equal_kernel_uprobes(go_work, uprobes):
     kernel = uprobes.count(probed, {n: symbols[n] for n in names},
                            lambda: runs.append(stat([probed], go_work)))
     ours = {p["name"]: p["hits"] for p in runs[0].probes}
-    assert ours == kernel
+    # Idle threads enter runtime.schedule up to the moment the process exits: one that
+    # the exit kills in the kernel's trap there is counted by the kernel, never reaching
+    # the jump that ours counts in (seen once in several loaded runs: 407 against 406)
+    racing = "runtime.schedule"
+    assert 0 <= kernel[racing] - ours[racing] <= 8, (kernel[racing], ours[racing])
+    assert {n: c for n, c in ours.items() if n != racing} == \
+        {n: c for n, c in kernel.items() if n != racing}
     assert ours["main.work"] == calls(runs[0].proc.stdout)
 
 
