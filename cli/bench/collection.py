@@ -26,6 +26,7 @@ import sys
 import time
 
 from urewrite.bench.common import BenchError, clean_env, log
+from urewrite.bench.rewrite_cost import generated_program
 
 RUNS = 40
 PASSES = 3  # reads of the regions: the best is kept
@@ -37,23 +38,6 @@ def calls_of(i: int) -> int:
     """How many times a run calls function f<i>: unlike counts tell a count read into
     the wrong column."""
     return i % 7 + 1
-
-
-def _program(work: str, functions: int) -> str:
-    source = os.path.join(work, "calls.c")
-    with open(source, "w") as f:
-        for i in range(functions):
-            f.write(f"__attribute__((noinline)) int f{i}(int x) "
-                    f"{{ return x * {i % 5 + 2} + {i}; }}\n")
-        f.write("int main(void) {\n  int x = 0;\n")
-        for i in range(functions):
-            f.write(f"  for (int k = 0; k < {calls_of(i)}; k++) x = f{i}(x);\n")
-        f.write("  return x == 12345;\n}\n")
-    binary = os.path.join(work, "calls")
-    proc = subprocess.run(["gcc", "-O2", source, "-o", binary], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise BenchError(f"collection: cannot build the program: {proc.stderr.strip()}")
-    return binary
 
 
 def _wrong_counts(region, runs: int) -> list:
@@ -87,7 +71,7 @@ def collection_bench(work: str, functions: int = 10000, runs: int = RUNS) -> dic
     work = os.path.join(work, "collection")
     os.makedirs(work, exist_ok=True)
     log(f"collection: building and rewriting a program with {functions} functions")
-    binary = _program(work, functions)
+    binary = generated_program(work, functions, calls_of=calls_of)
     probed = binary + ".probed"
     proc = subprocess.run([sys.executable, "-m", "urewrite", binary, "-p", "*", "-r", "*",
                            "-q", "-o", probed], capture_output=True, text=True, env=clean_env())

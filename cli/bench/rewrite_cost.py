@@ -10,13 +10,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from urewrite.bench.common import BenchError, clean_env, log
 
 
-def generated_program(work: str, functions: int, cc: str = "gcc") -> str:
-    """A C program with `functions` small noinline functions, all called from main."""
+def generated_program(work: str, functions: int, cc: str = "gcc",
+                      calls_of: Optional[Callable[[int], int]] = None) -> str:
+    """A C program with `functions` small noinline functions f<i>, all called from
+    main: once each, or `calls_of(i)` times."""
     source = os.path.join(work, "many.c")
     with open(source, "w") as f:
         f.write("#include <stdio.h>\n")
@@ -25,7 +27,10 @@ def generated_program(work: str, functions: int, cc: str = "gcc") -> str:
                     f"{{ return x * {i % 7 + 2} + {i}; }}\n")
         f.write("int main(void) {\n  int x = 0;\n")
         for i in range(functions):
-            f.write(f"  x = f{i}(x);\n")
+            if calls_of is None:
+                f.write(f"  x = f{i}(x);\n")
+            else:
+                f.write(f"  for (int k = 0; k < {calls_of(i)}; k++) x = f{i}(x);\n")
         f.write('  printf("%d\\n", x);\n  return 0;\n}\n')
     binary = os.path.join(work, "many")
     proc = subprocess.run([cc, "-O2", source, "-o", binary], capture_output=True, text=True)
