@@ -92,18 +92,23 @@ def as_user(user, cmd):
 
 def python_for(user, d: Path):
     """(interpreter, PYTHONPATH) with which `user` runs urewrite: copies of the installed
-    urewrite and click where anyone may read them; None when no interpreter is open to
-    that user (this one may live in root's home)."""
+    urewrite, click and numpy (the live readers sum with it) where anyone may read them;
+    None when no interpreter is open to that user (this one may live in root's home)."""
     import click
+    import numpy
     import urewrite
     site = d / "site"
     if not site.exists():
-        for module in (urewrite, click):
-            shutil.copytree(os.path.dirname(module.__file__), site / module.__name__)
+        for module in (urewrite, click, numpy):
+            home = os.path.dirname(module.__file__)
+            shutil.copytree(home, site / module.__name__)
+            libs = home + ".libs"  # (a wheel's own shared libraries, beside the package)
+            if os.path.isdir(libs):
+                shutil.copytree(libs, site / os.path.basename(libs))
         for p in [site, *site.rglob("*")]:
             os.chmod(p, 0o755)
     for python in (sys.executable, "/usr/bin/python3"):
-        probe = subprocess.run(as_user(user, [python, "-c", "import urewrite.commands"]),
+        probe = subprocess.run(as_user(user, [python, "-c", "import urewrite.live_view"]),
                                capture_output=True, env=clean_env({"PYTHONPATH": str(site)}))
         if probe.returncode == 0:
             return python, str(site)
