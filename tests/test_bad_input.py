@@ -199,15 +199,7 @@ def test_usage_errors_exit_2(good, tmp_path):
 
 def _sections(data: bytes):
     """name -> (offset, size) of each section."""
-    shoff = struct.unpack_from("<Q", data, 40)[0]
-    shnum, shstrndx = struct.unpack_from("<HH", data, 60)
-    raw = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * 64) for i in range(shnum)]
-    names_at = raw[shstrndx][4]
-    out = {}
-    for r in raw:
-        end = data.index(b"\0", names_at + r[0])
-        out[data[names_at + r[0]:end].decode()] = (r[4], r[5])
-    return out
+    return {name: (offset, size) for name, (_, offset, size) in _section_headers(data).items()}
 
 
 def _program_header(data: bytes, p_type: int) -> int:

@@ -17,7 +17,6 @@ the runtime copies into the region at set-up; readers sum the counters.
 
 from __future__ import annotations
 
-import operator
 import struct
 from dataclasses import dataclass, field
 from typing import List, Optional
@@ -209,21 +208,6 @@ def read_region(path: str) -> Region:
     from urewrite.trampolines import region_reader
     return region_reader.to_region(region_reader.read_counts_of(path,
                                                                 region_reader.TableCache()))
-
-
-def claimed_slots(owner_threads) -> List[int]:
-    """The per-thread rows in use, from the owner table's `thread` words: a row is
-    written only by the thread that claimed its slot, and a slot is never released,
-    so the others hold zeros and a reader may skip them (docs/region.md)."""
-    return [slot for slot, thread in enumerate(owner_threads) if thread]
-
-
-def sum_rows(rows) -> List[int]:
-    """The rows (sequences of counts, all as long) added up, count by count."""
-    totals = None
-    for row in rows:
-        totals = list(row) if totals is None else list(map(operator.add, totals, row))
-    return totals
 
 
 def template_probe_names(template: bytes) -> List[str]:
