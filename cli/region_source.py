@@ -76,11 +76,9 @@ class RegionSample:
     object: str
     probes: Tuple[LiveProbe, ...]
     counts: RegionCounts
-    probe_keys: Tuple[ProbeKey, ...] = ()  # (made once per object and probe table)
+    probe_keys: Tuple[ProbeKey, ...]  # (the Watcher makes them once per object and table)
 
     def keys(self) -> Iterable[Tuple[int, ProbeKey]]:
-        if not self.probe_keys:
-            self.probe_keys = _keys(self.object, self.probes)
         return enumerate(self.probe_keys)
 
 
