@@ -35,8 +35,8 @@ class Function:
     size: int  # 0 when neither a symbol nor an FDE gives it
     origin: str  # "symtab", "dynsym", "gopclntab" or "eh_frame"
     aliases: tuple = ()
-    # where the size comes from: "symbol", "eh_frame", "gopclntab" (up to the next Go
-    # function, less padding), or "next symbol" / "next FDE" / "section end" for an
+    # where the size comes from: "symbol", "eh_frame", "gopclntab" (its SP-delta
+    # table's end), or "next symbol" / "next FDE" / "section end" for an
     # extent inferred up to what follows it
     sized_by: str = "symbol"
 

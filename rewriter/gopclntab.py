@@ -12,8 +12,9 @@ header's own field (filled in before Go 1.26), else from the ELF entry point
 (_rt0_*, named in the table). The header is found through its section, or
 without section headers by a search for its first 8 bytes.
 
-A function's extent is up to the next one's entry, less the padding the linker
-puts between functions (int3 on x86_64, zero words on arm64). Anything
+A function's extent is where its SP-delta table ends; where that table gives none,
+up to the next one's entry, less the padding the linker puts between functions
+(int3 on x86_64, zero words on arm64). Anything
 malformed gives no table, never an exception: the table only adds knowledge.
 """
 
