@@ -420,3 +420,28 @@ def test_redis_from_the_bench_command():
     assert redis["median_rps"]["kernel uprobes"] == {}
     assert redis["median_rps"]["urewrite"]["get"] > 0
     assert "kernel uprobes" not in redis["counts"]
+
+
+@pytest.mark.parametrize("compiler", ["gcc", "aarch64-linux-gnu-gcc"])
+def test_trigger_builds_without_sdt_h_with_the_same_usdt_site(tmp_path, compiler):
+    """The README's first command must work without systemtap-sdt-dev: the trigger then
+    writes its own note, which reads as sdt.h's does (same probe, argument sizes, values)."""
+    if shutil.which(compiler) is None:
+        pytest.skip(f"needs {compiler}")
+    sample = os.path.join(ROOT, "samples", "trigger.c")
+    notes = {}
+    for own in (False, True):
+        out = str(tmp_path / f"trigger-{own}")
+        subprocess.run([compiler, "-O2", "-pthread", sample, "-o", out]
+                       + (["-DTRIGGER_OWN_NOTE"] if own else []), check=True)
+        listed = json.loads(urewrite("list", "--json", out).stdout)
+        notes[own] = [(s["provider"], s["name"], [a.split("@")[0] for a in s["arguments"].split()])
+                      for s in listed["usdt"]]
+        if compiler == "gcc":  # run it: the values the site passes are the loop's
+            probed = out + ".probed"
+            assert urewrite(out, "-p", "usdt:trigger:usdt", "-o", probed, "-q").returncode == 0
+            traced = urewrite("trace", "--json", "--", probed, "usdt", "3")
+            assert traced.returncode == 0, traced.stderr
+            events = [json.loads(line) for line in traced.stdout.splitlines() if line.startswith("{")]
+            assert [e["args"] for e in events] == [[0, 3], [1, 2], [2, 1]]
+    assert notes[True] == notes[False] == [("trigger", "usdt", ["-8", "-8"])]

@@ -15,8 +15,37 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/sdt.h>
 #include <time.h>
+
+/* The USDT site: systemtap's <sys/sdt.h> where it is installed; else (or with
+ * -DTRIGGER_OWN_NOTE) the same note written here, so that the file builds on a
+ * machine without systemtap-sdt-dev. A note holds the site's address, the base
+ * it was linked against (.stapsdt.base, for readers to see a file moved by
+ * prelink), the semaphore (none), the provider, the name and each argument as
+ * SIZE@OPERAND. */
+#if __has_include(<sys/sdt.h>) && !defined(TRIGGER_OWN_NOTE)
+#include <sys/sdt.h>
+#define TRIGGER_USDT(a, b) DTRACE_PROBE2(trigger, usdt, a, b)
+#else
+#define TRIGGER_USDT(a, b)                                                       \
+    __asm__ __volatile__(                                                        \
+        "990: nop\n"                                                            \
+        ".pushsection .note.stapsdt, \"\", \"note\"\n"                          \
+        ".balign 4\n"                                                           \
+        ".4byte 992f-991f, 994f-993f, 3\n"                                      \
+        "991: .asciz \"stapsdt\"\n"                                             \
+        "992: .balign 4\n"                                                      \
+        "993: .8byte 990b, _.stapsdt.base, 0\n"                                 \
+        ".asciz \"trigger\"\n.asciz \"usdt\"\n.asciz \"-8@%0 -8@%1\"\n"          \
+        "994: .balign 4\n"                                                      \
+        ".popsection\n"                                                         \
+        ".ifndef _.stapsdt.base\n"                                              \
+        ".pushsection .stapsdt.base, \"aG\", \"progbits\", .stapsdt.base, comdat\n" \
+        ".weak _.stapsdt.base\n.hidden _.stapsdt.base\n"                        \
+        "_.stapsdt.base: .space 1\n.size _.stapsdt.base, 1\n"                   \
+        ".popsection\n.endif\n"                                                  \
+        : : "r"((long)(a)), "r"((long)(b)))
+#endif
 
 /* The three triggers are written in assembly, so that what they start with does
  * not depend on the compiler: trigger_nop is `nop; ret`, trigger_push starts
@@ -71,7 +100,7 @@ static void *loop(void *arg) {
     pthread_barrier_wait(&start);
     if (!strcmp(which, "usdt")) {
         for (long i = 0; i < n; i++)
-            DTRACE_PROBE2(trigger, usdt, i, n - i);
+            TRIGGER_USDT(i, n - i);
     } else {
         for (long i = 0; i < n; i++)
             fn();
