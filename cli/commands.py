@@ -114,8 +114,14 @@ def main():
 @click.option("--exclude", "excludes", multiple=True, metavar="GLOB",
               help="Leave out functions with a name (or USDT probes, usdt:P:N) matching GLOB, "
                    "whatever selected them. Repeatable.")
+@click.option("-e", "program_text", metavar="PROGRAM",
+              help="Probe what a probe program (bpftrace's language) names in IN: its "
+                   "uprobe, uretprobe and usdt probes whose path is IN, OUT, their basename "
+                   "or '*'.")
+@click.option("-f", "program_file", metavar="FILE", type=click.Path(dir_okay=False),
+              help="The same, with the program read from FILE.")
 def rewrite(input_file, probes, returns, output, arg_count, keep_going, as_json, quiet, tactics,
-            excludes):
+            excludes, program_text, program_file):
     """Write a copy of IN with probes at the given sites.
 
     A site that cannot be patched safely is refused with the reason: an error
@@ -124,11 +130,14 @@ def rewrite(input_file, probes, returns, output, arg_count, keep_going, as_json,
     from urewrite.rewriter.pipeline import no_cycle_collection
     from urewrite.rewriter.pipeline import rewrite as run_rewrite
 
-    if not probes and not returns:
-        raise click.UsageError("give at least one probe with -p or -r")
     if output == "":
         raise click.BadParameter("must name a file", param_hint="-o")
     output = output if output is not None else input_file + ".probed"
+    if program_text is not None or program_file is not None:
+        probes, returns = _program_probes(program_text, program_file, input_file, output,
+                                          probes, returns, quiet)
+    if not probes and not returns:
+        raise click.UsageError("give at least one probe with -p or -r")
     with no_cycle_collection():  # (the file's analysis lives until the report is written)
         kept = []  # (the analysis, which _end_now() does not free)
         try:
@@ -140,6 +149,31 @@ def rewrite(input_file, probes, returns, output, arg_count, keep_going, as_json,
             _fail(str(e))
         _report_rewrite(result, output, as_json, quiet)
         _end_now((kept, result))
+
+
+def _program_probes(text, path, input_file, output, probes, returns, quiet):
+    """-p and -r with the probes a program (-e or -f) names in the file added."""
+    from urewrite.programs import checks, parser, probes as program_probes
+
+    if text is not None and path is not None:
+        raise click.UsageError("give the program with -e or with -f, not both")
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            _fail(f"cannot read the program {path}: {getattr(e, 'strerror', None) or e}")
+    try:
+        program = parser.parse(text)
+        checks.check(program)
+        specs = program_probes.rewrite_specs(program, [input_file, output])
+    except UrewriteError as e:
+        _fail(str(e))
+    if specs.elsewhere and not quiet:
+        click.echo(f"urewrite: note: leaving out the probes of other files: "
+                   f"{', '.join(specs.elsewhere)}", err=True)
+    return (list(probes) + [p for p in specs.entries if p not in probes],
+            list(returns) + [r for r in specs.returns if r not in returns])
 
 
 def _report_rewrite(result, output: str, as_json: bool, quiet: bool) -> None:

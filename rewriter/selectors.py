@@ -1,4 +1,5 @@
-"""Turns probe specs (-p NAME, -p 'GLOB*', -p 0xADDR, -p usdt:PROVIDER:NAME) into sites."""
+"""Turns probe specs (-p NAME, -p 'GLOB*', -p 0xADDR, -p NAME+OFFSET, -p usdt:PROVIDER:NAME)
+into sites."""
 
 from __future__ import annotations
 
@@ -99,6 +100,12 @@ def select(specs: List[str], functions: List[Function], boundaries,
             continue
         if spec.lower().startswith("0x"):
             site = _address_site(spec, functions, starts, boundaries)
+            sites.setdefault((site.address, site.probe_key), site)
+            continue
+        offset = _OFFSET.fullmatch(spec) if spec not in names.by_symbol else None
+        if offset:  # FUNC+OFFSET, as perf probe and bpftrace write an address in a function
+            site = _offset_site(spec, offset.group(1), int(offset.group(2), 0), names,
+                                functions, starts, boundaries)
             sites.setdefault((site.address, site.probe_key), site)
             continue
         _add_named(sites, _named_sites(spec, names, KIND_ENTRY), notes)
@@ -294,6 +301,23 @@ def _usdt_sites(spec: str, usdt_sites: List[UsdtSite], functions, starts) -> Lis
         out.append(Site(fn, u.pc, KIND_USDT, u.probe, spec, exact=not _is_glob(pattern),
                         semaphore=u.semaphore, arguments=u.arguments))
     return out
+
+
+_OFFSET = re.compile(r"(.*[^+\s])\+(0[xX][0-9a-fA-F]+|[0-9]+)")
+
+
+def _offset_site(spec: str, name: str, offset: int, names, functions, starts,
+                 boundaries) -> Site:
+    """The site `offset` bytes into the one function `name` names."""
+    found = {site.function.address: site.function
+             for site in _named_sites(name, names, KIND_ENTRY)}
+    if len(found) != 1:
+        raise UrewriteError(f"'{spec}': {name} names {len(found)} functions; an offset needs one")
+    fn, = found.values()
+    if offset >= max(fn.end - fn.address, 1):
+        raise UrewriteError(f"'{spec}': {fn.name} is {fn.end - fn.address} byte(s) long")
+    site = _address_site(hex(fn.address + offset), functions, starts, boundaries)
+    return Site(site.function, site.address, site.kind, site.name, spec, exact=True)
 
 
 def _address_site(spec: str, functions, starts, boundaries) -> Site:

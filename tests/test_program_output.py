@@ -1,0 +1,214 @@
+"""Probe programs print their maps as bpftrace does: held to bpftrace itself where it
+runs here (kernel uprobes on the same workload, its text and its JSON), and to
+output bpftrace 0.17 printed, kept below, where it does not."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import kernel_tracing_alone, uprobes_unavailable
+from urewrite.programs import output
+from urewrite.programs.checks import check
+from urewrite.programs.output import MapData, hist_bucket, lhist_bucket
+from urewrite.programs.parser import parse
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLE = os.path.join(ROOT, "samples", "programs", "values.c")
+
+PROGRAM = """
+uprobe:{path}:work {{
+    @c[arg1] = count(); @two[arg1, arg1 % 2] = count();
+    @h = hist(arg0 - 300); @hk[arg1 % 2] = hist(arg0 * 1000003);
+    @l = lhist(arg0, 100, 600, 100); @lk[arg1 % 2] = lhist(arg0, 0, 1000, 500);
+    @s[arg1] = sum(arg0); @a = avg(arg0); @ak[arg1 % 2] = avg(arg0);
+    @mi = min(arg0 - 500); @ma = max(arg0); @st = stats(arg0); @stk[arg1 % 3] = stats(arg0);
+    @v = arg0; @z[arg1] = 5; @ = count();
+}}
+uretprobe:{path}:work /(int64)retval < 0/ {{ @r = hist(retval); @neg = min(retval); }}
+"""
+
+
+def _from_bpftrace_json(line: dict, kinds) -> MapData:
+    """bpftrace's JSON for one map, as the MapData our printer takes."""
+    (name, body), = line["data"].items()
+    info = kinds[name[1:]]
+    data = MapData(name[1:], info.kind, lhist=info.lhist)
+    entries = body if info.keys else {"": body}
+    for key_text, value in entries.items():
+        key = tuple(int(k) if t == "int" else k
+                    for k, t in zip(key_text.split(","), info.keys)) if info.keys else ()
+        if info.kind == "avg":
+            value = (1, value)
+        elif info.kind == "stats":
+            value = (value["count"], value["total"])
+        elif info.kind in ("hist", "lhist"):
+            buckets = [0] * (output.HIST_BUCKETS if info.kind == "hist"
+                             else (info.lhist[1] - info.lhist[0]) // info.lhist[2] + 2)
+            for bucket in value:
+                low = bucket.get("min")
+                if info.kind == "hist":
+                    index = 0 if low is None else hist_bucket(low)
+                else:
+                    index = 0 if low is None else lhist_bucket(low, *info.lhist)
+                buckets[index] = bucket["count"]
+            value = buckets
+        data.entries[key] = value
+    return data
+
+
+def _ties_sorted(text: str):
+    """bpftrace leaves entries of equal value in its hash table's order: sort each
+    run of them, so that the comparison holds the rest to the line."""
+    lines, out, run = text.splitlines(), [], []
+    pattern = re.compile(r"(@\w*)\[.*\]: (-?\d+)$")
+    for line in lines + [""]:
+        match = pattern.match(line)
+        if run and (not match or (match.group(1), match.group(2)) != run[0][0]):
+            out.extend(sorted(l for _, l in run))
+            run = []
+        if match:
+            run.append(((match.group(1), match.group(2)), line))
+        else:
+            out.append(line)
+    return out
+
+
+@pytest.fixture(scope="module")
+def values(tmp_path_factory):
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    out = str(tmp_path_factory.mktemp("programs") / "values")
+    subprocess.run(["gcc", "-O2", SAMPLE, "-o", out], check=True)
+    return out
+
+
+def test_maps_print_as_bpftrace_prints_them(values):
+    if shutil.which("bpftrace") is None:
+        pytest.skip("bpftrace is not installed")
+    why = uprobes_unavailable()
+    if why:
+        pytest.skip(f"bpftrace needs kernel uprobes: {why}")
+    program = PROGRAM.format(path=values)
+    kinds = check(parse(program)).maps
+    runs = {}
+    with kernel_tracing_alone():
+        for form in ("text", "json"):
+            proc = subprocess.run(["bpftrace", "-f", form, "-e", program, "-c", f"{values} 1000"],
+                                  capture_output=True, text=True, timeout=120)
+            assert proc.returncode == 0, proc.stderr
+            runs[form] = proc.stdout
+    theirs_json = [json.loads(line) for line in runs["json"].splitlines() if line.startswith("{")]
+    maps = [_from_bpftrace_json(line, kinds) for line in theirs_json
+            if line["type"] in ("map", "hist", "stats")]
+    assert {m.name for m in maps} == set(kinds)
+    # what bpftrace prints after the program's own output: its maps
+    theirs_text = runs["text"].split("\n\n\n", 1)[1]
+    assert _ties_sorted(output.text(maps)) == _ties_sorted(theirs_text)
+    ours_json = [json.loads(line) for line in output.json_lines(maps)]
+    assert ours_json == [line for line in theirs_json if line["type"] in ("map", "hist", "stats")]
+
+
+# -- without bpftrace: what it printed for the same maps ------------------------------
+
+def test_histograms_as_bpftrace_draws_them():
+    h = MapData("h", "hist")
+    buckets = [0] * output.HIST_BUCKETS
+    for value in [-5] * 300 + [0, 1, 2, 3] + list(range(4, 700)):
+        buckets[hist_bucket(value)] += 1
+    h.entries[()] = buckets
+    l = MapData("l", "lhist", lhist=(100, 600, 100))
+    lb = [0] * 7
+    for value in range(1000):
+        lb[lhist_bucket(value, 100, 600, 100)] += 1
+    l.entries[()] = lb
+    big = MapData("big", "hist")
+    bb = [0] * output.HIST_BUCKETS
+    for value in (3 << 20, 1 << 30, (1 << 30) + 5, 1 << 40):
+        bb[hist_bucket(value)] += 1
+    big.entries[("k",)] = bb
+    assert output.text([h, l, big]) == """\
+@big[k]: 
+[2M, 4M)               1 |@@@@@@@@@@@@@@@@@@@@@@@@@@                          |
+[4M, 8M)               0 |                                                    |
+[8M, 16M)              0 |                                                    |
+[16M, 32M)             0 |                                                    |
+[32M, 64M)             0 |                                                    |
+[64M, 128M)            0 |                                                    |
+[128M, 256M)           0 |                                                    |
+[256M, 512M)           0 |                                                    |
+[512M, 1G)             0 |                                                    |
+[1G, 2G)               2 |@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@|
+[2G, 4G)               0 |                                                    |
+[4G, 8G)               0 |                                                    |
+[8G, 16G)              0 |                                                    |
+[16G, 32G)             0 |                                                    |
+[32G, 64G)             0 |                                                    |
+[64G, 128G)            0 |                                                    |
+[128G, 256G)           0 |                                                    |
+[256G, 512G)           0 |                                                    |
+[512G, 1T)             0 |                                                    |
+[1T, 2T)               1 |@@@@@@@@@@@@@@@@@@@@@@@@@@                          |
+
+@h: 
+(..., 0)             300 |@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@|
+[0]                    1 |                                                    |
+[1]                    1 |                                                    |
+[2, 4)                 2 |                                                    |
+[4, 8)                 4 |                                                    |
+[8, 16)                8 |@                                                   |
+[16, 32)              16 |@@                                                  |
+[32, 64)              32 |@@@@@                                               |
+[64, 128)             64 |@@@@@@@@@@@                                         |
+[128, 256)           128 |@@@@@@@@@@@@@@@@@@@@@@                              |
+[256, 512)           256 |@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@        |
+[512, 1K)            188 |@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@                    |
+
+@l: 
+(..., 100)           100 |@@@@@@@@@@@@@                                       |
+[100, 200)           100 |@@@@@@@@@@@@@                                       |
+[200, 300)           100 |@@@@@@@@@@@@@                                       |
+[300, 400)           100 |@@@@@@@@@@@@@                                       |
+[400, 500)           100 |@@@@@@@@@@@@@                                       |
+[500, 600)           100 |@@@@@@@@@@@@@                                       |
+[600, ...)           400 |@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@|
+
+"""
+
+
+def test_scalars_averages_and_stats_as_bpftrace_prints_them():
+    c = MapData("c", "count", {(6,): 142, (2,): 143, (0,): 143})
+    a = MapData("ak", "avg", {(0,): (2, 998), (1,): (2, 1001)})
+    negative = MapData("n", "avg", {(): (2, -7)})  # rounds toward zero, as C divides
+    st = MapData("sk", "stats", {(0,): (428, 213500), (2,): (286, 143143), (1,): (286, 142857)})
+    plain = MapData("", "count", {(): 10})
+    words = MapData("w", "sum", {("", 0): 249500, ("beta", 1): 2})
+    assert output.text([c, a, negative, st, plain, words]) == """\
+@: 10
+@ak[0]: 499
+@ak[1]: 500
+
+@c[6]: 142
+@c[0]: 143
+@c[2]: 143
+@n: -3
+
+@sk[0]: count 428, average 498, total 213500
+@sk[1]: count 286, average 499, total 142857
+@sk[2]: count 286, average 500, total 143143
+
+@w[beta, 1]: 2
+@w[, 0]: 249500
+"""
+    assert [json.loads(line) for line in output.json_lines([plain, st, words])] == [
+        {"type": "map", "data": {"@": 10}},
+        {"type": "stats", "data": {"@sk": {"0": {"count": 428, "average": 498, "total": 213500},
+                                           "1": {"count": 286, "average": 499, "total": 142857},
+                                           "2": {"count": 286, "average": 500, "total": 143143}}}},
+        {"type": "map", "data": {"@w": {"beta,1": 2, ",0": 249500}}},
+    ]
