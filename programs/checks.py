@@ -30,7 +30,7 @@ AGGREGATIONS = {"count": 0, "sum": 1, "min": 1, "max": 1, "avg": 1, "stats": 1, 
                 "lhist": 4}
 
 # printf's conversions (bpftrace takes C's, with these lengths)
-_CONVERSION = re.compile(r"%%|%[-+ 0#]*\d*(?:\.\d+)?(?:hh|h|ll|l|z|j|t)?([diuxXcsp])|%")
+CONVERSION = re.compile(r"%%|%[-+ 0#]*\d*(?:\.\d+)?(?:hh|h|ll|l|z|j|t)?([diuxXcsp])|%")
 
 
 @dataclass
@@ -39,6 +39,9 @@ class MapInfo:
     keys: Tuple[str, ...]  # the type of each key
     value: str = INT  # a plain value's type
     lhist: Optional[Tuple[int, int, int]] = None
+    # whether a value prints as signed: bpftrace's sum() and plain values take their
+    # expression's sign; count() is unsigned; min, max, avg, stats and histograms signed
+    signed: bool = True
 
 
 @dataclass
@@ -65,6 +68,7 @@ class _Block:
         self.block = block
         self.kinds = {probe.kind for probe in block.probes}
         self.variables: Dict[str, str] = {}
+        self.signs: Dict[str, bool] = {}  # each $variable's
 
     def run(self):
         if self.block.predicate is not None:
@@ -97,6 +101,8 @@ class _Block:
             kind = self.type_of(value)
             if statement.operator and kind != INT:
                 raise ProgramError(f"${target.name} {statement.operator}= needs a number", value.at)
+            self.signs[target.name] = self.signed(value) if not statement.operator else \
+                self.signs.get(target.name, True) and self.signed(value)
             known = self.variables.setdefault(target.name, kind)
             if known != kind:
                 raise ProgramError(f"${target.name} holds a {known}, not a {kind}", value.at)
@@ -106,13 +112,16 @@ class _Block:
             if statement.operator:
                 raise ProgramError(f"@{target.name} {statement.operator}= {value.function}(): "
                                    f"an aggregation is assigned with '='", value.at)
-            info = MapInfo(value.function, keys, lhist=self.aggregation(value))
+            info = MapInfo(value.function, keys, lhist=self.aggregation(value),
+                           signed=value.function != "count" and (
+                               value.function != "sum" or self.signed(value.arguments[0])))
         else:
             kind = self.type_of(value)
             if statement.operator and kind != INT:
                 raise ProgramError(f"@{target.name} {statement.operator}= needs a number", value.at)
             # @x++ and @x += N count and add as bpftrace's do: a sum the probes keep
-            info = MapInfo("sum" if statement.operator == "+" else "value", keys, kind)
+            info = MapInfo("sum" if statement.operator == "+" else "value", keys, kind,
+                           signed=self.signed(value))
         self.declare(target, info)
 
     def declare(self, target: Map, info: MapInfo):
@@ -161,6 +170,31 @@ class _Block:
         return low, high, step
 
     # -- expressions ----------------------------------------------------------------------
+
+    def signed(self, expression: Expression) -> bool:
+        """Whether an integer expression is signed, by bpftrace's (and C's) rules: literals
+        are, argN, retval, pid, tid and nsecs are not, arithmetic is unsigned when an
+        operand is, comparisons and logic give a signed 0 or 1, a cast its type's sign."""
+        if isinstance(expression, Builtin):
+            return expression.name not in BUILTINS or BUILTINS[expression.name] != INT
+        if isinstance(expression, Variable):
+            return self.signs.get(expression.name, True)
+        if isinstance(expression, Map):
+            known = self.checked.maps.get(expression.name)
+            return known is None or known.signed
+        if isinstance(expression, Unary):
+            return expression.operator == "!" or self.signed(expression.operand)
+        if isinstance(expression, Binary):
+            if expression.operator in ("==", "!=", "<", ">", "<=", ">=", "&&", "||"):
+                return True
+            return self.signed(expression.left) and self.signed(expression.right)
+        if isinstance(expression, Conditional):
+            return self.signed(expression.then) and self.signed(expression.otherwise)
+        if isinstance(expression, Cast):
+            return expression.pointer == 0 and cast_size(expression.type)[1]
+        if isinstance(expression, Dereference):
+            return cast_size(expression.operand.type)[1]
+        return True  # literals
 
     def integer(self, expression: Expression, what: str):
         if self.type_of(expression) != INT:
@@ -293,7 +327,7 @@ class _Block:
         if not arguments or not isinstance(arguments[0], String):
             raise ProgramError('printf() starts with its format, a string: printf("%d\\n", pid)',
                                call.at)
-        conversions = [m.group(1) for m in _CONVERSION.finditer(arguments[0].value)
+        conversions = [m.group(1) for m in CONVERSION.finditer(arguments[0].value)
                        if m.group() != "%%"]
         if None in conversions:
             raise ProgramError(f"printf(): a '%' that starts no conversion in "

@@ -15,11 +15,13 @@ import pytest
 from conftest import kernel_tracing_alone, uprobes_unavailable
 from urewrite.programs import output
 from urewrite.programs.checks import check
+from urewrite.programs.evaluate import Hit, State, run_block
 from urewrite.programs.output import MapData, hist_bucket, lhist_bucket
 from urewrite.programs.parser import parse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(ROOT, "samples", "programs", "values.c")
+CALLS = 1000
 
 PROGRAM = """
 uprobe:{path}:work {{
@@ -31,6 +33,11 @@ uprobe:{path}:work {{
     @v = arg0; @z[arg1] = 5; @ = count();
 }}
 uretprobe:{path}:work /(int64)retval < 0/ {{ @r = hist(retval); @neg = min(retval); }}
+uprobe:{path}:work /arg0 - 500 > 100/ {{
+    @wrapped = count(); $x = arg0 / 7 + arg0 % 5 - (arg0 << 2 >> 3); @calc = sum($x);
+    if (arg1 > 3) {{ @big++ }} else if (arg1 == 0) {{ @zero += 2 }} else {{ @small = max(arg1 * 2) }}
+    @t[arg0 & 1 ? 10 : 20] = count(); @c8 = sum((int8)arg0); @neg8[(int8)(arg0 * 3) < 0] = count();
+}}
 """
 
 
@@ -88,30 +95,52 @@ def values(tmp_path_factory):
     return out
 
 
-def test_maps_print_as_bpftrace_prints_them(values):
+@pytest.fixture(scope="module")
+def bpftrace_run(values):
+    """bpftrace's text and JSON output of PROGRAM over `values 1000`, with kernel uprobes."""
     if shutil.which("bpftrace") is None:
         pytest.skip("bpftrace is not installed")
     why = uprobes_unavailable()
     if why:
         pytest.skip(f"bpftrace needs kernel uprobes: {why}")
     program = PROGRAM.format(path=values)
-    kinds = check(parse(program)).maps
     runs = {}
     with kernel_tracing_alone():
         for form in ("text", "json"):
-            proc = subprocess.run(["bpftrace", "-f", form, "-e", program, "-c", f"{values} 1000"],
+            proc = subprocess.run(["bpftrace", "-f", form, "-e", program, "-c", f"{values} {CALLS}"],
                                   capture_output=True, text=True, timeout=120)
             assert proc.returncode == 0, proc.stderr
             runs[form] = proc.stdout
     theirs_json = [json.loads(line) for line in runs["json"].splitlines() if line.startswith("{")]
-    maps = [_from_bpftrace_json(line, kinds) for line in theirs_json
-            if line["type"] in ("map", "hist", "stats")]
-    assert {m.name for m in maps} == set(kinds)
     # what bpftrace prints after the program's own output: its maps
-    theirs_text = runs["text"].split("\n\n\n", 1)[1]
+    return program, runs["text"].split("\n\n\n", 1)[1], \
+        [line for line in theirs_json if line["type"] in ("map", "hist", "stats")]
+
+
+def test_maps_print_as_bpftrace_prints_them(bpftrace_run):
+    program, theirs_text, theirs_json = bpftrace_run
+    kinds = check(parse(program)).maps
+    maps = [_from_bpftrace_json(line, kinds) for line in theirs_json]
+    assert {m.name for m in maps} == set(kinds)
     assert _ties_sorted(output.text(maps)) == _ties_sorted(theirs_text)
-    ours_json = [json.loads(line) for line in output.json_lines(maps)]
-    assert ours_json == [line for line in theirs_json if line["type"] in ("map", "hist", "stats")]
+    assert [json.loads(line) for line in output.json_lines(maps)] == theirs_json
+
+
+def test_programs_mean_what_they_mean_in_bpftrace(bpftrace_run):
+    """The reference evaluator, given the hits the workload makes, builds the maps bpftrace
+    built from kernel uprobes: the same arithmetic, signedness, filters and aggregations."""
+    program, theirs_text, _ = bpftrace_run
+    checked = check(parse(program))
+    state = State(checked)
+    entries = [b for b in checked.program.blocks if b.probes[0].kind == "uprobe"]
+    exits = [b for b in checked.program.blocks if b.probes[0].kind == "uretprobe"]
+    for i in range(CALLS):
+        for block in entries:
+            run_block(state, block, Hit(block.probes[0], "work", args=(i, i % 7)))
+        result = i * 3 - (i % 7) * 500
+        for block in exits:
+            run_block(state, block, Hit(block.probes[0], "work", retval=result & ((1 << 64) - 1)))
+    assert _ties_sorted(output.text(list(state.maps.values()))) == _ties_sorted(theirs_text)
 
 
 # -- without bpftrace: what it printed for the same maps ------------------------------

@@ -1,0 +1,336 @@
+"""Runs a checked program's blocks in Python, one hit at a time: the reference for
+what a program means, and what runs its BEGIN and END blocks in the tracer.
+
+Values follow bpftrace's: 64-bit integers, `argN`, `retval`, `pid`, `tid` and `nsecs`
+unsigned, literals signed; an operation with an unsigned operand is unsigned (C's
+rule), and aggregations read their value as signed. Division by zero gives 0 and the
+remainder by zero the dividend, as eBPF's instructions do.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+from urewrite.programs import output
+from urewrite.programs.checks import CONVERSION, Checked, cast_size
+from urewrite.programs.output import HIST_BUCKETS, MapData, hist_bucket, lhist_bucket
+from urewrite.programs.parser import ProgramError
+from urewrite.programs.syntax import (Assign, Binary, Block, Builtin, Call, Cast,
+                                      Conditional, Dereference, Evaluate, If, Integer, Map,
+                                      Probe, String, Unary, Variable)
+
+MASK = (1 << 64) - 1
+
+
+def _wrap(value: int, signed: bool) -> int:
+    value &= MASK
+    return value - (1 << 64) if signed and value >> 63 else value
+
+
+def _signed(value: int) -> int:
+    return _wrap(value, True)
+
+
+@dataclass
+class Hit:
+    """What a probe knows when it fires."""
+    probe: Probe
+    function: str = ""
+    args: Tuple[int, ...] = ()
+    retval: int = 0
+    pid: int = 0
+    tid: int = 0
+    nsecs: int = 0
+    comm: str = ""
+    read: Optional[Callable[[int, int], Optional[bytes]]] = None  # address, size
+
+
+@dataclass
+class State:
+    """A program's maps and what it printed."""
+    checked: Checked
+    maps: Dict[str, MapData] = field(default_factory=dict)
+    printed: List[str] = field(default_factory=list)
+    exited: bool = False
+
+    def __post_init__(self):
+        for name, info in self.checked.maps.items():
+            self.maps[name] = MapData(name, info.kind, lhist=info.lhist)
+
+
+class _Exit(Exception):
+    pass
+
+
+def run_block(state: State, block: Block, hit: Hit) -> None:
+    """One hit of `block`'s probes: its filter, then its statements."""
+    frame = _Frame(state, hit)
+    if block.predicate is not None and not frame.value(block.predicate)[0]:
+        return
+    try:
+        frame.statements(block.body)
+    except _Exit:
+        state.exited = True
+
+
+class _Frame:
+    def __init__(self, state: State, hit: Hit):
+        self.state = state
+        self.hit = hit
+        self.variables: Dict[str, Tuple[object, bool]] = {}
+
+    # -- statements ---------------------------------------------------------------------
+
+    def statements(self, body):
+        for statement in body:
+            if isinstance(statement, If):
+                branch = statement.then if self.value(statement.condition)[0] else statement.otherwise
+                self.statements(branch)
+            elif isinstance(statement, Assign):
+                self.assign(statement)
+            elif isinstance(statement, Evaluate):
+                self.call(statement.expression)
+
+    def assign(self, statement: Assign):
+        target, value = statement.target, statement.value
+        if isinstance(target, Variable):
+            new = self.value(value)
+            if statement.operator:
+                new = _arithmetic(statement.operator, self.variables[target.name], new)
+            self.variables[target.name] = new
+            return
+        data = self.state.maps[target.name]
+        key = tuple(self.key(k) for k in target.keys)
+        if isinstance(value, Call) and value.function in _AGGREGATE:
+            _AGGREGATE[value.function](self, data, key, value)
+            return
+        new = self.value(value)
+        if statement.operator:
+            new = _arithmetic(statement.operator, (data.entries.get(key, 0), True), new)
+        signed = self.state.checked.maps[target.name].signed
+        data.entries[key] = new[0] if isinstance(new[0], str) else _wrap(new[0], signed)
+
+    def key(self, expression):
+        """A key's value: integers as signed, as bpftrace prints them."""
+        value, _ = self.value(expression)
+        return value if isinstance(value, str) else _signed(value)
+
+    # -- aggregations -------------------------------------------------------------------
+
+    def _count(self, data, key, call):
+        data.entries[key] = data.entries.get(key, 0) + 1
+
+    def _sum(self, data, key, call):
+        signed = self.state.checked.maps[data.name].signed
+        data.entries[key] = _wrap(data.entries.get(key, 0) + self.value(call.arguments[0])[0],
+                                  signed)
+
+    def _min(self, data, key, call):
+        v = self.number(call.arguments[0])
+        data.entries[key] = min(data.entries.get(key, v), v)
+
+    def _max(self, data, key, call):
+        v = self.number(call.arguments[0])
+        data.entries[key] = max(data.entries.get(key, v), v)
+
+    def _average(self, data, key, call):
+        count, total = data.entries.get(key, (0, 0))
+        data.entries[key] = (count + 1, total + self.number(call.arguments[0]))
+
+    def _hist(self, data, key, call):
+        buckets = data.entries.setdefault(key, [0] * HIST_BUCKETS)
+        buckets[hist_bucket(self.number(call.arguments[0]))] += 1
+
+    def _lhist(self, data, key, call):
+        low, high, step = data.lhist
+        buckets = data.entries.setdefault(key, [0] * ((high - low) // step + 2))
+        buckets[lhist_bucket(self.number(call.arguments[0]), low, high, step)] += 1
+
+    def number(self, expression) -> int:
+        """An aggregation's value: its 64 bits as a signed number."""
+        return _signed(self.value(expression)[0])
+
+    # -- calls as statements ------------------------------------------------------------
+
+    def call(self, call: Call):
+        name = call.function
+        if name == "printf":
+            values = [self.value(a)[0] for a in call.arguments[1:]]
+            self.state.printed.append(_printf(call.arguments[0].value, values))
+        elif name == "exit":
+            raise _Exit()
+        elif name == "delete":
+            target = call.arguments[0]
+            self.state.maps[target.name].entries.pop(tuple(self.key(k) for k in target.keys), None)
+        elif name == "clear":
+            self.state.maps[call.arguments[0].name].entries.clear()
+        elif name == "zero":
+            data = self.state.maps[call.arguments[0].name]
+            for key, value in data.entries.items():
+                data.entries[key] = (0, 0) if isinstance(value, tuple) else \
+                    [0] * len(value) if isinstance(value, list) else 0
+        elif name == "print":
+            self.state.printed.append(output.text([self.state.maps[call.arguments[0].name]]))
+        else:
+            self.value(call)
+
+    # -- expressions: (value, signed) -------------------------------------------------------
+
+    def value(self, expression) -> Tuple[object, bool]:
+        if isinstance(expression, Integer):
+            return _wrap(expression.value, True), True
+        if isinstance(expression, String):
+            return expression.value, False
+        if isinstance(expression, Builtin):
+            return self.builtin(expression.name)
+        if isinstance(expression, Variable):
+            return self.variables[expression.name]
+        if isinstance(expression, Map):
+            data = self.state.maps[expression.name]
+            key = tuple(self.key(k) for k in expression.keys)
+            stored = data.entries.get(key, 0)
+            if isinstance(stored, str):
+                return stored, False
+            return (_average(*stored) if isinstance(stored, tuple) else stored), True
+        if isinstance(expression, Unary):
+            value, signed = self.value(expression.operand)
+            if expression.operator == "!":
+                return int(value == 0), True
+            return _wrap(-value if expression.operator == "-" else ~value, signed), signed
+        if isinstance(expression, Binary):
+            return self.binary(expression)
+        if isinstance(expression, Conditional):
+            chosen = expression.then if self.value(expression.condition)[0] else expression.otherwise
+            return self.value(chosen)
+        if isinstance(expression, Cast):
+            size, signed = cast_size(expression.type)
+            value, _ = self.value(expression.operand)
+            if expression.pointer:
+                return _wrap(value, False), False
+            value &= (1 << (8 * size)) - 1
+            if signed and value >> (8 * size - 1):
+                value -= 1 << (8 * size)
+            return _wrap(value, signed), signed
+        if isinstance(expression, Dereference):
+            return self.dereference(expression)
+        if isinstance(expression, Call) and expression.function == "str":
+            return self.string(expression)
+        raise ProgramError(f"{type(expression).__name__} has no value", getattr(expression, "at", None))
+
+    def builtin(self, name: str) -> Tuple[object, bool]:
+        hit = self.hit
+        if name.startswith("arg"):
+            index = int(name[3:])
+            return (_wrap(hit.args[index], False) if index < len(hit.args) else 0), False
+        if name == "retval":
+            return _wrap(hit.retval, False), False
+        if name in ("pid", "tid", "nsecs"):
+            return _wrap(getattr(hit, name), False), False
+        if name == "comm":
+            return hit.comm, False
+        if name == "func":
+            return hit.function, False
+        return hit.probe.text, False  # probe
+
+    def binary(self, expression: Binary) -> Tuple[object, bool]:
+        operator = expression.operator
+        if operator == "&&":
+            return int(bool(self.value(expression.left)[0]) and
+                       bool(self.value(expression.right)[0])), True
+        if operator == "||":
+            return int(bool(self.value(expression.left)[0]) or
+                       bool(self.value(expression.right)[0])), True
+        left, right = self.value(expression.left), self.value(expression.right)
+        if isinstance(left[0], str):
+            equal = left[0] == right[0]
+            return int(equal if operator == "==" else not equal), True
+        if operator in _COMPARE:
+            signed = left[1] and right[1]
+            a, b = _wrap(left[0], signed), _wrap(right[0], signed)
+            return int(_COMPARE[operator](a, b)), True
+        return _arithmetic(operator, left, right)
+
+    def dereference(self, expression: Dereference) -> Tuple[int, bool]:
+        cast = expression.operand
+        size, signed = cast_size(cast.type)
+        address, _ = self.value(cast.operand)
+        data = self.hit.read(address, size) if self.hit.read else None
+        if data is None or len(data) != size:
+            return 0, signed
+        return _wrap(int.from_bytes(data, "little", signed=signed), signed), signed
+
+    def string(self, call: Call) -> Tuple[str, bool]:
+        limit = call.arguments[1].value if len(call.arguments) > 1 else 64
+        address, _ = self.value(call.arguments[0])
+        data = self.hit.read(address, limit) if self.hit.read else None
+        if not data:
+            return "", False
+        return data.split(b"\0", 1)[0][:limit - 1].decode("utf-8", "replace"), False
+
+
+_AGGREGATE = {"count": _Frame._count, "sum": _Frame._sum, "min": _Frame._min,
+              "max": _Frame._max, "avg": _Frame._average, "stats": _Frame._average,
+              "hist": _Frame._hist, "lhist": _Frame._lhist}
+
+_COMPARE = {"==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
+            ">": lambda a, b: a > b, "<=": lambda a, b: a <= b, ">=": lambda a, b: a >= b}
+
+
+def _average(count: int, total: int) -> int:
+    if count == 0:
+        return 0
+    quotient = abs(total) // count
+    return quotient if total >= 0 else -quotient
+
+
+def _arithmetic(operator: str, left: Tuple[int, bool], right: Tuple[int, bool]) -> Tuple[int, bool]:
+    signed = left[1] and right[1]
+    a, b = _wrap(left[0], signed), _wrap(right[0], signed)
+    if operator == "+":
+        result = a + b
+    elif operator == "-":
+        result = a - b
+    elif operator == "*":
+        result = a * b
+    elif operator == "/":
+        result = 0 if b == 0 else (abs(a) // abs(b)) * (1 if (a < 0) == (b < 0) else -1)
+    elif operator == "%":
+        result = a if b == 0 else a - b * ((abs(a) // abs(b)) * (1 if (a < 0) == (b < 0) else -1))
+    elif operator == "&":
+        result = a & b
+    elif operator == "|":
+        result = a | b
+    elif operator == "^":
+        result = a ^ b
+    elif operator == "<<":
+        result = a << (b & 63)
+    elif operator == ">>":
+        result = (a >> (b & 63)) if signed else ((a & MASK) >> (b & 63))
+    else:
+        raise ProgramError(f"unknown operator {operator}")
+    return _wrap(result, signed), signed
+
+
+def _printf(text: str, values: List[object]) -> str:
+    """C's printf for the conversions checks.py lets through."""
+    values = list(values)
+
+    def convert(match):
+        if match.group() == "%%":
+            return "%"
+        spec, conversion = match.group(), match.group(1)
+        value = values.pop(0)
+        plain = re.sub(r"(hh|h|ll|l|z|j|t)(?=[diuxXcsp]$)", "", spec)
+        if conversion in "di":
+            return plain % _signed(value)
+        if conversion in "uxX":
+            return plain.replace("u", "d") % _wrap(value, False)
+        if conversion == "c":
+            return plain % chr(value & 0xff)
+        if conversion == "p":
+            return f"0x{_wrap(value, False):x}"
+        return plain % value
+
+    return CONVERSION.sub(convert, text)
