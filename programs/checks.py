@@ -57,11 +57,11 @@ def check(program: Program) -> Checked:
     # pass learns every assignment and the second checks every use
     for strict in (False, True):
         for block in program.blocks:
-            _Block(checked, block, strict).run()
+            BlockChecker(checked, block, strict).run()
     return checked
 
 
-class _Block:
+class BlockChecker:
     def __init__(self, checked: Checked, block: Block, strict: bool):
         self.checked = checked
         self.strict = strict

@@ -1,0 +1,348 @@
+"""x86_64 code for a lowered probe program (programs/lower.py's stack machine).
+
+Each probe's code is a function of the SysV ABI, `void code(context *)`, that keeps
+the machine's stack on its own: every operation pops its operands and pushes its
+result. rbx holds the context, r12 the maps area, rbp the frame (locals, the key
+buffer, the string scratch buffers). A map's lookup is a function of its own per
+map, shared by the probes' code. Memory the program names (pointer reads, str())
+is read with process_vm_readv on the process itself: an address that is not
+readable gives 0 or "", never a fault.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Tuple
+
+from urewrite.programs import lower as L
+from urewrite.programs import maps as M
+
+_SAVED = ("rbx", "rbp", "r12", "r13", "r14", "r15")
+_SIGNED_CC = {"eq": "e", "ne": "ne", "lt": "l", "gt": "g", "le": "le", "ge": "ge"}
+_UNSIGNED_CC = {"eq": "e", "ne": "ne", "lt": "b", "gt": "a", "le": "be", "ge": "ae"}
+SYS_PROCESS_VM_READV = 310
+HASH_MULTIPLIER = 0x9E3779B97F4A7C15
+
+
+def assemble(lowered: L.Lowered, offsets: List[int]) -> Tuple[bytes, Dict[str, int]]:
+    """The code of every probe, and where each probe's function starts in it."""
+    from urewrite.arch.runtime_asm import _assemble_twice
+
+    text, entries = source(lowered, offsets)
+    code = _assemble_twice(text + "".join(f".quad {label}\n" for label in entries.values()),
+                           0, "KS_ARCH_X86", "KS_MODE_64", "a probe program")
+    starts = code[len(code) - 8 * len(entries):]
+    found = {}
+    for k, probe in enumerate(entries):
+        found[probe] = int.from_bytes(starts[8 * k:8 * k + 8], "little")
+    return code[:len(code) - 8 * len(entries)], found
+
+
+def source(lowered: L.Lowered, offsets: List[int]) -> Tuple[str, Dict[str, str]]:
+    """The assembly text, and each probe's function label."""
+    frame = _Frame(lowered)
+    lines: List[str] = []
+    entries = {}
+    for k, (probe, ops) in enumerate(lowered.code.items()):
+        label = f"probe_{k}"
+        entries[probe] = label
+        lines += _function(label, ops, frame, lowered)
+    for index, shape in enumerate(lowered.maps):
+        lines += _lookup(index, shape, offsets[index])
+    lines.append(".align 64")
+    for n, text in enumerate(lowered.strings):
+        data = text.encode().ljust(L.STRING, b"\0")
+        lines.append(f"string_{n}:")
+        lines += [".byte " + ", ".join(str(b) for b in data[i:i + 16]) for i in range(0, L.STRING, 16)]
+    return "".join(line + "\n" for line in lines), entries
+
+
+class _Frame:
+    """rbp-relative places: locals, then the key buffer, then the string buffers."""
+
+    def __init__(self, lowered: L.Lowered):
+        self.key = 8 * lowered.locals
+        self.scratch = self.key + 8 * max(lowered.key_words, 1)
+        size = self.scratch + L.STRING * lowered.scratch
+        self.size = (size + 15) & ~15
+
+    def local(self, n: int) -> int:
+        return 8 * n
+
+
+def _function(label: str, ops, frame: _Frame, lowered: L.Lowered) -> List[str]:
+    out = [f"{label}:"] + [f"push {r}" for r in _SAVED] + [
+        "mov rbx, rdi",
+        f"mov r12, qword ptr [rbx + {L.CTX_MAPS}]",
+        f"sub rsp, {frame.size + 8}",  # (+8: rsp 16-aligned, after 6 pushes and the return)
+        "mov rbp, rsp"]
+    for op in ops:
+        out += _operation(label, op, frame, lowered)
+    out += [f"{label}_return:", f"add rsp, {frame.size + 8}"] + \
+        [f"pop {r}" for r in reversed(_SAVED)] + ["ret"]
+    return out
+
+
+def _operation(fn: str, op: tuple, frame: _Frame, lowered: L.Lowered) -> List[str]:
+    name, args = op[0], op[1:]
+    if name == "const":
+        return [f"mov rax, {args[0]:#x}", "push rax"]
+    if name == "ctx":
+        return [f"push qword ptr [rbx + {args[0]}]"]
+    if name == "ctx_address":
+        return [f"lea rax, [rbx + {args[0]}]", "push rax"]
+    if name == "arg":
+        n = args[0]
+        return [f"push qword ptr [rbx + {L.CTX_ARGS + 8 * n}]"] if n < L.ARGUMENTS else ["push 0"]
+    if name == "local":
+        return [f"push qword ptr [rbp + {frame.local(args[0])}]"]
+    if name == "set_local":
+        return [f"pop qword ptr [rbp + {frame.local(args[0])}]"]
+    if name == "unary":
+        if args[0] == "lnot":
+            return ["pop rax", "xor ecx, ecx", "test rax, rax", "sete cl", "push rcx"]
+        return [f"{args[0]} qword ptr [rsp]"]
+    if name == "binary":
+        return ["pop rcx", "pop rax"] + _binary(fn, *args) + ["push rax"]
+    if name == "compare":
+        cc = (_SIGNED_CC if args[1] else _UNSIGNED_CC)[args[0]]
+        return ["pop rcx", "pop rax", "xor edx, edx", "cmp rax, rcx", f"set{cc} dl", "push rdx"]
+    if name == "cast":
+        return ["pop rax"] + _extend(*args) + ["push rax"]
+    if name == "read":
+        size, signed = args
+        return ["pop rax", f"mov edx, {size}"] + _checked_read(fn, "[rsp + 32]") + \
+            ["mov rax, qword ptr [rsp + 32]", "add rsp, 48"] + _extend(size, signed) + ["push rax"]
+    if name == "string_at":
+        return [f"lea rax, [rip + string_{args[0]}]", "push rax"]
+    if name == "read_string":
+        return _read_string(fn, frame.scratch + L.STRING * args[1], args[0])
+    if name == "string_eq":
+        return _string_equal(fn)
+    if name == "jump":
+        return [f"jmp {fn}_{args[0]}"]
+    if name == "jump_zero":
+        return ["pop rax", "test rax, rax", f"jz {fn}_{args[0]}"]
+    if name == "label":
+        return [f"{fn}_{args[0]}:"]
+    if name == "drop":
+        return ["add rsp, 8"]
+    if name == "key_word":
+        return [f"pop qword ptr [rbp + {frame.key + 8 * args[0]}]"]
+    if name == "key_string":
+        base = frame.key + 8 * args[0]
+        out = ["pop rsi"]
+        for i in range(M.STRING_WORDS):
+            out += [f"mov rax, qword ptr [rsi + {8 * i}]", f"mov qword ptr [rbp + {base + 8 * i}], rax"]
+        return out
+    if name in ("entry", "find"):
+        return [f"lea rdi, [rbp + {frame.key}]", f"mov esi, {int(name == 'entry')}",
+                f"call map_{args[0]}", "push rax"]
+    if name == "update":
+        return _update(fn, lowered.maps[args[0]], args[1])
+    if name == "load":
+        return _load(fn, lowered.maps[args[0]])
+    if name == "delete":
+        return _delete(fn, lowered.maps[args[0]])
+    if name == "return":
+        return [f"jmp {fn}_return"]
+    raise ValueError(f"unknown operation {op}")
+
+
+_UNIQUE = [0]
+
+
+def _unique(fn: str) -> str:
+    _UNIQUE[0] += 1
+    return f"{fn}_u{_UNIQUE[0]}"
+
+
+def _binary(fn: str, op: str, signed: bool) -> List[str]:
+    """rax = rax OP rcx."""
+    if op in ("add", "sub", "and", "or", "xor"):
+        return [f"{op} rax, rcx"]
+    if op == "mul":
+        return ["imul rax, rcx"]
+    if op == "shl":
+        return ["shl rax, cl"]
+    if op == "shr":
+        return ["sar rax, cl" if signed else "shr rax, cl"]
+    # div, mod: by zero, 0 and the dividend (eBPF's); INT64_MIN / -1 wraps, as no trap may
+    done, divide = _unique(fn), _unique(fn)
+    zero = ["xor eax, eax"] if op == "div" else []
+    out = ["test rcx, rcx", f"jnz {divide}"] + zero + [f"jmp {done}", f"{divide}:"]
+    if signed:
+        minus_one = _unique(fn)
+        out += ["cmp rcx, -1", f"jne {minus_one}",
+                "neg rax" if op == "div" else "xor eax, eax", f"jmp {done}", f"{minus_one}:",
+                "cqo", "idiv rcx"]
+    else:
+        out += ["xor edx, edx", "div rcx"]
+    if op == "mod":
+        out.append("mov rax, rdx")
+    return out + [f"{done}:"]
+
+
+def _extend(size: int, signed: bool) -> List[str]:
+    if size == 8:
+        return []
+    if size == 4:
+        return ["movsxd rax, eax" if signed else "mov eax, eax"]
+    part = {1: "al", 2: "ax"}[size]
+    return [f"movsx rax, {part}" if signed else f"movzx eax, {part}"]
+
+
+def _checked_read(fn: str, buffer: str) -> List[str]:
+    """process_vm_readv(pid, local {buffer, rdx}, 1, remote {rax, rdx}, 1, 0) on a
+    48-byte area the caller frees: [rsp + 32] is the buffer, 0 where unread.
+    rax: the address, rdx: the length (at most 8 here). -> rax: bytes read, or < 0."""
+    return ["sub rsp, 48", "mov qword ptr [rsp + 32], 0",
+            f"lea rcx, {buffer}", "mov qword ptr [rsp], rcx", "mov qword ptr [rsp + 8], rdx",
+            "mov qword ptr [rsp + 16], rax", "mov qword ptr [rsp + 24], rdx",
+            f"mov rdi, qword ptr [rbx + {L.CTX_PID}]", "mov rsi, rsp", "mov edx, 1",
+            "lea r10, [rsp + 16]", "mov r8d, 1", "xor r9d, r9d",
+            f"mov eax, {SYS_PROCESS_VM_READV}", "syscall"]
+
+
+def _read_string(fn: str, buffer: int, limit: int) -> List[str]:
+    """str(address, limit): at most limit - 1 bytes and a NUL into the buffer, which
+    is cleared first; a read that fails is tried again up to the end of its page (a
+    string near the end of its mapping)."""
+    done = _unique(fn)
+    out = ["pop r13"]
+    out += [f"mov qword ptr [rbp + {buffer + 8 * i}], 0" for i in range(M.STRING_WORDS)]
+    for attempt in range(2):
+        out += ["mov rax, r13", f"mov edx, {limit}"]
+        if attempt:  # up to the page's end
+            out += ["mov rcx, r13", "and ecx, 4095", "mov edx, 4096", "sub edx, ecx",
+                    f"cmp edx, {limit}", f"jbe {done}_len", f"mov edx, {limit}", f"{done}_len:"]
+        out += _checked_read(fn, f"[rbp + {buffer}]") + ["add rsp, 48", "test rax, rax",
+                                                       f"jg {done}"]
+    # what the read took past the string's end is not the string's: keys and
+    # comparisons take all 64 bytes
+    scan, clear, end = _unique(fn), _unique(fn), _unique(fn)
+    out += [f"{done}:", f"mov byte ptr [rbp + {buffer + limit - 1}], 0",
+            f"lea rdi, [rbp + {buffer}]", f"lea rcx, [rbp + {buffer + L.STRING}]",
+            f"{scan}:", "cmp byte ptr [rdi], 0", f"je {clear}", "inc rdi", f"jmp {scan}",
+            f"{clear}:", "cmp rdi, rcx", f"jae {end}", "mov byte ptr [rdi], 0", "inc rdi",
+            f"jmp {clear}", f"{end}:", f"lea rax, [rbp + {buffer}]", "push rax"]
+    return out
+
+
+def _string_equal(fn: str) -> List[str]:
+    differ, done = _unique(fn), _unique(fn)
+    out = ["pop rsi", "pop rdi"]
+    for i in range(M.STRING_WORDS):
+        out += [f"mov rax, qword ptr [rdi + {8 * i}]", f"cmp rax, qword ptr [rsi + {8 * i}]",
+                f"jne {differ}"]
+    return out + ["push 1", f"jmp {done}", f"{differ}:", "push 0", f"{done}:"]
+
+
+_VALUE = 8 * M.ENTRY_HEAD  # the value words, past state and present
+
+
+def _value_at(shape: M.MapShape) -> int:
+    return _VALUE + 8 * shape.key_words
+
+
+def _update(fn: str, shape: M.MapShape, kind: str) -> List[str]:
+    skip = _unique(fn)
+    value = _value_at(shape)
+    out = [] if kind == "count" else ["pop rax"]
+    out += ["pop rdi", "test rdi, rdi", f"jz {skip}"]
+    if kind == "count":
+        out.append(f"lock inc qword ptr [rdi + {value}]")
+    elif kind == "sum":
+        out.append(f"lock add qword ptr [rdi + {value}], rax")
+    elif kind in ("avg", "stats"):
+        out += [f"lock inc qword ptr [rdi + {value}]", f"lock add qword ptr [rdi + {value + 8}], rax"]
+    elif kind in ("min", "max"):
+        again, done = _unique(fn), _unique(fn)
+        keep = "jge" if kind == "min" else "jle"  # the stored one stays
+        out += ["mov rdx, rax", f"mov rax, qword ptr [rdi + {value}]", f"{again}:",
+                "cmp rdx, rax", f"{keep} {done}",
+                f"lock cmpxchg qword ptr [rdi + {value}], rdx", f"jnz {again}", f"{done}:"]
+    elif kind == "hist":
+        bucket = _unique(fn)
+        out += ["xor ecx, ecx", "test rax, rax", f"js {bucket}", "mov ecx, 1", f"jz {bucket}",
+                "bsr rcx, rax", "add ecx, 2", f"{bucket}:",
+                f"lock inc qword ptr [rdi + rcx * 8 + {value}]"]
+    elif kind == "lhist":
+        low, high, step = shape.lhist
+        last = (high - low) // step + 1
+        bucket = _unique(fn)
+        out += ["xor ecx, ecx", f"mov rdx, {low:#x}", "cmp rax, rdx", f"jl {bucket}",
+                f"mov ecx, {last}", f"mov rdx, {high:#x}", "cmp rax, rdx", f"jge {bucket}",
+                f"mov rdx, {low:#x}", "sub rax, rdx", f"mov ecx, {step}", "xor edx, edx",
+                "div rcx", "lea rcx, [rax + 1]", f"{bucket}:",
+                f"lock inc qword ptr [rdi + rcx * 8 + {value}]"]
+    elif kind == "value":
+        out.append(f"mov qword ptr [rdi + {value}], rax")
+    else:
+        raise ValueError(f"unknown aggregation {kind}")
+    return out + ["mov qword ptr [rdi + 8], 1", f"{skip}:"]
+
+
+def _load(fn: str, shape: M.MapShape) -> List[str]:
+    """An entry's value, 0 for none: an avg() map's mean, rounded toward zero."""
+    none, done = _unique(fn), _unique(fn)
+    value = _value_at(shape)
+    out = ["pop rdi", "xor eax, eax", "test rdi, rdi", f"jz {done}",
+           "cmp qword ptr [rdi + 8], 1", f"jne {done}"]
+    if shape.kind == "avg":
+        out += [f"mov rcx, qword ptr [rdi + {value}]", "test rcx, rcx", f"jz {done}",
+                f"mov rax, qword ptr [rdi + {value + 8}]", "cqo", "idiv rcx"]
+    else:
+        out.append(f"mov rax, qword ptr [rdi + {value}]")
+    return out + [f"{none}:", f"{done}:", "push rax"]
+
+
+def _delete(fn: str, shape: M.MapShape) -> List[str]:
+    skip = _unique(fn)
+    value = _value_at(shape)
+    out = ["pop rdi", "test rdi, rdi", f"jz {skip}", "mov qword ptr [rdi + 8], 0"]
+    initial = shape.initial or 0
+    out.append(f"mov rax, {initial:#x}")
+    out += [f"mov qword ptr [rdi + {value + 8 * i}], {'rax' if i == 0 else 0}"
+            for i in range(shape.value_words)]
+    return out + [f"{skip}:"]
+
+
+def _lookup(index: int, shape: M.MapShape, offset: int) -> List[str]:
+    """map_N(rdi = key buffer, esi = 1 to make a missing entry) -> rax = the entry, or
+    0 (missing, or the table is full: counted in its header). Clobbers rcx, rdx, r8-r11."""
+    fn = f"map_{index}"
+    words = shape.key_words
+    out = [f"{fn}:", f"lea r8, [r12 + {offset}]"]  # the table
+    # the hash of the key's words, odd: a claimed entry's state
+    out += [f"mov rax, {HASH_MULTIPLIER:#x}", "mov r9, rax", "mov rdx, rax"]
+    for i in range(words):
+        out += [f"xor rdx, qword ptr [rdi + {8 * i}]", "imul rdx, r9"]
+    out += ["mov rax, rdx", "shr rax, 29", "xor rdx, rax", "or rdx, 1",
+            "mov r10, rdx", f"and r10, {shape.capacity - 1}",  # the slot
+            f"mov r11d, {shape.capacity}"]  # slots left to look at
+    entry_bytes = 8 * shape.entry_words
+    out += [f"{fn}_slot:", f"imul r9, r10, {entry_bytes}", f"lea r9, [r8 + r9 + {8 * M.HEADER_WORDS}]",
+            f"{fn}_state:", "mov rax, qword ptr [r9]",
+            "cmp rax, rdx", f"je {fn}_compare",
+            "test rax, rax", f"jz {fn}_free",
+            "cmp rax, 2", f"jne {fn}_next",
+            "pause", f"jmp {fn}_state",  # being claimed: its key comes next
+            f"{fn}_compare:"]
+    for i in range(words):
+        out += [f"mov rcx, qword ptr [rdi + {8 * i}]",
+                f"cmp rcx, qword ptr [r9 + {8 * (M.ENTRY_HEAD + i)}]", f"jne {fn}_next"]
+    out += ["mov rax, r9", "ret",
+            f"{fn}_free:", "test esi, esi", f"jz {fn}_missing",
+            "mov ecx, 2", "lock cmpxchg qword ptr [r9], rcx", f"jnz {fn}_state"]
+    for i in range(words):
+        out += [f"mov rcx, qword ptr [rdi + {8 * i}]",
+                f"mov qword ptr [r9 + {8 * (M.ENTRY_HEAD + i)}], rcx"]
+    if shape.initial is not None:
+        out += [f"mov rcx, {shape.initial:#x}",
+                f"mov qword ptr [r9 + {8 * (M.ENTRY_HEAD + words)}], rcx"]
+    out += ["mov qword ptr [r9], rdx", "mov rax, r9", "ret",  # published: x86 keeps store order
+            f"{fn}_next:", "inc r10", f"and r10, {shape.capacity - 1}", "dec r11d",
+            f"jnz {fn}_slot", "test esi, esi", f"jz {fn}_missing",
+            "lock inc qword ptr [r8 + 32]",  # dropped
+            f"{fn}_missing:", "xor eax, eax", "ret"]
+    return out

@@ -1,0 +1,317 @@
+"""Lowers a checked program's blocks to the operations of a small stack machine, which
+each architecture's backend turns into machine code (arch/*/program_code.py).
+
+The machine works on 64-bit words. A string is a word too: the address of a 64-byte
+buffer (the context's comm, a constant in the code, or a scratch buffer str() reads
+into). The code of a probe runs every block that names the probe, in program order,
+with one argument: the address of its context (CONTEXT below), which the caller fills.
+
+Operations (each a tuple, its name first):
+    const V          push V                         ctx OFFSET    push the context's word
+    arg N            push argument N (0 past the probe's arguments)
+    local N          push local N                   set_local N   pop into local N
+    unary OP         neg, not (bitwise), lnot (0 or 1)
+    binary OP S      add sub mul div mod and or xor shl shr; S: signed (div, mod, shr)
+    compare OP S     eq ne lt gt le ge -> 0 or 1; S: signed
+    cast SIZE S      keep SIZE bytes, then sign- (S) or zero-extend
+    read SIZE S      pop an address, push what it holds (a checked read: 0 if unreadable)
+    string_at N      push the address of constant string N (64 bytes, NUL-padded)
+    read_string N K  pop an address, read a string of at most N bytes into scratch K
+    string_eq        pop two strings, push 1 if equal
+    jump L | jump_zero L (pops) | label L
+    drop
+    key_word I       pop a word into the key buffer's word I
+    key_string I     pop a string, copy its 64 bytes into the key buffer from word I
+    entry M          push the entry of map M for the key buffer, made if missing (0: full)
+    find M           push the entry of map M for the key buffer, 0 if missing
+    update M KIND    pop the value (none for count) and the entry; aggregate into it
+                     (count sum min max avg hist lhist, or value: a plain assignment)
+    load M           pop an entry (0 allowed), push its value word (0 if missing)
+    delete M         pop an entry (0 allowed): it holds nothing from now on
+    return
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Tuple
+
+from urewrite.programs import maps as map_layout
+from urewrite.programs.checks import BUILTINS, STR, BlockChecker, Checked, cast_size
+from urewrite.programs.parser import ProgramError
+from urewrite.programs.syntax import (Assign, Binary, Block, Builtin, Call, Cast,
+                                      Conditional, Dereference, If, Integer, Map,
+                                      String, Unary, Variable)
+
+# The context a probe's code is given (all words little-endian):
+ARGUMENTS = 12
+CTX_ARGS = 0            # u64[12]: the probe's arguments, as the runtime evaluated them
+CTX_RETVAL = 96         # a return probe's return value
+CTX_PID = 104
+CTX_TID = 112
+CTX_NSECS = 120         # CLOCK_MONOTONIC, as bpftrace's nsecs
+CTX_MAPS = 128          # the address of the maps area (programs/maps.py)
+CTX_COMM = 136          # 64 bytes: the thread's name, NUL-padded
+CTX_SIZE = 200
+STRING = 64             # the bytes of a string value (bpftrace's default strlen)
+
+_BINARY = {"+": "add", "-": "sub", "*": "mul", "/": "div", "%": "mod", "&": "and", "|": "or",
+           "^": "xor", "<<": "shl", ">>": "shr"}
+_COMPARE = {"==": "eq", "!=": "ne", "<": "lt", ">": "gt", "<=": "le", ">=": "ge"}
+
+
+@dataclass
+class Lowered:
+    """A program's code, one operation list per probe it names (in the order of the
+    program's probes), and what the code needs around it."""
+    code: Dict[str, List[tuple]]  # probe text -> operations
+    strings: List[str]  # constants: string_at N
+    locals: int  # words
+    key_words: int  # the key buffer's
+    scratch: int  # string buffers
+    maps: List[map_layout.MapShape] = field(default_factory=list)
+
+
+def lower(checked: Checked, probe_names: Dict[str, Tuple[str, str]] = None) -> Lowered:
+    """`probe_names`: probe text -> (the `probe` builtin's value, the `func` one's)."""
+    shapes = map_layout.shapes(checked)
+    lowering = _Lowering(checked, {s.name: i for i, s in enumerate(shapes)}, probe_names or {})
+    code: Dict[str, List[tuple]] = {}
+    for block in checked.program.blocks:
+        for probe in block.probes:
+            if probe.kind in ("BEGIN", "END"):
+                continue
+            ops = code.setdefault(probe.text, [])
+            lowering.block(block, probe.text, ops)
+    for ops in code.values():
+        ops.append(("return",))
+    return Lowered(code, lowering.strings, max(len(lowering.locals), 1),
+                   max((s.key_words for s in shapes), default=1), lowering.scratch, shapes)
+
+
+class _Lowering:
+    def __init__(self, checked: Checked, map_index: Dict[str, int], probe_names):
+        self.checked = checked
+        self.map_index = map_index
+        self.probe_names = probe_names
+        self.strings: List[str] = []
+        self.locals: Dict[str, int] = {}
+        self.scratch = 0
+        self.labels = 0
+
+    def label(self) -> str:
+        self.labels += 1
+        return f"L{self.labels}"
+
+    def string(self, text: str) -> int:
+        data = text.encode()[:STRING - 1]
+        if data.decode(errors="ignore") not in self.strings:
+            self.strings.append(data.decode(errors="ignore"))
+        return self.strings.index(data.decode(errors="ignore"))
+
+    # -- blocks and statements ----------------------------------------------------------
+
+    def block(self, block: Block, probe: str, ops: List[tuple]):
+        self.ops, self.probe = ops, probe
+        # the rule of signs, with each $variable's as the statements so far left it
+        self.signer = BlockChecker(self.checked, block, True)
+        end = self.label()
+        for name in _variables(block.body):  # $x is of one hit: 0 until assigned
+            ops += [("const", 0), ("set_local", self.local(name))]
+        if block.predicate is not None:
+            self.expression(block.predicate)
+            ops.append(("jump_zero", end))
+        self.statements(block.body)
+        ops.append(("label", end))
+
+    def local(self, name: str) -> int:
+        return self.locals.setdefault(name, len(self.locals))
+
+    def statements(self, body):
+        for statement in body:
+            if isinstance(statement, If):
+                otherwise, end = self.label(), self.label()
+                self.expression(statement.condition)
+                self.ops.append(("jump_zero", otherwise))
+                self.statements(statement.then)
+                self.ops += [("jump", end), ("label", otherwise)]
+                self.statements(statement.otherwise)
+                self.ops.append(("label", end))
+            elif isinstance(statement, Assign):
+                self.assign(statement)
+            else:
+                self.call(statement.expression)
+
+    def assign(self, statement: Assign):
+        target, value = statement.target, statement.value
+        if isinstance(target, Variable):
+            if statement.operator:
+                self.ops.append(("local", self.local(target.name)))
+                self.expression(value)
+                self.arithmetic(statement.operator, target, value)
+                sign = self.signed(target) and self.signed(value)
+            else:
+                self.expression(value)
+                sign = self.signed(value)
+            self.ops.append(("set_local", self.local(target.name)))
+            self.signer.signs[target.name] = sign
+            return
+        index = self.map_index[target.name]
+        info = self.checked.maps[target.name]
+        if isinstance(value, Call) and value.function in map_layout.AGGREGATIONS:
+            self.key(target)
+            self.ops.append(("entry", index))
+            if value.function != "count":
+                self.expression(value.arguments[0])
+            self.ops.append(("update", index, value.function))
+            return
+        if info.value == STR:
+            raise ProgramError(f"@{target.name}: a map of strings runs in the tracer only "
+                               f"for now (keys may be strings)", target.at)
+        self.key(target)
+        self.ops.append(("entry", index))
+        if statement.operator:
+            self.key(target)
+            self.ops += [("find", index), ("load", index)]
+            self.expression(value)
+            self.arithmetic(statement.operator, target, value)
+        else:
+            self.expression(value)
+        self.ops.append(("update", index, "value"))
+
+    def key(self, target: Map):
+        """The key buffer filled with the map's keys: all evaluated first (one may read
+        another map, which fills the buffer with its own), then stored, last first."""
+        places, word = [], 0
+        for key in target.keys:
+            self.expression(key)
+            places.append(("key_string", word) if self.is_string(key) else ("key_word", word))
+            word += STRING // 8 if self.is_string(key) else 1
+        self.ops += reversed(places)
+
+    def call(self, call):
+        name = call.function
+        if name == "delete":
+            target = call.arguments[0]
+            index = self.map_index[target.name]
+            self.key(target)
+            self.ops += [("find", index), ("delete", index)]
+        elif name in ("printf", "exit", "clear", "zero", "print"):
+            raise ProgramError(f"{name}() runs in the tracer only for now", call.at)
+        else:
+            self.expression(call)
+            self.ops.append(("drop",))
+
+    # -- expressions ----------------------------------------------------------------------
+
+    def is_string(self, expression) -> bool:
+        if isinstance(expression, String):
+            return True
+        if isinstance(expression, Builtin):
+            return BUILTINS.get(expression.name) == STR
+        if isinstance(expression, Call):
+            return expression.function == "str"
+        if isinstance(expression, Conditional):
+            return self.is_string(expression.then)
+        return False
+
+    def signed(self, expression) -> bool:
+        return self.signer.signed(expression)
+
+    def arithmetic(self, operator: str, left, right):
+        signed = self.signed(left) and self.signed(right)
+        self.ops.append(("binary", _BINARY[operator], signed))
+
+    def expression(self, e):
+        ops = self.ops
+        if isinstance(e, Integer):
+            ops.append(("const", e.value & ((1 << 64) - 1)))
+        elif isinstance(e, String):
+            ops.append(("string_at", self.string(e.value)))
+        elif isinstance(e, Builtin):
+            self.builtin(e)
+        elif isinstance(e, Variable):
+            ops.append(("local", self.local(e.name)))
+        elif isinstance(e, Map):
+            index = self.map_index[e.name]
+            self.key(e)
+            ops += [("find", index), ("load", index)]
+        elif isinstance(e, Unary):
+            self.expression(e.operand)
+            ops.append(("unary", {"-": "neg", "~": "not", "!": "lnot"}[e.operator]))
+        elif isinstance(e, Binary):
+            self.binary(e)
+        elif isinstance(e, Conditional):
+            otherwise, end = self.label(), self.label()
+            self.expression(e.condition)
+            ops.append(("jump_zero", otherwise))
+            self.expression(e.then)
+            ops += [("jump", end), ("label", otherwise)]
+            self.expression(e.otherwise)
+            ops.append(("label", end))
+        elif isinstance(e, Cast):
+            self.expression(e.operand)
+            if not e.pointer:
+                ops.append(("cast", *cast_size(e.type)))
+        elif isinstance(e, Dereference):
+            self.expression(e.operand.operand)
+            ops.append(("read", *cast_size(e.operand.type)))
+        elif isinstance(e, Call) and e.function == "str":
+            limit = e.arguments[1].value if len(e.arguments) > 1 else STRING
+            if not 1 <= limit <= STRING:
+                raise ProgramError(f"str()'s length is 1 to {STRING}", e.arguments[1].at)
+            self.expression(e.arguments[0])
+            ops.append(("read_string", limit, self.scratch))
+            self.scratch += 1
+        else:
+            raise ProgramError("this expression runs in the tracer only for now",
+                               getattr(e, "at", None))
+
+    def builtin(self, e: Builtin):
+        name, ops = e.name, self.ops
+        if name.startswith("arg"):
+            ops.append(("arg", int(name[3:])))
+        elif name == "retval":
+            ops.append(("ctx", CTX_RETVAL))
+        elif name in ("pid", "tid", "nsecs"):
+            ops.append(("ctx", {"pid": CTX_PID, "tid": CTX_TID, "nsecs": CTX_NSECS}[name]))
+        elif name == "comm":
+            ops.append(("ctx_address", CTX_COMM))
+        else:  # probe, func: constants of the probe this code runs for
+            probe, function = self.probe_names.get(self.probe, (self.probe, ""))
+            ops.append(("string_at", self.string(probe if name == "probe" else function)))
+
+    def binary(self, e: Binary):
+        ops = self.ops
+        if e.operator in ("&&", "||"):
+            short, end = self.label(), self.label()
+            self.expression(e.left)
+            ops += [("unary", "lnot")] if e.operator == "||" else []
+            ops.append(("jump_zero", short))
+            self.expression(e.right)
+            ops += [("unary", "lnot"), ("unary", "lnot"), ("jump", end), ("label", short),
+                    ("const", 1 if e.operator == "||" else 0), ("label", end)]
+            return
+        self.expression(e.left)
+        self.expression(e.right)
+        if self.is_string(e.left):
+            ops.append(("string_eq",))
+            if e.operator == "!=":
+                ops.append(("unary", "lnot"))
+        elif e.operator in _COMPARE:
+            ops.append(("compare", _COMPARE[e.operator], self.signed(e.left) and self.signed(e.right)))
+        else:
+            ops.append(("binary", _BINARY[e.operator], self.signed(e.left) and self.signed(e.right)))
+
+
+def _variables(body) -> List[str]:
+    found: List[str] = []
+    for statement in body:
+        if isinstance(statement, Assign) and isinstance(statement.target, Variable):
+            if statement.target.name not in found:
+                found.append(statement.target.name)
+        elif isinstance(statement, If):
+            for name in _variables(statement.then) + _variables(statement.otherwise):
+                if name not in found:
+                    found.append(name)
+    return found

@@ -1,0 +1,148 @@
+"""The maps of a running program: hash tables in shared memory that the probes update
+and the tracer reads (docs/programs.md, "Maps").
+
+    area:  u64 magic, u64 maps, u64 offset of each map's table
+    table: u64 capacity (a power of two), key words, value words, entry words,
+           u64 dropped (updates a full table could not take), 3 words 0,
+           then `capacity` entries
+    entry: u64 state: 0 free, 2 being claimed, else (hash | 1): its key is written
+           u64 present: 1 once updated, 0 again after delete()
+           key words (an integer key is a word, a string key 8), value words
+
+A probe claims a free entry with a compare-and-swap of its state from 0 to 2, writes
+the key, then stores the hash with bit 0 set; one that finds state 2 waits for that
+store. Values are updated with atomic adds (count, sum, avg, hist, lhist) or
+compare-and-swap loops (min, max); a plain assignment is a store. min() and max()
+start from the largest and the smallest value, written when the entry is claimed.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+from urewrite.programs.checks import STR, Checked
+from urewrite.programs.output import HIST_BUCKETS, MapData
+
+MAGIC = 0x3153_5041_4d57_5255  # "URWMAPS1", little-endian
+HEADER_WORDS = 8  # of a table
+ENTRY_HEAD = 2  # state, present
+STRING_WORDS = 8
+AGGREGATIONS = ("count", "sum", "min", "max", "avg", "stats", "hist", "lhist")
+KEYED_CAPACITY = 4096  # entries of a map with keys, as bpftrace's default
+INT64_MAX, INT64_MIN = (1 << 63) - 1, 1 << 63  # (INT64_MIN as a word)
+
+
+@dataclass(frozen=True)
+class MapShape:
+    name: str
+    kind: str
+    key_types: Tuple[str, ...]
+    value_words: int
+    capacity: int
+    signed: bool
+    lhist: Optional[Tuple[int, int, int]] = None
+
+    @property
+    def key_words(self) -> int:
+        return sum(STRING_WORDS if t == STR else 1 for t in self.key_types)
+
+    @property
+    def entry_words(self) -> int:
+        return ENTRY_HEAD + self.key_words + self.value_words
+
+    @property
+    def initial(self) -> Optional[int]:
+        """The value word a claimed entry starts from, where it is not 0."""
+        return {"min": INT64_MAX, "max": INT64_MIN}.get(self.kind)
+
+    def table_bytes(self) -> int:
+        return 8 * (HEADER_WORDS + self.capacity * self.entry_words)
+
+
+def shapes(checked: Checked) -> List[MapShape]:
+    out = []
+    for name, info in checked.maps.items():
+        if info.kind == "hist":
+            words = HIST_BUCKETS
+        elif info.kind == "lhist":
+            low, high, step = info.lhist
+            words = (high - low) // step + 2
+        elif info.kind in ("avg", "stats"):
+            words = 2  # count, total
+        else:
+            words = 1
+        out.append(MapShape(name, info.kind, info.keys, words,
+                            KEYED_CAPACITY if info.keys else 1, info.signed, info.lhist))
+    return out
+
+
+def layout(maps: List[MapShape]) -> Tuple[List[int], int]:
+    """Each table's offset in the area, and the area's size."""
+    offset = _align(8 * (2 + len(maps)))
+    offsets = []
+    for shape in maps:
+        offsets.append(offset)
+        offset = _align(offset + shape.table_bytes())
+    return offsets, offset
+
+
+def initial_area(maps: List[MapShape]) -> bytearray:
+    offsets, size = layout(maps)
+    area = bytearray(size)
+    struct.pack_into(f"<QQ{len(maps)}Q", area, 0, MAGIC, len(maps), *offsets)
+    for shape, offset in zip(maps, offsets):
+        struct.pack_into("<4Q", area, offset, shape.capacity, shape.key_words,
+                         shape.value_words, shape.entry_words)
+    return area
+
+
+def read(area, maps: List[MapShape]) -> Tuple[List[MapData], int]:
+    """The maps' contents, as the printer takes them, and the updates full tables
+    dropped."""
+    view = memoryview(area)
+    magic, count = struct.unpack_from("<QQ", view, 0)
+    if magic != MAGIC or count != len(maps):
+        raise ValueError("not this program's maps")
+    offsets = struct.unpack_from(f"<{count}Q", view, 16)
+    out, dropped = [], 0
+    for shape, offset in zip(maps, offsets):
+        capacity, _, _, entry_words, lost = struct.unpack_from("<5Q", view, offset)
+        dropped += lost
+        data = MapData(shape.name, shape.kind, lhist=shape.lhist)
+        words = struct.unpack_from(f"<{capacity * entry_words}Q", view, offset + 8 * HEADER_WORDS)
+        for i in range(capacity):
+            entry = words[i * entry_words:(i + 1) * entry_words]
+            if not entry[0] & 1 or entry[1] != 1:
+                continue
+            key, at = [], ENTRY_HEAD
+            for kind in shape.key_types:
+                if kind == STR:
+                    raw = struct.pack(f"<{STRING_WORDS}Q", *entry[at:at + STRING_WORDS])
+                    key.append(raw.split(b"\0", 1)[0].decode("utf-8", "replace"))
+                    at += STRING_WORDS
+                else:
+                    key.append(_signed(entry[at]))
+                    at += 1
+            data.entries[tuple(key)] = _value(shape, entry[at:at + shape.value_words])
+        out.append(data)
+    return out, dropped
+
+
+def _value(shape: MapShape, words):
+    if shape.kind in ("hist", "lhist"):
+        return list(words)
+    if shape.kind in ("avg", "stats"):
+        return words[0], _signed(words[1])
+    if shape.kind == "count" or not shape.signed and shape.kind in ("sum", "value"):
+        return words[0]
+    return _signed(words[0])
+
+
+def _signed(word: int) -> int:
+    return word - (1 << 64) if word >> 63 else word
+
+
+def _align(n: int) -> int:
+    return (n + 63) & ~63
