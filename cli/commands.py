@@ -566,8 +566,8 @@ def stat(as_json, output, interval, directory, pids, all_of, duration, command):
       urewrite stat --dir /dev/shm/app --interval 1 --duration 10
     The command's own output is left alone; the exit status is passed through.
     """
-    from urewrite.live_view import Sink, stat_live
     from urewrite.runner import run_and_collect
+    from urewrite.sink import Sink
 
     if pids is not None or all_of is not None:
         if directory is not None:
