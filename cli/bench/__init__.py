@@ -21,7 +21,8 @@
    program or library (node, libLLVM), with time and peak memory.
 6. Collection (--collection): what reading a process's counts costs (every
    function of a generated program probed at entry and return), and what `stat`
-   adds to a loop of short runs of it.
+   adds to a loop of short runs of it; with --python FILE, loops of `FILE -S -c pass`
+   with every function probed.
 
 Kernel rows need root and tracefs; every uprobe event made here lives in a
 group of its own (urwbench_<pid>) and is removed on exit, on error and on
