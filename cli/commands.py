@@ -600,8 +600,8 @@ def stat(as_json, output, interval, directory, pids, all_of, duration, command):
       urewrite stat --dir /dev/shm/app --interval 1 --duration 10
     The command's own output is left alone; the exit status is passed through.
     """
-    from urewrite.live_view import Sink, stat_live
     from urewrite.runner import run_and_collect
+    from urewrite.sink import Sink
 
     if pids is not None or all_of is not None:
         if directory is not None:
@@ -621,6 +621,7 @@ def stat(as_json, output, interval, directory, pids, all_of, duration, command):
         if interval is None and directory is None:
             exit_code, regions, problems = run_and_collect(list(command))
         else:
+            from urewrite.live_view import stat_live
             exit_code, regions, problems = stat_live(list(command), directory, interval,
                                                      duration, as_json, sink)
     except UrewriteError as e:
@@ -759,8 +760,11 @@ def trace(as_json, fmt, output, ring_entries, pids, all_of, duration, command):
 @click.option("--collection", is_flag=True,
               help="Also time reading a process's counts (--functions functions probed "
                    "at entry and return) and stat over a loop of short runs.")
+@click.option("--python", metavar="FILE", type=click.Path(exists=True, dir_okay=False),
+              help="With --collection: also loops of 'FILE -S -c pass' with every function "
+                   "probed (a python3.11), plain, armed and under stat.")
 def bench(as_json, threads, no_kernel, iterations, repeat, redis, redis_requests,
-          rewrite_scaling, functions, no_trigger, plot, big_files, collection):
+          rewrite_scaling, functions, no_trigger, plot, big_files, collection, python):
     """Measure what a probe costs here: urewrite against kernel uprobes.
 
     \b
@@ -776,12 +780,14 @@ def bench(as_json, threads, no_kernel, iterations, repeat, redis, redis_requests
         thread_counts = bench_module.parse_threads(threads)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--threads")
+    if python and not collection:
+        raise click.UsageError("--python goes with --collection")
     if no_trigger and plot:
         raise click.UsageError("--plot draws the trigger bench: drop --no-trigger")
     try:
         result = bench_module.run(iterations, repeat, thread_counts, not no_kernel, redis,
                                   redis_requests, rewrite_scaling, functions, not no_trigger,
-                                  big_files, collection)
+                                  big_files, collection, python)
         if plot:
             bench_module.plot(result, plot)
     except UrewriteError as e:

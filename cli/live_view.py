@@ -14,36 +14,15 @@ import json
 import os
 import signal
 import time
-from typing import Callable, List, Optional, TextIO, Tuple
+from typing import Callable, List, Optional, Tuple
 
 from urewrite.region_source import DirectorySource, ProbeChange, Snapshot, Watcher, changes
 from urewrite.runner import exit_status, interrupts_to, region_directory, remove_region_directory
+from urewrite.sink import Sink  # (live_report takes it from here)
 from urewrite.trampolines.region import ENV_VAR, Region
 from urewrite.trampolines.region_reader import collect
 
 POLL_SECONDS = 0.05  # how often the end (the command's exit, the deadline) is checked
-
-
-class Sink:
-    """The report's destination: stdout, or a file opened at the first write, so that
-    a command that cannot be started leaves no file."""
-
-    def __init__(self, path: Optional[str], stdout: TextIO):
-        self.path, self.stdout, self.file = path, stdout, None
-
-    def write(self, text: str) -> None:
-        if self.path is None:
-            self.stdout.write(text)
-            self.stdout.flush()
-            return
-        if self.file is None:
-            self.file = open(self.path, "w")
-        self.file.write(text)
-        self.file.flush()
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
 
 
 class Ticker:

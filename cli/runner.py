@@ -14,7 +14,6 @@ from typing import List, Tuple
 
 from urewrite.errors import UrewriteError
 from urewrite.trampolines.region import ENV_VAR, Region
-from urewrite.trampolines.region_reader import collect
 
 
 def exit_status(returncode: int) -> int:
@@ -107,7 +106,10 @@ def run_and_collect(command: List[str]) -> Tuple[int, List[Region], List[str]]:
     directory = region_directory()
     try:
         with interrupts_to(command, dict(os.environ, **{ENV_VAR: directory})) as process:
-            returncode = process.wait()
+            try:  # the reader's imports (numpy) while the command runs, not before
+                from urewrite.trampolines.region_reader import collect
+            finally:
+                returncode = process.wait()
         problems: List[str] = []
         regions = collect(directory, problems)
         return exit_status(returncode), regions, problems

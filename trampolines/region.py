@@ -71,6 +71,11 @@ OFF_RETURNS_MISSED = 440
 # not on the thread's stack of open calls: it was full, or another thread's)
 OFF_LATENCY_MISSED = 448
 CLOCK_TSC, CLOCK_CNTVCT = 1, 2
+# x86_64: the TSC's rate, measured by the first process of a region directory, for the
+# others (docs/region.md): magic, u64 ticks per second, u64 ticks and u64 ns of a pair
+CLOCK_FILE = "tsc.clock"
+CLOCK_FILE_MAGIC = b"URWCLOCK"
+CLOCK_FILE_FORMAT = struct.Struct("<8sQQQ")
 
 # Latency: in each row, after the counters, LATENCY_BUCKETS u64 per histogram
 # (bucket 0: under 1 ns; bucket k: [2^(k-1), 2^k) ns), then the thread's stack of

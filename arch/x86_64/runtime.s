@@ -24,6 +24,8 @@ var_name:    .ascii "{ENV_VAR}="
 trace_var_name: .ascii "{TRACE_VAR}="
 proc_environ: .ascii "/proc/self/environ"
              .byte 0
+clock_file:  .ascii "{CLOCK_FILE}"
+             .byte 0
 
 # rbx <- state memory
 load_state:
@@ -425,7 +427,7 @@ sr_untraced:
     cmp dword ptr [r10 + {OFF_LATENCY_COUNT}], 0
     je sr_publish
 sr_calibrate:                              # events and latencies need the clock
-    call calibrate_clock
+    call clock_setup
 sr_publish:
     mov qword ptr [rbx], r10               # publish: stores before it are visible first (x86 TSO)
     mov qword ptr [rbx + 8], 0
@@ -547,12 +549,36 @@ sh_own:
     cmp esi, esi                           # ZF = 1: the thread's own row
     ret
 
-# Pairs the TSC with CLOCK_MONOTONIC twice, 2 ms apart, for readers to turn
-# ticks into nanoseconds (an invariant TSC is assumed). r10 = region.
-calibrate_clock:
+# The clock of events and latencies: a TSC reading paired with CLOCK_MONOTONIC, and
+# the TSC's rate (an invariant TSC is assumed). The rate is the machine's: the first
+# process of a region directory measures it (2 ms of waiting) and leaves it in the
+# directory's clock file for the ones after it, which read it instead (docs/region.md).
+# r10 = region, rbx = state. Clobbers rax, rcx, rdx, rsi, rdi, r8, r9, r11, r14, r15.
+clock_setup:
     call clock_pair
-    mov r14, rax                           # ticks
-    mov r15, rdx                           # ns
+    mov qword ptr [r10 + {OFF_CLOCK_REF_TICKS}], rax
+    mov qword ptr [r10 + {OFF_CLOCK_REF_NS}], rdx
+    call read_clock_file
+    test rax, rax
+    jnz cs_rate
+    call calibrate_clock
+    call write_clock_file
+cs_rate:
+    mov qword ptr [r10 + {OFF_CLOCK_HZ}], rax
+    mov dword ptr [r10 + {OFF_CLOCK_KIND}], {CLOCK_KIND}
+    mov rcx, rax                           # ns per tick, 32.32 fixed point
+    mov rax, 1000000000
+    shl rax, 32
+    xor edx, edx
+    div rcx
+    mov qword ptr [r10 + {OFF_NS_MULT}], rax
+    ret
+
+# Waits 2 ms from the region's clock pair and pairs the clocks again: -> rax = ticks
+# per second; the later pair becomes the region's.
+calibrate_clock:
+    mov r14, qword ptr [r10 + {OFF_CLOCK_REF_TICKS}]
+    mov r15, qword ptr [r10 + {OFF_CLOCK_REF_NS}]
 cc_wait:
     call clock_pair
     mov rcx, rdx
@@ -566,14 +592,159 @@ cc_wait:
     mov ecx, 1000000000
     mul rcx
     div r14
-    mov qword ptr [r10 + {OFF_CLOCK_HZ}], rax
-    mov dword ptr [r10 + {OFF_CLOCK_KIND}], {CLOCK_KIND}
-    mov rcx, rax                           # ns per tick, 32.32 fixed point
-    mov rax, 1000000000
-    shl rax, 32
+    ret
+
+# -> rax = a descriptor of the region directory (O_PATH), or a negative errno
+open_directory:
+    lea rdi, [rbx + {PS_DIR}]
+    mov esi, 0x290000                      # O_PATH | O_DIRECTORY | O_CLOEXEC
     xor edx, edx
+    mov eax, 2                             # open
+    syscall
+    ret
+
+# -> rax = the rate in the directory's clock file, or 0 unless the file is a regular
+# file of this user (or root), whole, with a plausible rate that the TSC has kept
+# since the file's clock pair (a file left by another boot or machine fails this).
+read_clock_file:
+    mov eax, 107                           # geteuid
+    syscall
+    mov r8d, eax
+    call open_directory
+    test rax, rax
+    js rcf_none
+    mov r14, rax
+    mov rdi, rax
+    lea rsi, [rip + clock_file]
+    mov edx, 0xa0000                       # O_RDONLY | O_NOFOLLOW | O_CLOEXEC
+    mov eax, 257                           # openat
+    syscall
+    mov r15, rax
+    mov rdi, r14
+    mov eax, 3                             # close
+    syscall
+    test r15, r15
+    js rcf_none
+    sub rsp, 192                           # [rsp]: struct stat; [rsp + 144]: the file
+    mov rdi, r15
+    mov rsi, rsp
+    mov eax, 5                             # fstat
+    syscall
+    test rax, rax
+    jnz rcf_close
+    mov eax, dword ptr [rsp + 24]          # st_mode
+    and eax, 0xf000
+    cmp eax, 0x8000                        # S_IFREG
+    jne rcf_close
+    mov eax, dword ptr [rsp + 28]          # st_uid
+    test eax, eax
+    jz rcf_read
+    cmp eax, r8d
+    jne rcf_close
+rcf_read:
+    mov rdi, r15
+    lea rsi, [rsp + 144]
+    mov edx, 33
+    xor eax, eax                           # read
+    syscall
+    mov r14, rax
+    mov rdi, r15
+    mov eax, 3                             # close
+    syscall
+    cmp r14, 32
+    jne rcf_free
+    mov rax, {CLOCK_FILE_MAGIC}
+    cmp qword ptr [rsp + 144], rax
+    jne rcf_free
+    mov r8, qword ptr [rsp + 152]          # the rate
+    cmp r8, 1000000
+    jb rcf_free
+    mov rax, r8
+    shr rax, 40
+    jnz rcf_free
+    mov r9, qword ptr [r10 + {OFF_CLOCK_REF_TICKS}]
+    sub r9, qword ptr [rsp + 160]          # ticks since the file's pair
+    jb rcf_free
+    mov rcx, qword ptr [r10 + {OFF_CLOCK_REF_NS}]
+    sub rcx, qword ptr [rsp + 168]         # ns since it
+    jb rcf_free
+    cmp rcx, 1000000
+    jb rcf_agrees                          # under 1 ms: too close to tell
+    mov rax, r9                            # the rate since then, within 1/64 of the file's
+    mov r11d, 1000000000
+    mul r11
+    cmp rdx, rcx
+    jae rcf_free
     div rcx
-    mov qword ptr [r10 + {OFF_NS_MULT}], rax
+    sub rax, r8
+    jns rcf_difference
+    neg rax
+rcf_difference:
+    mov rcx, r8
+    shr rcx, 6
+    cmp rax, rcx
+    ja rcf_free
+rcf_agrees:
+    mov rax, r8
+    add rsp, 192
+    ret
+rcf_close:
+    mov rdi, r15
+    mov eax, 3                             # close
+    syscall
+rcf_free:
+    add rsp, 192
+rcf_none:
+    xor eax, eax
+    ret
+
+# Leaves the rate (rax, preserved) and the region's clock pair in the directory's
+# clock file, for the processes after this one: in place of any file there (which
+# read_clock_file refused), created whole or not at all by each writer.
+write_clock_file:
+    push rax
+    push r10                               # (openat's fourth argument)
+    sub rsp, 32
+    mov rcx, {CLOCK_FILE_MAGIC}
+    mov qword ptr [rsp], rcx
+    mov qword ptr [rsp + 8], rax
+    mov rcx, qword ptr [r10 + {OFF_CLOCK_REF_TICKS}]
+    mov qword ptr [rsp + 16], rcx
+    mov rcx, qword ptr [r10 + {OFF_CLOCK_REF_NS}]
+    mov qword ptr [rsp + 24], rcx
+    call open_directory
+    test rax, rax
+    js wcf_done
+    mov r14, rax
+    mov rdi, rax
+    lea rsi, [rip + clock_file]
+    xor edx, edx
+    mov eax, 263                           # unlinkat
+    syscall
+    mov rdi, r14
+    lea rsi, [rip + clock_file]
+    mov edx, 0xa00c1                       # O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC
+    mov r10d, 0x1a4                        # 0644: the rate is no secret
+    mov eax, 257                           # openat
+    syscall
+    mov r15, rax
+    mov rdi, r14
+    mov eax, 3                             # close
+    syscall
+    test r15, r15
+    js wcf_done
+    mov rdi, r15
+    mov rsi, rsp
+    mov edx, 32
+    mov eax, 1                             # write
+    syscall
+    mov rdi, r15
+    mov eax, 3                             # close
+    syscall
+wcf_done:
+    add rsp, 32
+    pop r10
+    pop rax
     ret
 
 # -> rax = TSC, rdx = CLOCK_MONOTONIC in ns, read together: of 4 tries, the one whose

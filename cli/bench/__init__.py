@@ -21,7 +21,8 @@
    program or library (node, libLLVM), with time and peak memory.
 6. Collection (--collection): what reading a process's counts costs (every
    function of a generated program probed at entry and return), and what `stat`
-   adds to a loop of short runs of it.
+   adds to a loop of short runs of it; with --python FILE, loops of `FILE -S -c pass`
+   with every function probed.
 
 Kernel rows need root and tracefs; every uprobe event made here lives in a
 group of its own (urwbench_<pid>) and is removed on exit, on error and on
@@ -49,7 +50,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import tempfile
-from typing import Iterator, Sequence
+from typing import Iterator, Optional, Sequence
 
 from urewrite.bench.big_files import big_file_bench
 from urewrite.bench.chart import plot
@@ -103,7 +104,8 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 def run(iterations: int = 100_000_000, repeat: int = 5, threads: Sequence[int] = (1,),
         kernel: bool = True, redis: bool = False, redis_requests: int = 100000,
         rewrite: bool = False, functions: int = 10000, trigger: bool = True,
-        big_files: Sequence[str] = (), collection: bool = False) -> dict:
+        big_files: Sequence[str] = (), collection: bool = False,
+        python: Optional[str] = None) -> dict:
     """Everything `urewrite bench` measures, as one JSON-able dict."""
     result = {"machine": machine()}
     with _sigterm_as_interrupt():
@@ -117,7 +119,7 @@ def run(iterations: int = 100_000_000, repeat: int = 5, threads: Sequence[int] =
             if big_files:
                 result["big_files"] = big_file_bench(work, list(big_files))
             if collection:
-                result["collection"] = collection_bench(work, functions)
+                result["collection"] = collection_bench(work, functions, python=python)
     result["machine"]["loadavg_end"] = loadavg()
     result["targets"] = targets(result)
     return result

@@ -11,6 +11,11 @@ times), every one probed at entry and return (2N probes, N latency histograms, a
 - stat: the same loop under `urewrite stat` (Python's start, the runs, reading and
   adding up R regions, the report).
 
+With --python FILE (#37 names python3.11): the same three loops of R runs of
+`FILE -S -c pass`, rewritten with every function probed, at entry, then at entry
+and return (latency histograms); each loop timed ROUNDS times, interleaved, the best
+kept (other work on a shared machine only slows).
+
 Then the R regions the armed loop left are read as `stat` reads them, in 3 passes (the
 best kept, wall clock and CPU): the first one (its probe table parsed) and each further
 one (its counts only). The counts are checked: every function entered and left as often
@@ -19,11 +24,13 @@ as it was called, with as many latency samples.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+from typing import Optional
 
 from urewrite.bench.common import BenchError, clean_env, log
 from urewrite.bench.rewrite_cost import generated_program
@@ -32,6 +39,8 @@ RUNS = 40
 PASSES = 3  # reads of the regions: the best is kept
 TARGET_MS = 5.0  # a process's counts, 20,000 probes (#37)
 TARGET_RATIO = 1.5  # stat's loop against the plain loop (#37)
+ROUNDS = 3  # of each python loop
+PYTHON_PROBES = {"entries": ("-p", "*"), "entries and returns": ("-p", "*", "-r", "*")}
 
 
 def calls_of(i: int) -> int:
@@ -65,7 +74,52 @@ def _timed(cmd, env) -> float:
     return seconds
 
 
-def collection_bench(work: str, functions: int = 10000, runs: int = RUNS) -> dict:
+def _loops(command: str, runs: int, directory: str) -> dict:
+    """Seconds of a shell loop of `runs` runs of `command`: plain, armed (regions in
+    `directory`) and under stat."""
+    loop = f"for i in $(seq {runs}); do {command}; done"
+    shell = shutil.which("sh") or "/bin/sh"
+    return {"plain_s": _timed([shell, "-c", loop], clean_env()),
+            "armed_s": _timed([shell, "-c", loop], clean_env({"UREWRITE_DIR": directory})),
+            "stat_s": _timed([sys.executable, "-m", "urewrite", "stat", "-o", os.devnull,
+                              "--", shell, "-c", loop], clean_env())}
+
+
+def _ratios(times: dict, runs: int) -> dict:
+    return dict(times, stat_ratio=times["stat_s"] / times["plain_s"],
+                stat_ratio_armed=times["stat_s"] / times["armed_s"],
+                stat_ms_per_process=1e3 * (times["stat_s"] - times["armed_s"]) / runs)
+
+
+def python_loops(work: str, python: str, runs: int = RUNS, rounds: int = ROUNDS,
+                 probe_sets: dict = PYTHON_PROBES) -> list:
+    """A row per probe set: `python -S -c pass` rewritten with it, looped."""
+    from urewrite.runner import region_directory, remove_region_directory
+    rows = []
+    for label, args in probe_sets.items():
+        probed = os.path.join(work, f"python-{len(rows)}.probed")
+        log(f"collection: rewriting {python} ({' '.join(args)})")
+        proc = subprocess.run([sys.executable, "-m", "urewrite", python, *args, "--json",
+                               "-o", probed], capture_output=True, text=True, env=clean_env())
+        if proc.returncode != 0:
+            raise BenchError(f"collection: the rewrite of {python} failed: "
+                             f"{proc.stderr.strip()[-300:]}")
+        probes = json.loads(proc.stdout)["probes"]
+        best: dict = {}
+        for _ in range(rounds):
+            directory = region_directory()
+            try:
+                times = _loops(f'"{probed}" -S -c pass', runs, directory)
+            finally:
+                remove_region_directory(directory)
+            best = {k: min(v, best.get(k, v)) for k, v in times.items()}
+        rows.append(_ratios(dict(best, probes_given=label, program=python,
+                                 probes=len(probes), runs=runs, rounds=rounds), runs))
+    return rows
+
+
+def collection_bench(work: str, functions: int = 10000, runs: int = RUNS,
+                     python: Optional[str] = None) -> dict:
     from urewrite.runner import region_directory, remove_region_directory
     from urewrite.trampolines import region_reader
     work = os.path.join(work, "collection")
@@ -77,15 +131,10 @@ def collection_bench(work: str, functions: int = 10000, runs: int = RUNS) -> dic
                            "-q", "-o", probed], capture_output=True, text=True, env=clean_env())
     if proc.returncode != 0:
         raise BenchError(f"collection: the rewrite failed: {proc.stderr.strip()}")
-    loop = f'for i in $(seq {runs}); do "{probed}"; done'
-    shell = shutil.which("sh") or "/bin/sh"
     log(f"collection: {runs} runs plain, armed and under stat")
-    plain = _timed([shell, "-c", loop], clean_env())
     directory = region_directory()
     try:
-        armed = _timed([shell, "-c", loop], clean_env({"UREWRITE_DIR": directory}))
-        stat = _timed([sys.executable, "-m", "urewrite", "stat", "-o", os.devnull, "--",
-                       shell, "-c", loop], clean_env())
+        times = _loops(f'"{probed}"', runs, directory)
         paths = region_reader.region_paths(directory)
         if len(paths) != runs:
             raise BenchError(f"collection: {len(paths)} regions for {runs} runs")
@@ -108,12 +157,12 @@ def collection_bench(work: str, functions: int = 10000, runs: int = RUNS) -> dic
     wrong = _wrong_counts(totals, runs)
     if wrong:
         raise BenchError(f"collection: wrong counts: {', '.join(wrong[:3])}")
-    return {"functions": functions, "probes": probes, "runs": runs,
-            "first_region_ms": first_ms, "ms_per_process": further_ms,
-            "cpu_ms_per_process": further_cpu_ms,
-            "plain_s": plain, "armed_s": armed, "stat_s": stat,
-            "stat_ratio": stat / plain, "stat_ratio_armed": stat / armed,
-            "stat_ms_per_process": 1e3 * (stat - armed) / runs}
+    result = _ratios(dict(times, functions=functions, probes=probes, runs=runs,
+                          first_region_ms=first_ms, ms_per_process=further_ms,
+                          cpu_ms_per_process=further_cpu_ms), runs)
+    if python:
+        result["python"] = python_loops(work, python, runs)
+    return result
 
 
 def format_collection_table(c: dict) -> str:
@@ -126,11 +175,20 @@ def format_collection_table(c: dict) -> str:
         f"  loop of {c['runs']} runs: plain {c['plain_s']:.2f} s, armed {c['armed_s']:.2f} s, "
         f"under stat {c['stat_s']:.2f} s ({c['stat_ratio']:.2f}x plain, "
         f"{c['stat_ratio_armed']:.2f}x armed; stat adds {c['stat_ms_per_process']:.1f} ms "
-        f"a process to the armed loop)"])
+        f"a process to the armed loop)"] + [
+        f"  {r['program']} -S -c pass, every function probed ({r['probes_given']}: "
+        f"{r['probes']:,} probes), loop of {r['runs']} runs, best of {r['rounds']}: plain "
+        f"{r['plain_s']:.2f} s, armed {r['armed_s']:.2f} s, under stat {r['stat_s']:.2f} s "
+        f"({r['stat_ratio']:.2f}x plain, {r['stat_ratio_armed']:.2f}x armed)"
+        for r in c.get("python", [])])
 
 
 def collection_targets(c: dict) -> list:
     return [(f"a process's counts ({c['probes']:,} probes) collected within {TARGET_MS:g} ms",
              c["ms_per_process"], c["ms_per_process"] <= TARGET_MS, " ms"),
             (f"stat on a loop of {c['runs']} short runs within {TARGET_RATIO}x the plain loop",
-             c["stat_ratio"], c["stat_ratio"] <= TARGET_RATIO, "x")]
+             c["stat_ratio"], c["stat_ratio"] <= TARGET_RATIO, "x")] + [
+            (f"stat on a loop of {r['runs']} runs of {os.path.basename(r['program'])}, every "
+             f"function probed ({r['probes_given']}), within {TARGET_RATIO}x the plain loop",
+             r["stat_ratio"], r["stat_ratio"] <= TARGET_RATIO, "x")
+            for r in c.get("python", [])]
