@@ -12,7 +12,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from urewrite.arch import backend_for
 from urewrite.errors import UrewriteError
-from urewrite.rewriter import elf_writer, layout, parallel, usdt
+from urewrite.rewriter import elf_writer, go_abi, layout, parallel, usdt
 from urewrite.rewriter.elf_file import DT_INIT, ElfFile
 from urewrite.rewriter.functions import Function, discover
 from urewrite.rewriter.go_runtime import is_go_program
@@ -324,8 +324,13 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
 
 
 def _argument_encoder(a: Analysis, backend, entry_args: int, warnings: List[str]):
-    """site -> encoded argument descriptors for its events (cached per site)."""
+    """site -> encoded argument descriptors for its events (cached per site), read in
+    its function's calling convention (a Go program's: go_abi.py)."""
     cache = {}
+    go_convention = go_abi.conventions(a.elf)
+
+    def convention(site: Site) -> arguments.Convention:
+        return go_convention(site.function) if go_convention else arguments.C_CONVENTION
 
     def encode(site: Site) -> bytes:
         found = cache.get(site)  # (hashing a site hashes its function: once, not twice)
@@ -334,9 +339,11 @@ def _argument_encoder(a: Analysis, backend, entry_args: int, warnings: List[str]
                 if site.kind == KIND_USDT:
                     specs = a.sdt_arguments(site.arguments)
                 elif site.kind == KIND_RETURN:  # (unknown yet at a tail call's jump)
-                    specs = [] if site.tail_call else backend.return_value()
+                    specs = [] if site.tail_call else \
+                        backend.return_value(convention(site), returned=site.redirect)
                 else:
-                    specs = backend.abi_arguments(entry_args) if entry_args else []
+                    specs = backend.abi_arguments(entry_args, convention(site)) \
+                        if entry_args else []
                 found = arguments.encode(specs)
             except ValueError as e:  # (USDT sites were checked: usdt_refusals)
                 warnings.append(f"{site.name}: arguments not recorded: {e}")
