@@ -59,11 +59,11 @@ def convention(table: gopclntab.GoTable, fn: Function) -> Convention:
         frame = int(table.frame_sizes[k])
         if frame < 0 or frame % WORD:
             return Convention(UNKNOWN, why="an ABI0 function whose argument frame size "
-                                           "is not recorded")
+                                           "the table does not record")
         return Convention(GO_STACK, frame_words=frame // WORD)
     if asm:
         return Convention(UNKNOWN, why=f"assembly of package {package_of(table.names[k])} "
-                                       f"may be ABI0 or ABIInternal, and no `.abi0` symbol "
+                                       f"may be ABI0 or ABIInternal, and no `.abi0` name "
                                        f"says which")
     return Convention(GO_REGISTERS)
 

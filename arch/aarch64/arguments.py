@@ -145,4 +145,4 @@ def _frame_words(count: int) -> List[ArgSpec]:
 
 def _known(convention: Convention) -> None:
     if convention.name == UNKNOWN:
-        raise ValueError(f"its calling convention is not known ({convention.why})")
+        raise ValueError(convention.why)
