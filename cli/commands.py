@@ -103,7 +103,8 @@ def main():
                    "events carry the return value. Repeatable.")
 @click.option("--args", "arg_count", type=click.IntRange(0, 6), default=0, metavar="N",
               help="Record the first N integer arguments of function-entry probes in events "
-                   "(urewrite trace). USDT probes record their own arguments.")
+                   "(urewrite trace); a Go function's in Go's convention (list shows it). "
+                   "USDT probes record their own arguments.")
 @click.option("--keep-going", is_flag=True,
               help="Skip sites that cannot be patched safely even when named exactly.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
