@@ -393,15 +393,20 @@ def _printed(stdout: str, label: str) -> list:
     return [int(v) for v in re.search(rf"^{label}: (.*)$", stdout, re.M).group(1).split()]
 
 
-@pytest.mark.parametrize("name", ["static", "pie", "stripped", "arm64"])
+@pytest.mark.parametrize("name", ["static", "pie", "stripped", "cgo", "arm64"])
 def test_go_arguments_and_results_in_go_conventions(go_work, tmp_path, name):
     """--args and return probes read Go's conventions: args3 and describe (compiled Go,
     ABIInternal) in Go's integer registers, a string as two words; asm.Sub (assembly,
     ABI0) from its stack frame, whose words at the return are its arguments then its
     result. `trace` shows what the program says it passed and got; `list` names each
-    one's convention."""
+    one's convention, or why it cannot be told, and cgo's C functions use the C ABI."""
     program = build(go_work, name)
     listed = {f["name"]: f for f in _listed(program).values()}
+    memequal = listed["runtime.memequal"]  # (the runtime's assembly, ABIInternal)
+    assert memequal["convention"] == "unknown", memequal
+    assert "package runtime may be ABI0 or ABIInternal" in memequal["convention_note"]
+    if name == "cgo":
+        assert listed["x_cgo_init"]["convention"] == "C"
     asm = "features/asm.Sub" if "stripped" in name else "features/asm.Sub.abi0"
     assert listed["main.args3"]["convention"] == "Go ABIInternal"
     assert (listed[asm]["convention"], listed[asm]["convention_note"]) == \
@@ -431,3 +436,12 @@ def test_go_arguments_and_results_in_go_conventions(go_work, tmp_path, name):
     [[first, second, _result_slot]] = events[("features/asm.Sub", "entry")]
     assert [first, second] == [x, y]
     assert events[("features/asm.Sub", "return")] == [[x, y, difference]]
+
+
+def test_go_package_of_a_function_name():
+    from urewrite.rewriter.go_abi import package_of
+    assert package_of("internal/bytealg.Compare") == "internal/bytealg"
+    assert package_of("main.(*Counter).Scale") == "main"
+    assert package_of("features/asm.Sub.abi0") == "features/asm"
+    assert package_of("main.Map[go.shape.int,example.com/x.T]") == "main"
+    assert package_of("crosscall2") == "crosscall2"
