@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 
+from urewrite.trampolines.arguments import C_CONVENTION
+
 if TYPE_CHECKING:
     from urewrite.arch.jump_tables import JumpTable
 
@@ -569,12 +571,15 @@ class Backend(ABC):
         addresses. Raises ValueError for an operand it cannot evaluate."""
 
     @abstractmethod
-    def abi_arguments(self, count: int) -> list:
-        """ArgSpecs for the first `count` integer arguments at a function entry."""
+    def abi_arguments(self, count: int, convention=C_CONVENTION) -> list:
+        """ArgSpecs for the first `count` integer argument words at a function entry,
+        in its calling convention (trampolines/arguments.py: the C ABI, Go's
+        ABIInternal or ABI0); ValueError when the convention is not known."""
 
     @abstractmethod
-    def return_value(self) -> list:
-        """ArgSpecs of the return value register, for return events."""
+    def return_value(self, convention=C_CONVENTION, returned: bool = False) -> list:
+        """ArgSpecs of the return value, for return events: read at an exit, or once
+        the return has left the function (`returned`: a redirected return address)."""
 
     @abstractmethod
     def runtime(self, spec: RuntimeSpec) -> Runtime:

@@ -103,7 +103,8 @@ def main():
                    "events carry the return value. Repeatable.")
 @click.option("--args", "arg_count", type=click.IntRange(0, 6), default=0, metavar="N",
               help="Record the first N integer arguments of function-entry probes in events "
-                   "(urewrite trace). USDT probes record their own arguments.")
+                   "(urewrite trace); a Go function's in Go's convention (list shows it). "
+                   "USDT probes record their own arguments.")
 @click.option("--keep-going", is_flag=True,
               help="Skip sites that cannot be patched safely even when named exactly.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
@@ -284,6 +285,7 @@ def _listing(input_file: str, tactics, patchable: bool = False, progress=None,
         input_file, tactics, progress, _encoded_returns if encoded else _return_rows)
     split_off = analysis.planner.fragments()
     demangled = _demangled_names(analysis.functions) if names else {}
+    conventions = _conventions(analysis) if names else None
     functions, probes = [], []
     for o in outcomes:
         ok = isinstance(o, Plan)
@@ -307,7 +309,7 @@ def _listing(input_file: str, tactics, patchable: bool = False, progress=None,
                                   "address": fn.address, "size": fn.size,
                                   "sized_by": fn.sized_by, "origin": fn.origin,
                                   "split_off": fn.address in split_off or ".cold" in fn.name,
-                                  **status})
+                                  **status, **(conventions(fn) if conventions else {})})
     probes.sort(key=lambda p: p["address"])  # (refused ones come after the plans)
 
     def add_returns() -> None:
@@ -315,6 +317,24 @@ def _listing(input_file: str, tactics, patchable: bool = False, progress=None,
         for row in functions:
             row["return"] = found[row["address"]]
     return analysis, functions, probes, add_returns
+
+
+def _conventions(analysis):
+    """function -> what its row says of how --args and return values read it, for a Go
+    program (its functions do not all use the C ABI); None for any other file."""
+    from urewrite.rewriter.go_abi import conventions
+    from urewrite.trampolines.arguments import GO_STACK, UNKNOWN
+
+    convention_of = conventions(analysis.elf)
+    if convention_of is None:
+        return None
+
+    def row(fn) -> dict:
+        c = convention_of(fn)
+        note = c.why if c.name == UNKNOWN else \
+            f"a frame of {c.frame_words} words" if c.name == GO_STACK else None
+        return {"convention": c.name, "convention_note": note}
+    return row
 
 
 def _demangled_names(functions) -> dict:
@@ -467,6 +487,10 @@ def _print_list(functions: list, heads: list, width: int, probes: list, quiet: b
                    f"patches {ret['exits']} exit{'s' if ret['exits'] != 1 else ''}"
                    f"{_tactic_note(ret['tactics'], ret['checked'])}"
                    if ret["mechanism"] else f"no: {ret['reason']}")
+        convention = r.get("convention")
+        if convention:  # (a Go program's: not every function uses the C ABI)
+            note = r["convention_note"]
+            returns += f"; arguments: {convention}" + (f" ({note})" if note else "")
         lines.append(f"{head}return: {returns}")
     for k in range(0, len(lines), 10_000):  # (an echo per row took seconds for node)
         click.echo("\n".join(lines[k:k + 10_000]))

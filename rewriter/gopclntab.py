@@ -41,21 +41,31 @@ _MODULEDATA_MINPC = _MODULEDATA_TEXT - 16
 class GoTable:
     """The functions of one .gopclntab, sorted by entry: `addresses`, `sizes` (int64
     arrays), `names` (str), `deferreturn` (each one's offset of its call to
-    runtime.deferreturn from its entry, 0 for none), and `quantum` (the minimum
+    runtime.deferreturn from its entry, 0 for none), `flags` (funcFlag bits:
+    FUNC_FLAG_ASM), `frame_sizes` (_func.args: the bytes of its stack-passed arguments
+    and results, ARGS_SIZE_UNKNOWN where not told), and `quantum` (the minimum
     instruction size, which the runtime adds to an entry to make a return address)."""
 
     def __init__(self, addresses: np.ndarray, sizes: np.ndarray, names: List[str],
-                 deferreturn: np.ndarray, quantum: int, magic: int):
+                 deferreturn: np.ndarray, quantum: int, magic: int, flags: np.ndarray,
+                 frame_sizes: np.ndarray):
         self.addresses = addresses
         self.sizes = sizes
         self.names = names
         self.deferreturn = deferreturn
+        self.flags = flags
+        self.frame_sizes = frame_sizes
         self.quantum = quantum
         self.magic = magic
         self._by_name = None
 
     def __len__(self) -> int:
         return len(self.addresses)
+
+    def index_at(self, address: int) -> Optional[int]:
+        """The index of the function whose entry is `address`, or None."""
+        k = int(np.searchsorted(self.addresses, address))
+        return k if k < len(self.addresses) and self.addresses[k] == address else None
 
     def address_of(self, name: str) -> Optional[int]:
         if self._by_name is None:
@@ -124,7 +134,7 @@ def _parse(elf: ElfFile, start: int) -> Optional[GoTable]:
         ftab = np.frombuffer(data, dtype="<u8", count=2 * (nfunc + 1), offset=pcln_at)
         entries = ftab[0::2].astype(np.int64)
         funcoffs = ftab[1::2].astype(np.int64)
-        name_field, defer_field, pcsp_field, id_field = 8, 16, 20, 40
+        name_field, args_field, defer_field, pcsp_field, id_field = 8, 12, 16, 20, 40
     else:
         ftab = np.frombuffer(data, dtype="<u4", count=2 * (nfunc + 1), offset=pcln_at)
         funcoffs = ftab[1::2].astype(np.int64)
@@ -132,7 +142,7 @@ def _parse(elf: ElfFile, start: int) -> Optional[GoTable]:
         if text is None:
             return None
         entries = text + ftab[0::2].astype(np.int64)
-        name_field, defer_field, pcsp_field = 4, 12, 16
+        name_field, args_field, defer_field, pcsp_field = 4, 8, 12, 16
         id_field = 40 if magic == MAGIC_120 else 36  # (1.20 added startLine before it)
     if (np.diff(entries) < 0).any():
         return None
@@ -148,7 +158,9 @@ def _parse(elf: ElfFile, start: int) -> Optional[GoTable]:
     if names is None:
         return None
     kinds = _words(raw, funcs + id_field)  # funcID, flag, ...: bytes of one word
-    _name_abi0_twins(names, kinds & 0xFF, kinds >> 8 & 0xFF, np.diff(entries))
+    flags = (kinds >> 8 & 0xFF).astype(np.int64)
+    _name_abi0_twins(names, kinds & 0xFF, flags, np.diff(entries))
+    frame_sizes = _words(raw, funcs + args_field).view(np.int32).astype(np.int64)
     addresses = entries[:-1]
     # exact from the SP-delta tables; up to the next entry less padding where there is
     # none (the padding trimmed off may end a function: an int3 after a call that
@@ -162,10 +174,11 @@ def _parse(elf: ElfFile, start: int) -> Optional[GoTable]:
         sizes = spans.copy()
     if len(unknown):
         sizes[unknown] = _sizes(elf, entries[unknown], spans[unknown], quantum)
-    return GoTable(addresses, sizes, names, deferreturn, quantum, magic)
+    return GoTable(addresses, sizes, names, deferreturn, quantum, magic, flags, frame_sizes)
 
 
-FUNC_FLAG_ASM = 4
+FUNC_FLAG_ASM = 4  # (Go 1.18 on: the 1.16/1.17 tables may not set it)
+ARGS_SIZE_UNKNOWN = -0x80000000  # _func.args of a function whose frame is not told
 
 
 def _name_abi0_twins(names: List[str], ids: np.ndarray, flags: np.ndarray,

@@ -12,7 +12,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from urewrite.arch import backend_for
 from urewrite.errors import UrewriteError
-from urewrite.rewriter import elf_writer, layout, parallel, usdt
+from urewrite.rewriter import elf_writer, go_abi, layout, parallel, usdt
 from urewrite.rewriter.elf_file import DT_INIT, ElfFile
 from urewrite.rewriter.functions import Function, discover
 from urewrite.rewriter.go_runtime import is_go_program
@@ -285,7 +285,7 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
     if exe_entry is None and dt_init is None:
         raise UrewriteError(f"{elf.path}: a shared object without DT_INIT (no place to start "
                             f"the probe runtime from) is not supported yet")
-    arguments_of = _argument_encoder(a, backend, entry_args, warnings)
+    arguments_of = _ArgumentEncoder(a, backend, entry_args)
 
     def build(placement, progress=None):
         return segment.build(backend, plans, placement, os.path.basename(output_path),
@@ -311,6 +311,7 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
     if placement.code_vaddr + len(image.code) > placement.state_vaddr:
         placement = layout.place(elf, len(image.code), backend.state_size, segments, stubs_from)
         image = build(placement)
+    warnings.extend(arguments_of.notes())
     if image.histograms_left_out:
         warnings.append(f"latency histograms for the first {region.MAX_HISTOGRAMS} functions "
                         f"probed at entry and return only (all a region can hold): "
@@ -323,24 +324,47 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
     return RewriteResult(output_path, plans, refusals, warnings)
 
 
-def _argument_encoder(a: Analysis, backend, entry_args: int, warnings: List[str]):
-    """site -> encoded argument descriptors for its events (cached per site)."""
-    cache = {}
+class _ArgumentEncoder:
+    """site -> encoded argument descriptors for its events (cached per site), read in
+    its function's calling convention (a Go program's: go_abi.py). Functions whose
+    arguments cannot be read are gathered by reason: `notes()`, a warning for each."""
 
-    def encode(site: Site) -> bytes:
-        found = cache.get(site)  # (hashing a site hashes its function: once, not twice)
+    def __init__(self, a: Analysis, backend, entry_args: int):
+        self.a, self.backend, self.entry_args = a, backend, entry_args
+        self.cache = {}
+        self.go_convention = go_abi.conventions(a.elf)
+        self.unread: Dict[str, List[str]] = {}
+
+    def convention(self, site: Site) -> arguments.Convention:
+        return self.go_convention(site.function) if self.go_convention else \
+            arguments.C_CONVENTION
+
+    def __call__(self, site: Site) -> bytes:
+        found = self.cache.get(site)  # (hashing a site hashes its function: once, not twice)
         if found is None:
             try:
-                if site.kind == KIND_USDT:
-                    specs = a.sdt_arguments(site.arguments)
-                elif site.kind == KIND_RETURN:  # (unknown yet at a tail call's jump)
-                    specs = [] if site.tail_call else backend.return_value()
-                else:
-                    specs = backend.abi_arguments(entry_args) if entry_args else []
-                found = arguments.encode(specs)
+                found = arguments.encode(self._specs(site))
             except ValueError as e:  # (USDT sites were checked: usdt_refusals)
-                warnings.append(f"{site.name}: arguments not recorded: {e}")
+                names = self.unread.setdefault(str(e), [])
+                if site.name not in names:
+                    names.append(site.name)
                 found = arguments.encode([])
-            cache[site] = found
+            self.cache[site] = found
         return found
-    return encode
+
+    def _specs(self, site: Site) -> list:
+        if site.kind == KIND_USDT:
+            return self.a.sdt_arguments(site.arguments)
+        if site.kind == KIND_RETURN:  # (unknown yet at a tail call's jump)
+            return [] if site.tail_call else \
+                self.backend.return_value(self.convention(site), returned=site.redirect)
+        return self.backend.abi_arguments(self.entry_args, self.convention(site)) \
+            if self.entry_args else []
+
+    def notes(self) -> List[str]:
+        out = []
+        for why, names in self.unread.items():
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3
+                                            else "")
+            out.append(f"{shown}: arguments not recorded: {why}")
+        return out

@@ -11,6 +11,7 @@ function probed, do real work: gofmt formats Go's sources, go lists and builds.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -62,9 +63,7 @@ def _go_env(work: Path, extra=None) -> dict:
 def go_work(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("go")
     source = work / "features"
-    source.mkdir()
-    for f in FEATURES.glob("*.go"):
-        shutil.copy(f, source)
+    shutil.copytree(FEATURES, source)  # (with its package of assembly, asm/)
     (source / "go.mod").write_text("module features\n\ngo 1.21\n")
     return work
 
@@ -386,3 +385,63 @@ def test_stripped_distribution_binary(tmp_path):
     # (--version ends the program inside main.main: os.Exit)
     assert hits == {("main.main", "entry"): 1, ("main.main", "return"): 0,
                     ("github.com/prometheus/common/version.Print", "entry"): 1}
+
+
+def _printed(stdout: str, label: str) -> list:
+    """The numbers the sample prints after `label:` (the arguments it passed, then
+    the result)."""
+    return [int(v) for v in re.search(rf"^{label}: (.*)$", stdout, re.M).group(1).split()]
+
+
+@pytest.mark.parametrize("name", ["static", "pie", "stripped", "cgo", "arm64"])
+def test_go_arguments_and_results_in_go_conventions(go_work, tmp_path, name):
+    """--args and return probes read Go's conventions: args3 and describe (compiled Go,
+    ABIInternal) in Go's integer registers, a string as two words; asm.Sub (assembly,
+    ABI0) from its stack frame, whose words at the return are its arguments then its
+    result. `trace` shows what the program says it passed and got; `list` names each
+    one's convention, or why it cannot be told, and cgo's C functions use the C ABI."""
+    program = build(go_work, name)
+    listed = {f["name"]: f for f in _listed(program).values()}
+    memequal = listed["runtime.memequal"]  # (the runtime's assembly, ABIInternal)
+    assert memequal["convention"] == "unknown", memequal
+    assert "package runtime may be ABI0 or ABIInternal" in memequal["convention_note"]
+    if name == "cgo":
+        assert listed["x_cgo_init"]["convention"] == "C"
+    asm = "features/asm.Sub" if "stripped" in name else "features/asm.Sub.abi0"
+    assert listed["main.args3"]["convention"] == "Go ABIInternal"
+    assert (listed[asm]["convention"], listed[asm]["convention_note"]) == \
+        ("Go ABI0", "a frame of 3 words")
+    out = tmp_path / "args.probed"
+    proc = urewrite(program, "--args", "3", "-o", out, "-p", "main.args3", "-r", "main.args3",
+                    "-p", "main.describe", "-p", "features/asm.Sub", "-r", "features/asm.Sub")
+    assert proc.returncode == 0 and "not recorded" not in proc.stderr, proc.stderr
+    events_file = tmp_path / "events.jsonl"
+    command = ([QEMU] if "arm64" in name else []) + [out]
+    if "arm64" in name and not QEMU:
+        pytest.skip("no qemu-aarch64 to run arm64 programs")
+    traced = urewrite("trace", "--json", "-o", events_file, "--", *command)
+    assert traced.returncode == 0, traced.stderr
+    events = {}
+    for line in events_file.read_text().splitlines():
+        e = json.loads(line)
+        events.setdefault((e["probe"], e["kind"]), []).append(e["args"])
+    printed = execute(program).stdout
+    a, b, c, total = _printed(printed, "args3")
+    assert events[("main.args3", "entry")] == [[a, b, c]]
+    assert events[("main.args3", "return")] == [[total]]
+    length, n, product = _printed(printed, "describe")
+    [[pointer, *rest]] = events[("main.describe", "entry")]
+    assert pointer != 0 and rest == [length, n] and product == length * n
+    x, y, difference = _printed(printed, "asm.Sub")
+    [[first, second, _result_slot]] = events[("features/asm.Sub", "entry")]
+    assert [first, second] == [x, y]
+    assert events[("features/asm.Sub", "return")] == [[x, y, difference]]
+
+
+def test_go_package_of_a_function_name():
+    from urewrite.rewriter.go_abi import package_of
+    assert package_of("internal/bytealg.Compare") == "internal/bytealg"
+    assert package_of("main.(*Counter).Scale") == "main"
+    assert package_of("features/asm.Sub.abi0") == "features/asm"
+    assert package_of("main.Map[go.shape.int,example.com/x.T]") == "main"
+    assert package_of("crosscall2") == "crosscall2"

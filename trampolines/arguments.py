@@ -51,6 +51,23 @@ class ArgSpec:
     shift: int = 0  # REGISTER: bits to shift the register right by first (x86's %ah: 8)
 
 
+# Calling conventions a function's arguments and results are read by: the platform's
+# C ABI; Go's register ABI (ABIInternal: every function compiled from Go source);
+# Go's stack ABI (ABI0: assembly, and the wrappers between the two); and none, where
+# a file does not tell which (arguments then are not recorded, and `why` says so).
+C_ABI, GO_REGISTERS, GO_STACK, UNKNOWN = "C", "Go ABIInternal", "Go ABI0", "unknown"
+
+
+@dataclass(frozen=True)
+class Convention:
+    name: str = C_ABI
+    frame_words: int = 0  # GO_STACK: the words of its frame, arguments then results
+    why: str = ""  # UNKNOWN: why the convention cannot be told
+
+
+C_CONVENTION = Convention()
+
+
 def encode(specs: Sequence[ArgSpec]) -> bytes:
     specs = list(specs)[:MAX_ARGUMENTS]
     out = struct.pack("<Q", len(specs))

@@ -18,8 +18,9 @@ import re
 from dataclasses import replace
 from typing import List, Optional
 
-from urewrite.trampolines.arguments import (MEMORY, REGISTER, ArgSpec, as_i64, constant,
-                                            fits_i64, parse_number, quote, split_sdt)
+from urewrite.trampolines.arguments import (C_CONVENTION, GO_STACK, MAX_ARGUMENTS, MEMORY,
+                                            REGISTER, UNKNOWN, ArgSpec, Convention, as_i64,
+                                            constant, fits_i64, parse_number, quote, split_sdt)
 
 SP_SLOT = 31
 NONE = 32  # "no register": reads as 0 (xzr, a missing base or index)
@@ -114,11 +115,34 @@ def _operand(size: int, signed: bool, operand: str) -> ArgSpec:
     return ArgSpec(MEMORY, size, signed, base=base, index=index, scale=scale)
 
 
-def abi_arguments(count: int) -> List[ArgSpec]:
+def abi_arguments(count: int, convention: Convention = C_CONVENTION) -> List[ArgSpec]:
+    """The first `count` integer argument words at a function's entry: x0, x1 ... in
+    AAPCS64 and in Go's ABIInternal alike; or Go's stack frame (ABI0), no more words
+    than it holds. ValueError for a convention that is not known."""
+    if convention.name == GO_STACK:
+        return _frame_words(min(count, convention.frame_words))
+    _known(convention)
     if count > ABI_REGISTERS:
         raise ValueError(f"at most {ABI_REGISTERS} arguments are recorded (x0-x5)")
     return [ArgSpec(REGISTER, 8, True, base=n, index=NONE) for n in range(count)]
 
 
-def abi_return() -> List[ArgSpec]:
+def abi_return(convention: Convention = C_CONVENTION, returned: bool = False) -> List[ArgSpec]:
+    """The return value: x0 in AAPCS64 and ABIInternal (the first result word); in
+    ABI0 every word of the frame, arguments then results (which of them are results
+    the table does not tell). `ret` leaves sp as it is: `returned` changes nothing."""
+    if convention.name == GO_STACK:
+        return _frame_words(min(convention.frame_words, MAX_ARGUMENTS))
+    _known(convention)
     return [ArgSpec(REGISTER, 8, True, base=0, index=NONE)]
+
+
+def _frame_words(count: int) -> List[ArgSpec]:
+    # an ABI0 frame starts a word above sp: 0(sp) is the caller's saved link register
+    return [ArgSpec(MEMORY, 8, True, base=SP_SLOT, index=NONE, value=8 + 8 * k)
+            for k in range(count)]
+
+
+def _known(convention: Convention) -> None:
+    if convention.name == UNKNOWN:
+        raise ValueError(convention.why)

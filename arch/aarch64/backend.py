@@ -10,6 +10,7 @@ import numpy as np
 from urewrite.arch.aarch64 import (arguments, jump_tables, relocator, return_address, runtime,
                                    trampoline)
 from urewrite.arch.aarch64.writer import b_imm
+from urewrite.trampolines.arguments import C_CONVENTION
 from urewrite.arch.base import (BRANCH, CALL, JUMP, OTHER, PLAIN, RETURN, Backend, Insn, Runtime,
                                 RuntimeRefs, RuntimeSpec, Window)
 
@@ -108,8 +109,8 @@ class AArch64Backend(Backend):
     def jump_tables(self, insns: list, indexes: list, read) -> list:
         return jump_tables.jump_tables(self, insns, indexes, read)
 
-    def return_value(self) -> list:
-        return arguments.abi_return()
+    def return_value(self, convention=C_CONVENTION, returned: bool = False) -> list:
+        return arguments.abi_return(convention, returned)
 
     def is_call_frame(self, frame) -> bool:
         # CFA = sp, the return address still in x30: what `bl` leaves (DWARF sp = 31)
@@ -148,8 +149,8 @@ class AArch64Backend(Backend):
     def sdt_arguments(self, text: str, symbol) -> list:
         return arguments.sdt_arguments(text, symbol)
 
-    def abi_arguments(self, count: int) -> list:
-        return arguments.abi_arguments(count)
+    def abi_arguments(self, count: int, convention=C_CONVENTION) -> list:
+        return arguments.abi_arguments(count, convention)
 
     def runtime(self, spec: RuntimeSpec) -> Runtime:
         return runtime.build(spec)

@@ -28,9 +28,10 @@ from __future__ import annotations
 import re
 from typing import List
 
-from urewrite.trampolines.arguments import (LINKED_MEMORY, MEMORY, REGISTER, THREAD_MEMORY,
-                                            ArgSpec, as_i64, constant, fits_i64, parse_number,
-                                            quote, split_sdt)
+from urewrite.trampolines.arguments import (C_CONVENTION, GO_REGISTERS, GO_STACK,
+                                            LINKED_MEMORY, MAX_ARGUMENTS, MEMORY, REGISTER,
+                                            THREAD_MEMORY, UNKNOWN, ArgSpec, Convention, as_i64,
+                                            constant, fits_i64, parse_number, quote, split_sdt)
 
 SLOT = {"r15": 0, "r14": 1, "r13": 2, "r12": 3, "r11": 4, "r10": 5, "r9": 6, "r8": 7,
         "rdi": 8, "rbp": 9, "rbx": 10, "rsi": 11, "rdx": 12, "rax": 13, "rcx": 14, "rsp": 15}
@@ -39,6 +40,7 @@ NO_SLOT = 16
 TRACE_PUSHES = (3, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15)  # rbx rbp rdi r8 ... r15
 
 _ABI = ("rdi", "rsi", "rdx", "rcx", "r8", "r9")
+_GO_ABI = ("rax", "rbx", "rcx", "rdi", "rsi", "r8", "r9", "r10", "r11")  # ABIInternal
 _LEGACY = ("ax", "bx", "cx", "dx", "si", "di", "bp", "sp")
 _NO_BASE_SEGMENTS = ("cs", "ds", "es", "ss")  # base 0 in 64-bit mode
 _SYMBOL = r"[A-Za-z_.$][\w.$]*"
@@ -213,9 +215,34 @@ def _need(symbols):
     return symbols
 
 
-def abi_arguments(count: int) -> List[ArgSpec]:
-    return [ArgSpec(REGISTER, 8, True, base=SLOT[r]) for r in _ABI[:count]]
+def abi_arguments(count: int, convention: Convention = C_CONVENTION) -> List[ArgSpec]:
+    """The first `count` integer argument words at a function's entry: SysV's
+    registers; Go's (ABIInternal); or Go's stack frame (ABI0), no more words than
+    it holds. ValueError for a convention that is not known."""
+    if convention.name == GO_STACK:
+        return _frame_words(min(count, convention.frame_words), above_return_address=True)
+    _known(convention)
+    registers = _GO_ABI if convention.name == GO_REGISTERS else _ABI
+    return [ArgSpec(REGISTER, 8, True, base=SLOT[r]) for r in registers[:count]]
 
 
-def abi_return() -> List[ArgSpec]:
+def abi_return(convention: Convention = C_CONVENTION, returned: bool = False) -> List[ArgSpec]:
+    """The return value: rax in SysV and ABIInternal (the first result word); in ABI0
+    every word of the frame, arguments then results (which of them are results the
+    table does not tell), read at an exit, or once `ret` has popped the return
+    address (`returned`)."""
+    if convention.name == GO_STACK:
+        return _frame_words(min(convention.frame_words, MAX_ARGUMENTS),
+                            above_return_address=not returned)
+    _known(convention)
     return [ArgSpec(REGISTER, 8, True, base=SLOT["rax"])]
+
+
+def _frame_words(count: int, above_return_address: bool) -> List[ArgSpec]:
+    first = 8 if above_return_address else 0
+    return [ArgSpec(MEMORY, 8, True, base=SLOT["rsp"], value=first + 8 * k) for k in range(count)]
+
+
+def _known(convention: Convention) -> None:
+    if convention.name == UNKNOWN:
+        raise ValueError(convention.why)

@@ -16,6 +16,7 @@ from urewrite.arch.base import (BRANCH, CALL, JUMP, OTHER, PLAIN, RETURN, Backen
 from urewrite.arch.x86_64 import (arguments, jump_tables, relocator, return_address, runtime,
                                   linear_sweep, trampoline)
 from urewrite.arch.x86_64.writer import jmp_rel8, jmp_rel32
+from urewrite.trampolines.arguments import C_CONVENTION
 
 INT3 = 0xCC
 _BRANCH_MNEMONICS = frozenset(
@@ -287,8 +288,8 @@ class X86_64Backend(Backend):
     def return_redirect_problem(self, code: bytes, address: int) -> Optional[str]:
         return return_address.problem(code, address)
 
-    def return_value(self) -> list:
-        return arguments.abi_return()
+    def return_value(self, convention=C_CONVENTION, returned: bool = False) -> list:
+        return arguments.abi_return(convention, returned)
 
     def is_padding(self, insn: Insn) -> bool:
         return insn.mnemonic in ("nop", "int3") or insn.mnemonic.endswith(" nop")
@@ -414,8 +415,8 @@ class X86_64Backend(Backend):
     def sdt_arguments(self, text: str, symbol) -> list:
         return arguments.sdt_arguments(text, symbol)
 
-    def abi_arguments(self, count: int) -> list:
-        return arguments.abi_arguments(count)
+    def abi_arguments(self, count: int, convention=C_CONVENTION) -> list:
+        return arguments.abi_arguments(count, convention)
 
     def runtime(self, spec: RuntimeSpec) -> Runtime:
         return runtime.build(spec)

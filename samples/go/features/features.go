@@ -16,6 +16,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"features/asm"
 )
 
 type Shape interface {
@@ -118,6 +120,17 @@ func spin(stop *atomic.Bool) uint64 {
 	return x
 }
 
+// args3, describe and asm.Sub are traced with --args: main prints the arguments it
+// passes and what they return, for a test to compare with the trace.
+//
+//go:noinline
+func args3(a, b, c int) int { return a*100 + b*10 + c }
+
+// describe takes a string: two words (pointer, length), then n.
+//
+//go:noinline
+func describe(s string, n int) int { return len(s) * n }
+
 func main() {
 	rounds := 200
 	if len(os.Args) > 1 {
@@ -190,5 +203,10 @@ func main() {
 	fmt.Println("twice:", cgoTwice(21))
 	fmt.Println("error:", errors.Unwrap(fmt.Errorf("wrapped: %w", err)) == err)
 	runtime.GC()
+	a, b, k := 7, -3, 1<<40
+	fmt.Println("args3:", a, b, k, args3(a, b, k))
+	word := "features"
+	fmt.Println("describe:", len(word), 3, describe(word, 3))
+	fmt.Println("asm.Sub:", 50, 8, asm.Sub(50, 8))
 	fmt.Println("calls:", workCalls.Load())
 }
