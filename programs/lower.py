@@ -1,7 +1,7 @@
 """Lowers a checked program's blocks to the operations of a small stack machine, which
 each architecture's backend turns into machine code (arch/*/program_code.py).
 
-The machine works on 64-bit words. A string is a word too: the address of a 64-byte
+The context is trampolines/program_file.py's. The machine works on 64-bit words. A string is a word too: the address of a 64-byte
 buffer (the context's comm, a constant in the code, or a scratch buffer str() reads
 into). The code of a probe runs every block that names the probe, in program order,
 with one argument: the address of its context (CONTEXT below), which the caller fills.
@@ -42,17 +42,8 @@ from urewrite.programs.parser import ProgramError
 from urewrite.programs.syntax import (Assign, Binary, Block, Builtin, Call, Cast,
                                       Conditional, Dereference, If, Integer, Map,
                                       String, Unary, Variable)
+from urewrite.trampolines.program_file import CTX_COMM, CTX_NSECS, CTX_PID, CTX_TID
 
-# The context a probe's code is given (all words little-endian):
-ARGUMENTS = 12
-CTX_ARGS = 0            # u64[12]: the probe's arguments, as the runtime evaluated them
-CTX_RETVAL = 96         # a return probe's return value
-CTX_PID = 104
-CTX_TID = 112
-CTX_NSECS = 120         # CLOCK_MONOTONIC, as bpftrace's nsecs
-CTX_MAPS = 128          # the address of the maps area (programs/maps.py)
-CTX_COMM = 136          # 64 bytes: the thread's name, NUL-padded
-CTX_SIZE = 200
 STRING = 64             # the bytes of a string value (bpftrace's default strlen)
 
 _BINARY = {"+": "add", "-": "sub", "*": "mul", "/": "div", "%": "mod", "&": "and", "|": "or",
@@ -271,8 +262,8 @@ class _Lowering:
         name, ops = e.name, self.ops
         if name.startswith("arg"):
             ops.append(("arg", int(name[3:])))
-        elif name == "retval":
-            ops.append(("ctx", CTX_RETVAL))
+        elif name == "retval":  # a return probe's one argument
+            ops.append(("arg", 0))
         elif name in ("pid", "tid", "nsecs"):
             ops.append(("ctx", {"pid": CTX_PID, "tid": CTX_TID, "nsecs": CTX_NSECS}[name]))
         elif name == "comm":

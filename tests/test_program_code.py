@@ -22,6 +22,7 @@ from urewrite.programs import output
 from urewrite.programs.checks import check
 from urewrite.programs.evaluate import Hit, State, run_block
 from urewrite.programs.parser import parse
+from urewrite.trampolines import program_file as P
 
 pytestmark = pytest.mark.skipif(platform.machine() != "x86_64", reason="runs x86_64 code here")
 
@@ -47,11 +48,11 @@ class Compiled:
     def hit(self, probe: str, args=(), retval=0, tid=1, nsecs=0, comm="app"):
         if probe not in self.functions:  # a probe the program does not name
             return
-        context = ctypes.create_string_buffer(L.CTX_SIZE)
-        struct.pack_into(f"<{len(args)}Q", context, L.CTX_ARGS, *[a & (2**64 - 1) for a in args])
-        struct.pack_into("<QQQQQ", context, L.CTX_RETVAL, retval & (2**64 - 1), os.getpid(), tid,
-                         nsecs, self.area_address)
-        context[L.CTX_COMM:L.CTX_COMM + len(comm)] = comm.encode()
+        context = ctypes.create_string_buffer(P.CTX_SIZE)
+        args = (retval,) if probe.startswith("uretprobe") else args  # a return's one argument
+        struct.pack_into(f"<{len(args)}Q", context, P.CTX_ARGS, *[a & (2**64 - 1) for a in args])
+        struct.pack_into("<QQQQ", context, P.CTX_PID, os.getpid(), tid, nsecs, self.area_address)
+        context[P.CTX_COMM:P.CTX_COMM + len(comm)] = comm.encode()
         self.functions[probe](ctypes.addressof(context))
 
     def maps(self):

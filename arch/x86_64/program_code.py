@@ -15,6 +15,7 @@ from typing import Dict, List, Tuple
 
 from urewrite.programs import lower as L
 from urewrite.programs import maps as M
+from urewrite.trampolines import program_file as P
 
 _SAVED = ("rbx", "rbp", "r12", "r13", "r14", "r15")
 _SIGNED_CC = {"eq": "e", "ne": "ne", "lt": "l", "gt": "g", "le": "le", "ge": "ge"}
@@ -72,7 +73,7 @@ class _Frame:
 def _function(label: str, ops, frame: _Frame, lowered: L.Lowered) -> List[str]:
     out = [f"{label}:"] + [f"push {r}" for r in _SAVED] + [
         "mov rbx, rdi",
-        f"mov r12, qword ptr [rbx + {L.CTX_MAPS}]",
+        f"mov r12, qword ptr [rbx + {P.CTX_MAPS}]",
         f"sub rsp, {frame.size + 8}",  # (+8: rsp 16-aligned, after 6 pushes and the return)
         "mov rbp, rsp"]
     for op in ops:
@@ -92,7 +93,7 @@ def _operation(fn: str, op: tuple, frame: _Frame, lowered: L.Lowered) -> List[st
         return [f"lea rax, [rbx + {args[0]}]", "push rax"]
     if name == "arg":
         n = args[0]
-        return [f"push qword ptr [rbx + {L.CTX_ARGS + 8 * n}]"] if n < L.ARGUMENTS else ["push 0"]
+        return [f"push qword ptr [rbx + {P.CTX_ARGS + 8 * n}]"] if n < P.ARGUMENTS else ["push 0"]
     if name == "local":
         return [f"push qword ptr [rbp + {frame.local(args[0])}]"]
     if name == "set_local":
@@ -198,7 +199,7 @@ def _checked_read(fn: str, buffer: str) -> List[str]:
     return ["sub rsp, 48", "mov qword ptr [rsp + 32], 0",
             f"lea rcx, {buffer}", "mov qword ptr [rsp], rcx", "mov qword ptr [rsp + 8], rdx",
             "mov qword ptr [rsp + 16], rax", "mov qword ptr [rsp + 24], rdx",
-            f"mov rdi, qword ptr [rbx + {L.CTX_PID}]", "mov rsi, rsp", "mov edx, 1",
+            f"mov rdi, qword ptr [rbx + {P.CTX_PID}]", "mov rsi, rsp", "mov edx, 1",
             "lea r10, [rsp + 16]", "mov r8d, 1", "xor r9d, r9d",
             f"mov eax, {SYS_PROCESS_VM_READV}", "syscall"]
 

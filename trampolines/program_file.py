@@ -1,0 +1,56 @@
+"""The files `urewrite run` leaves in the region directory for a rewritten object's
+runtime to map: the code of a probe program, and the maps it updates.
+
+    TAG.program  (mapped read and execute; a regular file of the process's user or
+                  root, writable by no one else, or it is not mapped)
+        u64 magic, u64 probes (the object's probe count), u64 table offset,
+        u64 code offset (page-aligned), u64 code bytes, 3 words 0,
+        table: u64 per probe: 1 + the offset of its function in the code, or 0
+    TAG.maps     (mapped shared, read and write: programs/maps.py's area)
+
+TAG is the object's region file tag (the .urewrite.rodata template's, as in
+TAG.PID.ure). When both are mapped, every hit of the object takes the trace path,
+whose runtime routine calls the probe's function with its context:
+
+    u64 args[12]     the probe's arguments, as its descriptors say (a return
+                     probe's: its return value)
+    u64 pid, tid, nsecs (CLOCK_MONOTONIC), maps (the maps area's address)
+    char comm[64]    the process's name at set-up, NUL-padded
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Dict
+
+PROGRAM_SUFFIX = ".program"
+MAPS_SUFFIX = ".maps"
+MAGIC = 0x3147_4f52_5057_5255  # "URWPROG1", little-endian
+HEADER = struct.Struct("<8Q")
+PAGE = 4096
+
+ARGUMENTS = 12
+CTX_ARGS = 0
+CTX_PID = 96
+CTX_TID = 104
+CTX_NSECS = 112
+CTX_MAPS = 120
+CTX_COMM = 128
+COMM_BYTES = 64
+CTX_SIZE = 192
+
+
+def build(probe_count: int, code: bytes, entries: Dict[int, int]) -> bytes:
+    """The .program file: `entries` maps a probe's number to its function's offset."""
+    table_offset = HEADER.size
+    code_offset = _page(table_offset + 8 * probe_count)
+    table = [0] * probe_count
+    for probe, offset in entries.items():
+        table[probe] = offset + 1
+    head = HEADER.pack(MAGIC, probe_count, table_offset, code_offset, len(code), 0, 0, 0)
+    body = head + struct.pack(f"<{probe_count}Q", *table)
+    return body.ljust(code_offset, b"\0") + code
+
+
+def _page(n: int) -> int:
+    return (n + PAGE - 1) & ~(PAGE - 1)
