@@ -135,8 +135,9 @@ def rewrite(input_file, probes, returns, output, arg_count, keep_going, as_json,
         raise click.BadParameter("must name a file", param_hint="-o")
     output = output if output is not None else input_file + ".probed"
     if program_text is not None or program_file is not None:
-        probes, returns = _program_probes(program_text, program_file, input_file, output,
-                                          probes, returns, quiet)
+        probes, returns, used = _program_probes(program_text, program_file, input_file, output,
+                                                probes, returns, quiet)
+        arg_count = max(arg_count, min(used, 6))  # what the program reads, recorded
     if not probes and not returns:
         raise click.UsageError("give at least one probe with -p or -r")
     with no_cycle_collection():  # (the file's analysis lives until the report is written)
@@ -174,7 +175,8 @@ def _program_probes(text, path, input_file, output, probes, returns, quiet):
         click.echo(f"urewrite: note: leaving out the probes of other files: "
                    f"{', '.join(specs.elsewhere)}", err=True)
     return (list(probes) + [p for p in specs.entries if p not in probes],
-            list(returns) + [r for r in specs.returns if r not in returns])
+            list(returns) + [r for r in specs.returns if r not in returns],
+            program_probes.arguments_used(program))
 
 
 def _report_rewrite(result, output: str, as_json: bool, quiet: bool) -> None:
@@ -880,8 +882,10 @@ def _histogram_lines(buckets, width: int = 40) -> list:
 
 def _add_live_commands() -> None:
     from urewrite.live_commands import export, top
+    from urewrite.program_run import run as run_program
     main.add_command(top)
     main.add_command(export)
+    main.add_command(run_program)
 
 
 _add_live_commands()

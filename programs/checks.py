@@ -164,6 +164,8 @@ class BlockChecker:
                                    "program", argument.at)
             bounds.append(argument.value)
         low, high, step = bounds
+        if low < 0:  # as bpftrace
+            raise ProgramError(f"lhist()'s min must not be negative (it is {low})", call.at)
         if step <= 0 or high <= low or (high - low) // step > 1000:
             raise ProgramError(f"lhist(value, {low}, {high}, {step}): needs min < max, step > 0 "
                                f"and at most 1000 buckets", call.at)

@@ -57,7 +57,7 @@ class State:
 
     def __post_init__(self):
         for name, info in self.checked.maps.items():
-            self.maps[name] = MapData(name, info.kind, lhist=info.lhist)
+            self.maps[name] = MapData(name, info.kind, lhist=info.lhist, keyed=bool(info.keys))
 
 
 class _Exit(Exception):

@@ -24,8 +24,9 @@ from typing import List, Optional, Tuple
 
 from urewrite.programs.checks import STR, Checked
 from urewrite.programs.output import HIST_BUCKETS, MapData
+from urewrite.trampolines.program_file import MAPS_MAGIC
 
-MAGIC = 0x3153_5041_4d57_5255  # "URWMAPS1", little-endian
+MAGIC = MAPS_MAGIC
 HEADER_WORDS = 8  # of a table
 ENTRY_HEAD = 2  # state, present
 STRING_WORDS = 8
@@ -110,7 +111,7 @@ def read(area, maps: List[MapShape]) -> Tuple[List[MapData], int]:
     for shape, offset in zip(maps, offsets):
         capacity, _, _, entry_words, lost = struct.unpack_from("<5Q", view, offset)
         dropped += lost
-        data = MapData(shape.name, shape.kind, lhist=shape.lhist)
+        data = MapData(shape.name, shape.kind, lhist=shape.lhist, keyed=bool(shape.key_types))
         words = struct.unpack_from(f"<{capacity * entry_words}Q", view, offset + 8 * HEADER_WORDS)
         for i in range(capacity):
             entry = words[i * entry_words:(i + 1) * entry_words]

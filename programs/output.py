@@ -5,7 +5,8 @@ The rules, as bpftrace 0.17 prints (tests/test_program_output.py holds it to the
 maps in the order of their names; a map's entries by value, smallest first (a
 histogram's by its total); a histogram drops its empty buckets at both ends and
 draws each bar 52 characters wide at its largest count; a blank line follows each
-histogram, and each avg() and stats() map.
+histogram, and each avg() and stats() map; a map that holds nothing prints an empty
+line, or `@name: 0` for a count, sum or value without keys.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ def lhist_bucket(value: int, low: int, high: int, step: int) -> int:
     return (value - low) // step + 1
 
 
+_ZERO_WHEN_EMPTY = ("count", "sum", "value")
+
+
 @dataclass
 class MapData:
     """One map's contents. kind: count, sum, min, max, avg, stats, hist, lhist or value
@@ -46,6 +50,7 @@ class MapData:
     kind: str
     entries: Dict[Tuple, object] = field(default_factory=dict)
     lhist: Optional[Tuple[int, int, int]] = None  # low, high, step
+    keyed: bool = True  # (what an empty map prints depends on it)
 
 
 def _average(count: int, total: int) -> int:
@@ -128,6 +133,10 @@ def text(maps: List[MapData]) -> str:
     lines: List[str] = []
     for data in sorted(maps, key=lambda m: m.name):
         shown = f"@{data.name}"
+        if not data.entries:  # as bpftrace prints a map no hit (or delete()) left anything in
+            lines.append(f"{shown}: 0" if data.kind in _ZERO_WHEN_EMPTY and not data.keyed
+                         else "")
+            continue
         for key, value in _ordered(data):
             name = f"{shown}[{_key_text(key)}]" if key else shown
             if data.kind in ("hist", "lhist"):
@@ -156,7 +165,10 @@ def json_lines(maps: List[MapData]) -> List[str]:
         values = {}
         for key, value in _ordered(data):
             values[_key_text(key, ",")] = _json_value(data, value)
-        body = values.get("") if list(values) == [""] and not any(data.entries) else values
+        if not data.entries and not data.keyed:
+            body = 0 if data.kind in _ZERO_WHEN_EMPTY else []
+        else:
+            body = values.get("") if list(values) == [""] and not any(data.entries) else values
         out.append(json.dumps({"type": kind, "data": {name: body}}))
     return out
 

@@ -3,12 +3,14 @@ file with them, so that `urewrite IN -e PROGRAM` rewrites in one step."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from typing import List
 
 from urewrite.programs.parser import ProgramError
-from urewrite.programs.syntax import Probe, Program
+from urewrite.programs.syntax import Builtin, Probe, Program
 
 
 @dataclass
@@ -63,3 +65,22 @@ def rewrite_specs(program: Program, paths: List[str]) -> Specs:
         raise ProgramError(f"the program names no probe in {os.path.basename(paths[0])} "
                            f"(it names {', '.join(named) or 'only BEGIN and END'})")
     return specs
+
+
+def arguments_used(program: Program) -> int:
+    """How many of its probes' first arguments a program reads (arg0 .. argN): what a
+    rewrite records at its entry probes."""
+    used = [int(node.name[3:]) + 1 for node in _nodes(program.blocks)
+            if isinstance(node, Builtin) and re.fullmatch(r"arg\d+", node.name)]
+    return max(used, default=0)
+
+
+def _nodes(node):
+    """Every node under `node`."""
+    if isinstance(node, (list, tuple)):
+        for item in node:
+            yield from _nodes(item)
+    elif dataclasses.is_dataclass(node):
+        yield node
+        for f in dataclasses.fields(node):
+            yield from _nodes(getattr(node, f.name))

@@ -26,6 +26,7 @@ from typing import Dict
 PROGRAM_SUFFIX = ".program"
 MAPS_SUFFIX = ".maps"
 MAGIC = 0x3147_4f52_5057_5255  # "URWPROG1", little-endian
+MAPS_MAGIC = 0x3153_5041_4d57_5255  # "URWMAPS1": the first word of the maps area
 HEADER = struct.Struct("<8Q")
 PAGE = 4096
 

@@ -218,17 +218,25 @@ def read_region(path: str) -> Region:
 def template_probe_names(template: bytes) -> List[str]:
     """The probe names of a region template, the header, probe table and names a
     rewritten file carries (its .urewrite.rodata section); [] if it is not one."""
+    return [name for name, _, _ in template_probes(template)]
+
+
+def template_probes(template: bytes) -> List[tuple]:
+    """(name, kind, address) of each probe of a region template, by probe number;
+    [] if it is not one."""
     try:
         if template[:8] != MAGIC:
             return []
         count, = struct.unpack_from("<I", template, OFF_PROBE_COUNT)
         probes_off, strings_off = struct.unpack_from("<QQ", template, OFF_PROBES)
-        names = []
+        probes = []
         for i in range(count):
-            name_off, = struct.unpack_from("<I", template, probes_off + i * PROBE_ENTRY_SIZE + 12)
+            address, kind, name_off = struct.unpack_from("<QII", template,
+                                                         probes_off + i * PROBE_ENTRY_SIZE)
             start = strings_off + name_off
-            names.append(template[start:template.index(b"\0", start)].decode(errors="replace"))
-        return names
+            name = template[start:template.index(b"\0", start)].decode(errors="replace")
+            probes.append((name, kind & KIND_MASK, address))
+        return probes
     except (struct.error, ValueError):
         return []
 

@@ -7,7 +7,7 @@ import struct
 
 from urewrite.arch import runtime_asm
 from urewrite.arch.x86_64 import trampoline
-from urewrite.trampolines import region
+from urewrite.trampolines import program_file, region
 from urewrite.arch.base import Runtime, RuntimeSpec
 from urewrite.arch.x86_64.writer import jmp_rel32
 
@@ -15,6 +15,9 @@ from urewrite.arch.x86_64.writer import jmp_rel32
 PS_STARTED = 4096
 PS_DIR_TOO_LONG = 4096 + 8
 PS_TRACE = 4096 + 16  # ring entries asked for by UREWRITE_TRACE
+PS_PROGRAM = 4096 + 32  # a probe program's mapped .program file (urewrite run), or 0
+PS_PROGRAM_MAPS = 4096 + 40  # and its mapped .maps file
+PS_COMM = 4096 + 48  # the process's name when the program was mapped (16 bytes)
 PS_TCB = 4096 + 64
 PS_DIR = 4096 + 256
 DIR_MAX = 4096 - 256 - 1
@@ -52,6 +55,13 @@ def build(spec: RuntimeSpec) -> Runtime:
             "PS_STARTED": PS_STARTED, "PS_DIR_TOO_LONG": PS_DIR_TOO_LONG, "PS_TCB": PS_TCB,
             "PS_DIR": PS_DIR, "DIR_MAX": DIR_MAX, "PS_NAME": PS_NAME,
             "PS_ENVBUF": PS_ENVBUF, "ENVBUF_SIZE": ENVBUF_SIZE, "PS_TRACE": PS_TRACE,
+            "PS_PROGRAM": PS_PROGRAM, "PS_PROGRAM_MAPS": PS_PROGRAM_MAPS, "PS_COMM": PS_COMM,
+            "PROGRAM_MAGIC": hex(program_file.MAGIC), "MAPS_MAGIC": hex(program_file.MAPS_MAGIC),
+            "PROGRAM_SUFFIX": program_file.PROGRAM_SUFFIX, "MAPS_SUFFIX": program_file.MAPS_SUFFIX,
+            "CTX_SIZE": program_file.CTX_SIZE, "CTX_ARGUMENTS": program_file.ARGUMENTS,
+            "CTX_ARGS": program_file.CTX_ARGS, "CTX_PID": program_file.CTX_PID,
+            "CTX_TID": program_file.CTX_TID, "CTX_NSECS": program_file.CTX_NSECS,
+            "CTX_MAPS": program_file.CTX_MAPS, "CTX_COMM": program_file.CTX_COMM,
             "CLOCK_KIND": region.CLOCK_TSC, "CLOCK_FILE": region.CLOCK_FILE,
             "CLOCK_FILE_MAGIC": hex(int.from_bytes(region.CLOCK_FILE_MAGIC, "little")),
             "RED_ZONE": trampoline.RED_ZONE, "FSBASE_USABLE": trampoline.FSBASE_USABLE,

@@ -20,6 +20,8 @@ lt_template: .quad 0          # region template - link_table
 lt_tsize:    .quad 0          # template size
 lt_rsize:    .quad 0          # region size
 file_tag:    .byte {TAG_BYTES}
+program_suffix: .asciz "{PROGRAM_SUFFIX}"
+maps_suffix: .asciz "{MAPS_SUFFIX}"
 var_name:    .ascii "{ENV_VAR}="
 trace_var_name: .ascii "{TRACE_VAR}="
 proc_environ: .ascii "/proc/self/environ"
@@ -421,9 +423,13 @@ sr_touch_ring:
     ja sr_touch_ring
 sr_ring_ready:
     mov qword ptr [rbx + 16], 1            # tracing
+    call program_setup
     jmp sr_calibrate
 sr_untraced:
     mov qword ptr [rbx + 16], 0            # a live re-arm without tracing: no ring now
+    call program_setup                     # a probe program takes the trace path too
+    test eax, eax
+    jnz sr_calibrate
     cmp dword ptr [r10 + {OFF_LATENCY_COUNT}], 0
     je sr_publish
 sr_calibrate:                              # events and latencies need the clock
@@ -832,30 +838,7 @@ te_claim:
     or rax, rdx
     mov qword ptr [r10 + {REC_TICKS}], rax
     mov dword ptr [r10 + {REC_PROBE}], r13d
-    # the thread id learnt when this thread claimed its row (0 in the shared row)
-    # (looking where slow_hit does: from the hashed entry, {OWNER_PROBES} entries)
-    xor esi, esi
-    call thread_identity
-    test rcx, rcx
-    jz te_tid
-    movabs rdx, {HASH_MULTIPLIER}
-    imul rdx, rcx
-    shr rdx, {SLOT_SHIFT}
-    and edx, {SLOT_MASK}
-    mov rdi, qword ptr [r8 + {OFF_OWNERS}]
-    add rdi, r8                            # the owner table
-    mov eax, {OWNER_PROBES}
-te_owner:
-    cmp qword ptr [rdi + rdx], rcx
-    je te_owner_found
-    add edx, {OWNER_ENTRY_SIZE}
-    and edx, {SLOT_MASK}
-    dec eax
-    jnz te_owner
-    jmp te_tid
-te_owner_found:
-    mov esi, dword ptr [rdi + rdx + {OWNER_TID}]
-te_tid:
+    call thread_owner
     mov dword ptr [r10 + {REC_TID}], esi
     mov rcx, qword ptr [r14]               # argument count
     mov dword ptr [r10 + {REC_NARGS}], ecx
@@ -875,11 +858,296 @@ te_arg:
 te_done:
     lea rax, [r11 + 1]
     mov qword ptr [r10 + {REC_SEQ}], rax   # complete (a release store on x86)
-    ret
+    jmp run_program
 te_drop:
     lock inc qword ptr [r9 + {RING_DROPPED}]
-    ret
+    jmp run_program
 te_skip:                                   # no ring to write to: the event is not recorded
+    jmp run_program
+
+# -> rdi = this thread's entry in the owner table, or 0 (a thread in the shared row),
+# esi = the thread id learnt when the thread claimed its row (0 if none yet).
+# (Looking where slow_hit does: from the hashed entry, {OWNER_PROBES} entries.)
+# r8 = region. Clobbers rax, rcx, rdx.
+thread_owner:
+    xor esi, esi
+    xor edi, edi
+    call thread_identity
+    test rcx, rcx
+    jz to_done
+    movabs rdx, {HASH_MULTIPLIER}
+    imul rdx, rcx
+    shr rdx, {SLOT_SHIFT}
+    and edx, {SLOT_MASK}
+    mov rdi, qword ptr [r8 + {OFF_OWNERS}]
+    add rdi, r8                            # the owner table
+    mov eax, {OWNER_PROBES}
+to_look:
+    cmp qword ptr [rdi + rdx], rcx
+    je to_found
+    add edx, {OWNER_ENTRY_SIZE}
+    and edx, {SLOT_MASK}
+    dec eax
+    jnz to_look
+    xor edi, edi
+    jmp to_done
+to_found:
+    add rdi, rdx
+    mov esi, dword ptr [rdi + {OWNER_TID}]
+to_done:
+    ret
+
+# The probe program's function for probe r13d, if a tracer loaded one (urewrite run):
+# called with its context (trampolines/program_file.py) on the stack. The same
+# registers as trace_event: r12 = frame, r13d = probe, r14 = argument descriptors,
+# r15 = the site's rsp, r8 = region, rbx = state. May clobber every register but rsp.
+run_program:
+    cmp r8, 1
+    jbe rp_none
+    mov r9, qword ptr [rbx + {PS_PROGRAM}]
+    test r9, r9
+    jz rp_none
+    mov ecx, r13d
+    cmp rcx, qword ptr [r9 + 8]            # the program's probe count
+    jae rp_none
+    mov rax, qword ptr [r9 + 16]
+    add rax, r9                            # its table
+    mov rax, qword ptr [rax + rcx * 8]
+    test rax, rax
+    jz rp_none
+    dec rax
+    add rax, qword ptr [r9 + 24]
+    add rax, r9                            # the function
+    push rbp
+    mov rbp, rsp
+    sub rsp, {CTX_SIZE} + 16
+    and rsp, -16
+    mov qword ptr [rsp + {CTX_SIZE}], rax
+    mov rdi, rsp                           # the context, cleared
+    xor eax, eax
+    mov ecx, {CTX_SIZE} / 8
+    rep stosq
+    mov rcx, qword ptr [r14]               # the arguments, as trace_event's
+    cmp rcx, {CTX_ARGUMENTS}
+    jbe rp_count
+    mov ecx, {CTX_ARGUMENTS}
+rp_count:
+    lea rsi, [r14 + 8]
+    lea rdi, [rsp + {CTX_ARGS}]
+rp_arg:
+    test rcx, rcx
+    jz rp_args_done
+    push rcx
+    push rdi
+    call argument_value
+    pop rdi
+    pop rcx
+    mov qword ptr [rdi], rax
+    add rdi, 8
+    add rsi, 16
+    dec rcx
+    jmp rp_arg
+rp_args_done:
+    mov eax, dword ptr [r8 + {OFF_PID}]
+    mov qword ptr [rsp + {CTX_PID}], rax
+    call thread_owner
+    test esi, esi
+    jnz rp_tid
+    test rdi, rdi                          # a thread learns its id once, on its first
+    jz rp_tid                              # program hit (the shared row's: 0)
+    mov eax, 186                           # gettid
+    syscall
+    mov esi, eax
+    mov dword ptr [rdi + {OWNER_TID}], eax
+rp_tid:
+    mov qword ptr [rsp + {CTX_TID}], rsi
+    rdtsc                                  # nsecs: the region's clock pair, then ticks
+    shl rdx, 32
+    or rax, rdx
+    sub rax, qword ptr [r8 + {OFF_CLOCK_REF_TICKS}]
+    imul qword ptr [r8 + {OFF_NS_MULT}]    # ns per tick, 32.32
+    shrd rax, rdx, 32
+    add rax, qword ptr [r8 + {OFF_CLOCK_REF_NS}]
+    mov qword ptr [rsp + {CTX_NSECS}], rax
+    mov rax, qword ptr [rbx + {PS_PROGRAM_MAPS}]
+    mov qword ptr [rsp + {CTX_MAPS}], rax
+    mov rax, qword ptr [rbx + {PS_COMM}]
+    mov qword ptr [rsp + {CTX_COMM}], rax
+    mov rax, qword ptr [rbx + {PS_COMM} + 8]
+    mov qword ptr [rsp + {CTX_COMM} + 8], rax
+    mov rdi, rsp
+    call qword ptr [rsp + {CTX_SIZE}]
+    leave
+rp_none:
+    ret
+
+# Maps DIR/TAG.program and DIR/TAG.maps where `urewrite run` left them: the code of a
+# probe program (read and execute) and the maps it updates (shared). The code file
+# must be a regular file of this process's user or root that no one else may write,
+# with this object's probe count. rbx = state, r10 = region. -> eax = 1 when both
+# are mapped: the trace path then runs the program. Clobbers rax, rcx, rdx, rsi,
+# rdi, r8, r9, r11.
+program_setup:
+    push r10
+    push r12
+    push r13
+    push r14
+    push r15
+    sub rsp, 160                           # [rsp]: fstat's buffer; [rsp + 144]: the program's size
+    mov r15, r10
+    lea rsi, [rip + program_suffix]
+    mov edx, 0xa0000                       # O_RDONLY | O_NOFOLLOW | O_CLOEXEC
+    call program_open
+    test rax, rax
+    js ps_fail
+    mov r13, rax
+    call program_file_size
+    test rax, rax
+    jle ps_close
+    mov qword ptr [rsp + 144], rax
+    test byte ptr [rsp + 24], 0x12         # st_mode: group or other may write
+    jnz ps_close
+    xor edi, edi
+    mov rsi, rax
+    mov edx, 5                             # PROT_READ | PROT_EXEC
+    mov r10d, 2                            # MAP_PRIVATE
+    mov r8, r13
+    xor r9d, r9d
+    mov eax, 9                             # mmap
+    syscall
+    cmp rax, -4096
+    ja ps_close
+    mov r12, rax
+    mov rdi, r13
+    mov eax, 3                             # close
+    syscall
+    movabs rcx, {PROGRAM_MAGIC}
+    cmp qword ptr [r12], rcx
+    jne ps_unmap
+    mov ecx, dword ptr [r15 + {OFF_PROBE_COUNT}]
+    cmp qword ptr [r12 + 8], rcx
+    jne ps_unmap
+    mov rax, qword ptr [r12 + 16]          # the table and the code lie in the file
+    lea rax, [rax + rcx * 8]
+    cmp rax, qword ptr [rsp + 144]
+    ja ps_unmap
+    mov rax, qword ptr [r12 + 24]
+    add rax, qword ptr [r12 + 32]
+    jc ps_unmap
+    cmp rax, qword ptr [rsp + 144]
+    ja ps_unmap
+    lea rsi, [rip + maps_suffix]
+    mov edx, 0xa0002                       # O_RDWR | O_NOFOLLOW | O_CLOEXEC
+    call program_open
+    test rax, rax
+    js ps_unmap
+    mov r13, rax
+    call program_file_size
+    mov r14, rax
+    test rax, rax
+    jle ps_close_unmap
+    xor edi, edi
+    mov rsi, r14
+    mov edx, 3                             # PROT_READ | PROT_WRITE
+    mov r10d, 1                            # MAP_SHARED
+    mov r8, r13
+    xor r9d, r9d
+    mov eax, 9                             # mmap
+    syscall
+    cmp rax, -4096
+    ja ps_close_unmap
+    movabs rcx, {MAPS_MAGIC}
+    cmp qword ptr [rax], rcx
+    jne ps_unmap_maps
+    mov qword ptr [rbx + {PS_PROGRAM_MAPS}], rax
+    mov qword ptr [rbx + {PS_PROGRAM}], r12
+    mov rdi, r13
+    mov eax, 3                             # close
+    syscall
+    mov edi, 16                            # prctl(PR_GET_NAME): comm
+    lea rsi, [rbx + {PS_COMM}]
+    mov eax, 157
+    syscall
+    mov qword ptr [rbx + 16], 1            # the trace path
+    mov eax, 1
+    jmp ps_done
+ps_unmap_maps:
+    mov rdi, rax
+    mov rsi, r14
+    mov eax, 11                            # munmap
+    syscall
+ps_close_unmap:
+    mov rdi, r13
+    mov eax, 3                             # close
+    syscall
+ps_unmap:
+    mov rdi, r12
+    mov rsi, qword ptr [rsp + 144]
+    mov eax, 11                            # munmap
+    syscall
+    jmp ps_fail
+ps_close:
+    mov rdi, r13
+    mov eax, 3                             # close
+    syscall
+ps_fail:
+    xor eax, eax
+ps_done:
+    add rsp, 160
+    pop r15
+    pop r14
+    pop r13
+    pop r12
+    pop r10
+    ret
+
+# open(DIR "/" TAG SUFFIX, flags), the path built in PS_ENVBUF (free once the
+# environment is read). rsi = the suffix, edx = the flags. -> rax = fd or -errno.
+program_open:
+    push rdx
+    push rsi
+    lea rdi, [rbx + {PS_ENVBUF}]
+    lea rsi, [rbx + {PS_DIR}]
+    call append_str
+    mov byte ptr [rdi], 0x2f
+    inc rdi
+    lea rsi, [rip + file_tag]
+    call append_str
+    pop rsi                                # the suffix
+    call append_str
+    mov byte ptr [rdi], 0
+    pop rsi                                # the flags
+    lea rdi, [rbx + {PS_ENVBUF}]
+    xor edx, edx
+    mov eax, 2                             # open
+    syscall
+    ret
+
+# r13 = fd, the caller's [rsp] (here [rsp + 8]) = a 144-byte buffer for fstat ->
+# rax = the file's size when it is a regular file of this user or root, else -1.
+program_file_size:
+    lea rsi, [rsp + 8]
+    mov rdi, r13
+    mov eax, 5                             # fstat
+    syscall
+    test rax, rax
+    jnz pfs_no
+    mov eax, dword ptr [rsp + 8 + 24]      # st_mode
+    and eax, 0xf000
+    cmp eax, 0x8000
+    jne pfs_no
+    mov eax, 102                           # getuid
+    syscall
+    mov ecx, dword ptr [rsp + 8 + 28]      # st_uid
+    test ecx, ecx
+    jz pfs_yes
+    cmp ecx, eax
+    jne pfs_no
+pfs_yes:
+    mov rax, qword ptr [rsp + 8 + 48]      # st_size
+    ret
+pfs_no:
+    mov rax, -1
     ret
 
 # rsi = descriptor (u8 kind, size, signed, base, index, scale, shift; i64 value),

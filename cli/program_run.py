@@ -1,0 +1,122 @@
+"""`urewrite run`: runs a command whose rewritten files run a probe program in their
+probes, then prints the program's maps as bpftrace does (docs/programs.md)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from urewrite.errors import UrewriteError
+
+EM_X86_64 = 62
+
+
+@click.command("run", context_settings={"ignore_unknown_options": True})
+@click.option("-e", "program_text", metavar="PROGRAM", help="The program (bpftrace's language).")
+@click.option("-f", "program_path", metavar="FILE", type=click.Path(dir_okay=False),
+              help="Read the program from FILE.")
+@click.option("--json", "as_json", is_flag=True, help="Print the maps as bpftrace's -f json.")
+@click.option("-o", "--output", metavar="FILE", help="Write the maps to FILE, not stdout.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def run(program_text, program_path, as_json, output, command):
+    """Run COMMAND with a probe program in the probes of its rewritten files, then print
+    the program's maps.
+
+    \b
+      urewrite run -e 'uprobe:./app.probed:parse { @[arg1] = count(); }' -- ./app.probed ARGS
+      urewrite run -f prog.bt -- ./app.probed ARGS
+    The probes a program names must be in the files (urewrite IN -e PROGRAM -o OUT
+    rewrites a file with them). The command's own output is left alone; the exit status
+    is passed through.
+    """
+    from urewrite.programs import attach, checks, evaluate, lower, maps, output as printer, parser
+    from urewrite.runner import exit_status, interrupts_to, region_directory, \
+        remove_region_directory
+    from urewrite.trampolines.region import ENV_VAR
+
+    if (program_text is None) == (program_path is None):
+        raise click.UsageError("give the program with -e PROGRAM or -f FILE")
+    if not command:
+        raise click.UsageError("give the command to run after --")
+    text = program_text
+    try:
+        if program_path is not None:
+            try:
+                with open(program_path, encoding="utf-8") as f:
+                    text = f.read()
+            except (OSError, UnicodeDecodeError) as e:
+                raise UrewriteError(f"cannot read the program {program_path}: "
+                                    f"{getattr(e, 'strerror', None) or e}")
+        checked = checks.check(parser.parse(text))
+        targets = {}
+        attach.attach(targets, checked.program.blocks, list(command))
+        lowered = lower.lower(checked, {p.text: (p.text, p.function or p.name or "")
+                                        for b in checked.program.blocks for p in b.probes})
+    except UrewriteError as e:
+        _fail(str(e))
+    state = evaluate.State(checked)
+    for block in checked.program.blocks:  # BEGIN, in the tracer
+        if any(p.kind == "BEGIN" for p in block.probes):
+            evaluate.run_block(state, block, _tracer_hit(block))
+    _print(state.printed)
+    directory = region_directory()
+    try:
+        try:
+            maps_path = attach.write_files(directory, targets, lowered, _assemble)
+        except UrewriteError as e:
+            _fail(str(e))
+        with interrupts_to(list(command), dict(os.environ, **{ENV_VAR: directory})) as process:
+            returncode = process.wait()
+        with open(maps_path, "rb") as f:
+            found, dropped = maps.read(f.read(), lowered.maps)
+    finally:
+        remove_region_directory(directory)
+    state.printed.clear()
+    state.maps.update({m.name: m for m in found})
+    for block in checked.program.blocks:  # END, over what the probes gathered
+        if any(p.kind == "END" for p in block.probes):
+            evaluate.run_block(state, block, _tracer_hit(block))
+    _print(state.printed)
+    shown = list(state.maps.values())
+    report = "\n".join(printer.json_lines(shown)) + "\n" if as_json else \
+        ("\n\n" + printer.text(shown) if shown else "")
+    if output:
+        with open(output, "w") as f:
+            f.write(report)
+    else:
+        sys.stdout.write(report)
+    if dropped:
+        click.echo(f"urewrite: {dropped} map updates were dropped: a map with keys holds "
+                   f"{maps.KEYED_CAPACITY} entries", err=True)
+    sys.exit(exit_status(returncode))
+
+
+def _assemble(machine, lowered, offsets):
+    if machine != EM_X86_64:
+        raise UrewriteError("probe programs run in x86_64 files only for now")
+    from urewrite.arch.x86_64 import program_code
+    return program_code.assemble(lowered, offsets)
+
+
+def _tracer_hit(block):
+    from urewrite.programs.evaluate import Hit
+    return Hit(block.probes[0], pid=os.getpid(), comm="urewrite", nsecs=_monotonic_ns())
+
+
+def _monotonic_ns() -> int:
+    import time
+    return time.monotonic_ns()
+
+
+def _print(lines) -> None:
+    if lines:
+        sys.stdout.write("".join(lines))
+        sys.stdout.flush()
+
+
+def _fail(message: str) -> None:
+    click.echo(f"urewrite: {message}", err=True)
+    sys.exit(1)
+

@@ -1,0 +1,149 @@
+"""Attaches a program to rewritten files: which of a file's probes (by number) runs
+which of the program's probes, and the files `urewrite run` leaves for the file's
+runtime to map (trampolines/program_file.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from urewrite.programs import lower as L
+from urewrite.programs import maps as M
+from urewrite.programs.parser import ProgramError
+from urewrite.programs.probes import spec_of
+from urewrite.programs.syntax import Probe
+from urewrite.trampolines import program_file
+from urewrite.trampolines.region import (KIND_ADDRESS, KIND_ENTRY, KIND_RETURN, KIND_USDT,
+                                         template_probes)
+
+_KIND = {"uprobe": KIND_ENTRY, "uretprobe": KIND_RETURN, "usdt": KIND_USDT}
+
+
+@dataclass
+class Target:
+    """A rewritten file the program has probes in."""
+    path: str
+    tag: str  # its region files' tag
+    machine: int
+    probes: List[tuple]  # (name, kind, address) by probe number
+    runs: Dict[int, str] = field(default_factory=dict)  # probe number -> program probe text
+
+
+def target(path: str) -> Target:
+    """The rewritten file at `path`: a ProgramError when it is not one."""
+    from urewrite.errors import UrewriteError
+    from urewrite.rewriter.elf_file import ElfFile
+    from urewrite.trampolines import live_note
+    try:
+        elf = ElfFile.open(path)
+    except (UrewriteError, OSError) as e:
+        raise ProgramError(f"{path}: {e}")
+    section = elf.section_named(".urewrite.rodata")
+    note = live_note.read(path)
+    probes = template_probes(elf.data[section.offset:section.offset + section.size]) \
+        if section is not None else []
+    if not probes or note is None:
+        raise ProgramError(f"{path} is not rewritten by urewrite: rewrite it with the probes "
+                           f"the program names (urewrite FILE -e PROGRAM -o OUT)")
+    from urewrite.rewriter.go_runtime import is_go_program
+    if is_go_program(elf):  # a goroutine's stack may leave 200 bytes; a program takes more
+        raise ProgramError(f"{path} is a Go program: probe programs do not run in Go code yet")
+    return Target(path, note.tag, elf.machine, probes)
+
+
+def resolve(probe: Probe, command: List[str]) -> Optional[str]:
+    """The file a probe's path names: the path itself, or the command's program (by
+    its basename, or for '*')."""
+    program = shutil.which(command[0]) if command else None
+    if probe.path == "*":
+        return program
+    if os.path.exists(probe.path):
+        return probe.path
+    if program and os.path.basename(program) == os.path.basename(probe.path):
+        return program
+    return None
+
+
+def attach(targets: Dict[str, Target], blocks, command: List[str]) -> None:
+    """Fills each target's `runs`; a ProgramError naming a probe a file lacks, with the
+    rewrite that adds it."""
+    missing: Dict[str, List[Probe]] = {}
+    for block in blocks:
+        for probe in block.probes:
+            if probe.kind in ("BEGIN", "END"):
+                continue
+            path = resolve(probe, command)
+            if path is None:
+                raise ProgramError(f"{probe.text}: no file {probe.path} (nor a program of "
+                                   f"that name to run)", probe.at)
+            key = os.path.realpath(path)
+            if key not in targets:
+                targets[key] = target(path)
+            found = _numbers(targets[key], probe)
+            if not found:
+                missing.setdefault(path, []).append(probe)
+            for number in found:
+                targets[key].runs.setdefault(number, probe.text)
+    for path, probes in missing.items():
+        entries = " ".join(f"-p '{spec_of(p)}'" for p in probes if p.kind != "uretprobe")
+        returns = " ".join(f"-r '{spec_of(p)}'" for p in probes if p.kind == "uretprobe")
+        raise ProgramError(f"{path} was not rewritten with {', '.join(p.text for p in probes)}: "
+                           f"rewrite the original with them, e.g. urewrite ORIGINAL "
+                           f"{' '.join(x for x in (entries, returns) if x)} ... -o {path} "
+                           f"(or urewrite ORIGINAL -e PROGRAM -o {path})")
+
+
+def _numbers(target: Target, probe: Probe) -> List[int]:
+    """The numbers of the file's probes that are `probe`."""
+    kind = _KIND[probe.kind]
+    out = []
+    for number, (name, probe_kind, address) in enumerate(target.probes):
+        if probe.kind == "usdt":
+            provider, _, short = name.partition(":")
+            if probe_kind == KIND_USDT and fnmatch.fnmatchcase(short, probe.name) and \
+                    fnmatch.fnmatchcase(provider, probe.provider):
+                out.append(number)
+        elif probe.address is not None:
+            if probe_kind in (KIND_ENTRY, KIND_ADDRESS) and address == probe.address:
+                out.append(number)
+        elif probe.offset:
+            if probe_kind == KIND_ADDRESS and name == f"{probe.function}+{probe.offset:#x}":
+                out.append(number)
+        elif probe_kind == kind and fnmatch.fnmatchcase(name, probe.function):
+            out.append(number)
+    return out
+
+
+def write_files(directory: str, targets: Dict[str, Target], lowered: L.Lowered,
+                assemble) -> str:
+    """TAG.program and TAG.maps of every target in `directory` (one maps file, linked
+    under each tag: the program's maps are one for all files and processes); the
+    maps file's path. `assemble(machine, lowered, offsets)` gives the code and each
+    probe text's function offset."""
+    offsets, _ = M.layout(lowered.maps)
+    maps_path = None
+    for t in targets.values():
+        texts = set(t.runs.values())
+        only = dataclasses.replace(lowered, code={k: v for k, v in lowered.code.items() if k in texts})
+        code, functions = assemble(t.machine, only, offsets)
+        entries = {number: functions[text] for number, text in t.runs.items()}
+        blob = program_file.build(len(t.probes), code, entries)
+        _create(os.path.join(directory, t.tag + program_file.PROGRAM_SUFFIX), blob, 0o644)
+        maps = os.path.join(directory, t.tag + program_file.MAPS_SUFFIX)
+        if maps_path is None:
+            _create(maps, bytes(M.initial_area(lowered.maps)), 0o600)
+            maps_path = maps
+        else:
+            os.link(maps_path, maps)
+    return maps_path
+
+
+def _create(path: str, data: bytes, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    os.fchmod(fd, mode)  # (whatever the umask)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)

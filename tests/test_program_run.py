@@ -1,0 +1,109 @@
+"""`urewrite run`: the probes run the program, and its maps are the ones bpftrace
+builds with kernel uprobes for the same program on the original file."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import kernel_tracing_alone, uprobes_unavailable
+from test_program_output import _ties_sorted
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLE = os.path.join(ROOT, "samples", "programs", "values.c")
+
+pytestmark = pytest.mark.skipif(platform.machine() != "x86_64",
+                                reason="probe programs run in x86_64 files for now")
+
+PROGRAM = """
+uprobe:{path}:work /arg0 > 10/ {{
+    @c[arg1] = count(); @h = hist(arg0 * 1000); @l = lhist(arg0, 0, 1000, 250);
+    @s[arg1 % 3] = sum(arg0); @a = avg(arg0); @st = stats(arg1); @mi = min(arg0); @ma = max(arg0);
+    $x = arg0 / 3 - (int64)arg1 * 7; @calc = sum($x); @sign[$x < 0] = count();
+    if (arg1 == 3) {{ @three++ }} else {{ @other += 2 }}
+}}
+uprobe:{path}:work {{ @start[tid] = nsecs; }}
+uretprobe:{path}:work /@start[tid]/ {{
+    @r = lhist((int64)retval + 3000, 0, 6000, 1000); @took = count(); delete(@start[tid]);
+}}
+"""
+
+
+def urewrite(*args, **kwargs):
+    return subprocess.run([sys.executable, "-m", "urewrite", *args], capture_output=True,
+                          text=True, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """The sample, and its rewrite under the same name (so that comm is the same)."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    work = tmp_path_factory.mktemp("run")
+    plain = work / "values"
+    subprocess.run(["gcc", "-O2", SAMPLE, "-o", str(plain)], check=True)
+    (work / "rw").mkdir()
+    rewritten = work / "rw" / "values"
+    proc = urewrite(str(plain), "-e", PROGRAM.format(path=rewritten), "-o", str(rewritten), "-q")
+    assert proc.returncode == 0, proc.stderr
+    return plain, rewritten
+
+
+def _maps(stdout: str) -> str:
+    """What follows the command's own output: the maps."""
+    return stdout.split("\n\n\n", 1)[1]
+
+
+def test_the_probes_run_the_program_as_bpftrace_does(files):
+    plain, rewritten = files
+    ours = urewrite("run", "-e", PROGRAM.format(path=rewritten), "--", str(rewritten), "1000")
+    assert ours.returncode == 0, ours.stderr
+    assert ours.stdout.startswith("0\n")  # the command's own output, left alone
+    if shutil.which("bpftrace") is None:
+        pytest.skip("bpftrace is not installed")
+    why = uprobes_unavailable()
+    if why:
+        pytest.skip(f"bpftrace needs kernel uprobes: {why}")
+    with kernel_tracing_alone():
+        theirs = subprocess.run(["bpftrace", "-e", PROGRAM.format(path=plain), "-c",
+                                 f"{plain} 1000"], capture_output=True, text=True, timeout=120)
+    assert theirs.returncode == 0, theirs.stderr
+    assert _ties_sorted(_maps(ours.stdout)) == _ties_sorted(_maps(theirs.stdout))
+    assert "@took: 1000" in ours.stdout and "@c[3]: 141" in ours.stdout
+
+
+def test_json_begin_end_and_the_exit_status(files, tmp_path):
+    _, rewritten = files
+    report = tmp_path / "maps.json"
+    program = (f'BEGIN {{ printf("start %d\\n", 7); }} '
+               f'uprobe:{rewritten}:work {{ @n = count(); @k[arg1] = sum(arg0); }} '
+               f'END {{ printf("calls %d\\n", @n); }}')
+    proc = urewrite("run", "--json", "-o", str(report), "-e", program, "--", "sh", "-c",
+                    f"{rewritten} 70 >/dev/null; exit 3")
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout == "start 7\ncalls 70\n"
+    import json
+    lines = [json.loads(line) for line in report.read_text().splitlines()]
+    assert lines[0] == {"type": "map", "data": {"@k": {str(k): sum(range(k, 70, 7))
+                                                       for k in sorted(range(7), key=lambda k: sum(range(k, 70, 7)))}}}
+    assert lines[1] == {"type": "map", "data": {"@n": 70}}
+
+
+def test_a_probe_the_file_lacks_is_named_with_the_rewrite_that_adds_it(files):
+    plain, rewritten = files
+    proc = urewrite("run", "-e", f"uprobe:{rewritten}:named, uretprobe:{rewritten}:main "
+                                 f"{{ @ = count(); }}", "--", str(rewritten), "5")
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1
+    assert f"{rewritten} was not rewritten with uprobe:{rewritten}:named, uretprobe:{rewritten}:main" \
+        in proc.stderr
+    assert "urewrite ORIGINAL -p 'named' -r 'main' ... -o" in proc.stderr
+    proc = urewrite("run", "-e", f"uprobe:{plain}:work {{ @ = count(); }}", "--", str(plain), "5")
+    assert proc.returncode == 1 and "is not rewritten by urewrite" in proc.stderr
+    proc = urewrite("run", "-e", "uprobe:./nowhere:work { @ = count(); }", "--", str(plain), "5")
+    assert proc.returncode == 1 and "no file ./nowhere" in proc.stderr
