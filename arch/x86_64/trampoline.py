@@ -4,7 +4,7 @@
     check, at a function entry (flags carry nothing there, SysV ABI):
             cmp qword [state], 1 ; je resume ; jb setup ; jmp armed
     check, inside a function (flags may be live; none of this touches them):
-            lea rsp,[rsp-128] ; push rcx      keep out of the red zone
+            lea rsp,[rsp-128] ; push rcx      keep out of the red zone (none in Go code)
             rcx = state - 1 ; jrcxz resume    disarmed
             jmp armed                         (an indirect jump that may stay in
                                               the function: jmp exit_check)
@@ -34,6 +34,9 @@ also gets its return stub, after the out-of-line parts:
     stub:   lea rsp,[rsp-8] ; call shadow_pop     rsp on the slot, the original address in it
             the check and out-of-line parts of the return point, as at a `ret`
             ret
+
+In Go code (go_code) there is no red zone: every `lea rsp,[rsp-128]` and its undoing
+are left out, and the set-up runs through lazy_init_aside (docs/design.md, "Go's stacks").
 
 The registers stand on the stack as rcx, rax, rdx, rsi (then, when tracing,
 rbx, rbp, rdi, r8 ... r15): arguments.py's frame slots.
