@@ -269,6 +269,17 @@ class Window:
         return self.address + self.size
 
 
+# Bytes below sp a trampoline in Go code may use, with the runtime routines it
+# calls (docs/design.md, "Go's stacks"). Go keeps no red zone, and guarantees only
+# what its linker checks: every chain of nosplit functions, entered from a function
+# that checked its stack, uses at most 800 bytes less a call (amd64: 792) or less the
+# frame pointer saved below sp (arm64: 792). What the deepest chain of a program
+# leaves below it is all a trampoline there may use: in Go 1.26's runtime, 584
+# bytes on amd64 and 608 on arm64 (callRet -> reflectcallmove -> typedmemmove ...,
+# from `go build -ldflags=-debugnosplit`), so 208 and 184 bytes.
+GO_STACK_BUDGET = {"x86_64": 208, "aarch64": 184}
+
+
 @dataclass(frozen=True)
 class CountPoint:
     """Where, inside a window's displaced instructions, probes fire.
@@ -294,6 +305,9 @@ class CountPoint:
     # only when its target lies in none of these [start, end) ranges (docs/design.md,
     # "Return probes")
     stays_within: tuple = ()
+    # in a Go function (listed in .gopclntab, not cgo's C): there is no red zone to
+    # skip, and a goroutine's stack may hold little below sp (GO_STACK_BUDGET)
+    go_code: bool = False
 
 
 @dataclass(frozen=True)
@@ -309,6 +323,7 @@ class RuntimeRefs:
     lat_exit: int  # runtime routine: it returns: add its duration to a histogram
     shadow_push: int = 0  # runtime routine: redirect a return address (0: not available)
     shadow_pop: int = 0  # runtime routine: a redirected return: the original address back
+    lazy_init_aside: int = 0  # runtime routine: lazy_init on a stack of its own (Go code)
 
 
 @dataclass(frozen=True)
@@ -338,6 +353,7 @@ class Runtime:
     trace_event: int
     lat_enter: int
     lat_exit: int
+    lazy_init_aside: int = 0
     shadow_push: int = 0  # return-address redirection, for backends that have it
     shadow_pop: int = 0
 

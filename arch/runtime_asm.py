@@ -22,7 +22,7 @@ from urewrite.arch.base import Runtime, RuntimeSpec
 from urewrite.trampolines import region
 
 EXPORTS = ("exe_start", "dso_start", "slow_hit", "lazy_init", "trace_event", "lat_enter",
-           "lat_exit", "exe_tail", "dso_tail")
+           "lat_exit", "lazy_init_aside", "exe_tail", "dso_tail")
 
 
 def common_fields(spec: RuntimeSpec) -> dict:
@@ -148,4 +148,4 @@ def assemble(package: str, filename: str, ks_arch: str, ks_mode: str, spec: Runt
                      spec.template_size, spec.region_size)
     return Runtime(bytes(code), entry["exe_start"], entry["dso_start"], entry["slow_hit"],
                    entry["lazy_init"], entry["trace_event"], entry["lat_enter"],
-                   entry["lat_exit"])
+                   entry["lat_exit"], entry["lazy_init_aside"])

@@ -852,8 +852,13 @@ def _stat_report(exit_code: int, regions, as_json: bool) -> str:
                 for i in (range(used[0], used[-1] + 1) if used else ())]
         probes.append(probe)
     if as_json:
+        # calls whose return was not seen, and returns that gave no latency sample:
+        # never dropped silently (stderr says so too)
         return json.dumps({"exit_code": exit_code, "processes": len({r.pid for r in regions}),
-                           "probes": probes}, indent=2) + "\n"
+                           "probes": probes,
+                           "returns_missed": sum(r.returns_missed for r in regions),
+                           "latency_missed": sum(r.latency_missed for r in regions)},
+                          indent=2) + "\n"
     if not probes:
         return ""
     wo = max(len(p["object"]) for p in probes + [{"object": "OBJECT"}])

@@ -51,6 +51,13 @@ def is_go_program(elf: ElfFile) -> bool:
     return any(owner == b"Go" and kind == NT_GO_BUILD_ID for owner, kind, _ in elf.notes())
 
 
+def go_functions(elf: ElfFile) -> frozenset:
+    """Entries of the functions .gopclntab lists: Go code (ABIInternal and ABI0
+    assembly), whose stack is a goroutine's; cgo's C functions are not listed."""
+    go = gopclntab.table(elf)
+    return frozenset() if go is None else frozenset(go.addresses.tolist())
+
+
 def landings(elf: ElfFile) -> List[Tuple[str, np.ndarray]]:
     """(why, addresses) of the places the runtime resumes code at, where no branch
     names them; [] for a file that is no Go program."""

@@ -15,7 +15,7 @@ from urewrite.errors import UrewriteError
 from urewrite.rewriter import elf_writer, go_abi, layout, parallel, usdt
 from urewrite.rewriter.elf_file import DT_INIT, ElfFile
 from urewrite.rewriter.functions import Function, discover
-from urewrite.rewriter.go_runtime import is_go_program
+from urewrite.rewriter.go_runtime import go_functions, is_go_program
 from urewrite.rewriter.usdt import UsdtSite
 from urewrite.rewriter.planner import TACTICS, Plan, Planner, Refusal
 from urewrite.rewriter.selectors import Site, select
@@ -292,7 +292,8 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
                              elf.build_id, _file_tag(output_path, elf, plans), exe_entry,
                              dt_init[1] if dt_init else None, arguments_of=arguments_of,
                              progress=progress, siteless=a.planner.siteless,
-                             detailed=a.planner.detailed, go_program=is_go_program(elf))
+                             detailed=a.planner.detailed, go_program=is_go_program(elf),
+                             go_functions=go_functions(elf))
 
     # The state memory follows the code: place it after a bound on the code's size
     # (a gap there costs address space, no file bytes) and build once; should the

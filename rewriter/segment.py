@@ -134,12 +134,15 @@ def _expected_size(trampolines, plans, start: int) -> int:
 def build(backend: Backend, plans, placement: Placement, object_name: str, build_id: bytes,
           file_tag: str, exe_entry: Optional[int], dso_init: Optional[int],
           arguments_of=lambda site: arguments.encode(()), progress=None,
-          siteless=(), detailed=lambda plan: plan, go_program=False) -> SegmentImage:
+          siteless=(), detailed=lambda plan: plan, go_program=False,
+          go_functions=frozenset()) -> SegmentImage:
     """`arguments_of(site)`: the encoded argument descriptors its events record.
     `detailed(plan)`: the plan with its windows' instructions decoded in detail
     (Planner.detailed), for the code that moves them.
     `siteless`: probes with nothing to patch (return probes of functions that never
-    return), listed in the region so that they report their 0 hits."""
+    return), listed in the region so that they report their 0 hits.
+    `go_functions`: entries of the Go functions (.gopclntab), whose trampolines keep
+    within what a goroutine's stack holds."""
     # one probe per key: every site of a USDT probe name counts into the same one
     index_of, probes, semaphores = {}, [], []
     all_sites = [site for p in plans for site in p.sites] + list(siteless)
@@ -189,7 +192,7 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
     refs = RuntimeRefs(placement.state_vaddr, layout.owners_offset, runtime.slow_hit,
                        runtime.lazy_init, runtime.trace_event, runtime.lat_enter,
                        runtime.lat_exit, shadow_push=runtime.shadow_push,
-                       shadow_pop=runtime.shadow_pop)
+                       shadow_pop=runtime.shadow_pop, lazy_init_aside=runtime.lazy_init_aside)
 
     code = bytearray(template_at - base)
     code += template
@@ -202,9 +205,10 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
         enters = any(s.kind != region.KIND_RETURN and s.probe_key in measured for s in sites)
         leaves = tuple(sorted({histogram_of[s.probe_key] for s in sites
                                if s.probe_key in histogram_of}))
+        go_code = all(s.function.address in go_functions for s in sites)
         return CountPoint(address, indexes, flags_live,
                           tuple(arguments_of(per_probe[i]) for i in indexes),
-                          enters, leaves, redirect, taken, stays_within)
+                          enters, leaves, redirect, taken, stays_within, go_code)
 
     def trampolines(part, start: int, step=None) -> tuple:
         return _trampolines(backend, part, start, refs, count_point, detailed, step)

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SAMPLES, check, rewrite
+import json
+
+from conftest import SAMPLES, check, rewrite, urewrite
 from urewrite.trampolines.region import LATENCY_DEPTH, read_regions
 
 DEPTH, ROUNDS, THREADS = 200, 50, 4
@@ -45,6 +47,10 @@ def test_calls_beyond_the_stack_of_open_calls_are_counted(tmp_path):
     probed = tmp_path / "latency_depth.probed"
     rewrite(program, probed, "descend", extra=["-r", "descend"])
     _check_region(_region_after([probed], tmp_path))
+    # and `stat --json` reports them, as stat's stderr does
+    urewrite("stat", "--json", "-o", tmp_path / "stat.json", "--", probed, DEPTH, ROUNDS, THREADS)
+    report = json.loads((tmp_path / "stat.json").read_text())
+    assert report["latency_missed"] == CALLS - SAMPLED and report["returns_missed"] == 0
 
 
 @pytest.mark.skipif(shutil.which(CROSS_CC) is None or shutil.which(QEMU) is None,

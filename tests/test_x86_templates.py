@@ -28,7 +28,7 @@ CODE = bytes.fromhex("55" "4889e5" "48833d0020000000" "7540" "4883ec10")
 def _written_out(w, L, point, refs):
     """The counting code of a point, written instruction by instruction."""
     trampoline._armed(w, L, point, refs)
-    trampoline._trace_path(w, L, point.probes, refs, point.arguments)
+    trampoline._trace_path(w, L, point.probes, refs, point.arguments, trampoline._red_zone(point))
 
 
 def _points(insns, shape):

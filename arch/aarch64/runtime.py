@@ -27,6 +27,12 @@ SHADOW_THREADS = 1024  # threads (thread pointers) that can have a shadow stack
 SHADOW_DEPTH = 1 << 20  # open redirected calls per thread: more than an 8 MiB stack holds
 SHADOW_MAP_SIZE = 16 * (SHADOW_DEPTH + 1)  # depth and a reserved word, then the entries
 STATE_SIZE = 4096 + 4096 * PS_SHADOW_PAGES + 16 * SHADOW_THREADS
+# lazy_init_aside's stack, in page 0 (x19; cleared in a forked child: nothing on it
+# outlives a set-up), and its words
+ASIDE_BUSY = 32
+ASIDE_SP = ASIDE_BUSY + 8  # (runtime.s reads it there)
+ASIDE_BOTTOM = 1024
+ASIDE_TOP = 4096
 # What a live tracer writes (trampolines/live_note.py): offsets in the state memory
 # (page 1, x20, is 4096 bytes in; the file name is at x20 + 4096).
 LIVE_STATE = {"region": 0, "setup_lock": 8, "started": 4096 + PS_STARTED,
@@ -72,7 +78,8 @@ def build(spec: RuntimeSpec) -> Runtime:
         "urewrite.arch.aarch64", "runtime.s", "KS_ARCH_ARM64", "KS_MODE_LITTLE_ENDIAN",
         spec, {
             "SAVE_ALL": _save_all(), "RESTORE_ALL": _restore_all(),
-            "FRAME": FRAME, "FRAME_PLUS_8": FRAME + 8,
+            "FRAME": FRAME, "FRAME_PLUS_8": FRAME + 8, "ASIDE_BUSY": ASIDE_BUSY,
+            "ASIDE_SP": ASIDE_SP, "ASIDE_BOTTOM": ASIDE_BOTTOM, "ASIDE_TOP": ASIDE_TOP,
             "PS_STARTED": PS_STARTED, "PS_TOO_LONG": PS_TOO_LONG, "PS_TCB": PS_TCB,
             "PS_DIR": PS_DIR, "DIR_MAX": DIR_MAX, "ENVBUF_PAGES": ENVBUF_PAGES,
             "PS_TRACE": PS_TRACE, "CLOCK_KIND": region.CLOCK_CNTVCT,

@@ -7,6 +7,8 @@
 // Registers: x19 = state page (cleared in a forked child by MADV_WIPEONFORK):
 //   [x19] region address, or 1 = disarmed, 0 = not set up;
 //   [x19 + 8] set-up in progress: thread pointer of the thread doing it.
+//   [x19 + {ASIDE_BUSY}] lazy_init_aside's stack in use, [x19 + {ASIDE_SP}] the sp it came
+//   from; that stack: [x19 + {ASIDE_BOTTOM}, x19 + {ASIDE_TOP}).
 // x20 = x19 + 4096, the state that survives fork: PS_STARTED, PS_TOO_LONG,
 // PS_TRACE (ring entries asked for by the trace variable), PS_TCB (a stand-in
 // thread control block before libc sets one), PS_DIR (the variable's value);
@@ -917,6 +919,43 @@ lx_done:
     ldp x11, x12, [sp, #16]
     ldp x9, x10, [sp]
     add sp, sp, #64
+    ret
+
+// Set-up from a trampoline in Go code: lazy_init on a stack of its own in the state
+// page, since it needs more than a goroutine's stack may hold below sp (docs/design.md,
+// "Go's stacks"). One set-up at a time uses that stack: a hit meanwhile (another
+// thread's, or a signal handler's on this one) leaves the set-up to it, uncounted
+// unless it finds the probes armed. Uses 32 bytes of the caller's stack; every
+// register and the flags are preserved (nothing here sets them).
+lazy_init_aside:
+    stp x9, x10, [sp, #-32]!
+    str x11, [sp, #16]
+    adr x9, link_table
+    ldr x10, [x9, #8]
+    add x9, x9, x10
+    add x9, x9, #{ASIDE_BUSY}
+lia_claim:
+    ldaxr x10, [x9]
+    cbnz x10, lia_busy
+    mov x10, #1
+    stxr w11, x10, [x9]
+    cbnz w11, lia_claim
+    mov x11, sp
+    str x11, [x9, #8]                      // the sp it came from
+    add x11, x9, #{ASIDE_TOP} - {ASIDE_BUSY}
+    mov sp, x11
+    str x30, [sp, #-16]!
+    bl lazy_init
+    ldr x30, [sp], #16
+    ldr x11, [x9, #8]
+    mov sp, x11
+    stlr xzr, [x9]
+    b lia_done
+lia_busy:
+    clrex
+lia_done:
+    ldr x11, [sp, #16]
+    ldp x9, x10, [sp], #32
     ret
 
 // -- Return-address redirection (return probes of functions whose exits cannot be

@@ -224,9 +224,9 @@ def _point(w: Writer, L: _Labels, point, refs: RuntimeRefs, displaced, jump=None
         w.cbnz(X17, f"{L.missed}{k}", wide=False)
     w.b(L.counted)
 
-    w.label(L.setup)
-    w.str_(LR, SP, FRAME_LR)
-    w.bl(refs.lazy_init)
+    w.label(L.setup)  # (in Go code, on a stack of its own: lazy_init needs more than
+    w.str_(LR, SP, FRAME_LR)  # a goroutine's stack may hold below sp)
+    w.bl(refs.lazy_init_aside if point.go_code else refs.lazy_init)
     w.ldr(LR, SP, FRAME_LR)
     _load_state(w, refs.state)
     w.sub_imm(X17, X16, 1)

@@ -31,6 +31,12 @@ SHADOW_THREADS = 1024  # threads (thread pointers) that can have a shadow stack
 SHADOW_DEPTH = 1 << 20  # open redirected calls per thread: more than an 8 MiB stack holds
 SHADOW_MAP_SIZE = 16 * (SHADOW_DEPTH + 1)  # depth and a reserved word, then the entries
 STATE_SIZE = PS_SHADOW + 16 * SHADOW_THREADS
+# lazy_init_aside's stack, in page 0 (cleared in a forked child: nothing on it
+# outlives a set-up), and its words
+ASIDE_BUSY = 32
+ASIDE_SP = 40
+ASIDE_BOTTOM = 1024
+ASIDE_TOP = 4096
 # What a live tracer writes (trampolines/live_note.py): offsets in the state memory.
 LIVE_STATE = {"region": 0, "setup_lock": 8, "started": PS_STARTED,
               "dir_too_long": PS_DIR_TOO_LONG, "ring_entries": PS_TRACE, "dir": PS_DIR,
@@ -64,7 +70,8 @@ def build(spec: RuntimeSpec) -> Runtime:
             "CTX_MAPS": program_file.CTX_MAPS, "CTX_COMM": program_file.CTX_COMM,
             "CLOCK_KIND": region.CLOCK_TSC, "CLOCK_FILE": region.CLOCK_FILE,
             "CLOCK_FILE_MAGIC": hex(int.from_bytes(region.CLOCK_FILE_MAGIC, "little")),
-            "RED_ZONE": trampoline.RED_ZONE, "FSBASE_USABLE": trampoline.FSBASE_USABLE,
+            "FSBASE_USABLE": trampoline.FSBASE_USABLE, "ASIDE_BUSY": ASIDE_BUSY,
+            "ASIDE_SP": ASIDE_SP, "ASIDE_BOTTOM": ASIDE_BOTTOM, "ASIDE_TOP": ASIDE_TOP,
             "SAVE_PUSH": "\n".join(f"    push {r}" for r in SAVED_PUSH),
             "RESTORE_PUSH": "\n".join(f"    pop {r}" for r in reversed(SAVED_PUSH)),
             "SAVE_POP": "\n".join(f"    push {r}" for r in SAVED_POP),

@@ -9,6 +9,8 @@
 #   a region of its own:       [0] region address, or 1 = disarmed, 0 = not set up
 #                              [16] 1 when the region has an event ring (tracing)
 #                              [8] set-up in progress: fs base of the thread doing it
+#                              [{ASIDE_BUSY}] lazy_init_aside's stack in use, [{ASIDE_SP}] the rsp
+#                              it came from; that stack: [{ASIDE_BOTTOM}, {ASIDE_TOP})
 #   later pages survive fork:  PS_STARTED, FSBASE_USABLE (rdfsbase may run), PS_TCB (a stand-in thread control block
 #                              before libc sets one up), PS_DIR (value of the
 #                              environment variable), PS_NAME, PS_ENVBUF
@@ -1253,7 +1255,8 @@ fr_done:
 
 # A function probed at entry and return was entered: remember when, and at which
 # stack pointer (its frame), on this thread's stack of open calls.
-# rsi = this thread's row, rdx = region. Preserves everything but rcx and flags.
+# rsi = this thread's row, rdx = region, rcx = the site's rsp. Preserves everything
+# but rcx and flags.
 lat_enter:
     push rax
     push rdi
@@ -1264,8 +1267,7 @@ lat_enter:
     shl rax, {HISTOGRAM_SHIFT}
     lea rdi, [rdi*8 + rax]
     add rsi, rdi                           # the stack: depth, then {{rsp, ticks}} entries
-    lea rdi, [rsp + 40 + 32 + {RED_ZONE}]  # the site's rsp: past our 4 pushes, the return
-                                           # address, the trampoline's 4 and the red zone
+    mov rdi, rcx                           # the site's rsp
 le_drop:                                   # open calls at or below this frame have ended
     mov rcx, qword ptr [rsi]               # without returning (longjmp): forget them
     test rcx, rcx
@@ -1296,7 +1298,8 @@ le_done:
 
 # The function returns: drop calls left without a return (their frames lie below
 # ours: longjmp, exceptions), and if the innermost open call is ours, add how long
-# it took to histogram ecx. rsi = row, rdx = region. Preserves all but rcx and flags.
+# it took to histogram [rsp + 8] (pushed by the caller; taken off by the return).
+# rsi = row, rdx = region, rcx = the site's rsp. Preserves all but rcx and flags.
 lat_exit:
     push rax
     push rdi
@@ -1305,15 +1308,15 @@ lat_exit:
     push r8
     push r9
     push r10
-    mov r8d, ecx
+    mov r8d, dword ptr [rsp + 64]          # the histogram: past our 7 pushes and the return address
     mov r9, qword ptr [rdx + {OFF_NS_MULT}]
     mov r10d, dword ptr [rdx + {OFF_PROBE_COUNT}]
     shl r10, 3                             # the histograms follow the counters
     mov eax, dword ptr [rdx + {OFF_LATENCY_COUNT}]
     shl rax, {HISTOGRAM_SHIFT}
     add rax, r10
+    mov rdx, rcx                           # the site's rsp
     lea rcx, [rsi + rax]                   # the stack
-    lea rdx, [rsp + 64 + 32 + {RED_ZONE}]  # the site's rsp (7 pushes and the return address)
 lx_pop:
     mov rax, qword ptr [rcx]
     test rax, rax
@@ -1361,6 +1364,26 @@ lx_done:
     pop rdx
     pop rdi
     pop rax
+    ret 8
+
+# Set-up from a trampoline in Go code: lazy_init on a stack of its own in the state
+# page, since it needs more than a goroutine's stack may hold below rsp (docs/design.md,
+# "Go's stacks"). One set-up at a time uses that stack: a hit meanwhile (another
+# thread's, or a signal handler's on this one) leaves the set-up to it, uncounted
+# unless it finds the probes armed. Uses 16 bytes of the caller's stack.
+lazy_init_aside:
+    push rbx
+    lea rbx, [rip + link_table]
+    add rbx, qword ptr [rip + lt_state]
+    lock bts qword ptr [rbx + {ASIDE_BUSY}], 0
+    jc lia_busy
+    mov qword ptr [rbx + {ASIDE_SP}], rsp
+    lea rsp, [rbx + {ASIDE_TOP}]
+    call lazy_init
+    mov rsp, qword ptr [rbx + {ASIDE_SP}]
+    mov qword ptr [rbx + {ASIDE_BUSY}], 0
+lia_busy:
+    pop rbx
     ret
 
 # -- Return-address redirection (return probes of functions whose exits cannot be

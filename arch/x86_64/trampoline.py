@@ -4,7 +4,7 @@
     check, at a function entry (flags carry nothing there, SysV ABI):
             cmp qword [state], 1 ; je resume ; jb setup ; jmp armed
     check, inside a function (flags may be live; none of this touches them):
-            lea rsp,[rsp-128] ; push rcx      keep out of the red zone
+            lea rsp,[rsp-128] ; push rcx      keep out of the red zone (none in Go code)
             rcx = state - 1 ; jrcxz resume    disarmed
             jmp armed                         (an indirect jump that may stay in
                                               the function: jmp exit_check)
@@ -34,6 +34,9 @@ also gets its return stub, after the out-of-line parts:
     stub:   lea rsp,[rsp-8] ; call shadow_pop     rsp on the slot, the original address in it
             the check and out-of-line parts of the return point, as at a `ret`
             ret
+
+In Go code (go_code) there is no red zone: every `lea rsp,[rsp-128]` and its undoing
+are left out, and the set-up runs through lazy_init_aside (docs/design.md, "Go's stacks").
 
 The registers stand on the stack as rcx, rax, rdx, rsi (then, when tracing,
 rbx, rbp, rdi, r8 ... r15): arguments.py's frame slots.
@@ -66,7 +69,7 @@ ARGUMENTS_ALIGN = 8  # of a trace path's argument descriptors
 def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
     """The displaced instructions with each point's check before its instruction; then
     the out-of-line parts of each point."""
-    gaps = {p.address: _check_size(p.flags_live) for p in points if not p.taken}
+    gaps = {p.address: _check_size(p.flags_live, p.go_code) for p in points if not p.taken}
     where = relocator.layout(window.insns, address, gaps)
     by_address = {p.address: (k, p) for k, p in enumerate(points)}
     w = Writer(address)
@@ -91,6 +94,13 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
         if point.redirect:
             _return_stub(w, _Labels(k), _Labels(f"r{k}"), point.redirect, refs)
     return w.bytes()
+
+
+def _red_zone(point) -> int:
+    """Bytes below rsp the code at `point` may use without moving rsp: SysV's red
+    zone; none in Go code, whose ABI has none and whose goroutine stacks may hold
+    little below sp (base.GO_STACK_BUDGET)."""
+    return 0 if point.go_code else RED_ZONE
 
 
 def _return_stub(w: Writer, entry: _Labels, L: _Labels, point, refs: RuntimeRefs) -> None:
@@ -122,13 +132,14 @@ def _counting(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
     function: 78,000 points of a few shapes; writing each took most of the time)."""
     template = _counting_template(refs, len(w.code) % ARGUMENTS_ALIGN, point.flags_live,
                                   len(point.probes), point.enters, len(point.leaves),
-                                  point.redirect is not None, point.arguments)
+                                  point.redirect is not None, point.arguments, point.go_code)
     w.splice(template, L.prefix, point.probes + point.leaves)
 
 
 @functools.lru_cache(maxsize=4096)
 def _counting_template(refs: RuntimeRefs, phase: int, flags_live: bool, probes: int,
-                       enters: bool, leaves: int, redirect: bool, arguments: tuple):
+                       enters: bool, leaves: int, redirect: bool, arguments: tuple,
+                       go_code: bool):
     """The armed and trace paths of a point of this shape, written `phase` bytes past an
     ARGUMENTS_ALIGN boundary, with holes for the indexes of its probes, then of its
     histograms."""
@@ -137,24 +148,27 @@ def _counting_template(refs: RuntimeRefs, phase: int, flags_live: bool, probes: 
     L = _Labels("@")
     shape = CountPoint(0, tuple(Hole(k) for k in range(probes)), flags_live, arguments,
                        enters, tuple(Hole(probes + k) for k in range(leaves)),
-                       CountPoint(0, (), False) if redirect else None)
+                       CountPoint(0, (), False) if redirect else None, go_code=go_code)
     _armed(w, L, shape, refs)
-    _trace_path(w, L, shape.probes, refs, shape.arguments)
+    _trace_path(w, L, shape.probes, refs, shape.arguments, _red_zone(shape))
     return w.template(L.prefix, phase)
 
 
 @functools.lru_cache(maxsize=None)
-def _check_size(flags_live: bool) -> int:
+def _check_size(flags_live: bool, go_code: bool) -> int:
     """Bytes of a point's check (the same for every point with these flags)."""
     w = Writer(0)
-    _check(w, _Labels(0), CountPoint(0, (), flags_live), RuntimeRefs(0, 0, 0, 0, 0, 0, 0))
+    _check(w, _Labels(0), CountPoint(0, (), flags_live, go_code=go_code),
+           RuntimeRefs(0, 0, 0, 0, 0, 0, 0))
     return len(w.code)
 
 
 def _check(w: Writer, L: _Labels, point, refs: RuntimeRefs, flags_live: bool = None) -> None:
     flags_live = point.flags_live if flags_live is None else flags_live
+    red = _red_zone(point)
     if flags_live:
-        w.lea_rsp(-RED_ZONE)
+        if red:
+            w.lea_rsp(-red)
         w.push("rcx")
         w.mov_reg_rip("rcx", refs.state)
         w.lea_rcx_rcx(-1)
@@ -162,7 +176,8 @@ def _check(w: Writer, L: _Labels, point, refs: RuntimeRefs, flags_live: bool = N
         w.jmp(L.exit_check if point.stays_within else L.armed)
         w.label(L.resume)
         w.pop("rcx")
-        w.lea_rsp(RED_ZONE)
+        if red:
+            w.lea_rsp(red)
     else:
         w.cmp_rip_qword_imm8(refs.state, 1)
         w.jcc("e", L.resume)
@@ -181,7 +196,7 @@ def _exit_check(w: Writer, L: _Labels, point, window: Window) -> None:
     w.push("rcx")  # state - 1, for the armed path
     w.mov_rcx_rsp_disp(8)  # the site's rcx
     w.push("rdx")
-    w.raw(relocator.load_jump_target(jump, w.pc, RED_ZONE + 3 * 8))  # rdx = the target
+    w.raw(relocator.load_jump_target(jump, w.pc, _red_zone(point) + 3 * 8))  # rdx = the target
     w.push("rax")  # then the flags into rax (lahf and seto: pushfq/popfq cost ~10 ns)
     w.seto_al()
     w.lahf()
@@ -207,7 +222,8 @@ def _restore_after_exit_check(w: Writer) -> None:
 
 
 def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
-    probe_indexes, flags_live = point.probes, point.flags_live
+    probe_indexes, flags_live, red = point.probes, point.flags_live, _red_zone(point)
+    site_rsp = 8 * SAVED + red  # from rsp, once the trampoline saved its registers
     w.label(L.armed)
     if flags_live:
         w.push("rax")
@@ -219,7 +235,8 @@ def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
         w.test_rdx_rdx()
         w.jcc("e", L.set_up)
     else:
-        w.lea_rsp(-RED_ZONE)
+        if red:
+            w.lea_rsp(-red)
         for reg in ("rcx", "rax", "rdx", "rsi"):
             w.push(reg)
         w.mov_reg_rip("rdx", refs.state)
@@ -236,15 +253,17 @@ def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
     for index in probe_indexes:
         w.inc_rsi_disp(8 * index)
     # latency: rsi = the thread's own row (a thread counting in the shared row has
-    # no stack of open calls and goes unmeasured)
+    # no stack of open calls and goes unmeasured), rcx = the site's rsp
     if point.enters:
+        w.lea_rcx_rsp(site_rsp)
         w.call(refs.lat_enter)
-    for histogram in point.leaves:
-        w.mov_ecx_imm(histogram)
+    for histogram in point.leaves:  # (lat_exit takes the histogram off the stack)
+        w.push_imm32(histogram)
+        w.lea_rcx_rsp(site_rsp + 8)
         w.call(refs.lat_exit)
     w.label(L.counted)
     if point.redirect:  # armed at a function entry: its return goes through its stub
-        w.lea_rcx_rsp(8 * SAVED + RED_ZONE)  # the slot of the return address
+        w.lea_rcx_rsp(site_rsp)  # the slot of the return address
         w.lea_reg_rip("rsi", L.stub)
         w.call(refs.shadow_push)
     w.cmp_rip_byte_imm8(refs.state + TRACING, 0)
@@ -259,7 +278,8 @@ def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
     else:
         w.pop("rax")
         w.pop("rcx")
-        w.lea_rsp(RED_ZONE)
+        if red:
+            w.lea_rsp(red)
     w.jmp(L.resume)
 
     w.label(L.fs_base)
@@ -285,19 +305,27 @@ def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
 
     if flags_live:  # first hit in this process (or in a forked child): set up, then count
         w.label(L.set_up)
-        w.call(refs.lazy_init)
+        w.call(_lazy_init(point, refs))
         w.mov_reg_rip("rdx", refs.state)
         w.cmp_rdx_imm8(1)
         w.jcc("a", L.count)
         w.jmp(L.traced)  # still not armed: this hit goes uncounted
     else:
         w.label(L.set_up_first)
-        w.lea_rsp(-RED_ZONE)
-        w.call(refs.lazy_init)
-        w.lea_rsp(RED_ZONE)
+        if red:
+            w.lea_rsp(-red)
+        w.call(_lazy_init(point, refs))
+        if red:
+            w.lea_rsp(red)
         w.cmp_rip_qword_imm8(refs.state, 1)
         w.jcc("a", L.armed)
         w.jmp(L.resume)
+
+
+def _lazy_init(point, refs: RuntimeRefs) -> int:
+    """The set-up routine: in Go code, the one that runs on a stack of its own (it
+    needs more than a goroutine's stack may hold below sp)."""
+    return refs.lazy_init_aside if point.go_code else refs.lazy_init
 
 
 def _owner_entry(w: Writer, L: _Labels, refs: RuntimeRefs) -> None:
@@ -316,13 +344,14 @@ def _owner_entry(w: Writer, L: _Labels, refs: RuntimeRefs) -> None:
     w.and_esi(region.SLOT_MASK)
 
 
-def _trace_path(w: Writer, L: _Labels, probe_indexes, refs: RuntimeRefs, arguments) -> None:
+def _trace_path(w: Writer, L: _Labels, probe_indexes, refs: RuntimeRefs, arguments,
+                red: int = RED_ZONE) -> None:
     """Save every register as the frame trace_event reads arguments from; one event
     per probe at this point."""
     w.label(L.trace)
     for n in TRACE_PUSHES:
         w.push_r(n)
-    site_rsp = 8 * (len(TRACE_PUSHES) + SAVED) + RED_ZONE
+    site_rsp = 8 * (len(TRACE_PUSHES) + SAVED) + red
     for k, index in enumerate(probe_indexes):
         w.mov_rdi_rsp()
         w.lea_rcx_rsp(site_rsp)

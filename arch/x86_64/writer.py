@@ -148,6 +148,11 @@ class Writer:
     def push(self, reg: str) -> None:
         self.code.append(0x50 + REG[reg])
 
+    def push_imm32(self, value: int) -> None:
+        """push imm32 (sign-extended to 64 bits)"""
+        self.code.append(0x68)
+        self._imm("<I", value)
+
     def pop(self, reg: str) -> None:
         self.code.append(0x58 + REG[reg])
 
