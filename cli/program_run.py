@@ -4,13 +4,16 @@ probes, then prints the program's maps as bpftrace does (docs/programs.md)."""
 from __future__ import annotations
 
 import os
+import struct
 import sys
+import time
 
 import click
 
 from urewrite.errors import UrewriteError
 
 EM_X86_64 = 62
+PRINTF_RING = 1 << 16  # events a process's ring holds for printf()s
 
 
 @click.command("run", context_settings={"ignore_unknown_options": True})
@@ -34,7 +37,8 @@ def run(program_text, program_path, as_json, output, command):
     from urewrite.programs import attach, checks, evaluate, lower, maps, output as printer, parser
     from urewrite.runner import exit_status, interrupts_to, region_directory, \
         remove_region_directory
-    from urewrite.trampolines.region import ENV_VAR
+    from urewrite.trampolines.region import ENV_VAR, TRACE_ENV_VAR
+    from urewrite.tracer import POLL_SECONDS
 
     if (program_text is None) == (program_path is None):
         raise click.UsageError("give the program with -e PROGRAM or -f FILE")
@@ -67,8 +71,23 @@ def run(program_text, program_path, as_json, output, command):
             maps_path = attach.write_files(directory, targets, lowered, _assemble)
         except UrewriteError as e:
             _fail(str(e))
-        with interrupts_to(list(command), dict(os.environ, **{ENV_VAR: directory})) as process:
-            returncode = process.wait()
+        except OSError as e:
+            _fail(f"cannot write the program's files in {directory}: {e.strerror}")
+        env = dict(os.environ, **{ENV_VAR: directory})
+        if lowered.printfs:  # printf()s come back as events of the processes' rings
+            env[TRACE_ENV_VAR] = str(PRINTF_RING)
+        readers = {}
+        try:
+            with interrupts_to(list(command), env) as process:
+                while lowered.printfs and process.poll() is None:
+                    _printed(directory, readers, lowered.printfs, final=False)
+                    time.sleep(POLL_SECONDS)
+                returncode = process.wait()
+            if lowered.printfs:
+                _printed(directory, readers, lowered.printfs, final=True)
+        finally:
+            for reader in readers.values():
+                reader.close()
         with open(maps_path, "rb") as f:
             found, dropped = maps.read(f.read(), lowered.maps)
     finally:
@@ -91,6 +110,37 @@ def run(program_text, program_path, as_json, output, command):
         click.echo(f"urewrite: {dropped} map updates were dropped: a map with keys holds "
                    f"{maps.KEYED_CAPACITY} entries", err=True)
     sys.exit(exit_status(returncode))
+
+
+def _printed(directory, readers, printfs, final: bool) -> None:
+    """Print the printf()s the processes' rings hold, in time order."""
+    from urewrite.programs.evaluate import printf_text
+    from urewrite.tracer import sweep_rings
+    from urewrite.trampolines.program_file import PRINTF_PROBE
+
+    def show(events):
+        lines = []
+        for event in events:
+            index = event.number - PRINTF_PROBE
+            if 0 <= index < len(printfs):
+                text, kinds = printfs[index]
+                lines.append(printf_text(text, _values(kinds, event.args)))
+        _print(lines)
+    sweep_rings([directory], readers, show, final)
+
+
+def _values(kinds, words):
+    """printf()'s values from an event's words: a string is 8 of them."""
+    values, at = [], 0
+    for kind in kinds:
+        if kind == "s":
+            raw = struct.pack("<8Q", *[w & (2**64 - 1) for w in (words[at:at + 8] + [0] * 8)[:8]])
+            values.append(raw.split(b"\0", 1)[0].decode("utf-8", "replace"))
+            at += 8
+        else:
+            values.append(words[at] if at < len(words) else 0)
+            at += 1
+    return values
 
 
 def _assemble(machine, lowered, offsets):

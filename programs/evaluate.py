@@ -158,7 +158,7 @@ class _Frame:
         name = call.function
         if name == "printf":
             values = [self.value(a)[0] for a in call.arguments[1:]]
-            self.state.printed.append(_printf(call.arguments[0].value, values))
+            self.state.printed.append(printf_text(call.arguments[0].value, values))
         elif name == "exit":
             raise _Exit()
         elif name == "delete":
@@ -313,7 +313,7 @@ def _arithmetic(operator: str, left: Tuple[int, bool], right: Tuple[int, bool]) 
     return _wrap(result, signed), signed
 
 
-def _printf(text: str, values: List[object]) -> str:
+def printf_text(text: str, values: List[object]) -> str:
     """C's printf for the conversions checks.py lets through."""
     values = list(values)
 

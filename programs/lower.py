@@ -28,6 +28,8 @@ Operations (each a tuple, its name first):
                      (count sum min max avg hist lhist, or value: a plain assignment)
     load M           pop an entry (0 allowed), push its value word (0 if missing)
     delete M         pop an entry (0 allowed): it holds nothing from now on
+    printf N KINDS   pop the values (KINDS: "i" a word, "s" a string) into an event of
+                     printf N, in the process's ring
     return
 """
 
@@ -42,7 +44,7 @@ from urewrite.programs.parser import ProgramError
 from urewrite.programs.syntax import (Assign, Binary, Block, Builtin, Call, Cast,
                                       Conditional, Dereference, If, Integer, Map,
                                       String, Unary, Variable)
-from urewrite.trampolines.program_file import CTX_COMM, CTX_NSECS, CTX_PID, CTX_TID
+from urewrite.trampolines.program_file import ARGUMENTS, CTX_COMM, CTX_NSECS, CTX_PID, CTX_TID
 
 STRING = 64             # the bytes of a string value (bpftrace's default strlen)
 
@@ -61,6 +63,7 @@ class Lowered:
     key_words: int  # the key buffer's
     scratch: int  # string buffers
     maps: List[map_layout.MapShape] = field(default_factory=list)
+    printfs: List[Tuple[str, Tuple[str, ...]]] = field(default_factory=list)  # printf N's
 
 
 def lower(checked: Checked, probe_names: Dict[str, Tuple[str, str]] = None) -> Lowered:
@@ -77,7 +80,8 @@ def lower(checked: Checked, probe_names: Dict[str, Tuple[str, str]] = None) -> L
     for ops in code.values():
         ops.append(("return",))
     return Lowered(code, lowering.strings, max(len(lowering.locals), 1),
-                   max((s.key_words for s in shapes), default=1), lowering.scratch, shapes)
+                   max((s.key_words for s in shapes), default=1), lowering.scratch, shapes,
+                   lowering.printfs)
 
 
 class _Lowering:
@@ -86,6 +90,7 @@ class _Lowering:
         self.map_index = map_index
         self.probe_names = probe_names
         self.strings: List[str] = []
+        self.printfs: List[Tuple[str, Tuple[str, ...]]] = []  # format, value kinds
         self.locals: Dict[str, int] = {}
         self.scratch = 0
         self.labels = 0
@@ -187,11 +192,26 @@ class _Lowering:
             index = self.map_index[target.name]
             self.key(target)
             self.ops += [("find", index), ("delete", index)]
-        elif name in ("printf", "exit", "clear", "zero", "print"):
-            raise ProgramError(f"{name}() runs in the tracer only for now", call.at)
+        elif name == "printf":
+            self.printf(call)
+        elif name in ("exit", "clear", "zero", "print"):
+            raise ProgramError(f"{name}() runs in BEGIN and END only for now", call.at)
         else:
             self.expression(call)
             self.ops.append(("drop",))
+
+    def printf(self, call):
+        """The values go into an event of the process's ring, the format stays with the
+        tracer: an integer is a word, a string its 64 bytes (8 words), 12 words in all."""
+        kinds = tuple("s" if self.is_string(a) else "i" for a in call.arguments[1:])
+        words = sum(STRING // 8 if k == "s" else 1 for k in kinds)
+        if words > ARGUMENTS:
+            raise ProgramError(f"printf()'s values take {words} words of an event's "
+                               f"{ARGUMENTS} (a string takes {STRING // 8})", call.at)
+        for value in call.arguments[1:]:
+            self.expression(value)
+        self.printfs.append((call.arguments[0].value, kinds))
+        self.ops.append(("printf", len(self.printfs) - 1, kinds))
 
     # -- expressions ----------------------------------------------------------------------
 

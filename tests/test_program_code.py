@@ -20,7 +20,7 @@ from urewrite.programs import lower as L
 from urewrite.programs import maps as M
 from urewrite.programs import output
 from urewrite.programs.checks import check
-from urewrite.programs.evaluate import Hit, State, run_block
+from urewrite.programs.evaluate import Hit, State, printf_text, run_block
 from urewrite.programs.parser import parse
 from urewrite.trampolines import program_file as P
 
@@ -44,6 +44,14 @@ class Compiled:
         base = ctypes.addressof(ctypes.c_char.from_buffer(self.code))
         kind = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
         self.functions = {probe: kind(base + offset) for probe, offset in self.entries.items()}
+        self.printed = []  # printf()s, formatted as the tracer formats the ring's events
+
+        def event(index, words, count):
+            from urewrite.program_run import _values
+            text, kinds = self.lowered.printfs[index]
+            self.printed.append(printf_text(text, _values(kinds, list(
+                (ctypes.c_uint64 * count).from_address(words)))))
+        self.event = ctypes.CFUNCTYPE(None, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_uint64)(event)
 
     def hit(self, probe: str, args=(), retval=0, tid=1, nsecs=0, comm="app"):
         if probe not in self.functions:  # a probe the program does not name
@@ -52,6 +60,7 @@ class Compiled:
         args = (retval,) if probe.startswith("uretprobe") else args  # a return's one argument
         struct.pack_into(f"<{len(args)}Q", context, P.CTX_ARGS, *[a & (2**64 - 1) for a in args])
         struct.pack_into("<QQQQ", context, P.CTX_PID, os.getpid(), tid, nsecs, self.area_address)
+        struct.pack_into("<Q", context, P.CTX_EVENT, ctypes.cast(self.event, ctypes.c_void_p).value)
         context[P.CTX_COMM:P.CTX_COMM + len(comm)] = comm.encode()
         self.functions[probe](ctypes.addressof(context))
 
@@ -70,8 +79,9 @@ def _both(text: str, hits):
         for block in blocks:
             for probe in block.probes:
                 if probe.text == probe_text:
-                    run_block(state, block, Hit(probe, **fields))
+                    run_block(state, block, Hit(probe, **{"comm": "app", **fields}))
         compiled.hit(probe_text, **{k: v for k, v in fields.items() if k != "function"})
+    compiled.evaluated_printed = state.printed
     return output.text(list(state.maps.values())), output.text(compiled.maps()), compiled
 
 
@@ -101,6 +111,11 @@ PROGRAMS = {
         uprobe:./v:work { @seen[arg1] = count(); @last[arg1] = arg0; @acc += arg0;
             @mean = avg(arg0); @r[arg1] = @seen[arg1] * 100 + @mean; }
         uretprobe:./v:work /@seen[3] > 100/ { @after = count(); @key[@last[2] % 4] = count(); }""",
+    "printf": """
+        uprobe:./v:work /arg0 % 97 == 0/ { printf("%d %u %x|%-4d %s!\\n", (int64)arg0 - 500,
+            arg1, arg0, arg1, comm); printf("%5d|\\n", arg1);
+            printf("%c%c\\n", 65 + arg1, 97); @n = count(); }
+        uretprobe:./v:work /(int64)retval < -2950/ { printf("ret %d\\n", retval); }""",
     "latency": """
         uprobe:./v:work { @start[tid] = nsecs; }
         uretprobe:./v:work /@start[tid]/ { @ns = hist(nsecs - @start[tid]); @left[tid] = count();
@@ -116,9 +131,11 @@ def test_compiled_maps_are_the_evaluators(name):
         for i in range(300):
             hits += [("uprobe:./v:work", {"args": (i,), "tid": i % 3 + 1, "nsecs": 1000 * i}),
                      ("uretprobe:./v:work", {"tid": i % 3 + 1, "nsecs": 1000 * i + 7 * i})]
-    theirs, ours, _ = _both(PROGRAMS[name], hits)
+    theirs, ours, compiled = _both(PROGRAMS[name], hits)
     assert ours == theirs
-    assert ours.count("\n") > 3
+    assert ours.count("\n") >= (1 if name == "printf" else 3)
+    assert compiled.printed == compiled.evaluated_printed
+    assert bool(compiled.printed) == (name == "printf")
 
 
 def test_strings_and_pointer_reads_are_checked():

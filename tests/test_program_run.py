@@ -28,6 +28,7 @@ uprobe:{path}:work /arg0 > 10/ {{
     if (arg1 == 3) {{ @three++ }} else {{ @other += 2 }}
 }}
 uprobe:{path}:work {{ @start[tid] = nsecs; }}
+uprobe:{path}:work /arg0 % 100 == 0/ {{ printf("at %d: %d %s %c\\n", arg0, arg1 * 2, comm, 66); }}
 uretprobe:{path}:work /@start[tid]/ {{
     @r = lhist((int64)retval + 3000, 0, 6000, 1000); @took = count(); delete(@start[tid]);
 }}
@@ -74,6 +75,9 @@ def test_the_probes_run_the_program_as_bpftrace_does(files):
                                  f"{plain} 1000"], capture_output=True, text=True, timeout=120)
     assert theirs.returncode == 0, theirs.stderr
     assert _ties_sorted(_maps(ours.stdout)) == _ties_sorted(_maps(theirs.stdout))
+    printed = ours.stdout.split("\n\n\n", 1)[0].splitlines()
+    assert sorted(printed) == sorted(theirs.stdout.split("\n\n\n", 1)[0].splitlines()[1:])
+    assert "at 300: 12 values B" in printed and len(printed) == 11  # 10 printf()s, the output
     assert "@took: 1000" in ours.stdout and "@c[3]: 141" in ours.stdout
 
 

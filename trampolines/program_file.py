@@ -16,6 +16,8 @@ whose runtime routine calls the probe's function with its context:
                      probe's: its return value)
     u64 pid, tid, nsecs (CLOCK_MONOTONIC), maps (the maps area's address)
     char comm[64]    the process's name at set-up, NUL-padded
+    u64 event        the runtime's printf() routine: an event of probe number
+                     PRINTF_PROBE + N (printf N) in the process's ring, with the values
 """
 
 from __future__ import annotations
@@ -38,7 +40,9 @@ CTX_NSECS = 112
 CTX_MAPS = 120
 CTX_COMM = 128
 COMM_BYTES = 64
-CTX_SIZE = 192
+CTX_EVENT = 192  # the runtime's routine for printf(): edi = format, rsi = words, rdx = count
+CTX_SIZE = 208
+PRINTF_PROBE = 0x7FFF0000  # a printf() event's probe number: this plus the printf's
 
 
 def build(probe_count: int, code: bytes, entries: Dict[int, int]) -> bytes:

@@ -39,6 +39,7 @@ class Event:
     # an entry or return event of a function probed at both: each pair bounds one call
     paired: bool = False
     after_loss: bool = False  # events of this ring were lost just before this one
+    number: int = -1  # the probe number the record holds (a probe program's printf: its own)
 
 
 class RingReader:
@@ -160,7 +161,7 @@ class RingReader:
                                 list(record[5:5 + min(nargs, R.MAX_ARGS)]),
                                 p.address if p else 0,
                                 bool(p) and p.kind in ("entry", "return")
-                                and p.address in self._paired, self._gap))
+                                and p.address in self._paired, self._gap, probe))
             self._gap = False
             self.delivered += 1
         self.next = pos + count

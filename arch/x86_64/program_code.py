@@ -62,7 +62,8 @@ class _Frame:
 
     def __init__(self, lowered: L.Lowered):
         self.key = 8 * lowered.locals
-        self.scratch = self.key + 8 * max(lowered.key_words, 1)
+        self.event = self.key + 8 * max(lowered.key_words, 1)  # a printf's values
+        self.scratch = self.event + 8 * P.ARGUMENTS
         size = self.scratch + L.STRING * lowered.scratch
         self.size = (size + 15) & ~15
 
@@ -144,6 +145,8 @@ def _operation(fn: str, op: tuple, frame: _Frame, lowered: L.Lowered) -> List[st
         return _load(fn, lowered.maps[args[0]])
     if name == "delete":
         return _delete(fn, lowered.maps[args[0]])
+    if name == "printf":
+        return _printf(frame, *args)
     if name == "return":
         return [f"jmp {fn}_return"]
     raise ValueError(f"unknown operation {op}")
@@ -236,6 +239,27 @@ def _string_equal(fn: str) -> List[str]:
         out += [f"mov rax, qword ptr [rdi + {8 * i}]", f"cmp rax, qword ptr [rsi + {8 * i}]",
                 f"jne {differ}"]
     return out + ["push 1", f"jmp {done}", f"{differ}:", "push 0", f"{done}:"]
+
+
+def _printf(frame: _Frame, index: int, kinds) -> List[str]:
+    """The values, popped last first into the event buffer, then the runtime's routine."""
+    at = []
+    word = 0
+    for kind in kinds:
+        at.append(word)
+        word += M.STRING_WORDS if kind == "s" else 1
+    out = []
+    for kind, first in reversed(list(zip(kinds, at))):
+        base = frame.event + 8 * first
+        if kind == "s":
+            out.append("pop rsi")
+            for i in range(M.STRING_WORDS):
+                out += [f"mov rax, qword ptr [rsi + {8 * i}]",
+                        f"mov qword ptr [rbp + {base + 8 * i}], rax"]
+        else:
+            out.append(f"pop qword ptr [rbp + {base}]")
+    return out + [f"mov edi, {index}", f"lea rsi, [rbp + {frame.event}]", f"mov edx, {word}",
+                  f"call qword ptr [rbx + {P.CTX_EVENT}]"]
 
 
 _VALUE = 8 * M.ENTRY_HEAD  # the value words, past state and present

@@ -814,6 +814,8 @@ trace_event:
     mov r8, qword ptr [rbx]                # region: read again, so a live tracer may have
     cmp r8, 1                              # disarmed (1) or re-armed (0, or a region
     jbe te_skip                            # without a ring) since the hit was counted
+    cmp qword ptr [rbx + {PS_PROGRAM}], 0  # a probe program's hits: no event of their own
+    jne run_program                        # (its ring holds its printf()s)
     mov r9, qword ptr [r8 + {OFF_RING}]
     test r9, r9
     jz te_skip
@@ -977,10 +979,77 @@ rp_tid:
     mov qword ptr [rsp + {CTX_COMM}], rax
     mov rax, qword ptr [rbx + {PS_COMM} + 8]
     mov qword ptr [rsp + {CTX_COMM} + 8], rax
+    lea rax, [rip + program_event]
+    mov qword ptr [rsp + {CTX_EVENT}], rax
     mov rdi, rsp
     call qword ptr [rsp + {CTX_SIZE}]
     leave
 rp_none:
+    ret
+
+# A probe program's printf(): an event of probe number {PRINTF_PROBE} + edi in this
+# process's ring, with rdx words from rsi (at most {CTX_ARGUMENTS}), the tracer holding
+# the format. Called by the program's code, as a SysV function: keeps rbx, rbp, r12-r15.
+program_event:
+    push rbx
+    push r12
+    push r13
+    push r14
+    mov r12, rsi
+    mov r13d, edi
+    mov r14, rdx
+    call load_state
+    mov r8, qword ptr [rbx]
+    cmp r8, 1
+    jbe pe_done
+    mov r9, qword ptr [r8 + {OFF_RING}]
+    test r9, r9
+    jz pe_done
+    add r9, r8                             # ring
+    mov eax, 1
+    lock xadd qword ptr [r9 + {RING_HEAD}], rax
+    mov ecx, dword ptr [r8 + {OFF_RING_ENTRIES}]
+    dec ecx
+    mov r10, rax
+    and r10, rcx
+    shl r10, {RECORD_SHIFT}
+    lea r10, [r9 + r10 + {RING_RECORDS}]   # the record
+    lea r11, [rax*2 + 1]                   # its sequence while written; + 1 when done
+pe_claim:
+    mov rax, qword ptr [r10 + {REC_SEQ}]
+    test al, 1
+    jnz pe_drop                            # another writer is in it (the ring lapped)
+    cmp rax, r11
+    jae pe_drop                            # a newer event already took it
+    lock cmpxchg qword ptr [r10 + {REC_SEQ}], r11
+    jne pe_claim
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    mov qword ptr [r10 + {REC_TICKS}], rax
+    lea eax, [r13 + {PRINTF_PROBE}]
+    mov dword ptr [r10 + {REC_PROBE}], eax
+    call thread_owner
+    mov dword ptr [r10 + {REC_TID}], esi
+    mov rcx, r14
+    cmp rcx, {CTX_ARGUMENTS}
+    jbe pe_count
+    mov ecx, {CTX_ARGUMENTS}
+pe_count:
+    mov dword ptr [r10 + {REC_NARGS}], ecx
+    mov rsi, r12
+    lea rdi, [r10 + {REC_ARGS}]
+    rep movsq
+    lea rax, [r11 + 1]
+    mov qword ptr [r10 + {REC_SEQ}], rax   # complete (a release store on x86)
+    jmp pe_done
+pe_drop:
+    lock inc qword ptr [r9 + {RING_DROPPED}]
+pe_done:
+    pop r14
+    pop r13
+    pop r12
+    pop rbx
     ret
 
 # Maps DIR/TAG.program and DIR/TAG.maps where `urewrite run` left them: the code of a
