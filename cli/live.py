@@ -267,8 +267,10 @@ def _check_armable(pid: int, memory: ProcessMemory, obj: MappedObject) -> Option
     return None
 
 
-def arm(pid: int, ring_entries: int = 0, only: Optional[tuple] = None) -> LiveProcess:
-    """Arms every rewritten object the process maps (`only`: those of one file)."""
+def arm(pid: int, ring_entries: int = 0, only: Optional[tuple] = None,
+        prepare: Optional[Callable[[str], None]] = None) -> LiveProcess:
+    """Arms every rewritten object the process maps (`only`: those of one file).
+    `prepare(directory)` puts what the set-up reads there first (a probe program)."""
     maps_first = mapped_objects(pid, only=only)  # a clear error before asking for more
     if not maps_first:
         what = "maps no object rewritten by urewrite" if only is None else \
@@ -286,6 +288,8 @@ def arm(pid: int, ring_entries: int = 0, only: Optional[tuple] = None) -> LivePr
         process = LiveProcess(pid, directory, memory, lock)
         path = directory.encode() + b"\0"
         try:
+            if prepare is not None:
+                prepare(directory)
             for obj, dead_tracer in zip(objects, stale):
                 if len(path) > obj.note.offsets["dir_max"]:
                     raise LiveError(f"{directory}: too long a directory")
@@ -503,7 +507,8 @@ def _targets(pids_text: Optional[str], all_of: Optional[str]) -> tuple:
 
 @contextmanager
 def armed(pids_text: Optional[str], all_of: Optional[str], duration: Optional[float],
-          ring_entries: int = 0) -> Iterator[Session]:
+          ring_entries: int = 0, prepare: Optional[Callable[[str], None]] = None
+          ) -> Iterator[Session]:
     """Arms the processes for the block, then disarms them, however it ends. Ctrl-C
     in the block ends it as `session.over()` does; the regions stay for the caller to
     read (live.remove deletes them) unless the block failed. A process we cannot arm
@@ -517,7 +522,7 @@ def armed(pids_text: Optional[str], all_of: Optional[str], duration: Optional[fl
         try:
             for pid in pids:
                 try:
-                    session.processes.append(arm(pid, ring_entries, only))
+                    session.processes.append(arm(pid, ring_entries, only, prepare))
                 except LiveError as e:
                     if all_of is None:
                         raise

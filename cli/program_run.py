@@ -11,6 +11,7 @@ import time
 import click
 
 from urewrite.errors import UrewriteError
+from urewrite.live_options import live_options, live_or_command
 
 EM_X86_64 = 62
 PRINTF_RING = 1 << 16  # events a process's ring holds for printf()s
@@ -22,28 +23,26 @@ PRINTF_RING = 1 << 16  # events a process's ring holds for printf()s
               help="Read the program from FILE.")
 @click.option("--json", "as_json", is_flag=True, help="Print the maps as bpftrace's -f json.")
 @click.option("-o", "--output", metavar="FILE", help="Write the maps to FILE, not stdout.")
+@live_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(program_text, program_path, as_json, output, command):
+def run(program_text, program_path, as_json, output, pids, all_of, duration, command):
     """Run COMMAND with a probe program in the probes of its rewritten files, then print
     the program's maps.
 
     \b
       urewrite run -e 'uprobe:./app.probed:parse { @[arg1] = count(); }' -- ./app.probed ARGS
       urewrite run -f prog.bt -- ./app.probed ARGS
+      urewrite run -f prog.bt -p 1234 --duration 10
     The probes a program names must be in the files (urewrite IN -e PROGRAM -o OUT
     rewrites a file with them). The command's own output is left alone; the exit status
-    is passed through.
+    is passed through. With -p or --all, the program is loaded into running processes
+    until Ctrl-C, --duration S or their exit, then unloaded, and the maps printed.
     """
     from urewrite.programs import attach, checks, evaluate, lower, maps, output as printer, parser
-    from urewrite.runner import exit_status, interrupts_to, region_directory, \
-        remove_region_directory
-    from urewrite.trampolines.region import ENV_VAR, TRACE_ENV_VAR
-    from urewrite.tracer import POLL_SECONDS
 
     if (program_text is None) == (program_path is None):
         raise click.UsageError("give the program with -e PROGRAM or -f FILE")
-    if not command:
-        raise click.UsageError("give the command to run after --")
+    armed = live_or_command(pids, all_of, duration, command)
     text = program_text
     try:
         if program_path is not None:
@@ -65,6 +64,38 @@ def run(program_text, program_path, as_json, output, command):
         if any(p.kind == "BEGIN" for p in block.probes):
             evaluate.run_block(state, block, _tracer_hit(block))
     _print(state.printed)
+    if armed:
+        returncode, found, dropped = _run_armed(pids, all_of, duration, targets, lowered)
+    else:
+        returncode, found, dropped = _run_command(command, targets, lowered)
+    state.printed.clear()
+    state.maps.update({m.name: m for m in found})
+    for block in checked.program.blocks:  # END, over what the probes gathered
+        if any(p.kind == "END" for p in block.probes):
+            evaluate.run_block(state, block, _tracer_hit(block))
+    _print(state.printed)
+    shown = list(state.maps.values())
+    report = "\n".join(printer.json_lines(shown)) + "\n" if as_json else \
+        ("\n\n" + printer.text(shown) if shown else "")
+    if output:
+        with open(output, "w") as f:
+            f.write(report)
+    else:
+        sys.stdout.write(report)
+    if dropped:
+        click.echo(f"urewrite: {dropped} map updates were dropped: a map with keys holds "
+                   f"{maps.KEYED_CAPACITY} entries", err=True)
+    sys.exit(returncode)
+
+
+def _run_command(command, targets, lowered):
+    """Runs the command with the program in its probes: (exit status, maps, dropped)."""
+    from urewrite.programs import attach, maps
+    from urewrite.runner import exit_status, interrupts_to, region_directory, \
+        remove_region_directory
+    from urewrite.trampolines.region import ENV_VAR, TRACE_ENV_VAR
+    from urewrite.tracer import POLL_SECONDS
+
     directory = region_directory()
     try:
         try:
@@ -92,24 +123,53 @@ def run(program_text, program_path, as_json, output, command):
             found, dropped = maps.read(f.read(), lowered.maps)
     finally:
         remove_region_directory(directory)
-    state.printed.clear()
-    state.maps.update({m.name: m for m in found})
-    for block in checked.program.blocks:  # END, over what the probes gathered
-        if any(p.kind == "END" for p in block.probes):
-            evaluate.run_block(state, block, _tracer_hit(block))
-    _print(state.printed)
-    shown = list(state.maps.values())
-    report = "\n".join(printer.json_lines(shown)) + "\n" if as_json else \
-        ("\n\n" + printer.text(shown) if shown else "")
-    if output:
-        with open(output, "w") as f:
-            f.write(report)
-    else:
-        sys.stdout.write(report)
-    if dropped:
-        click.echo(f"urewrite: {dropped} map updates were dropped: a map with keys holds "
-                   f"{maps.KEYED_CAPACITY} entries", err=True)
-    sys.exit(exit_status(returncode))
+    return exit_status(returncode), found, dropped
+
+
+def _run_armed(pids, all_of, duration, targets, lowered):
+    """Loads the program into running processes until the session ends:
+    (0, the maps of all of them, dropped)."""
+    from urewrite import live
+    from urewrite.live_report import announce
+    from urewrite.programs import attach, maps
+    from urewrite.tracer import POLL_SECONDS
+
+    maps_files = {}  # directory -> its maps file
+
+    def prepare(directory):
+        try:
+            maps_files[directory] = attach.write_files(directory, targets, lowered, _assemble)
+        except OSError as e:
+            raise UrewriteError(f"cannot write the program's files in {directory}: {e.strerror}")
+    session, readers = None, {}
+    try:
+        with live.armed(pids, all_of, duration, PRINTF_RING if lowered.printfs else 0,
+                        prepare) as session:
+            if not session.interrupted:
+                announce(session.processes)
+            while not session.over():
+                for p in session.processes:
+                    if lowered.printfs:
+                        _printed(p.directory, readers, lowered.printfs, final=False)
+                time.sleep(POLL_SECONDS)
+        contents, dropped = [], 0
+        for p in session.processes:
+            if lowered.printfs:
+                _printed(p.directory, readers, lowered.printfs, final=True)
+            with open(maps_files[p.directory], "rb") as f:
+                found, lost = maps.read(f.read(), lowered.maps)
+            contents.append(found)
+            dropped += lost
+    except UrewriteError as e:
+        _fail(str(e))
+    finally:
+        for reader in readers.values():
+            reader.close()
+        if session is not None:
+            live.remove(session.processes)
+    for problem in session.problems:
+        click.echo(f"urewrite: warning: {problem}", err=True)
+    return 0, maps.merge(contents), dropped
 
 
 def _printed(directory, readers, printfs, final: bool) -> None:

@@ -125,17 +125,18 @@ def write_files(directory: str, targets: Dict[str, Target], lowered: L.Lowered,
     maps file's path. `assemble(machine, lowered, offsets)` gives the code and each
     probe text's function offset."""
     offsets, _ = M.layout(lowered.maps)
+    run = int.from_bytes(os.urandom(8), "little") | 1
     maps_path = None
     for t in targets.values():
         texts = set(t.runs.values())
         only = dataclasses.replace(lowered, code={k: v for k, v in lowered.code.items() if k in texts})
         code, functions = assemble(t.machine, only, offsets)
         entries = {number: functions[text] for number, text in t.runs.items()}
-        blob = program_file.build(len(t.probes), code, entries)
+        blob = program_file.build(len(t.probes), code, entries, run)
         _create(os.path.join(directory, t.tag + program_file.PROGRAM_SUFFIX), blob, 0o644)
         maps = os.path.join(directory, t.tag + program_file.MAPS_SUFFIX)
         if maps_path is None:
-            _create(maps, bytes(M.initial_area(lowered.maps)), 0o600)
+            _create(maps, bytes(M.initial_area(lowered.maps, run)), 0o600)
             maps_path = maps
         else:
             os.link(maps_path, maps)

@@ -1,7 +1,8 @@
 """The maps of a running program: hash tables in shared memory that the probes update
 and the tracer reads (docs/programs.md, "Maps").
 
-    area:  u64 magic, u64 maps, u64 offset of each map's table
+    area:  u64 magic, u64 run (trampolines/program_file.py), u64 maps, u64 offset of
+           each map's table
     table: u64 capacity (a power of two), key words, value words, entry words,
            u64 dropped (updates a full table could not take), 3 words 0,
            then `capacity` entries
@@ -81,7 +82,7 @@ def shapes(checked: Checked) -> List[MapShape]:
 
 def layout(maps: List[MapShape]) -> Tuple[List[int], int]:
     """Each table's offset in the area, and the area's size."""
-    offset = _align(8 * (2 + len(maps)))
+    offset = _align(8 * (3 + len(maps)))
     offsets = []
     for shape in maps:
         offsets.append(offset)
@@ -89,10 +90,10 @@ def layout(maps: List[MapShape]) -> Tuple[List[int], int]:
     return offsets, offset
 
 
-def initial_area(maps: List[MapShape]) -> bytearray:
+def initial_area(maps: List[MapShape], run: int = 0) -> bytearray:
     offsets, size = layout(maps)
     area = bytearray(size)
-    struct.pack_into(f"<QQ{len(maps)}Q", area, 0, MAGIC, len(maps), *offsets)
+    struct.pack_into(f"<QQQ{len(maps)}Q", area, 0, MAGIC, run, len(maps), *offsets)
     for shape, offset in zip(maps, offsets):
         struct.pack_into("<4Q", area, offset, shape.capacity, shape.key_words,
                          shape.value_words, shape.entry_words)
@@ -103,10 +104,10 @@ def read(area, maps: List[MapShape]) -> Tuple[List[MapData], int]:
     """The maps' contents, as the printer takes them, and the updates full tables
     dropped."""
     view = memoryview(area)
-    magic, count = struct.unpack_from("<QQ", view, 0)
+    magic, _, count = struct.unpack_from("<QQQ", view, 0)
     if magic != MAGIC or count != len(maps):
         raise ValueError("not this program's maps")
-    offsets = struct.unpack_from(f"<{count}Q", view, 16)
+    offsets = struct.unpack_from(f"<{count}Q", view, 24)
     out, dropped = [], 0
     for shape, offset in zip(maps, offsets):
         capacity, _, _, entry_words, lost = struct.unpack_from("<5Q", view, offset)
@@ -147,3 +148,28 @@ def _signed(word: int) -> int:
 
 def _align(n: int) -> int:
     return (n + 63) & ~63
+
+
+def merge(contents: List[List[MapData]]) -> List[MapData]:
+    """One program's maps from several processes (each armed live has its own), as one
+    set: counts, sums, averages and buckets add up; min and max keep theirs; a plain
+    value keeps the last process's."""
+    merged = {}
+    for maps in contents:
+        for data in maps:
+            into = merged.setdefault(data.name, MapData(data.name, data.kind, lhist=data.lhist,
+                                                        keyed=data.keyed))
+            for key, value in data.entries.items():
+                if key not in into.entries:
+                    into.entries[key] = value
+                elif data.kind in ("hist", "lhist"):
+                    into.entries[key] = [a + b for a, b in zip(into.entries[key], value)]
+                elif data.kind in ("avg", "stats"):
+                    into.entries[key] = tuple(a + b for a, b in zip(into.entries[key], value))
+                elif data.kind in ("count", "sum"):
+                    into.entries[key] += value
+                elif data.kind in ("min", "max"):
+                    into.entries[key] = (min if data.kind == "min" else max)(into.entries[key], value)
+                else:
+                    into.entries[key] = value
+    return list(merged.values())

@@ -111,3 +111,27 @@ def test_a_probe_the_file_lacks_is_named_with_the_rewrite_that_adds_it(files):
     assert proc.returncode == 1 and "is not rewritten by urewrite" in proc.stderr
     proc = urewrite("run", "-e", "uprobe:./nowhere:work { @ = count(); }", "--", str(plain), "5")
     assert proc.returncode == 1 and "no file ./nowhere" in proc.stderr
+
+
+def test_loaded_into_a_running_process_and_unloaded(files):
+    _, rewritten = files
+    process = subprocess.Popen([str(rewritten), "4000000000"], stdout=subprocess.DEVNULL)
+    try:
+        import time
+        time.sleep(0.3)  # (its runtime started)
+        program = f"uprobe:{rewritten}:work {{ @n = count(); @parity[arg0 % 2] = count(); }}"
+        proc = urewrite("run", "-e", program, "-p", str(process.pid), "--duration", "0.5")
+        assert proc.returncode == 0, proc.stderr
+        assert f"armed pid {process.pid}" in proc.stderr
+        counts = dict(line.split(": ") for line in proc.stdout.strip().splitlines())
+        total = int(counts["@n"])
+        assert total > 1000 and int(counts["@parity[0]"]) + int(counts["@parity[1]"]) == total
+        # unloaded: the process runs on, and another tracer counts it as usual
+        assert process.poll() is None
+        stat = urewrite("stat", "-p", str(process.pid), "--duration", "0.3")
+        assert stat.returncode == 0, stat.stderr
+        work = [line for line in stat.stdout.splitlines() if " work " in line and "entry" in line]
+        assert work and int(work[0].split()[-1]) > 1000
+    finally:
+        process.kill()
+        process.wait()

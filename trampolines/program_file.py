@@ -4,9 +4,12 @@ runtime to map: the code of a probe program, and the maps it updates.
     TAG.program  (mapped read and execute; a regular file of the process's user or
                   root, writable by no one else, or it is not mapped)
         u64 magic, u64 probes (the object's probe count), u64 table offset,
-        u64 code offset (page-aligned), u64 code bytes, 3 words 0,
+        u64 code offset (page-aligned), u64 code bytes, u64 run (a number of the
+        run's, also the maps' second word: a hit runs the code only on the maps of
+        its run, whatever a live re-arm is replacing), 2 words 0,
         table: u64 per probe: 1 + the offset of its function in the code, or 0
-    TAG.maps     (mapped shared, read and write: programs/maps.py's area)
+    TAG.maps     (mapped shared, read and write: programs/maps.py's area: u64 magic,
+                  u64 run, ...)
 
 TAG is the object's region file tag (the .urewrite.rodata template's, as in
 TAG.PID.ure). When both are mapped, every hit of the object takes the trace path,
@@ -45,14 +48,14 @@ CTX_SIZE = 208
 PRINTF_PROBE = 0x7FFF0000  # a printf() event's probe number: this plus the printf's
 
 
-def build(probe_count: int, code: bytes, entries: Dict[int, int]) -> bytes:
+def build(probe_count: int, code: bytes, entries: Dict[int, int], run: int) -> bytes:
     """The .program file: `entries` maps a probe's number to its function's offset."""
     table_offset = HEADER.size
     code_offset = _page(table_offset + 8 * probe_count)
     table = [0] * probe_count
     for probe, offset in entries.items():
         table[probe] = offset + 1
-    head = HEADER.pack(MAGIC, probe_count, table_offset, code_offset, len(code), 0, 0, 0)
+    head = HEADER.pack(MAGIC, probe_count, table_offset, code_offset, len(code), run, 0, 0)
     body = head + struct.pack(f"<{probe_count}Q", *table)
     return body.ljust(code_offset, b"\0") + code
 

@@ -911,6 +911,12 @@ run_program:
     mov r9, qword ptr [rbx + {PS_PROGRAM}]
     test r9, r9
     jz rp_none
+    mov r11, qword ptr [rbx + {PS_PROGRAM_MAPS}]   # its maps: the same run's (a live
+    test r11, r11                                  # re-arm may be replacing both)
+    jz rp_none
+    mov rax, qword ptr [r9 + 40]
+    cmp rax, qword ptr [r11 + 8]
+    jne rp_none
     mov ecx, r13d
     cmp rcx, qword ptr [r9 + 8]            # the program's probe count
     jae rp_none
@@ -931,6 +937,7 @@ run_program:
     xor eax, eax
     mov ecx, {CTX_SIZE} / 8
     rep stosq
+    mov qword ptr [rsp + {CTX_MAPS}], r11
     mov rcx, qword ptr [r14]               # the arguments, as trace_event's
     cmp rcx, {CTX_ARGUMENTS}
     jbe rp_count
@@ -973,8 +980,6 @@ rp_tid:
     shrd rax, rdx, 32
     add rax, qword ptr [r8 + {OFF_CLOCK_REF_NS}]
     mov qword ptr [rsp + {CTX_NSECS}], rax
-    mov rax, qword ptr [rbx + {PS_PROGRAM_MAPS}]
-    mov qword ptr [rsp + {CTX_MAPS}], rax
     mov rax, qword ptr [rbx + {PS_COMM}]
     mov qword ptr [rsp + {CTX_COMM}], rax
     mov rax, qword ptr [rbx + {PS_COMM} + 8]
@@ -1059,6 +1064,10 @@ pe_done:
 # are mapped: the trace path then runs the program. Clobbers rax, rcx, rdx, rsi,
 # rdi, r8, r9, r11.
 program_setup:
+    # a program of an earlier arming (a live tracer's, or the parent's before fork)
+    # ends here; its mappings stay, as a hit may still be running it
+    mov qword ptr [rbx + {PS_PROGRAM}], 0
+    mov qword ptr [rbx + {PS_PROGRAM_MAPS}], 0
     push r10
     push r12
     push r13
@@ -1130,8 +1139,8 @@ program_setup:
     movabs rcx, {MAPS_MAGIC}
     cmp qword ptr [rax], rcx
     jne ps_unmap_maps
-    mov qword ptr [rbx + {PS_PROGRAM_MAPS}], rax
-    mov qword ptr [rbx + {PS_PROGRAM}], r12
+    mov qword ptr [rbx + {PS_PROGRAM_MAPS}], rax  # (the maps first: run_program reads
+    mov qword ptr [rbx + {PS_PROGRAM}], r12        # the program, then the maps)
     mov rdi, r13
     mov eax, 3                             # close
     syscall
