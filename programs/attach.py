@@ -132,7 +132,7 @@ def write_files(directory: str, targets: Dict[str, Target], lowered: L.Lowered,
         only = dataclasses.replace(lowered, code={k: v for k, v in lowered.code.items() if k in texts})
         code, functions = assemble(t.machine, only, offsets)
         entries = {number: functions[text] for number, text in t.runs.items()}
-        blob = program_file.build(len(t.probes), code, entries, run)
+        blob = program_file.build(len(t.probes), code, entries, run, lowered.uses)
         _create(os.path.join(directory, t.tag + program_file.PROGRAM_SUFFIX), blob, 0o644)
         maps = os.path.join(directory, t.tag + program_file.MAPS_SUFFIX)
         if maps_path is None:

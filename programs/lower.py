@@ -44,7 +44,8 @@ from urewrite.programs.parser import ProgramError
 from urewrite.programs.syntax import (Assign, Binary, Block, Builtin, Call, Cast,
                                       Conditional, Dereference, If, Integer, Map,
                                       String, Unary, Variable)
-from urewrite.trampolines.program_file import ARGUMENTS, CTX_COMM, CTX_NSECS, CTX_PID, CTX_TID
+from urewrite.trampolines.program_file import (ARGUMENTS, CTX_COMM, CTX_NSECS, CTX_PID,
+                                               CTX_TID, USES_COMM, USES_NSECS, USES_TID)
 
 STRING = 64             # the bytes of a string value (bpftrace's default strlen)
 
@@ -64,6 +65,13 @@ class Lowered:
     scratch: int  # string buffers
     maps: List[map_layout.MapShape] = field(default_factory=list)
     printfs: List[Tuple[str, Tuple[str, ...]]] = field(default_factory=list)  # printf N's
+
+    @property
+    def uses(self) -> int:
+        """What of the context the code reads beyond the arguments (program_file.USES_*)."""
+        read = {op[1] for ops in self.code.values() for op in ops if op[0] in ("ctx", "ctx_address")}
+        return (USES_NSECS * (CTX_NSECS in read) | USES_TID * (CTX_TID in read)
+                | USES_COMM * (CTX_COMM in read))
 
 
 def lower(checked: Checked, probe_names: Dict[str, Tuple[str, str]] = None) -> Lowered:

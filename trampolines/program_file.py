@@ -6,7 +6,8 @@ runtime to map: the code of a probe program, and the maps it updates.
         u64 magic, u64 probes (the object's probe count), u64 table offset,
         u64 code offset (page-aligned), u64 code bytes, u64 run (a number of the
         run's, also the maps' second word: a hit runs the code only on the maps of
-        its run, whatever a live re-arm is replacing), 2 words 0,
+        its run, whatever a live re-arm is replacing), u64 what the code reads of
+        its context beyond the arguments (USES_*: the rest is not filled in), 1 word 0,
         table: u64 per probe: 1 + the offset of its function in the code, or 0
     TAG.maps     (mapped shared, read and write: programs/maps.py's area: u64 magic,
                   u64 run, ...)
@@ -45,17 +46,19 @@ CTX_COMM = 128
 COMM_BYTES = 64
 CTX_EVENT = 192  # the runtime's routine for printf(): edi = format, rsi = words, rdx = count
 CTX_SIZE = 208
+USES_NSECS, USES_TID, USES_COMM = 1, 2, 4  # (pid, maps and the routine are always there)
 PRINTF_PROBE = 0x7FFF0000  # a printf() event's probe number: this plus the printf's
 
 
-def build(probe_count: int, code: bytes, entries: Dict[int, int], run: int) -> bytes:
+def build(probe_count: int, code: bytes, entries: Dict[int, int], run: int,
+          uses: int = USES_NSECS | USES_TID | USES_COMM) -> bytes:
     """The .program file: `entries` maps a probe's number to its function's offset."""
     table_offset = HEADER.size
     code_offset = _page(table_offset + 8 * probe_count)
     table = [0] * probe_count
     for probe, offset in entries.items():
         table[probe] = offset + 1
-    head = HEADER.pack(MAGIC, probe_count, table_offset, code_offset, len(code), run, 0, 0)
+    head = HEADER.pack(MAGIC, probe_count, table_offset, code_offset, len(code), run, uses, 0)
     body = head + struct.pack(f"<{probe_count}Q", *table)
     return body.ljust(code_offset, b"\0") + code
 

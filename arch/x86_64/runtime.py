@@ -69,6 +69,7 @@ def build(spec: RuntimeSpec) -> Runtime:
             "CTX_TID": program_file.CTX_TID, "CTX_NSECS": program_file.CTX_NSECS,
             "CTX_MAPS": program_file.CTX_MAPS, "CTX_COMM": program_file.CTX_COMM,
             "CTX_EVENT": program_file.CTX_EVENT, "PRINTF_PROBE": hex(program_file.PRINTF_PROBE),
+            "USES_TID": program_file.USES_TID, "USES_NSECS": program_file.USES_NSECS,
             "CLOCK_KIND": region.CLOCK_TSC, "CLOCK_FILE": region.CLOCK_FILE,
             "CLOCK_FILE_MAGIC": hex(int.from_bytes(region.CLOCK_FILE_MAGIC, "little")),
             "FSBASE_USABLE": trampoline.FSBASE_USABLE, "ASIDE_BUSY": ASIDE_BUSY,

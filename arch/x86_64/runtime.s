@@ -961,6 +961,8 @@ rp_arg:
 rp_args_done:
     mov eax, dword ptr [r8 + {OFF_PID}]
     mov qword ptr [rsp + {CTX_PID}], rax
+    test byte ptr [r9 + 48], {USES_TID}    # what the code reads, and no more (r9: the program)
+    jz rp_no_tid
     call thread_owner
     test esi, esi
     jnz rp_tid
@@ -972,6 +974,9 @@ rp_args_done:
     mov dword ptr [rdi + {OWNER_TID}], eax
 rp_tid:
     mov qword ptr [rsp + {CTX_TID}], rsi
+rp_no_tid:
+    test byte ptr [r9 + 48], {USES_NSECS}
+    jz rp_no_nsecs
     rdtsc                                  # nsecs: the region's clock pair, then ticks
     shl rdx, 32
     or rax, rdx
@@ -980,6 +985,7 @@ rp_tid:
     shrd rax, rdx, 32
     add rax, qword ptr [r8 + {OFF_CLOCK_REF_NS}]
     mov qword ptr [rsp + {CTX_NSECS}], rax
+rp_no_nsecs:
     mov rax, qword ptr [rbx + {PS_COMM}]
     mov qword ptr [rsp + {CTX_COMM}], rax
     mov rax, qword ptr [rbx + {PS_COMM} + 8]
