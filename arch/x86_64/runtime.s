@@ -816,31 +816,9 @@ trace_event:
     jbe te_skip                            # without a ring) since the hit was counted
     cmp qword ptr [rbx + {PS_PROGRAM}], 0  # a probe program's hits: no event of their own
     jne run_program                        # (its ring holds its printf()s)
-    mov r9, qword ptr [r8 + {OFF_RING}]
-    test r9, r9
+    call ring_claim
+    test eax, eax
     jz te_skip
-    add r9, r8                             # ring
-    mov eax, 1
-    lock xadd qword ptr [r9 + {RING_HEAD}], rax
-    mov ecx, dword ptr [r8 + {OFF_RING_ENTRIES}]
-    dec ecx
-    mov r10, rax
-    and r10, rcx
-    shl r10, {RECORD_SHIFT}
-    lea r10, [r9 + r10 + {RING_RECORDS}]   # the record
-    lea r11, [rax*2 + 1]                   # its sequence while written; + 1 when done
-te_claim:
-    mov rax, qword ptr [r10 + {REC_SEQ}]
-    test al, 1
-    jnz te_drop                            # another writer is in it (the ring lapped)
-    cmp rax, r11
-    jae te_drop                            # a newer event already took it
-    lock cmpxchg qword ptr [r10 + {REC_SEQ}], r11
-    jne te_claim
-    rdtsc
-    shl rdx, 32
-    or rax, rdx
-    mov qword ptr [r10 + {REC_TICKS}], rax
     mov dword ptr [r10 + {REC_PROBE}], r13d
     call thread_owner
     mov dword ptr [r10 + {REC_TID}], esi
@@ -862,12 +840,47 @@ te_arg:
 te_done:
     lea rax, [r11 + 1]
     mov qword ptr [r10 + {REC_SEQ}], rax   # complete (a release store on x86)
-    jmp run_program
-te_drop:
-    lock inc qword ptr [r9 + {RING_DROPPED}]
-    jmp run_program
+    ret
 te_skip:                                   # no ring to write to: the event is not recorded
-    jmp run_program
+    ret
+
+# Claims the next record of the region's ring, its time written. r8 = region ->
+# eax = 1, r10 = the record, r11 = its sequence while written (store r11 + 1 when
+# done); or eax = 0: no ring, or no record free (counted as dropped). r9 = the ring.
+# Clobbers rax, rcx, rdx.
+ring_claim:
+    mov r9, qword ptr [r8 + {OFF_RING}]
+    test r9, r9
+    jz rc_none
+    add r9, r8                             # ring
+    mov eax, 1
+    lock xadd qword ptr [r9 + {RING_HEAD}], rax
+    mov ecx, dword ptr [r8 + {OFF_RING_ENTRIES}]
+    dec ecx
+    mov r10, rax
+    and r10, rcx
+    shl r10, {RECORD_SHIFT}
+    lea r10, [r9 + r10 + {RING_RECORDS}]   # the record
+    lea r11, [rax*2 + 1]                   # its sequence while written; + 1 when done
+rc_claim:
+    mov rax, qword ptr [r10 + {REC_SEQ}]
+    test al, 1
+    jnz rc_drop                            # another writer is in it (the ring lapped)
+    cmp rax, r11
+    jae rc_drop                            # a newer event already took it
+    lock cmpxchg qword ptr [r10 + {REC_SEQ}], r11
+    jne rc_claim
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    mov qword ptr [r10 + {REC_TICKS}], rax
+    mov eax, 1
+    ret
+rc_drop:
+    lock inc qword ptr [r9 + {RING_DROPPED}]
+rc_none:
+    xor eax, eax
+    ret
 
 # -> rdi = this thread's entry in the owner table, or 0 (a thread in the shared row),
 # esi = the thread id learnt when the thread claimed its row (0 if none yet).
@@ -1013,31 +1026,9 @@ program_event:
     mov r8, qword ptr [rbx]
     cmp r8, 1
     jbe pe_done
-    mov r9, qword ptr [r8 + {OFF_RING}]
-    test r9, r9
+    call ring_claim
+    test eax, eax
     jz pe_done
-    add r9, r8                             # ring
-    mov eax, 1
-    lock xadd qword ptr [r9 + {RING_HEAD}], rax
-    mov ecx, dword ptr [r8 + {OFF_RING_ENTRIES}]
-    dec ecx
-    mov r10, rax
-    and r10, rcx
-    shl r10, {RECORD_SHIFT}
-    lea r10, [r9 + r10 + {RING_RECORDS}]   # the record
-    lea r11, [rax*2 + 1]                   # its sequence while written; + 1 when done
-pe_claim:
-    mov rax, qword ptr [r10 + {REC_SEQ}]
-    test al, 1
-    jnz pe_drop                            # another writer is in it (the ring lapped)
-    cmp rax, r11
-    jae pe_drop                            # a newer event already took it
-    lock cmpxchg qword ptr [r10 + {REC_SEQ}], r11
-    jne pe_claim
-    rdtsc
-    shl rdx, 32
-    or rax, rdx
-    mov qword ptr [r10 + {REC_TICKS}], rax
     lea eax, [r13 + {PRINTF_PROBE}]
     mov dword ptr [r10 + {REC_PROBE}], eax
     call thread_owner
@@ -1053,9 +1044,6 @@ pe_count:
     rep movsq
     lea rax, [r11 + 1]
     mov qword ptr [r10 + {REC_SEQ}], rax   # complete (a release store on x86)
-    jmp pe_done
-pe_drop:
-    lock inc qword ptr [r9 + {RING_DROPPED}]
 pe_done:
     pop r14
     pop r13
