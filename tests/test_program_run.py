@@ -135,3 +135,23 @@ def test_loaded_into_a_running_process_and_unloaded(files):
     finally:
         process.kill()
         process.wait()
+
+
+def test_usdt_arguments_and_addresses_in_a_program(tmp_path):
+    """A USDT probe's arguments are its note's; an address probe runs too."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    plain = tmp_path / "trigger"
+    subprocess.run(["gcc", "-O2", "-pthread", os.path.join(ROOT, "samples", "trigger.c"), "-o",
+                    str(plain)], check=True)
+    rewritten = tmp_path / "trigger.probed"
+    program = (f"usdt:{rewritten}:trigger:usdt {{ @mod[arg1 % 3] = count(); @sum = sum(arg0); }} "
+               f"uprobe:{rewritten}:trigger_last {{ @last = count(); }}")
+    proc = urewrite(str(plain), "-e", program, "-o", str(rewritten), "-q")
+    assert proc.returncode == 0, proc.stderr
+    ran = urewrite("run", "-e", program, "--", str(rewritten), "usdt", "3000")
+    assert ran.returncode == 0, ran.stderr
+    maps = _maps(ran.stdout)
+    # the site passes (i, n - i) for i < n: n - i covers 1..3000
+    assert "@mod[0]: 1000\n@mod[1]: 1000\n@mod[2]: 1000\n" in maps
+    assert f"@sum: {sum(range(3000))}\n" in maps and "@last: 1\n" in maps
