@@ -112,6 +112,10 @@ class Code:
             return [("next", (nxt, offset - 8 * move, aside))]
         if m in ("pop", "popfq"):
             return [("next", (nxt, offset + 8 * move, aside))]
+        if m == "call" and not ops.startswith("0x"):
+            # through a pointer: a probe program's code (run_program), which never runs
+            # in Go code (programs/attach.py refuses Go programs): its return address only
+            return [("deepest", -offset + 8), ("next", (nxt, offset, aside))]
         if m == "call":
             return self._call(insn, int(ops, 16), offset, aside, 8)
         if m == "ret":

@@ -70,6 +70,9 @@ def build(spec: RuntimeSpec) -> Runtime:
             "CTX_MAPS": program_file.CTX_MAPS, "CTX_COMM": program_file.CTX_COMM,
             "CTX_EVENT": program_file.CTX_EVENT, "PRINTF_PROBE": hex(program_file.PRINTF_PROBE),
             "USES_TID": program_file.USES_TID, "USES_NSECS": program_file.USES_NSECS,
+            # a Go program runs no probe program: its code's stack frames would not fit
+            # below a goroutine's stack pointer (docs/design.md, "Go's stacks")
+            "NO_PROGRAMS": "    ret" if spec.go_program else "",
             "CLOCK_KIND": region.CLOCK_TSC, "CLOCK_FILE": region.CLOCK_FILE,
             "CLOCK_FILE_MAGIC": hex(int.from_bytes(region.CLOCK_FILE_MAGIC, "little")),
             "FSBASE_USABLE": trampoline.FSBASE_USABLE, "ASIDE_BUSY": ASIDE_BUSY,

@@ -919,6 +919,7 @@ to_done:
 # registers as trace_event: r12 = frame, r13d = probe, r14 = argument descriptors,
 # r15 = the site's rsp, r8 = region, rbx = state. May clobber every register but rsp.
 run_program:
+{NO_PROGRAMS}
     cmp r8, 1
     jbe rp_none
     mov r9, qword ptr [rbx + {PS_PROGRAM}]
@@ -941,10 +942,7 @@ run_program:
     dec rax
     add rax, qword ptr [r9 + 24]
     add rax, r9                            # the function
-    push rbp
-    mov rbp, rsp
-    sub rsp, {CTX_SIZE} + 16
-    and rsp, -16
+    sub rsp, {CTX_SIZE} + 8                # the context, and the function's address
     mov qword ptr [rsp + {CTX_SIZE}], rax
     mov rdi, rsp                           # the context, cleared
     xor eax, eax
@@ -1007,7 +1005,7 @@ rp_no_nsecs:
     mov qword ptr [rsp + {CTX_EVENT}], rax
     mov rdi, rsp
     call qword ptr [rsp + {CTX_SIZE}]
-    leave
+    add rsp, {CTX_SIZE} + 8
 rp_none:
     ret
 
@@ -1058,6 +1056,8 @@ pe_done:
 # are mapped: the trace path then runs the program. Clobbers rax, rcx, rdx, rsi,
 # rdi, r8, r9, r11.
 program_setup:
+    xor eax, eax
+{NO_PROGRAMS}
     # a program of an earlier arming (a live tracer's, or the parent's before fork)
     # ends here; its mappings stay, as a hit may still be running it
     mov qword ptr [rbx + {PS_PROGRAM}], 0
