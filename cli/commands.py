@@ -663,18 +663,28 @@ def stat(as_json, output, interval, directory, pids, all_of, duration, command):
     if not regions:
         click.echo(f"urewrite: no probe region in {directory}" if directory else "urewrite: no probe region was written: is the command rewritten by urewrite (and not set-user-ID)?", err=True)
     from urewrite.trampolines import region as region_layout
-    for region in regions:
-        if region.returns_missed:
-            click.echo(f"urewrite: {region.object} (pid {region.pid}): {region.returns_missed} "
-                       f"calls could not redirect their return address: their returns are "
-                       f"not counted", err=True)
-        if region.latency_missed:
-            click.echo(f"urewrite: {region.object} (pid {region.pid}): {region.latency_missed} "
-                       f"returns of functions measured for latency gave no sample (more than "
-                       f"{region_layout.LATENCY_DEPTH} calls open in a thread, or entered on "
-                       f"another thread)",
-                       err=True)
+    for who, returns_missed, latency_missed in _missed_by_object(regions):
+        if returns_missed:
+            click.echo(f"urewrite: {who}: {returns_missed} calls could not redirect their "
+                       f"return address: their returns are not counted", err=True)
+        if latency_missed:
+            click.echo(f"urewrite: {who}: {latency_missed} returns of functions measured for "
+                       f"latency gave no sample (more than {region_layout.LATENCY_DEPTH} calls "
+                       f"open in a thread, or entered on another thread)", err=True)
     sys.exit(exit_code or 0)
+
+
+def _missed_by_object(regions):
+    """(who, returns missed, latency samples missed) per object, over its processes: one
+    line for a loop of short runs, not one per process."""
+    by_object = {}
+    for region in regions:
+        pids, returns, latency = by_object.get(region.object, ([], 0, 0))
+        by_object[region.object] = (pids + [region.pid], returns + region.returns_missed,
+                                    latency + region.latency_missed)
+    for name, (pids, returns, latency) in by_object.items():
+        who = f"{name} (pid {pids[0]})" if len(pids) == 1 else f"{name} ({len(pids)} processes)"
+        yield who, returns, latency
 
 
 @main.command(context_settings={"ignore_unknown_options": True})

@@ -51,6 +51,13 @@ def test_calls_beyond_the_stack_of_open_calls_are_counted(tmp_path):
     urewrite("stat", "--json", "-o", tmp_path / "stat.json", "--", probed, DEPTH, ROUNDS, THREADS)
     report = json.loads((tmp_path / "stat.json").read_text())
     assert report["latency_missed"] == CALLS - SAMPLED and report["returns_missed"] == 0
+    # a loop of runs says so once, for all its processes
+    loop = urewrite("stat", "--", "sh", "-c", f"for i in 1 2 3; do {probed} {DEPTH} {ROUNDS} "
+                                             f"{THREADS}; done")
+    missed = [line for line in loop.stderr.splitlines() if "gave no sample" in line]
+    assert missed == [f"urewrite: latency_depth.probed (3 processes): {3 * (CALLS - SAMPLED)} "
+                      f"returns of functions measured for latency gave no sample (more than "
+                      f"{LATENCY_DEPTH} calls open in a thread, or entered on another thread)"]
 
 
 @pytest.mark.skipif(shutil.which(CROSS_CC) is None or shutil.which(QEMU) is None,
