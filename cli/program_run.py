@@ -23,9 +23,11 @@ PRINTF_RING = 1 << 16  # events a process's ring holds for printf()s
               help="Read the program from FILE.")
 @click.option("--json", "as_json", is_flag=True, help="Print the maps as bpftrace's -f json.")
 @click.option("-o", "--output", metavar="FILE", help="Write the maps to FILE, not stdout.")
+@click.option("--interval", type=click.FloatRange(min=0.01), metavar="S",
+              help="Also print the maps every S seconds while the program runs.")
 @live_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(program_text, program_path, as_json, output, pids, all_of, duration, command):
+def run(program_text, program_path, as_json, output, interval, pids, all_of, duration, command):
     """Run COMMAND with a probe program in the probes of its rewritten files, then print
     the program's maps.
 
@@ -64,10 +66,11 @@ def run(program_text, program_path, as_json, output, pids, all_of, duration, com
         if any(p.kind == "BEGIN" for p in block.probes):
             evaluate.run_block(state, block, _tracer_hit(block))
     _print(state.printed)
+    ticker = _Ticker(interval, lowered, as_json)
     if armed:
-        returncode, found, dropped = _run_armed(pids, all_of, duration, targets, lowered)
+        returncode, found, dropped = _run_armed(pids, all_of, duration, targets, lowered, ticker)
     else:
-        returncode, found, dropped = _run_command(command, targets, lowered)
+        returncode, found, dropped = _run_command(command, targets, lowered, ticker)
     state.printed.clear()
     state.maps.update({m.name: m for m in found})
     for block in checked.program.blocks:  # END, over what the probes gathered
@@ -88,7 +91,33 @@ def run(program_text, program_path, as_json, output, pids, all_of, duration, com
     sys.exit(returncode)
 
 
-def _run_command(command, targets, lowered):
+class _Ticker:
+    """--interval S: the maps so far, every S seconds, as the end prints them."""
+
+    def __init__(self, interval, lowered, as_json: bool):
+        self.interval, self.lowered, self.as_json = interval, lowered, as_json
+        self.next = time.monotonic() + interval if interval else None
+
+    def due(self) -> bool:
+        return self.next is not None and time.monotonic() >= self.next
+
+    def show(self, maps_files) -> None:
+        """Print the maps the files hold now (several: added up)."""
+        from urewrite.programs import maps, output as printer
+        contents = []
+        for path in maps_files:
+            try:
+                with open(path, "rb") as f:
+                    contents.append(maps.read(f.read(), self.lowered.maps)[0])
+            except (OSError, ValueError):
+                continue
+        shown = maps.merge(contents)
+        _print(["\n".join(printer.json_lines(shown)) + "\n" if self.as_json else
+                printer.text(shown) + "\n"])
+        self.next += self.interval
+
+
+def _run_command(command, targets, lowered, ticker):
     """Runs the command with the program in its probes: (exit status, maps, dropped)."""
     from urewrite.programs import attach, maps
     from urewrite.runner import exit_status, interrupts_to, region_directory, \
@@ -110,8 +139,11 @@ def _run_command(command, targets, lowered):
         readers = {}
         try:
             with interrupts_to(list(command), env) as process:
-                while lowered.printfs and process.poll() is None:
-                    _printed(directory, readers, lowered.printfs, final=False)
+                while (lowered.printfs or ticker.next) and process.poll() is None:
+                    if lowered.printfs:
+                        _printed(directory, readers, lowered.printfs, final=False)
+                    if ticker.due():
+                        ticker.show([maps_path])
                     time.sleep(POLL_SECONDS)
                 returncode = process.wait()
             if lowered.printfs:
@@ -126,7 +158,7 @@ def _run_command(command, targets, lowered):
     return exit_status(returncode), found, dropped
 
 
-def _run_armed(pids, all_of, duration, targets, lowered):
+def _run_armed(pids, all_of, duration, targets, lowered, ticker):
     """Loads the program into running processes until the session ends:
     (0, the maps of all of them, dropped)."""
     from urewrite import live
@@ -151,6 +183,8 @@ def _run_armed(pids, all_of, duration, targets, lowered):
                 for p in session.processes:
                     if lowered.printfs:
                         _printed(p.directory, readers, lowered.printfs, final=False)
+                if ticker.due():
+                    ticker.show([maps_files[p.directory] for p in session.processes])
                 time.sleep(POLL_SECONDS)
         contents, dropped = [], 0
         for p in session.processes:
@@ -222,8 +256,11 @@ def _monotonic_ns() -> int:
 
 def _print(lines) -> None:
     if lines:
-        sys.stdout.write("".join(lines))
-        sys.stdout.flush()
+        try:
+            sys.stdout.write("".join(lines))
+            sys.stdout.flush()
+        except BrokenPipeError:  # (a reader such as head went away: go on, quietly)
+            sys.stdout = open(os.devnull, "w")
 
 
 def _fail(message: str) -> None:

@@ -28,10 +28,11 @@ def interrupts_to(command: List[str], env: dict):
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         try:
-            yield subprocess.Popen(command, env=env, preexec_fn=lambda: signal.signal(
+            process = subprocess.Popen(command, env=env, preexec_fn=lambda: signal.signal(
                 signal.SIGINT, signal.SIG_DFL))
-        except OSError as e:
+        except OSError as e:  # (only starting it: what the caller's block raises is its own)
             raise UrewriteError(f"cannot run {command[0]}: {e.strerror}")
+        yield process
     finally:
         signal.signal(signal.SIGINT, previous)
 

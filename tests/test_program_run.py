@@ -155,3 +155,14 @@ def test_usdt_arguments_and_addresses_in_a_program(tmp_path):
     # the site passes (i, n - i) for i < n: n - i covers 1..3000
     assert "@mod[0]: 1000\n@mod[1]: 1000\n@mod[2]: 1000\n" in maps
     assert f"@sum: {sum(range(3000))}\n" in maps and "@last: 1\n" in maps
+
+
+def test_interval_prints_the_maps_as_they_grow(files):
+    _, rewritten = files
+    program = f"uprobe:{rewritten}:work {{ @n = count(); }}"
+    proc = urewrite("run", "--interval", "0.2", "-e", program, "--", "sh", "-c",
+                    f"{rewritten} 10 >/dev/null; sleep 0.7; {rewritten} 5 >/dev/null; sleep 0.5")
+    assert proc.returncode == 0, proc.stderr
+    shown = [line for line in proc.stdout.splitlines() if line.startswith("@n")]
+    assert shown[-1] == "@n: 15" and "@n: 10" in shown[:-1] and len(shown) >= 4
+    assert shown == sorted(shown, key=lambda line: int(line.split()[1]))
