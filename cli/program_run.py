@@ -23,11 +23,15 @@ PRINTF_RING = 1 << 16  # events a process's ring holds for printf()s
               help="Read the program from FILE.")
 @click.option("--json", "as_json", is_flag=True, help="Print the maps as bpftrace's -f json.")
 @click.option("-o", "--output", metavar="FILE", help="Write the maps to FILE, not stdout.")
+@click.option("--map-size", type=click.IntRange(1, 1 << 24), default=4096, show_default=True,
+              metavar="N", help="Entries a map with keys holds (a power of two at or above "
+                                "N); updates past it are dropped and counted.")
 @click.option("--interval", type=click.FloatRange(min=0.01), metavar="S",
               help="Also print the maps every S seconds while the program runs.")
 @live_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(program_text, program_path, as_json, output, interval, pids, all_of, duration, command):
+def run(program_text, program_path, as_json, output, map_size, interval, pids, all_of, duration,
+        command):
     """Run COMMAND with a probe program in the probes of its rewritten files, then print
     the program's maps.
 
@@ -40,7 +44,7 @@ def run(program_text, program_path, as_json, output, interval, pids, all_of, dur
     is passed through. With -p or --all, the program is loaded into running processes
     until Ctrl-C, --duration S or their exit, then unloaded, and the maps printed.
     """
-    from urewrite.programs import attach, checks, evaluate, lower, maps, output as printer, parser
+    from urewrite.programs import attach, checks, evaluate, lower, output as printer, parser
 
     if (program_text is None) == (program_path is None):
         raise click.UsageError("give the program with -e PROGRAM or -f FILE")
@@ -58,7 +62,8 @@ def run(program_text, program_path, as_json, output, interval, pids, all_of, dur
         targets = {}
         attach.attach(targets, checked.program.blocks, list(command))
         lowered = lower.lower(checked, {p.text: (p.text, p.function or p.name or "")
-                                        for b in checked.program.blocks for p in b.probes})
+                                        for b in checked.program.blocks for p in b.probes},
+                              map_size)
     except UrewriteError as e:
         _fail(str(e))
     state = evaluate.State(checked)
@@ -68,9 +73,9 @@ def run(program_text, program_path, as_json, output, interval, pids, all_of, dur
     _print(state.printed)
     ticker = _Ticker(interval, lowered, as_json)
     if armed:
-        returncode, found, dropped = _run_armed(pids, all_of, duration, targets, lowered, ticker)
+        returncode, found, lost = _run_armed(pids, all_of, duration, targets, lowered, ticker)
     else:
-        returncode, found, dropped = _run_command(command, targets, lowered, ticker)
+        returncode, found, lost = _run_command(command, targets, lowered, ticker)
     state.printed.clear()
     state.maps.update({m.name: m for m in found})
     for block in checked.program.blocks:  # END, over what the probes gathered
@@ -85,9 +90,13 @@ def run(program_text, program_path, as_json, output, interval, pids, all_of, dur
             f.write(report)
     else:
         sys.stdout.write(report)
+    dropped, faults = lost
     if dropped:
         click.echo(f"urewrite: {dropped} map updates were dropped: a map with keys holds "
-                   f"{maps.KEYED_CAPACITY} entries", err=True)
+                   f"{max(m.capacity for m in lowered.maps)} entries (--map-size N)", err=True)
+    if faults:
+        click.echo(f"urewrite: {faults} memory reads found nothing to read (str() or a "
+                   f"pointer read of a bad address): they gave \"\" or 0", err=True)
     sys.exit(returncode)
 
 
@@ -152,10 +161,11 @@ def _run_command(command, targets, lowered, ticker):
             for reader in readers.values():
                 reader.close()
         with open(maps_path, "rb") as f:
-            found, dropped = maps.read(f.read(), lowered.maps)
+            area = f.read()
+        found, dropped = maps.read(area, lowered.maps)
     finally:
         remove_region_directory(directory)
-    return exit_status(returncode), found, dropped
+    return exit_status(returncode), found, (dropped, maps.faults(area))
 
 
 def _run_armed(pids, all_of, duration, targets, lowered, ticker):
@@ -186,14 +196,16 @@ def _run_armed(pids, all_of, duration, targets, lowered, ticker):
                 if ticker.due():
                     ticker.show([maps_files[p.directory] for p in session.processes])
                 time.sleep(POLL_SECONDS)
-        contents, dropped = [], 0
+        contents, dropped, faults = [], 0, 0
         for p in session.processes:
             if lowered.printfs:
                 _printed(p.directory, readers, lowered.printfs, final=True)
             with open(maps_files[p.directory], "rb") as f:
-                found, lost = maps.read(f.read(), lowered.maps)
+                area = f.read()
+            found, lost = maps.read(area, lowered.maps)
             contents.append(found)
             dropped += lost
+            faults += maps.faults(area)
     except UrewriteError as e:
         _fail(str(e))
     finally:
@@ -203,7 +215,7 @@ def _run_armed(pids, all_of, duration, targets, lowered, ticker):
             live.remove(session.processes)
     for problem in session.problems:
         click.echo(f"urewrite: warning: {problem}", err=True)
-    return 0, maps.merge(contents), dropped
+    return 0, maps.merge(contents), (dropped, faults)
 
 
 def _printed(directory, readers, printfs, final: bool) -> None:

@@ -74,9 +74,11 @@ class Lowered:
                 | USES_COMM * (CTX_COMM in read))
 
 
-def lower(checked: Checked, probe_names: Dict[str, Tuple[str, str]] = None) -> Lowered:
-    """`probe_names`: probe text -> (the `probe` builtin's value, the `func` one's)."""
-    shapes = map_layout.shapes(checked)
+def lower(checked: Checked, probe_names: Dict[str, Tuple[str, str]] = None,
+          map_size: int = map_layout.KEYED_CAPACITY) -> Lowered:
+    """`probe_names`: probe text -> (the `probe` builtin's value, the `func` one's);
+    `map_size`: the entries a map with keys holds."""
+    shapes = map_layout.shapes(checked, map_size)
     lowering = _Lowering(checked, {s.name: i for i, s in enumerate(shapes)}, probe_names or {})
     code: Dict[str, List[tuple]] = {}
     for block in checked.program.blocks:

@@ -1,8 +1,9 @@
 """The maps of a running program: hash tables in shared memory that the probes update
 and the tracer reads (docs/programs.md, "Maps").
 
-    area:  u64 magic, u64 run (trampolines/program_file.py), u64 maps, u64 offset of
-           each map's table
+    area:  u64 magic, u64 run (trampolines/program_file.py), u64 faults (memory reads
+           that found nothing to read: str() and pointer reads of bad addresses),
+           u64 maps, u64 offset of each map's table
     table: u64 capacity (a power of two), key words, value words, entry words,
            u64 dropped (updates a full table could not take), 3 words 0,
            then `capacity` entries
@@ -28,6 +29,8 @@ from urewrite.programs.output import HIST_BUCKETS, MapData
 from urewrite.trampolines.program_file import MAPS_MAGIC
 
 MAGIC = MAPS_MAGIC
+HEAD_WORDS = 4  # of the area, before the tables' offsets
+FAULTS = 16  # the area's count of memory reads that found nothing to read
 HEADER_WORDS = 8  # of a table
 ENTRY_HEAD = 2  # state, present
 STRING_WORDS = 8
@@ -63,7 +66,10 @@ class MapShape:
         return 8 * (HEADER_WORDS + self.capacity * self.entry_words)
 
 
-def shapes(checked: Checked) -> List[MapShape]:
+def shapes(checked: Checked, capacity: int = KEYED_CAPACITY) -> List[MapShape]:
+    """Each map's shape; `capacity`: the entries of a map with keys (a power of two
+    is taken at or above it)."""
+    capacity = 1 << max(capacity - 1, 1).bit_length()
     out = []
     for name, info in checked.maps.items():
         if info.kind == "hist":
@@ -76,13 +82,13 @@ def shapes(checked: Checked) -> List[MapShape]:
         else:
             words = 1
         out.append(MapShape(name, info.kind, info.keys, words,
-                            KEYED_CAPACITY if info.keys else 1, info.signed, info.lhist))
+                            capacity if info.keys else 1, info.signed, info.lhist))
     return out
 
 
 def layout(maps: List[MapShape]) -> Tuple[List[int], int]:
     """Each table's offset in the area, and the area's size."""
-    offset = _align(8 * (3 + len(maps)))
+    offset = _align(8 * (HEAD_WORDS + len(maps)))
     offsets = []
     for shape in maps:
         offsets.append(offset)
@@ -93,7 +99,7 @@ def layout(maps: List[MapShape]) -> Tuple[List[int], int]:
 def initial_area(maps: List[MapShape], run: int = 0) -> bytearray:
     offsets, size = layout(maps)
     area = bytearray(size)
-    struct.pack_into(f"<QQQ{len(maps)}Q", area, 0, MAGIC, run, len(maps), *offsets)
+    struct.pack_into(f"<4Q{len(maps)}Q", area, 0, MAGIC, run, 0, len(maps), *offsets)
     for shape, offset in zip(maps, offsets):
         struct.pack_into("<4Q", area, offset, shape.capacity, shape.key_words,
                          shape.value_words, shape.entry_words)
@@ -104,10 +110,10 @@ def read(area, maps: List[MapShape]) -> Tuple[List[MapData], int]:
     """The maps' contents, as the printer takes them, and the updates full tables
     dropped."""
     view = memoryview(area)
-    magic, _, count = struct.unpack_from("<QQQ", view, 0)
+    magic, _, _, count = struct.unpack_from("<4Q", view, 0)
     if magic != MAGIC or count != len(maps):
         raise ValueError("not this program's maps")
-    offsets = struct.unpack_from(f"<{count}Q", view, 24)
+    offsets = struct.unpack_from(f"<{count}Q", view, 8 * HEAD_WORDS)
     out, dropped = [], 0
     for shape, offset in zip(maps, offsets):
         capacity, _, _, entry_words, lost = struct.unpack_from("<5Q", view, offset)
@@ -173,3 +179,8 @@ def merge(contents: List[List[MapData]]) -> List[MapData]:
                 else:
                     into.entries[key] = value
     return list(merged.values())
+
+
+def faults(area) -> int:
+    """Memory reads of the program that found nothing to read."""
+    return struct.unpack_from("<Q", area, FAULTS)[0]

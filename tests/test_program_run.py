@@ -166,3 +166,16 @@ def test_interval_prints_the_maps_as_they_grow(files):
     shown = [line for line in proc.stdout.splitlines() if line.startswith("@n")]
     assert shown[-1] == "@n: 15" and "@n: 10" in shown[:-1] and len(shown) >= 4
     assert shown == sorted(shown, key=lambda line: int(line.split()[1]))
+
+
+def test_a_full_map_and_bad_reads_are_reported(files):
+    _, rewritten = files
+    program = (f"uprobe:{rewritten}:work {{ @k[arg0] = count(); @n = count(); "
+               f"@bad = sum(*(uint32 *)arg1); }}")
+    proc = urewrite("run", "--map-size", "100", "-e", program, "--", str(rewritten), "300")
+    assert proc.returncode == 0, proc.stderr
+    assert "@n: 300" in proc.stdout and proc.stdout.count("@k[") == 128
+    assert proc.stderr.splitlines() == [
+        "urewrite: 172 map updates were dropped: a map with keys holds 128 entries (--map-size N)",
+        'urewrite: 300 memory reads found nothing to read (str() or a pointer read of a bad '
+        'address): they gave "" or 0']

@@ -112,8 +112,11 @@ def _operation(fn: str, op: tuple, frame: _Frame, lowered: L.Lowered) -> List[st
         return ["pop rax"] + _extend(*args) + ["push rax"]
     if name == "read":
         size, signed = args
+        read = _unique(fn)
         return ["pop rax", f"mov edx, {size}"] + _checked_read(fn, "[rsp + 32]") + \
-            ["mov rax, qword ptr [rsp + 32]", "add rsp, 48"] + _extend(size, signed) + ["push rax"]
+            [f"cmp rax, {size}", f"je {read}", f"lock inc qword ptr [r12 + {M.FAULTS}]",
+             f"{read}:", "mov rax, qword ptr [rsp + 32]", "add rsp, 48"] + \
+            _extend(size, signed) + ["push rax"]
     if name == "string_at":
         return [f"lea rax, [rip + string_{args[0]}]", "push rax"]
     if name == "read_string":
@@ -221,6 +224,7 @@ def _read_string(fn: str, buffer: int, limit: int) -> List[str]:
                     f"cmp edx, {limit}", f"jbe {done}_len", f"mov edx, {limit}", f"{done}_len:"]
         out += _checked_read(fn, f"[rbp + {buffer}]") + ["add rsp, 48", "test rax, rax",
                                                        f"jg {done}"]
+    out.append(f"lock inc qword ptr [r12 + {M.FAULTS}]")  # nothing there to read
     # what the read took past the string's end is not the string's: keys and
     # comparisons take all 64 bytes
     scan, clear, end = _unique(fn), _unique(fn), _unique(fn)
