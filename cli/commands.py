@@ -785,8 +785,8 @@ def trace(as_json, fmt, output, ring_entries, pids, all_of, duration, command):
               show_default=True,
               help="Functions in the generated program of --rewrite-scaling and --collection.")
 @click.option("--no-trigger", is_flag=True,
-              help="Skip the trigger bench (with --redis, --rewrite-scaling, --big or "
-                   "--collection).")
+              help="Skip the trigger bench (with --redis, --rewrite-scaling, --big, "
+                   "--collection or --programs).")
 @click.option("--plot", metavar="FILE", help="Draw M hits/s per row into FILE (PNG; needs "
                                              "matplotlib).")
 @click.option("--big", "big_files", multiple=True, metavar="FILE",
@@ -799,8 +799,12 @@ def trace(as_json, fmt, output, ring_entries, pids, all_of, duration, command):
 @click.option("--python", metavar="FILE", type=click.Path(exists=True, dir_okay=False),
               help="With --collection: also loops of 'FILE -S -c pass' with every function "
                    "probed (a python3.11), plain, armed and under stat.")
+@click.option("--programs", is_flag=True,
+              help="Also time probe programs (urewrite run) against the same programs "
+                   "under bpftrace (--iterations calls each).")
 def bench(as_json, threads, no_kernel, iterations, repeat, redis, redis_requests,
-          rewrite_scaling, functions, no_trigger, plot, big_files, collection, python):
+          rewrite_scaling, functions, no_trigger, plot, big_files, collection, python,
+          programs):
     """Measure what a probe costs here: urewrite against kernel uprobes.
 
     \b
@@ -823,7 +827,7 @@ def bench(as_json, threads, no_kernel, iterations, repeat, redis, redis_requests
     try:
         result = bench_module.run(iterations, repeat, thread_counts, not no_kernel, redis,
                                   redis_requests, rewrite_scaling, functions, not no_trigger,
-                                  big_files, collection, python)
+                                  big_files, collection, python, programs)
         if plot:
             bench_module.plot(result, plot)
     except UrewriteError as e:

@@ -55,6 +55,7 @@ from typing import Iterator, Optional, Sequence
 from urewrite.bench.big_files import big_file_bench
 from urewrite.bench.chart import plot
 from urewrite.bench.collection import collection_bench
+from urewrite.bench.programs import programs_bench
 from urewrite.bench.common import ENV_VAR, RUN_TIMEOUT, BenchError, clean_env, log
 from urewrite.bench.kernel import (TRACEFS_DIRS, KernelEvents, bpftrace_probe,
                                    bpftrace_unavailable, find_tracefs, function_offsets,
@@ -105,7 +106,7 @@ def run(iterations: int = 100_000_000, repeat: int = 5, threads: Sequence[int] =
         kernel: bool = True, redis: bool = False, redis_requests: int = 100000,
         rewrite: bool = False, functions: int = 10000, trigger: bool = True,
         big_files: Sequence[str] = (), collection: bool = False,
-        python: Optional[str] = None) -> dict:
+        python: Optional[str] = None, programs: bool = False) -> dict:
     """Everything `urewrite bench` measures, as one JSON-able dict."""
     result = {"machine": machine()}
     with _sigterm_as_interrupt():
@@ -120,6 +121,9 @@ def run(iterations: int = 100_000_000, repeat: int = 5, threads: Sequence[int] =
                 result["big_files"] = big_file_bench(work, list(big_files))
             if collection:
                 result["collection"] = collection_bench(work, functions, python=python)
+            if programs:
+                result["programs"] = programs_bench(work, min(iterations, 10_000_000),
+                                                    repeat, kernel)
     result["machine"]["loadavg_end"] = loadavg()
     result["targets"] = targets(result)
     return result

@@ -155,6 +155,9 @@ def format_report(result: dict) -> str:
     if "collection" in result:
         from urewrite.bench.collection import format_collection_table
         parts.append(format_collection_table(result["collection"]))
+    if "programs" in result:
+        from urewrite.bench.programs import format_programs_table
+        parts.append(format_programs_table(result["programs"]))
     if result.get("targets"):
         parts.append(format_targets(result["targets"]))
     return "\n\n".join(parts) + "\n"

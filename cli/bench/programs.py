@@ -1,0 +1,109 @@
+"""Probe programs (--programs): what a program adds to a hit, against the same program
+under bpftrace with kernel uprobes, in the same run.
+
+The shipped target `calls.c` calls `target(i, word)` N times and prints nanoseconds per
+call. It is rewritten once with an entry and a return probe on `target`; each row runs it
+(best of `repeat` runs): unprobed; counting (`urewrite stat`); then under `urewrite run`
+with each program below; then the same program under bpftrace on the unprobed target
+(root and tracefs only, unless --no-kernel). Each program's maps are checked: a row
+whose counts are wrong fails the bench.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from typing import Dict, List, Optional
+
+from urewrite.bench.common import RUN_TIMEOUT, BenchError, clean_env, log
+
+SOURCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                      "share", "bench", "calls.c")
+
+# name -> (program, with {path} for the file, a line its maps must print for N calls)
+PROGRAMS = {
+    "predicate false": ("uprobe:{path}:target /arg0 == 0xffffffffff/ {{ @never = count(); }}",
+                        lambda n: "@never: 0"),
+    "@[arg0 % 1000] = count()": ("uprobe:{path}:target {{ @[arg0 % 1000] = count(); }}",
+                                 lambda n: f"@[999]: {n // 1000}"),
+    "latency idiom": ("uprobe:{path}:target {{ @s[tid] = nsecs; }} "
+                      "uretprobe:{path}:target /@s[tid]/ {{ @n = count(); "
+                      "@ns = hist(nsecs - @s[tid]); delete(@s[tid]); }}",
+                      lambda n: f"@n: {n}"),
+    "@[str(arg1)] = count()": ("uprobe:{path}:target {{ @[str(arg1)] = count(); }}",
+                               lambda n: f"@[delta]: {n // 4}"),
+}
+
+
+def build(work: str) -> str:
+    if shutil.which("gcc") is None:
+        raise BenchError("gcc is not installed: the bench builds its target with it")
+    out = os.path.join(work, "calls")
+    proc = subprocess.run(["gcc", "-O2", SOURCE, "-o", out], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BenchError(f"cannot build the calls target:\n{proc.stderr.strip()}")
+    return out
+
+
+def _ns(command: List[str], expect: Optional[str] = None, strict: bool = True) -> tuple:
+    """(ns per call, whether the maps hold `expect`); a wrong map fails when `strict`."""
+    proc = subprocess.run(command, capture_output=True, text=True, env=clean_env(),
+                          timeout=RUN_TIMEOUT)
+    if proc.returncode != 0:
+        raise BenchError(f"{' '.join(command[:3])} ...: {proc.stderr.strip()[-300:]}")
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    numbers = [line for line in lines if line.replace(".", "", 1).isdigit()]
+    if not numbers:
+        raise BenchError(f"{' '.join(command[:3])} ...: no timing in its output")
+    right = expect is None or expect in lines
+    if strict and not right:
+        raise BenchError(f"{' '.join(command[:3])} ...: its maps lack '{expect}'")
+    return float(numbers[0]), right
+
+
+def programs_bench(work: str, iterations: int, repeat: int, kernel: bool) -> Dict:
+    plain = build(work)
+    probed = os.path.join(work, "calls.probed")
+    urewrite = [sys.executable, "-m", "urewrite"]
+    proc = subprocess.run(urewrite + [plain, "-p", "target", "-r", "target", "--args", "2",
+                                      "-o", probed, "-q"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BenchError(f"cannot rewrite the calls target: {proc.stderr.strip()}")
+    n = str(iterations)
+
+    def best(command, expect=None, strict=True):
+        runs = [_ns(command, expect, strict) for _ in range(repeat)]
+        return min(ns for ns, _ in runs), all(right for _, right in runs)
+
+    log("programs: unprobed, counting")
+    rows = {"unprobed": best([plain, n])[0],
+            "counting": best(urewrite + ["stat", "--", probed, n])[0]}
+    bpftrace = shutil.which("bpftrace") if kernel and os.geteuid() == 0 else None
+    programs = []
+    for name, (text, expect) in PROGRAMS.items():
+        log(f"programs: {name}")
+        ours, _ = best(urewrite + ["run", "-e", text.format(path=probed), "--", probed, n],
+                       expect(iterations))
+        theirs, same = best([bpftrace, "-e", text.format(path=plain), "-c", f"{plain} {n}"],
+                            expect(iterations), strict=False) if bpftrace else (None, None)
+        programs.append({"program": name, "ns": ours, "added_ns": ours - rows["counting"],
+                         "bpftrace_ns": theirs, "bpftrace_maps_right": same})
+    return {"iterations": iterations, "repeat": repeat, **rows, "programs": programs}
+
+
+def format_programs_table(result: Dict) -> str:
+    lines = [f"Probe programs: ns per call of target() (best of {result['repeat']}, "
+             f"{result['iterations']:,} calls)",
+             f"  {'unprobed':<28}{result['unprobed']:>10.2f}",
+             f"  {'counting (stat)':<28}{result['counting']:>10.2f}",
+             f"  {'program':<28}{'urewrite':>10}{'+ over counting':>17}{'bpftrace':>11}"]
+    for row in result["programs"]:
+        theirs = "-" if row["bpftrace_ns"] is None else f"{row['bpftrace_ns']:.1f}" + \
+            ("" if row["bpftrace_maps_right"] else "*")
+        lines.append(f"  {row['program']:<28}{row['ns']:>10.2f}{row['added_ns']:>17.2f}"
+                     f"{theirs:>11}")
+    if any(row["bpftrace_maps_right"] is False for row in result["programs"]):
+        lines.append("  * bpftrace's maps were not the counts the calls make")
+    return "\n".join(lines) + "\n"
