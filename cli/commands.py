@@ -243,7 +243,7 @@ def _listing(input_file: str, tactics, patchable: bool = False, progress=None,
     cyclic collector paused (no_cycle_collection): the file's analysis is alive.
     `names`: each row's "demangled" names too (--summary counts without them)."""
     from urewrite.rewriter.pipeline import list_sites
-    from urewrite.rewriter.planner import Plan
+    from urewrite.rewriter.plan.results import Plan
     from urewrite.trampolines.region import KIND_RETURN, KIND_USDT
 
     analysis, outcomes, returns = list_sites(

@@ -17,7 +17,8 @@ from urewrite.rewriter.elf_file import DT_INIT, ElfFile
 from urewrite.rewriter.functions import Function, discover
 from urewrite.rewriter.go_runtime import is_go_program
 from urewrite.rewriter.usdt import UsdtSite
-from urewrite.rewriter.planner import TACTICS, Plan, Planner, Refusal
+from urewrite.rewriter.plan.results import Plan, Refusal
+from urewrite.rewriter.planner import TACTICS, Planner
 from urewrite.rewriter.selectors import Site, select
 from urewrite.rewriter.taken_addresses import TakenIndex
 from urewrite.rewriter import segment

@@ -28,7 +28,7 @@ from typing import Callable, Dict, List, Optional, Set, Union
 import numpy as np
 
 from urewrite.arch.base import (BRANCH, JUMP, OTHER, RETURN, Backend, Insn, Sweep, SweptCode,
-                                Window, value_class)
+                                Window)
 from urewrite.arch.jump_tables import JumpTable
 from urewrite.errors import UrewriteError
 from urewrite.rewriter import (copied_code, elf_symbols, except_table, free_space, go_runtime,
@@ -40,98 +40,15 @@ from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.functions import Function
 from urewrite.rewriter.stub_space import StubSpace
 from urewrite.rewriter.selectors import Site
+from urewrite.rewriter.plan.results import (UNKNOWN, Hop, Outcome, Plan, Precomputed, Prepared,
+                                            ProbePoint, Pun, Refusal, Refused, Verdict,
+                                            WindowFound)
 from urewrite.trampolines.region import KIND_RETURN
 
 NEAR_BRANCH_REACH = 130  # farthest a rel8 branch reaches, with its own size
 TACTICS = ("jump", "hop", "evict", "pun")  # Plan.tactic, in the order they are tried
 
 
-@value_class
-class ProbePoint:
-    address: int  # the displaced instruction the sites' probes fire before
-    sites: tuple
-    flags_live: bool
-    taken: bool = False  # they fire only when the branch there is taken (a conditional exit)
-    stays_within: tuple = ()  # they fire only when the indirect jump there leaves these ranges
-
-
-@value_class
-class Hop:
-    """A short jump written at a window, to a landing that holds the jump to the
-    trampoline (docs/design.md, "Patch tactics")."""
-    landing: int
-    evicted: Optional[Window] = None  # a neighbour moved to its own trampoline to free the landing
-
-
-@value_class
-class Pun:
-    """A jump written over a window shorter than itself, its last bytes the ones after
-    the window, left as they are; they say where it goes: a stub there jumps on to the
-    trampoline (docs/design.md, "Patch tactics")."""
-    patch: bytes  # what replaces the window
-    stub: int  # where the jump goes
-    # E9Patch's successor eviction: the instructions after the window, moved to a
-    # trampoline of their own, reached by a jump (through `successor_stub`) whose first
-    # bytes are the ones the punned jump ends in
-    successor: Optional[Window] = None
-    successor_jump: bytes = b""
-    successor_stub: int = 0
-
-
-@value_class
-class Plan:
-    """A window, and the points in it where probes fire (one trampoline)."""
-    window: Window
-    points: tuple
-    hop: Optional[Hop] = None
-    pun: Optional[Pun] = None
-
-    @property
-    def tactic(self) -> str:
-        """How the window is patched: "jump" (a jump to the trampoline in the window),
-        "hop" (a short jump to a landing in padding), "evict" (to a landing that an
-        evicted neighbour window frees), "pun" (a jump ending in the bytes after it)."""
-        if self.pun is not None:
-            return "pun"
-        if self.hop is None:
-            return "jump"
-        return "evict" if self.hop.evicted else "hop"
-
-    @property
-    def site(self) -> Site:
-        return self.points[0].sites[0]
-
-    @property
-    def sites(self) -> tuple:
-        return tuple(site for point in self.points for site in point.sites)
-
-    def without(self, keys) -> "Plan":
-        """This plan less the sites whose probe key is in `keys` (None if none is left)."""
-        if len(self.points) == 1 and len(self.points[0].sites) == 1:  # (most: quicker)
-            if self.points[0].sites[0].probe_key not in keys:
-                return self
-        elif not any(s.probe_key in keys for p in self.points for s in p.sites):
-            return self
-        points = tuple(replace(p, sites=tuple(s for s in p.sites if s.probe_key not in keys))
-                       for p in self.points)
-        points = tuple(p for p in points if p.sites)
-        return replace(self, points=points) if points else None
-
-
-@value_class
-class Refusal:
-    site: Site
-    reason: str
-
-
-Outcome = Union[Plan, Refusal]
-
-
-class _Refused(Exception):
-    pass
-
-
-_UNKNOWN = object()  # (not worked out ahead)
 
 
 # Set: return probes redirect the return address wherever that is allowed, even
@@ -163,7 +80,7 @@ class Planner:
         self._exits_known: Dict[int, object] = {}  # function -> _exit_points() (or why not)
         self._windows_known: Dict[tuple, object] = {}  # _window_key() -> window (or why not)
         # _window_key() -> _retried_window() as precompute found it (None: no window)
-        self._retried_known: Dict[tuple, Optional[tuple]] = {}
+        self._retried_known: Dict[tuple, Optional[WindowFound]] = {}
         # (function, _near_targets(), the same sorted)
         self._near_cache: tuple = (None, set(), [])
         self._taken_reasons: Dict[int, Optional[str]] = {}  # address -> why it is taken
@@ -292,7 +209,7 @@ class Planner:
     def rows(self, fn: Function, first: int, end: int) -> list:
         """Instructions `first` to `end` (exclusive) of the function's sweep: the marked
         ones (Sweep.marked: branches, calls, landing pads) decoded, the others plain code
-        that only their address and size describe (_Refused if the decoder does not find
+        that only their address and size describe (Refused if the decoder does not find
         the sweep's boundaries at a marked one). Windows are made of these: decoding
         every instruction of 200,000 windows took seconds; those that move are decoded
         in detail anyway (_displaced)."""
@@ -333,7 +250,7 @@ class Planner:
             decoded = self.backend.decode(self.elf.read(edges[a], edges[b] - edges[a]),
                                           edges[a])
             if [i.address for i in decoded] != edges[a:b] or decoded[-1].end != edges[b]:
-                raise _Refused(f"its instructions at {edges[0]:#x} decode differently "
+                raise Refused(f"its instructions at {edges[0]:#x} decode differently "
                                f"in detail")
             insns[a:b] = decoded
             run = last + 1
@@ -344,7 +261,7 @@ class Planner:
         alone as it does in the sweep."""
         try:
             insns = self.rows(fn, k, k + 1)
-        except _Refused:
+        except Refused:
             return None
         return insns[0] if len(insns) == 1 else None
 
@@ -389,11 +306,11 @@ class Planner:
                 took += piece
             return took
 
-        def found() -> tuple:  # (what the child sends)
+        def found() -> Prepared:  # (what the child sends)
             # (the last 64 pieces left to this process, about what the child's packing
             # and sending take)
             part = analyse(leave=64)
-            return ([fn.address for fn in part],
+            return Prepared([fn.address for fn in part],
                     {fn.address: self._direct[fn.address] for fn in part
                      if fn.address in self._direct},
                     {fn.address: self._tables[fn.address] for fn in part},
@@ -412,12 +329,13 @@ class Planner:
         if meanwhile is not None:
             meanwhile()
         analyse(progress=progress)
-        theirs, direct, tables, unknown_jumps, computed, sweeps = second.result()
+        theirs = second.result()
         pieces.done(progress)
-        sweeps = dict(zip(theirs, Sweep.unpack(sweeps)))
+        sweeps = dict(zip(theirs.functions, Sweep.unpack(theirs.sweeps)))
         for ours, received in zip((self._direct, self._tables, self._unknown_jumps,
                                    self._computed, self._sweeps),
-                                  (direct, tables, unknown_jumps, computed, sweeps)):
+                                  (theirs.direct, theirs.tables, theirs.unknown_jumps,
+                                   theirs.computed, sweeps)):
             for address, value in received.items():
                 ours.setdefault(address, value)
         if whole:  # where every branch lands, and which functions are entered past the entry
@@ -625,7 +543,7 @@ class Planner:
                 continue
             try:
                 expanded.extend(self._exit_sites(site))
-            except _Refused as why:
+            except Refused as why:
                 unpatched[site.probe_key] = str(why)
         kept, failed = self._whole_returns(self._plan_sites(expanded, progress))
         unpatched.update(failed)
@@ -783,7 +701,7 @@ class Planner:
         """One site per instruction that leaves the function for good."""
         found = self._exits_known.get(site.function.address)  # (precompute)
         if isinstance(found, str):
-            raise _Refused(found)
+            raise Refused(found)
         points, conditional = found if found is not None else self._exit_points(site)
         self._conditional_exits |= conditional
         exits = [site.at_exit(*point) for point in points]
@@ -797,9 +715,9 @@ class Planner:
         their branch is taken."""
         fn = site.function
         if not fn.size:
-            raise _Refused("its size is unknown (no symbol size and no .eh_frame entry)")
+            raise Refused("its size is unknown (no symbol size and no .eh_frame entry)")
         if fn.address in self.fragments() or ".cold" in fn.name:
-            raise _Refused("it is a part of another function, split off by the compiler "
+            raise Refused("it is a part of another function, split off by the compiler "
                            "and entered by a jump: its exits return for that function")
         if fn.size_inferred:
             self._check_inferred_extent(fn)
@@ -820,7 +738,7 @@ class Planner:
             tables = self.jump_tables(part)
             sweep = self.sweep(part)
             if sweep.end != part.end:
-                raise _Refused(f"its code does not decode past {sweep.end:#x}: an exit may "
+                raise Refused(f"its code does not decode past {sweep.end:#x}: an exit may "
                                f"lie beyond")
             for k, kind, target, address in self._exit_rows(part, inside, index):
                 if kind == RETURN:  # (most: as below, quicker)
@@ -832,7 +750,7 @@ class Planner:
                         continue  # a switch: its cases are all in the function
                     insn = self.instruction(part, k)
                     if insn is None:
-                        raise _Refused(f"its instruction at {address:#x} decodes differently "
+                        raise Refused(f"its instruction at {address:#x} decodes differently "
                                        f"alone")
                     leaves, problem = self.backend.exit_kind(insn, inside)
                     target = self.backend.direct_branch_target(insn) if leaves else None
@@ -840,7 +758,7 @@ class Planner:
                     leaves, problem = "taken" if kind == BRANCH else True, None
                     target = None if kind == RETURN else target
                 if problem:
-                    raise _Refused(f"a return probe cannot see every exit: {problem}")
+                    raise Refused(f"a return probe cannot see every exit: {problem}")
                 if leaves == "outside":  # an indirect jump: checked where it goes, each time
                     within = self._stays_within(fn, parts)
                     if within:
@@ -855,7 +773,7 @@ class Planner:
                     conditional.add(address)
         shared = self._branch_from_outside(fn, parts, inside, index)
         if shared:
-            raise _Refused("other code branches into it (at {:#x}, from {:#x}): its exits "
+            raise Refused("other code branches into it (at {:#x}, from {:#x}): its exits "
                            "are not only its own".format(*shared))
         return exits, conditional
 
@@ -903,7 +821,7 @@ class Planner:
         # prepare)
         pieces = parallel.Shares.of(sites, 2048)
 
-        def work(leave: int = 0, progress=None) -> tuple:
+        def work(leave: int = 0, progress=None) -> Precomputed:
             exits, windows, plans = {}, {}, []
             at_risk = {}  # return probes with an exit whose window may fail: address -> function
             for piece in pieces.take(leave, progress):
@@ -915,7 +833,7 @@ class Planner:
                     try:
                         points, conditional = exits[site.function.address] = \
                             self._exit_points(site)
-                    except _Refused as why:
+                    except Refused as why:
                         exits[site.function.address] = str(why)
                         at_risk[site.function.address] = site.function
                         continue
@@ -945,16 +863,17 @@ class Planner:
             # (libLLVM: 5,000 functions, 0.1 s in the native module where it was
             # built, else 12 s of Capstone's detail), answered here on both cores
             problems = {address: self._redirect_problem(fn) for address, fn in at_risk.items()}
-            return exits, windows, problems, retried
+            return Precomputed(exits, windows, problems, retried)
 
         # (the child leaves the last 64 pieces to this process: it also sends what it
         # found, and this process reads it, 0.5 s on node)
         second = parallel.Forked(lambda: work(leave=64))
-        for exits, windows, problems, retried in (work(progress=progress), second.result()):
-            self._exits_known.update(exits)
-            self._windows_known.update(windows)
-            self._redirect_problems.update(problems)  # (read only if the file allows it)
-            self._retried_known.update(retried)
+        for found in (work(progress=progress), second.result()):
+            self._exits_known.update(found.exits)
+            self._windows_known.update(found.windows)
+            # (read only if the file allows it)
+            self._redirect_problems.update(found.redirect_problems)
+            self._retried_known.update(found.retried)
         pieces.done(progress)
 
     def _window_key(self, site: Site) -> tuple:
@@ -963,28 +882,31 @@ class Planner:
                 self._counts_when_taken(site))
 
     def _known_window(self, site: Site) -> Optional[tuple]:
-        """(the plan of the window precompute found for a site, whether anything may
-        branch into it: None or why); None if it found none."""
+        """(the plan of the window precompute found for a site, the Verdict on what may
+        branch into it); None if it found none."""
         known = self._windows_known.get(self._window_key(site))
         if known is None:
             return None
         if isinstance(known, str):
-            raise _Refused(known)
-        return self._made_again(known, site)
+            raise Refused(known)
+        plan, reason = self._made_again(known, site)
+        return plan, Verdict(True, reason)
 
     @staticmethod
-    def _kept(plan: Plan, verdict: Optional[str]) -> tuple:
-        """A plan of one site, and what may branch into it, as precompute keeps them: all
-        but the site (sent between processes; _made_again() gives them back)."""
-        return plan.window, plan.points[0].address, plan.points[0].flags_live, verdict
+    def _kept(plan: Plan, reason: Optional[str]) -> WindowFound:
+        """A plan of one site, and what may branch into it (None or why), as precompute
+        keeps them: all but the site (sent between processes; _made_again() gives them
+        back)."""
+        return WindowFound(plan.window, plan.points[0].address, plan.points[0].flags_live,
+                           reason)
 
-    def _made_again(self, kept: tuple, site: Site) -> tuple:
-        """(the plan _kept() keeps, for `site`; what may branch into it)."""
+    def _made_again(self, kept: WindowFound, site: Site) -> tuple:
+        """(the plan _kept() keeps, for `site`; what may branch into it: None or why)."""
         # (an entry's point follows its landing pad: the window's start)
-        window, point, flags_live, verdict = kept
+        window, point, flags_live, reason = kept
         return Plan(window, (ProbePoint(point, (site,), flags_live,
                                         self._counts_when_taken(site),
-                                        site.stays_within),)), verdict
+                                        site.stays_within),)), reason
 
     def _outermost(self, address: int) -> bool:
         """Whether a function starting at `address` is an outermost frame (its unwind info
@@ -1009,13 +931,13 @@ class Planner:
         function may follow, or the function may run on past the extent."""
         insns = self.instructions(fn)
         if not insns or insns[-1].end != fn.end:
-            raise _Refused(f"its size is unknown and its code up to the {fn.sized_by} "
+            raise Refused(f"its size is unknown and its code up to the {fn.sized_by} "
                            f"does not decode whole")
         body = list(insns)
         while body and self.backend.is_padding(body[-1]):
             body.pop()
         if not body or not self.backend.ends_flow(body[-1]):
-            raise _Refused(f"its size is unknown and its code up to the {fn.sized_by} "
+            raise Refused(f"its size is unknown and its code up to the {fn.sized_by} "
                            f"does not end in a return or jump")
 
     def _branch_from_outside(self, fn: Function, parts: List[Function], inside,
@@ -1190,18 +1112,18 @@ class Planner:
     def _group_plan(self, group: List[Site], size: Optional[int] = None,
                     avoid_taken: bool = False, found=None) -> tuple:
         """(_group_window(), what may branch into it when precompute found out: None or
-        why; else _UNKNOWN). `found`: that for the primary site already, or why it has
+        why, or UNKNOWN: a Verdict). `found`: that for the primary site already, or why it has
         no window (_plan_sites: _found_windows())."""
         primary = self._primary(group)
         if found is None:
             known = self._known_window(primary) if size is None and not avoid_taken else None
-            found = known or (self._window(primary, size, avoid_taken), _UNKNOWN)
+            found = known or (self._window(primary, size, avoid_taken), UNKNOWN)
         elif isinstance(found, str):
-            raise _Refused(found)
+            raise Refused(found)
         plan, verdict = found
         copy = self.copied_at(plan.window.address, plan.window.end)
         if copy:
-            raise _Refused(copy.reason())
+            raise Refused(copy.reason())
         if len(group) == 1:
             return plan, verdict
         point = plan.points[0]
@@ -1215,7 +1137,7 @@ class Planner:
         self._stubs = StubSpace(self.stub_floor, self.backend.patch_size,
                                 functools.partial(layout.stub_page_cap, self.elf),
                                 self.backend.stub_places_engine)
-        tentative, verdicts = [], {}  # (verdicts: id(plan) -> precompute's _branch_into)
+        tentative, verdicts = [], {}  # (verdicts: id(plan) -> its Verdict, where known)
         groups = self._by_address(sites)
         found = []  # (_group_plan()'s `found`, for each group: a few thousand at a time)
         for k, group in enumerate(groups):
@@ -1225,26 +1147,25 @@ class Planner:
                 progress(len(group))
             try:
                 if "jump" not in self.tactics:
-                    raise _Refused("not among the tactics to try")
+                    raise Refused("not among the tactics to try")
                 plan, verdict = self._group_plan(group, found=found[k % 4096])
                 tentative.append(plan)
-                if verdict is not _UNKNOWN:
+                if verdict.known:
                     verdicts[id(plan)] = verdict
-            except _Refused as why:
+            except Refused as why:
                 tentative.extend(Refusal(s, str(why)) for s in group)
         asked = [o for o in tentative if isinstance(o, Plan) and id(o) not in verdicts]
         taken = self._taken_addresses(asked)
         # (most windows, known clear all at once: only the others are asked one by one)
-        verdicts.update((id(plan), None) for plan, clear in
+        verdicts.update((id(plan), Verdict(True)) for plan, clear in
                         zip(asked, self._clear_of_branches(asked, taken)) if clear)
         outcomes = []
         previous, previous_at = None, 0  # the last plan kept, and where it is in outcomes
         tentative.sort(key=lambda o: o.window.address if isinstance(o, Plan) else o.site.address)
         for outcome in tentative:
             if isinstance(outcome, Plan):
-                reason = verdicts.get(id(outcome), _UNKNOWN)
-                if reason is _UNKNOWN:
-                    reason = self._branch_into(outcome, taken)
+                verdict = verdicts.get(id(outcome), UNKNOWN)
+                reason = verdict.reason if verdict.known else self._branch_into(outcome, taken)
                 if reason and not outcome.site.at_entry:
                     retried = self._window_clear_of_taken(outcome, previous)
                     if retried:
@@ -1267,17 +1188,17 @@ class Planner:
     def _found_windows(self, groups: List[List[Site]]) -> list:
         """For each group, its primary site's window as precompute found it, else found
         now, those of all the groups at once (_windows()): (plan, what may branch into
-        it: None, why, or _UNKNOWN), or why it has none."""
+        it: a Verdict), or why it has none."""
         found: list = []
         for group in groups:
             try:
                 found.append(self._known_window(self._primary(group)))
-            except _Refused as why:
+            except Refused as why:
                 found.append(str(why))
         missing = [k for k, known in enumerate(found) if known is None]
         for k, window in zip(missing, self._windows([self._primary(groups[k])
                                                      for k in missing])):
-            found[k] = window if isinstance(window, str) else (window, _UNKNOWN)
+            found[k] = window if isinstance(window, str) else (window, UNKNOWN)
         return found
 
     def _window_clear_of_taken(self, plan: Plan, previous: Optional[Plan]) -> Optional[Plan]:
@@ -1301,7 +1222,7 @@ class Planner:
         None or why), or (None, None) if there is none."""
         try:
             retried = self._group_window(sites, avoid_taken=True)
-        except _Refused:
+        except Refused:
             return None, None
         return retried, self._branch_into(retried, self._taken_addresses([retried]))
 
@@ -1343,29 +1264,29 @@ class Planner:
             return self._inner_window(site, size, avoid_taken)
         fn = site.function
         if not fn.size:
-            raise _Refused("its size is unknown (no symbol size and no .eh_frame entry)")
+            raise Refused("its size is unknown (no symbol size and no .eh_frame entry)")
         found = self._searched_entry(site, size)
         if found is not None:
             return found
         insns = self.head(fn, size)
         if not insns:
-            raise _Refused("its first instruction cannot be decoded")
+            raise Refused("its first instruction cannot be decoded")
         start = site.address + self.backend.landing_pad_size(insns[0])
         chosen = []
         for insn in insns:
             if insn.address < start:
                 continue
             if not chosen and insn.address != start:
-                raise _Refused("its instructions cannot be decoded")
+                raise Refused("its instructions cannot be decoded")
             chosen.append(insn)
             if insn.end - start >= size:
                 break
         if not chosen:
-            raise _Refused("its instructions cannot be decoded")
+            raise Refused("its instructions cannot be decoded")
         covered = chosen[-1].end
         if covered - start < size:
             if covered < fn.end:
-                raise _Refused(f"its instructions cannot be decoded past {covered:#x}")
+                raise Refused(f"its instructions cannot be decoded past {covered:#x}")
             covered = self._borrow_padding(fn, start, covered, size)
         window = Window(start, covered - start, self._displaced(chosen))
         return Plan(window, (ProbePoint(start, (site,), self.backend.flags_live_at_entry()),))
@@ -1387,7 +1308,7 @@ class Planner:
         first, last, end, read = found
         try:
             displaced = self._displaced(self._read_window(fn, first, last, read))
-        except _Refused:  # (the Python planner refuses in its own words)
+        except Refused:  # (the Python planner refuses in its own words)
             return None
         start = site.address + pad
         return Plan(Window(start, end - start, displaced),
@@ -1406,23 +1327,23 @@ class Planner:
         if None in problems:
             problem = self._in_detail(insns)[1]
             if problem:
-                raise _Refused(problem)
+                raise Refused(problem)
             return tuple(insns)
         # (the decoder that moves them must see the very instructions the sweep saw:
         # where two decoders disagree, as on the length of a ud1, nothing is moved)
         if self._instruction_ends(self.elf.read(start, end - start)) != \
                 [i.end - start for i in insns]:
-            raise _Refused(f"its instructions at {start:#x} decode differently in detail")
+            raise Refused(f"its instructions at {start:#x} decode differently in detail")
         problem = next((p for p, in problems if p), None)
         if problem:
-            raise _Refused(f"cannot relocate {problem}")
+            raise Refused(f"cannot relocate {problem}")
         return tuple(insns)
 
     def _read_window(self, fn: Function, first: int, last: int, read: tuple) -> list:
         """Rows `first` to `last` of the function's sweep, found by the compiled search,
         read as rows() reads them and what the Python planner reads with them (`read`,
         what SweepSearch.rows_read gives: its first row, the edges, the marked, the
-        direct targets); _Refused where rows() would refuse them."""
+        direct targets); Refused where rows() would refuse them."""
         if fn.address in self._decoded:  # (decoded whole: rows() gives those instructions)
             return self.rows(fn, first, last + 1)
         lo, edges, marked, direct = read
@@ -1531,14 +1452,14 @@ class Planner:
             return found
         fn = self._holding(site)
         if not fn.size:
-            raise _Refused("it lies in no function of known size")
+            raise Refused("it lies in no function of known size")
         sweep = self.sweep(fn)
         # the instructions any window may hold: from MAX_LOOK_BACK before the site to
         # the first that starts a jump's size after it (or the function's end)
         at, first_row, end_row = sweep.edges.searchsorted(
             (site.address, site.address - self.MAX_LOOK_BACK, site.address + size)).tolist()
         if at >= len(sweep) or sweep.edges[at] != site.address:
-            raise _Refused(f"{site.address:#x} is not the start of an instruction")
+            raise Refused(f"{site.address:#x} is not the start of an instruction")
         end_row = min(end_row + 1, len(sweep))
         insns, index = self.rows(fn, at, end_row), 0
         reason = "too few instructions follow it for a jump"
@@ -1563,7 +1484,7 @@ class Planner:
                 last = len(insns) - 1
                 try:
                     end = self._borrow_padding(fn, start, insns[last].end, size)
-                except _Refused as why:
+                except Refused as why:
                     reason = str(why)
                     continue
             # (this and the landing pads below: what _branch_into(inner_window=True)
@@ -1585,7 +1506,7 @@ class Planner:
                 continue
             try:
                 displaced = self._displaced(insns[first:last + 1])
-            except _Refused as why:
+            except Refused as why:
                 reason = str(why)
                 continue
             window = Window(start, end - start, displaced)
@@ -1596,7 +1517,7 @@ class Planner:
             return Plan(window, (ProbePoint(site.address, (site,), flags_live,
                                             self._counts_when_taken(site),
                                             site.stays_within),))
-        raise _Refused(reason)
+        raise Refused(reason)
 
     def _searched_window(self, site: Site, size: int) -> Optional[Plan]:
         """_inner_window()'s plan where the compiled search (sweep_search.py) finds
@@ -1616,12 +1537,12 @@ class Planner:
             first, last, end, read = found
             try:
                 window = self._read_window(fn, first, last, read)
-            except _Refused:
+            except Refused:
                 return None  # (the Python search refuses so, in its own words)
             try:
                 displaced = self._displaced(window)
                 break
-            except _Refused:  # (as the Python search does: on to the next window)
+            except Refused:  # (as the Python search does: on to the next window)
                 found = search.inner(site.address, k, size, self._padding_end, first)
         start = displaced[0].address
         flags_live = site.kind != KIND_RETURN or bool(site.stays_within)  # (as below)
@@ -1630,7 +1551,7 @@ class Planner:
                                 site.stays_within),))
 
     def _windows(self, sites: List[Site]) -> list:
-        """_window(site) of each site (its Plan, or why not: the _Refused's text). The
+        """_window(site) of each site (its Plan, or why not: the Refused's text). The
         windows that the compiled search finds are asked of it all at once
         (SweepSearch.inner_batch, entry_batch) and read as _searched_window() and
         _searched_entry() read them, their marked rows made by _made_rows(); the rest
@@ -1672,7 +1593,7 @@ class Planner:
             if found[j] is None:
                 try:
                     found[j] = self._window(site)
-                except _Refused as why:  # (its text: the exception would hold this frame)
+                except Refused as why:  # (its text: the exception would hold this frame)
                     found[j] = str(why)
         return found
 
@@ -1711,7 +1632,7 @@ class Planner:
         for j, end, insns in made_all:
             try:
                 displaced = self._displaced(insns)
-            except _Refused:
+            except Refused:
                 continue  # (an inner site's search goes on from there: asked alone)
             site, start = sites[j], insns[0].address
             if site.at_entry:  # (as _searched_entry)
@@ -1864,11 +1785,11 @@ class Planner:
         section = self.elf.section_at(fn.address)
         gap_end = self._gap_after(section) if section is not None else 0
         if section is None or need > max(section.end, gap_end):
-            raise _Refused(f"it is {fn_end - start} bytes long, too short for a "
+            raise Refused(f"it is {fn_end - start} bytes long, too short for a "
                            f"{size}-byte jump, and no padding follows it")
         k = bisect.bisect_right(self._starts, fn_end - 1)
         if k < len(self._starts) and self._starts[k] < need:
-            raise _Refused(f"it is {fn_end - start} bytes long, too short for a "
+            raise Refused(f"it is {fn_end - start} bytes long, too short for a "
                            f"{size}-byte jump, and the next function "
                            f"follows without padding")
         # the padding instructions up to the next function (or the section's end); where
@@ -1889,7 +1810,7 @@ class Planner:
             if at >= need:
                 break
             if not self.backend.is_padding(insn):
-                raise _Refused(f"it is {fn_end - start} bytes long, too short for a "
+                raise Refused(f"it is {fn_end - start} bytes long, too short for a "
                                f"{size}-byte jump, and what follows "
                                f"is not padding ('{insn}')")
             at = insn.end
@@ -1897,7 +1818,7 @@ class Planner:
             return need  # nothing runs here: no instruction to return to in the gap
         next_start = self._starts[k] if k < len(self._starts) else section.end
         if at < need or at > next_start:
-            raise _Refused(f"it is {fn_end - start} bytes long and the padding after it "
+            raise Refused(f"it is {fn_end - start} bytes long and the padding after it "
                            f"is too short")
         return at  # whole padding instructions, so the trampoline can jump back to `at`
 
@@ -1905,7 +1826,7 @@ class Planner:
         """_borrow_padding() for function k, -1 where it refuses (sweep_search.py)."""
         try:
             return self._borrow_padding(self.functions[k], start, fn_end, size)
-        except _Refused:
+        except Refused:
             return -1
 
     def _padding_run(self, code: bytes) -> list:
@@ -1955,7 +1876,7 @@ class Planner:
             try:
                 tried.append((group, self._group_window([r.site for r in group],
                                                         self.backend.hop_size)))
-            except _Refused as why:
+            except Refused as why:
                 tried.append((group, str(why)))
         plans = [p for _, p in tried if isinstance(p, Plan)]
         gaps = self._padding_gaps(plans)
@@ -2031,7 +1952,7 @@ class Planner:
         and within the stub's reach of the trampoline. The plan, or why not."""
         try:
             plan = self._group_window(sites, 1)
-        except _Refused as why:
+        except Refused as why:
             return str(why)
         window, size = plan.window, self.backend.patch_size
         if window.size >= size:
@@ -2106,7 +2027,7 @@ class Planner:
             return "a branch may land inside the instructions after it"
         try:
             return Window(at, end - at, self._displaced(chosen))
-        except _Refused as why:
+        except Refused as why:
             return f"the instructions after it {why}"
 
     def _rows_from(self, fn: Function, start: int, end: int) -> tuple:
@@ -2120,7 +2041,7 @@ class Planner:
         last = min(int(sweep.edges.searchsorted(end)) + 1, len(sweep))
         try:
             insns = self.rows(fn, first, last) if first < last else []
-        except _Refused:
+        except Refused:
             insns = self.instructions(fn)
             return insns, next((k for k, i in enumerate(insns) if i.address == start), None)
         return insns, 0 if insns and insns[0].address == start else None
@@ -2222,7 +2143,7 @@ class Planner:
                     continue
                 try:
                     displaced = self._displaced(chosen)
-                except _Refused:
+                except Refused:
                     continue
                 found.append(Window(first.address, end - first.address, displaced))
                 if len(found) >= self.MAX_EVICTION_CANDIDATES:

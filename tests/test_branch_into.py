@@ -12,7 +12,7 @@ import pytest
 
 from urewrite.arch.base import Window
 from urewrite.rewriter import pipeline
-from urewrite.rewriter.planner import Plan, ProbePoint, _Refused
+from urewrite.rewriter.plan.results import Plan, ProbePoint, Refused
 from urewrite.rewriter.selectors import Site
 from urewrite.trampolines.region import KIND_ADDRESS, KIND_ENTRY
 
@@ -31,7 +31,7 @@ def _windows(a, rng: random.Random) -> list:
         try:
             plans.append(planner._window(Site(fn, fn.address, KIND_ENTRY, fn.name, fn.name,
                                               exact=False)))
-        except _Refused:
+        except Refused:
             pass
         sweep = planner.sweep(fn)
         if len(sweep) < 3 or rng.random() < 0.5:
@@ -40,7 +40,7 @@ def _windows(a, rng: random.Random) -> list:
         last = min(first + rng.randrange(1, 6), len(sweep) - 1)
         try:
             insns = tuple(planner.rows(fn, first, last + 1))
-        except _Refused:
+        except Refused:
             continue
         start, end = insns[0].address, insns[-1].end
         site = Site(fn, start, KIND_ADDRESS, fn.name, fn.name, exact=False)

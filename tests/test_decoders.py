@@ -248,7 +248,7 @@ def _verdict(planner, insns) -> str:
     try:
         planner._displaced(insns)
         return "moves"
-    except Exception as why:  # (_Refused: its reason)
+    except Exception as why:  # (Refused: its reason)
         return str(why)
 
 

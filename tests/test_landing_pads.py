@@ -29,7 +29,7 @@ from urewrite.rewriter import eh_frame, except_table
 from urewrite.rewriter.eh_frame import ValueReader
 from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.pipeline import analyse
-from urewrite.rewriter.planner import Refusal
+from urewrite.rewriter.plan.results import Refusal
 from urewrite.rewriter.selectors import select
 
 SAMPLE = SAMPLES / "landing_pads.cc"

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from urewrite.rewriter.pipeline import analyse
-from urewrite.rewriter.planner import _Refused
+from urewrite.rewriter.plan.results import Refused
 
 FILES = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/python3.11"]
 
@@ -40,7 +40,7 @@ def _decoded_each_time(planner, fn, start, fn_end, size):
 def _borrowed(planner, fn, start, fn_end, size):
     try:
         return planner._borrow_padding(fn, start, fn_end, size)
-    except _Refused as why:
+    except Refused as why:
         text = str(why)
         return next(short for long_, short in (
             ("no padding follows", "no padding follows"),

@@ -13,7 +13,7 @@ import pytest
 from urewrite.arch.base import BRANCH, JUMP, OTHER, RETURN
 from urewrite.arch.x86_64 import linear_sweep
 from urewrite.rewriter import pipeline
-from urewrite.rewriter.planner import _Refused
+from urewrite.rewriter.plan.results import Refused
 from urewrite.rewriter.selectors import Site
 from urewrite.trampolines.region import KIND_ADDRESS, KIND_ENTRY, KIND_RETURN
 
@@ -47,7 +47,7 @@ def window(planner, site: Site, compiled: bool):
         planner._searched_window = planner._searched_entry = lambda site, size: None
     try:
         plan = planner._window(site)
-    except _Refused as why:
+    except Refused as why:
         return str(why)
     finally:
         planner.__dict__.pop("_searched_window", None)
@@ -129,7 +129,7 @@ def exits(a) -> list:
         site = Site(fn, fn.address, KIND_RETURN, fn.name, fn.name, exact=False)
         try:
             sites += a.planner._exit_sites(site)
-        except _Refused:
+        except Refused:
             pass
     return sites
 
