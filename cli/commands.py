@@ -248,7 +248,7 @@ def _listing(input_file: str, tactics, patchable: bool = False, progress=None,
 
     analysis, outcomes, returns = list_sites(
         input_file, tactics, progress, _encoded_returns if encoded else _return_rows)
-    split_off = analysis.planner.fragments()
+    split_off = analysis.planner.model.fragments()
     demangled = _demangled_names(analysis.functions) if names else {}
     functions, probes = [], []
     for o in outcomes:

@@ -131,18 +131,18 @@ def list_sites(path: str, tactics: Optional[tuple] = None, progress: Progress = 
         a = analyse(path, tactics)
         prepared = len(a.functions) >= PREPARE_AT  # (both halves then need every function's)
         if prepared:  # (the sweep on the other core while the sites are made)
-            a.planner.sweep_ahead(a.functions)
+            a.planner.model.sweep_ahead(a.functions)
         entries = [Site(fn, fn.address, KIND_ENTRY, fn.name, fn.name, exact=False)
                    for fn in a.functions]
         return_sites = _return_sites(a)
         if prepared:
-            a.planner.prepare(a.functions, meanwhile=a.planner.read_unwind_tables,
+            a.planner.prepare(a.functions, meanwhile=a.planner.model.read_unwind_tables,
                               progress=_steps(progress, "analysing functions", len(a.functions)))
             a.planner.precompute(return_sites,
                                  _steps(progress, "finding exits", len(return_sites)))
-        a.planner.taken_index.wait()  # (the scans ahead: done before the fork)
+        a.planner.model.taken_index.wait()  # (the scans ahead: done before the fork)
         returns = parallel.Forked(lambda: returns_as(return_probes(a, return_sites)))
-        usdt_sites = select(["usdt:*:*"], a.functions, a.planner.boundaries, a.usdt) \
+        usdt_sites = select(["usdt:*:*"], a.functions, a.planner.model.boundaries, a.usdt) \
             if a.usdt else []
         usdt_sites, refused = usdt_refusals(a, usdt_sites, per_site=True)
         outcomes = (a.planner.plan(entries, _steps(progress, "entries", len(entries)))
@@ -259,14 +259,14 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
         kept.append(a)
     elf, backend = a.elf, a.planner.backend
     warnings: List[str] = []
-    sites = select(specs, a.functions, a.planner.boundaries, a.usdt, return_specs,
+    sites = select(specs, a.functions, a.planner.model.boundaries, a.usdt, return_specs,
                    notes=warnings, exclude=exclude)
     if exclude and not sites:
         raise UrewriteError("--exclude leaves no site to probe")
     sites, refused_usdt = usdt_refusals(a, sites, per_site=False)
     if len(sites) >= PREPARE_AT:  # most of the file: analyse every function on all cores,
         # and find the sites' windows the same way (list does the same)
-        a.planner.prepare(a.functions, meanwhile=a.planner.read_unwind_tables,
+        a.planner.prepare(a.functions, meanwhile=a.planner.model.read_unwind_tables,
                           progress=_steps(progress, "analysing functions", len(a.functions)))
         a.planner.precompute(sites, _steps(progress, "finding windows", len(sites)))
     outcomes = a.planner.plan(sites, _steps(progress, "planning", len(sites))) + refused_usdt

@@ -19,25 +19,21 @@ from __future__ import annotations
 
 import bisect
 import functools
-import itertools
 import os
-import threading
 from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Set, Union
 
 import numpy as np
 
-from urewrite.arch.base import (BRANCH, JUMP, OTHER, RETURN, Backend, Insn, Sweep, SweptCode,
-                                Window)
-from urewrite.arch.jump_tables import JumpTable
+from urewrite.arch.base import BRANCH, JUMP, OTHER, RETURN, Backend, Insn, Sweep, Window
 from urewrite.errors import UrewriteError
-from urewrite.rewriter import (copied_code, elf_symbols, except_table, free_space, go_runtime,
-                               jump_table_guard, layout, parallel, redirection,
-                               sweep_search, taken_addresses)
+from urewrite.rewriter import (elf_symbols, free_space, go_runtime, layout, parallel,
+                               redirection, sweep_search, taken_addresses)
 from urewrite.rewriter.arrays import unique
 from urewrite.rewriter.free_space import Occupancy
 from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.functions import Function
+from urewrite.rewriter.model import NEAR_BRANCH_REACH, BinaryModel
 from urewrite.rewriter.stub_space import StubSpace
 from urewrite.rewriter.selectors import Site
 from urewrite.rewriter.plan.results import (UNKNOWN, Hop, Outcome, Plan, Precomputed, Prepared,
@@ -45,7 +41,6 @@ from urewrite.rewriter.plan.results import (UNKNOWN, Hop, Outcome, Plan, Precomp
                                             WindowFound)
 from urewrite.trampolines.region import KIND_RETURN
 
-NEAR_BRANCH_REACH = 130  # farthest a rel8 branch reaches, with its own size
 TACTICS = ("jump", "hop", "evict", "pun")  # Plan.tactic, in the order they are tried
 
 
@@ -67,14 +62,9 @@ class Planner:
         self.backend = backend
         self.tactics = tactics  # which of TACTICS to try
         self.functions = functions
-        self._starts = [f.address for f in functions]
-        self._ends_so_far = list(itertools.accumulate((f.end for f in functions), max))
-        self._decoded: Dict[int, list] = {}
+        self.model = BinaryModel(elf, backend, functions, taken_index)
         self._decoded_alone: Dict[bytes, object] = {}  # (_decoded_alone_as)
-        self._sweeps: Dict[int, Sweep] = {}  # function -> its sweep in compact form
-        self._batch: Optional[tuple] = None  # (SweepBatch, its functions): _sweep_all()
         self._search = None  # sweep_search's compiled search, once made (_sweep_search())
-        self._sweeping: Optional[tuple] = None  # (thread, functions, result): sweep_ahead()
         self._gaps: Dict[int, int] = {}  # section -> _gap_after()
         self._gap_ends: tuple = (None, [])  # (padding gaps, their ends): _landing_in_padding
         self._exits_known: Dict[int, object] = {}  # function -> _exit_points() (or why not)
@@ -84,204 +74,34 @@ class Planner:
         # (function, _near_targets(), the same sorted)
         self._near_cache: tuple = (None, set(), [])
         self._taken_reasons: Dict[int, Optional[str]] = {}  # address -> why it is taken
-        self._targets: Dict[int, Dict[int, int]] = {}
-        # every branch target of every function, sorted, once prepare() has seen them
-        # all: a window with none inside needs no look at its neighbours' targets
-        self._all_targets: Optional[np.ndarray] = None
-        # per function, with them: (whether the byte scans may enter it past its entry,
-        # whether the functions' branches may), as _branch_from_outside asks
-        self._entered: Optional[List[tuple]] = None
-        self._branch_pairs: Optional[tuple] = None  # (their targets, sorted; sources), with them
-        self._no_fragment_targets: Set[int] = set()  # with them: _clear_of_fragments()
-        # functions whose sweeps have no row that may be an indirect jump (prepare())
-        self._no_indirect_jumps: Set[int] = set()
-        self._direct: Dict[int, Dict[int, int]] = {}
-        self._tables: Dict[int, Dict[int, JumpTable]] = {}
-        self._unknown_jumps: Dict[int, Optional[int]] = {}  # function -> _indirect_jump()
-        self._parts_of: Dict[int, List[Function]] = {}  # function -> _parts()
         self._offset_tables: Dict[int, Optional[int]] = {}  # function -> _case_base()
         # function (its return probe's exits: -address - 1) -> _unknown_targets()
         self._unknown_known: Dict[int, Optional[str]] = {}
-        # function -> the addresses its instructions compute, in order (_case_base):
-        # noted where jump_tables() decodes a function with an unknown indirect jump
-        self._computed: Dict[int, list] = {}
-        self._lengths: Dict[bytes, list] = {}  # code -> its instructions' ends (_displaced)
         self._verbatim: Dict[bytes, list] = {}  # code -> its instructions, or [] (_moves_verbatim)
         self._padding_runs: Dict[bytes, list] = {}  # code -> _padding_run()
-        self._by_name: Optional[Dict[str, Function]] = None
         self.siteless: List[Site] = []  # return probes of functions without an exit
         self._shadow_stack = elf.shadow_stack
         self._redirect_file_problem: Optional[str] = None  # computed when first needed
         self._redirect_problems: Dict[int, Optional[str]] = {}  # function -> its own problem
-        self._frames: Optional[dict] = None  # FDE start -> frame there, when first needed
-        self._fragments: Optional[Dict[int, Function]] = None
-        self._taken_index = taken_index  # (else made when first needed)
         self._symbol_starts: Optional[np.ndarray] = None  # where symbols start, sorted, when needed
         self._conditional_exits: Set[int] = set()  # exits that leave only when taken
-        self._landing_pads: Optional[except_table.LandingPads] = None  # when first needed
         self._injected: Optional[Set[int]] = None  # _keep_injected_flags(), when first needed
         self.redirected_because: Dict[int, str] = {}  # function -> why its exits are not patched
-        self._cold_parts: Dict[str, List[Function]] = {}  # "f" -> f.cold, f.cold.1, ...
-        self.copied = copied_code.find(elf)  # code never to patch, sorted
-        self._copied_starts = [c.start for c in self.copied]
-        self._copied_reach = list(itertools.accumulate((c.end for c in self.copied), max))
         # punned jumps' stubs go at or above this (layout.stub_floor); set by plan()
         self.stub_floor: Optional[int] = None
         self._stubs: Optional[StubSpace] = None  # the punned jumps' stubs; set by plan()
         self._text_relocations: Optional[bool] = None  # the file's, when first needed
-        for f in functions:
-            if ".cold" in f.name:
-                self._cold_parts.setdefault(f.name.split(".cold")[0], []).append(f)
-
-    # -- decoding, cached --------------------------------------------------------
-    # Every function is swept in compact form (Sweep: arrays); instructions as objects
-    # are decoded only where a window, a jump table or a rare question needs them.
-    def sweep(self, fn: Function) -> Sweep:
-        found = self._sweeps.get(fn.address)
-        if found is None:
-            found = self._sweeps[fn.address] = self.backend.sweep(self._code(fn), fn.address)
-        return found
-
-    def _code(self, fn: Function) -> bytes:
-        """The function's bytes (none when the file does not hold them)."""
-        offset, size = self._span(fn)
-        return self.elf.data[offset:offset + size]
-
-    def _span(self, fn: Function) -> tuple:
-        """(offset, size) of the function's bytes in the file; (0, 0) when it does not
-        hold them."""
-        offset = self.elf.offset_of(fn.address, max(fn.size, 1))
-        return (offset, fn.size) if offset is not None else (0, 0)
-
-    def sweep_ahead(self, functions: List[Function]) -> None:
-        """Start _sweep_all(functions) on a thread of its own, for the caller to go on
-        meanwhile (prepare() of the same list waits for it): the native sweep releases
-        the GIL while it decodes, so it takes the other core (node: 0.5 s, beside
-        making the sites of `list`). Nothing else may sweep until then. A sweep that
-        fails on the thread is made again where it can be reported."""
-        if self._sweeping is not None:
-            return
-        done = {}
-
-        def sweep() -> None:
-            try:
-                done["swept"] = self._sweep_all(functions)
-            except BaseException:  # (made again by _swept_all(), and reported there)
-                pass
-
-        thread = threading.Thread(target=sweep, name="urewrite sweep", daemon=True)
-        self._sweeping = (thread, functions, done)
-        thread.start()
-
-    def _swept_all(self, functions: List[Function]) -> bool:
-        """_sweep_all(functions), or the sweep_ahead() of the same list, waited for."""
-        if self._sweeping is not None:
-            thread, ahead, done = self._sweeping
-            thread.join()
-            self._sweeping = None
-            if ahead is functions and "swept" in done:
-                return done["swept"]
-        return self._sweep_all(functions)
-
-    def _sweep_all(self, functions: List[Function]) -> bool:
-        """Sweep the functions not swept yet at once, if the backend has a much faster
-        way for many (Backend.sweep_all); whether it had."""
-        todo = [fn for fn in functions if fn.address not in self._sweeps]
-        made = self.backend.sweep_all(self.elf.data,
-                                      [self._span(fn) + (fn.address,) for fn in todo])
-        if made is None:
-            return False
-        self._sweeps.update(zip((fn.address for fn in todo), made.sweeps))
-        self._batch = (made, todo)
-        return True
 
     def _sweep_search(self):
         """The compiled search over the sweeps (sweep_search.py), made once every function's
         sweep and jump tables are known (prepare() of the whole file, native sweeps);
         else None."""
-        if self._search is None and self._batch is not None and self._all_targets is not None \
+        if self._search is None and self.model.batch is not None and self.model.all_targets is not None \
                 and self.backend.sweep_search_engine is not None:
             self._search = sweep_search.build(
-                self.backend.sweep_search_engine, self.functions, *self._batch,
-                self._tables, self.landing_pads(), NEAR_BRANCH_REACH, self.MAX_LOOK_BACK)
+                self.backend.sweep_search_engine, self.functions, *self.model.batch,
+                self.model.tables, self.model.landing_pads(), NEAR_BRANCH_REACH, self.MAX_LOOK_BACK)
         return self._search
-
-    def rows(self, fn: Function, first: int, end: int) -> list:
-        """Instructions `first` to `end` (exclusive) of the function's sweep: the marked
-        ones (Sweep.marked: branches, calls, landing pads) decoded, the others plain code
-        that only their address and size describe (Refused if the decoder does not find
-        the sweep's boundaries at a marked one). Windows are made of these: decoding
-        every instruction of 200,000 windows took seconds; those that move are decoded
-        in detail anyway (_displaced)."""
-        if fn.address in self._decoded:
-            return self._decoded[fn.address][first:end]
-        sweep = self.sweep(fn)
-        lo, hi = sweep.marked.searchsorted((first, end)).tolist()
-        marked = (sweep.marked[lo:hi] - first).tolist()
-        direct = {}
-        if marked:  # direct branches, most of them (calls): the backend may know them
-            lo, hi = sweep.rows.searchsorted((first, end)).tolist()
-            direct = {k - first: target for k, target in zip(sweep.rows[lo:hi].tolist(),
-                                                             sweep.targets[lo:hi].tolist())
-                      if target >= 0}
-        return self._insns(sweep.edges[first:end + 1].tolist(), marked, direct)
-
-    def _insns(self, edges: list, marked: list, direct: dict) -> list:
-        """rows(): the instructions between `edges`, those at the indexes `marked`
-        decoded, from their direct target where `direct` has one (index -> target)."""
-        insns = [Insn(a, b - a, "", "", b"") for a, b in zip(edges, edges[1:])]
-        if direct:
-            rest = []
-            for k in marked:
-                insn = self.backend.direct_branch(
-                    self.elf.read(edges[k], edges[k + 1] - edges[k]), edges[k],
-                    direct[k]) if k in direct else None
-                if insn is None:
-                    rest.append(k)
-                else:
-                    insns[k] = insn
-            marked = rest
-        run = 0
-        while run < len(marked):  # each run of consecutive marked ones, decoded at once
-            last = run
-            while last + 1 < len(marked) and marked[last + 1] == marked[last] + 1:
-                last += 1
-            a, b = marked[run], marked[last] + 1
-            decoded = self.backend.decode(self.elf.read(edges[a], edges[b] - edges[a]),
-                                          edges[a])
-            if [i.address for i in decoded] != edges[a:b] or decoded[-1].end != edges[b]:
-                raise Refused(f"its instructions at {edges[0]:#x} decode differently "
-                               f"in detail")
-            insns[a:b] = decoded
-            run = last + 1
-        return insns
-
-    def instruction(self, fn: Function, k: int):
-        """Instruction `k` of the function's sweep, decoded; None if it does not decode
-        alone as it does in the sweep."""
-        try:
-            insns = self.rows(fn, k, k + 1)
-        except Refused:
-            return None
-        return insns[0] if len(insns) == 1 else None
-
-    def instructions(self, fn: Function, keep: bool = True) -> list:
-        """The function's whole sweep, decoded (kept for the next question unless not
-        `keep`: a big file's jump tables alone would keep 100 MB of them)."""
-        found = self._decoded.get(fn.address)
-        if found is None:
-            found = self.backend.decode(self._code(fn), fn.address)
-            if keep:
-                self._decoded[fn.address] = found
-        return found
-
-    def head(self, fn: Function, size: int) -> list:
-        """The function's first instructions, decoded: those that start before `size`
-        bytes after a landing pad (endbr64, bti: 4 bytes), and one more. (It read 16
-        bytes more: node's entries decoded twice the instructions they need.)"""
-        sweep = self.sweep(fn)
-        end_row = int(sweep.edges.searchsorted(fn.address + 4 + size)) + 1
-        return self.rows(fn, 0, min(end_row, len(sweep)))
 
     def prepare(self, functions: List[Function],
                 meanwhile: Optional[Callable[[], None]] = None,
@@ -302,7 +122,7 @@ class Planner:
             took = []
             for piece in pieces.take(leave, progress):
                 for fn in piece:
-                    self.jump_tables(fn)  # (the direct targets: asked later, where needed)
+                    self.model.jump_tables(fn)  # (the direct targets: asked later, where needed)
                 took += piece
             return took
 
@@ -311,20 +131,20 @@ class Planner:
             # and sending take)
             part = analyse(leave=64)
             return Prepared([fn.address for fn in part],
-                    {fn.address: self._direct[fn.address] for fn in part
-                     if fn.address in self._direct},
-                    {fn.address: self._tables[fn.address] for fn in part},
-                    {fn.address: self._unknown_jumps[fn.address] for fn in part},
-                    {fn.address: self._computed[fn.address] for fn in part
-                     if fn.address in self._computed},
-                    Sweep.pack([self._sweeps[fn.address] for fn in part
+                    {fn.address: self.model.direct[fn.address] for fn in part
+                     if fn.address in self.model.direct},
+                    {fn.address: self.model.tables[fn.address] for fn in part},
+                    {fn.address: self.model.unknown_jumps[fn.address] for fn in part},
+                    {fn.address: self.model.computed[fn.address] for fn in part
+                     if fn.address in self.model.computed},
+                    Sweep.pack([self.model.sweeps[fn.address] for fn in part
                                 if not swept_ahead]))
 
-        self.taken_index.wait()  # (scans made ahead, on a thread: done before the fork)
-        swept_ahead = self._swept_all(functions)  # (then the child has them all too)
-        if swept_ahead and self._batch is not None:  # (most: no indirect jump, no table)
-            self._no_indirect_jumps = self._held_without(
-                np.frombuffer(self._batch[0].kinds, np.uint8) == OTHER)
+        self.model.taken_index.wait()  # (scans made ahead, on a thread: done before the fork)
+        swept_ahead = self.model.swept_all(functions)  # (then the child has them all too)
+        if swept_ahead and self.model.batch is not None:  # (most: no indirect jump, no table)
+            self.model.no_indirect_jumps = self._held_without(
+                np.frombuffer(self.model.batch[0].kinds, np.uint8) == OTHER)
         second = parallel.Forked(found)
         if meanwhile is not None:
             meanwhile()
@@ -332,42 +152,42 @@ class Planner:
         theirs = second.result()
         pieces.done(progress)
         sweeps = dict(zip(theirs.functions, Sweep.unpack(theirs.sweeps)))
-        for ours, received in zip((self._direct, self._tables, self._unknown_jumps,
-                                   self._computed, self._sweeps),
+        for ours, received in zip((self.model.direct, self.model.tables, self.model.unknown_jumps,
+                                   self.model.computed, self.model.sweeps),
                                   (theirs.direct, theirs.tables, theirs.unknown_jumps,
                                    theirs.computed, sweeps)):
             for address, value in received.items():
                 ours.setdefault(address, value)
         if whole:  # where every branch lands, and which functions are entered past the entry
             targets, sources = self._branches(functions)
-            self._all_targets = unique(targets)
+            self.model.all_targets = unique(targets)
             order = np.argsort(targets, kind="stable")
-            self._branch_pairs = (targets[order], sources[order])
+            self.model.branch_pairs = (targets[order], sources[order])
             overlapping = self._overlapping()
-            self._entered = list(zip((overlapping | self._entered_from_outside()).tolist(),
+            self.model.entered = list(zip((overlapping | self._entered_from_outside()).tolist(),
                                      (overlapping | self._entered_by(targets, sources)).tolist()))
-            self._no_fragment_targets = self._clear_of_fragments()
+            self.model.no_fragment_targets = self._clear_of_fragments()
 
     def _clear_of_fragments(self) -> Set[int]:
         """The addresses of functions none of whose branch targets (direct ones, and
         their jump tables' cases) is a fragment's start, of those the batch's sweeps
-        hold: _parts() need not ask their branch_targets() (node: 78,000 functions, a
+        hold: BinaryModel.parts() need not ask their branch_targets() (node: 78,000 functions, a
         dict each, made in Python)."""
-        if self._batch is None:
+        if self.model.batch is None:
             return set()
-        fragments = self.fragments()
-        clear = self._held_without(np.isin(np.frombuffer(self._batch[0].targets, np.int64),
+        fragments = self.model.fragments()
+        clear = self._held_without(np.isin(np.frombuffer(self.model.batch[0].targets, np.int64),
                                            np.fromiter(fragments, np.int64)))
-        for address, tables in self._tables.items():
+        for address, tables in self.model.tables.items():
             if any(t in fragments for table in tables.values() for t in table.targets):
                 clear.discard(address)
         return clear
 
     def _held_without(self, rows: np.ndarray) -> Set[int]:
-        """The addresses of the functions whose sweeps the batch holds (_sweep_all) with
+        """The addresses of the functions whose sweeps the batch holds (BinaryModel.sweep_all) with
         none of `rows` (a mask over all the batch's rows), read at once: an address swept
         twice counts only if both are held and without."""
-        batch, swept = self._batch
+        batch, swept = self.model.batch
         held = (batch.spans[:, 1] >= 0).tolist()  # (not those swept another way)
         owner = np.repeat(np.arange(len(swept)), batch.spans[:, 3])  # (of each row)
         having = set(np.unique(owner[rows]).tolist())
@@ -380,12 +200,12 @@ class Planner:
         """(targets, sources): where each direct branch or call of the functions lands
         and where it is, and the same for each case of their jump tables (from its jump):
         every function's branch_targets(), as two arrays. The direct branches of the
-        functions swept at once (_sweep_all) are read from that batch's arrays in one go
+        functions swept at once (BinaryModel.sweep_all) are read from that batch's arrays in one go
         (node: 1 s of CPU time function by function)."""
         targets, sources = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
         in_batch: Set[int] = set()
-        if self._batch is not None:
-            batch, swept = self._batch
+        if self.model.batch is not None:
+            batch, swept = self.model.batch
             asked = {fn.address for fn in functions}
             if all(fn.address in asked for fn in swept):
                 held = (batch.spans[:, 1] >= 0).tolist()  # (not those swept another way)
@@ -398,22 +218,22 @@ class Planner:
                 sources.append(np.frombuffer(batch.edges, np.int64)[rows[direct]])
         for fn in functions:
             if fn.address not in in_batch:
-                sweep = self.sweep(fn)
+                sweep = self.model.sweep(fn)
                 direct = sweep.targets >= 0
                 targets.append(sweep.targets[direct])
                 sources.append(sweep.edges[sweep.rows[direct]])
-            for table in self.jump_tables(fn).values():
+            for table in self.model.jump_tables(fn).values():
                 targets.append(np.fromiter(table.targets, dtype=np.int64))
                 sources.append(np.full(len(table.targets), table.jump, dtype=np.int64))
         return np.concatenate(targets), np.concatenate(sources)
 
     def _overlapping(self) -> np.ndarray:
         """Per function: whether it overlaps another (its insides are not its alone)."""
-        starts = np.array(self._starts, dtype=np.int64)
+        starts = np.array(self.model.starts, dtype=np.int64)
         overlapping = np.zeros(len(self.functions), dtype=bool)
         if len(starts) > 1:  # overlapping neighbours: the end of one passes the next's start
             ends = np.array([f.end for f in self.functions], dtype=np.int64)
-            before = np.array(self._ends_so_far, dtype=np.int64)
+            before = np.array(self.model.ends_so_far, dtype=np.int64)
             overlapping[1:] |= starts[1:] < before[:-1]
             overlapping[:-1] |= starts[1:] < ends[:-1]
         return overlapping
@@ -423,7 +243,7 @@ class Planner:
         entry, that no function's branches say (_branches()): a branch or address
         computation the byte scans found (TakenIndex.branch_sources())."""
         targets, sources = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-        for table in self.taken_index.code_tables():
+        for table in self.model.taken_index.code_tables():
             if table.kind == taken_addresses.BRANCH:
                 targets.append(table.values)
                 sources.append(table.sources)
@@ -432,7 +252,7 @@ class Planner:
     def _entered_by(self, targets: np.ndarray, sources: np.ndarray) -> np.ndarray:
         """Per function: whether a branch from `sources` to `targets` enters it past
         its entry from outside its range."""
-        starts = np.array(self._starts, dtype=np.int64)
+        starts = np.array(self.model.starts, dtype=np.int64)
         ends = np.array([f.end for f in self.functions], dtype=np.int64)
         entered = np.zeros(len(self.functions), dtype=bool)
         k = np.searchsorted(starts, targets, side="right") - 1
@@ -442,76 +262,6 @@ class Planner:
             ((sources < starts[k]) | (sources >= ends[k]))
         entered[k[into]] = True
         return entered
-
-    def _targets_between(self, start: int, end: int) -> bool:
-        """Whether any branch of the file may land in (start, end): False only when
-        prepare() has seen every function's targets and none lies there."""
-        if self._all_targets is None:
-            return True
-        k = int(self._all_targets.searchsorted(start, side="right"))
-        return k < len(self._all_targets) and int(self._all_targets[k]) < end
-
-    def boundaries(self, fn: Function) -> Set[int]:
-        return set(self.sweep(fn).starts.tolist())
-
-    def branch_targets(self, fn: Function) -> Dict[int, int]:
-        """Branch targets in a function, direct ones and those of its jump tables:
-        target -> address of a branch to it."""
-        if fn.address not in self._targets:
-            targets = self._direct_targets(fn)
-            tables = self.jump_tables(fn)
-            if tables:  # (else the direct targets themselves: most functions, no copy)
-                targets = dict(targets)
-                for table in tables.values():
-                    for target in table.targets:
-                        targets.setdefault(target, table.jump)
-            self._targets[fn.address] = targets
-        return self._targets[fn.address]
-
-    def _direct_targets(self, fn: Function) -> Dict[int, int]:
-        """target -> the first direct branch (or call) to it, in the function's order."""
-        if fn.address not in self._direct:
-            sweep = self.sweep(fn)
-            direct = sweep.targets >= 0
-            found: Dict[int, int] = {}  # (a few per function: a dict beats np.unique)
-            for target, source in zip(sweep.targets[direct].tolist(),
-                                      sweep.edges[sweep.rows[direct]].tolist()):
-                if target not in found:
-                    found[target] = source
-            self._direct[fn.address] = found
-        return self._direct[fn.address]
-
-    def indirect_jumps(self, fn: Function) -> List[int]:
-        """The indexes in its sweep of the function's indirect jumps."""
-        sweep = self.sweep(fn)
-        found = []
-        for k in sweep.rows[sweep.kinds == OTHER].tolist():
-            insn = self.instruction(fn, k)
-            if insn is not None and self.backend.is_indirect_jump(insn):
-                found.append(k)
-        return found
-
-    def jump_tables(self, fn: Function) -> Dict[int, JumpTable]:
-        """The jump tables of a function's indirect jumps: jump address -> table. A jump
-        not here is not known to be a table (jump_tables.py)."""
-        if fn.address not in self._tables:
-            if fn.address in self._no_indirect_jumps:  # (node: 70,000 functions, at once)
-                self._unknown_jumps[fn.address] = None
-                self._tables[fn.address] = {}
-                return self._tables[fn.address]
-            jumps = self.indirect_jumps(fn)
-            # (the recovery reads the instructions before a jump, decoded as it reads)
-            insns = SweptCode(self.sweep(fn), self.backend.decode, self.elf.read) \
-                if jumps else []
-            tables = self._tables[fn.address] = jump_table_guard.recover(self, fn, jumps,
-                                                                         insns)
-            edges = self.sweep(fn).edges
-            unknown = self._unknown_jumps[fn.address] = next(
-                (a for a in (int(edges[k]) for k in jumps) if a not in tables), None)
-            if unknown is not None:  # (_case_base will ask: noted while at hand)
-                self._computed[fn.address] = self.backend.computed_addresses(
-                    self._code(fn), fn.address)
-        return self._tables[fn.address]
 
     # -- planning ----------------------------------------------------------------
     def plan(self, sites: List[Site], progress: Optional[Callable[[int], None]] = None
@@ -598,22 +348,13 @@ class Planner:
         refused when any of its function is: its exits or its entry would be patched."""
         refused, rest = [], []
         for site in sites:
-            copy = self.copied_at(site.function.address, site.function.end) \
-                if site.kind == KIND_RETURN else self.copied_at(site.address)
+            copy = self.model.copied_at(site.function.address, site.function.end) \
+                if site.kind == KIND_RETURN else self.model.copied_at(site.address)
             if copy:
                 refused.append(Refusal(site, copy.reason()))
             else:
                 rest.append(site)
         return refused, rest
-
-    def copied_at(self, start: int, end: Optional[int] = None):
-        """The copied code (copied_code.py) that overlaps [start, end), if any."""
-        end = start + 1 if end is None else end
-        # (asked for every window: a binary search, then a look only where one overlaps)
-        k = bisect.bisect_left(self._copied_starts, end)  # the copies starting before `end`
-        if k == 0 or self._copied_reach[k - 1] <= start:
-            return None
-        return next((c for c in self.copied[:k] if start < c.end), None)
 
     @staticmethod
     def _whole_returns(outcomes: List[Outcome]) -> tuple:
@@ -642,60 +383,8 @@ class Planner:
             return self._redirect_file_problem
         if fn.address not in self._redirect_problems:  # (or precompute found it)
             self._redirect_problems[fn.address] = redirection.function_problem(
-                self.elf, self.backend, fn, self.entry_frames())
+                self.elf, self.backend, fn, self.model.entry_frames())
         return self._redirect_problems[fn.address]
-
-    def entry_frames(self) -> Optional[dict]:
-        if self._frames is None:
-            self._frames = redirection.entry_frames(self.elf) or {}
-        return self._frames
-
-    def read_unwind_tables(self) -> None:
-        """Read now what .eh_frame and the LSDAs tell (entry frames, fragments, landing
-        pads), which return probes and windows of several instructions ask. (`list`
-        has it done while the other process sweeps: each process of precompute() read
-        it for itself, 1 s on node.)"""
-        self.fragments()
-        self.landing_pads()
-
-    def landing_pads(self) -> except_table.LandingPads:
-        if self._landing_pads is None:
-            self._landing_pads = except_table.landing_pads(self.elf)
-        return self._landing_pads
-
-    def fragments(self) -> Dict[int, Function]:
-        """Functions whose FDE starts inside another function's frame: parts split off
-        by the compiler (.cold parts, named or not), entered by a jump."""
-        if self._fragments is None:
-            frames = self.entry_frames()
-            self._fragments = {}
-            for f in self.functions:
-                frame = frames.get(f.address)
-                # (an undefined return address marks an outermost frame: _start)
-                if frame is not None and frame.return_address != ("undefined",) \
-                        and not self.backend.is_call_frame(frame):
-                    self._fragments[f.address] = f
-        return self._fragments
-
-    def _parts(self, fn: Function) -> List[Function]:
-        """The function and the parts split off from it: its .cold parts by name, and
-        every fragment its parts branch to directly."""
-        if fn.address in self._parts_of:
-            return self._parts_of[fn.address]
-        parts = self._parts_of[fn.address] = [fn] + self._cold_parts.get(fn.name, [])
-        fragments = self.fragments()
-        for part in parts:  # grows while we walk it
-            if part.address in self._no_fragment_targets:  # (prepare(): known at once)
-                continue
-            targets = self.branch_targets(part)
-            # (most: asked at once, in C, over the fewer: two views)
-            if targets.keys().isdisjoint(fragments.keys()):
-                continue
-            for target in targets:
-                fragment = fragments.get(target)
-                if fragment is not None and fragment not in parts:
-                    parts.append(fragment)
-        return parts
 
     def _exit_sites(self, site: Site) -> List[Site]:
         """One site per instruction that leaves the function for good."""
@@ -716,12 +405,12 @@ class Planner:
         fn = site.function
         if not fn.size:
             raise Refused("its size is unknown (no symbol size and no .eh_frame entry)")
-        if fn.address in self.fragments() or ".cold" in fn.name:
+        if fn.address in self.model.fragments() or ".cold" in fn.name:
             raise Refused("it is a part of another function, split off by the compiler "
                            "and entered by a jump: its exits return for that function")
         if fn.size_inferred:
             self._check_inferred_extent(fn)
-        parts = self._parts(fn)
+        parts = self.model.parts(fn)
 
         if len(parts) == 1:  # the usual case, asked for every branch: kept quick
             start, end = fn.address, fn.end
@@ -733,10 +422,10 @@ class Planner:
                 return any(p.address <= address < p.end for p in parts)
 
         exits, conditional = [], set()
-        index = self._index_of(fn) if len(parts) == 1 else None
+        index = self.model.index_of(fn) if len(parts) == 1 else None
         for part in parts:
-            tables = self.jump_tables(part)
-            sweep = self.sweep(part)
+            tables = self.model.jump_tables(part)
+            sweep = self.model.sweep(part)
             if sweep.end != part.end:
                 raise Refused(f"its code does not decode past {sweep.end:#x}: an exit may "
                                f"lie beyond")
@@ -748,7 +437,7 @@ class Planner:
                     table = tables.get(address)
                     if table is not None and all(inside(t) for t in table.targets):
                         continue  # a switch: its cases are all in the function
-                    insn = self.instruction(part, k)
+                    insn = self.model.instruction(part, k)
                     if insn is None:
                         raise Refused(f"its instruction at {address:#x} decodes differently "
                                        f"alone")
@@ -765,7 +454,7 @@ class Planner:
                         exits.append((address, True, within))
                         continue
                     leaves, target = True, None  # the jump is all there is: it can only leave
-                if target is not None and self._outermost(target):
+                if target is not None and self.model.outermost(target):
                     continue  # a new thread's first frame (clone's child): this call never ends
                 if leaves:  # a return, or a tail call (a direct jump: it has a target)
                     exits.append((address, target is not None, ()))
@@ -776,11 +465,6 @@ class Planner:
             raise Refused("other code branches into it (at {:#x}, from {:#x}): its exits "
                            "are not only its own".format(*shared))
         return exits, conditional
-
-    def _index_of(self, fn: Function) -> Optional[int]:
-        """Where the function is in self.functions (None: not there)."""
-        k = bisect.bisect_left(self._starts, fn.address)
-        return k if k < len(self.functions) and self.functions[k] is fn else None
 
     def _exit_rows(self, part: Function, inside, index: Optional[int]) -> list:
         """(row, kind, target, address) of each instruction of the part's sweep that may
@@ -793,7 +477,7 @@ class Planner:
             found = search.exits(index)
             if found is not None:
                 return found
-        sweep = self.sweep(part)
+        sweep = self.model.sweep(part)
         found = []
         # (in Python: most functions have a few dozen rows, too few for numpy)
         for k, kind, target in zip(sweep.rows.tolist(), sweep.kinds.tolist(),
@@ -814,7 +498,7 @@ class Planner:
         child (parallel.py), each taking pieces of them as it goes: plan() takes
         them as it would have found them itself, so the plans are the same, in about
         half the time. `progress(n)`: told of sites done, by both."""
-        self.taken_index.every_value()  # (the scans, made once before the fork)
+        self.model.taken_index.every_value()  # (the scans, made once before the fork)
         self._sweep_search()  # (and the compiled search, where there is one)
 
         # (pieces of about 1/2048 of the sites, taken by each process as it goes; see
@@ -908,19 +592,12 @@ class Planner:
                                         self._counts_when_taken(site),
                                         site.stays_within),)), reason
 
-    def _outermost(self, address: int) -> bool:
-        """Whether a function starting at `address` is an outermost frame (its unwind info
-        leaves the return address undefined: _start, clone's thread_start): a branch there
-        starts a new thread of execution, it leaves no call."""
-        frame = self.entry_frames().get(address)
-        return frame is not None and frame.return_address == ("undefined",)
-
     def _stays_within(self, fn: Function, parts: List[Function]) -> tuple:
         """The [start, end) ranges an indirect jump of `fn` may go to and stay in the
         function: its parts, less its entry (going there enters it anew: its entry
         probe fires again, so this call has ended). Empty when no instruction of the
         function lies in them."""
-        if len(parts) == 1 and len(self.sweep(fn)) <= 1:
+        if len(parts) == 1 and len(self.model.sweep(fn)) <= 1:
             return ()
         return ((fn.address + 1, fn.end),) + tuple((p.address, p.end) for p in parts[1:])
 
@@ -929,7 +606,7 @@ class Planner:
         Its exits are trusted only when that extent decodes whole and its last
         instruction before any padding never falls through: else code of another
         function may follow, or the function may run on past the extent."""
-        insns = self.instructions(fn)
+        insns = self.model.instructions(fn)
         if not insns or insns[-1].end != fn.end:
             raise Refused(f"its size is unknown and its code up to the {fn.sized_by} "
                            f"does not decode whole")
@@ -951,29 +628,29 @@ class Planner:
         # function that overlaps another has both. Where one says no, that look is
         # skipped: 5,400 of node's functions are marked, by one or the other.)
         by_scans = by_branches = True
-        if len(parts) == 1 and self._entered is not None:
+        if len(parts) == 1 and self.model.entered is not None:
             if index is None:
-                index = self._index_of(fn)
+                index = self.model.index_of(fn)
             if index is not None:
-                by_scans, by_branches = self._entered[index]
+                by_scans, by_branches = self.model.entered[index]
         if not by_scans and not by_branches:
             return None
-        starts = [self.sweep(part).starts for part in parts]
+        starts = [self.model.sweep(part).starts for part in parts]
         interior = np.concatenate(starts) if len(starts) > 1 else starts[0]
         interior = interior[interior != fn.address]  # (arrays: a big function has 1,000s)
-        references = self.taken_index.branch_sources(interior) if by_scans else {}
+        references = self.model.taken_index.branch_sources(interior) if by_scans else {}
         for target in sorted(references):
             for source in references[target]:
-                if not inside(source) and self._really_names(source, target):
+                if not inside(source) and self.model.really_names(source, target):
                     return target, source
         if not by_branches or not self._pairs_from_outside(parts, interior):
             return None  # (no function's branch lands there from outside: nor a near one's)
         within = None  # (the same as a set, made if a branch from outside lands inside)
         for part in parts:  # short branches, which the byte scan does not see
-            for near in self._near_functions(Window(part.address, part.size, ())):
+            for near in self.model.near_functions(Window(part.address, part.size, ())):
                 if inside(near.address):
                     continue
-                for target, source in self.branch_targets(near).items():
+                for target, source in self.model.branch_targets(near).items():
                     if not inside(source) and inside(target):
                         within = set(interior.tolist()) if within is None else within
                         if target in within:
@@ -986,9 +663,9 @@ class Planner:
         has them. Where none does, no near function's does (node: 6,000 functions that
         the byte scans mark or that have parts, asked with arrays at once, not a loop
         over their neighbours' branches)."""
-        if self._branch_pairs is None:
+        if self.model.branch_pairs is None:
             return True
-        targets, sources = self._branch_pairs
+        targets, sources = self.model.branch_pairs
         bounds = targets.searchsorted([(p.address, p.end) for p in parts]).tolist()
         landing = np.concatenate([targets[a:b] for a, b in bounds])
         source = np.concatenate([sources[a:b] for a, b in bounds])
@@ -997,91 +674,6 @@ class Planner:
             outside &= (source < part.address) | (source >= part.end)
         # (the few from outside, if any, then looked up: most of a function's are its own)
         return bool(outside.any()) and bool(np.isin(landing[outside], interior).any())
-
-    def _really_names(self, source: int, target: int) -> bool:
-        return self._really_refers(taken_addresses.Match(taken_addresses.BRANCH, "", source),
-                                   target)
-
-    def _really_refers(self, match: taken_addresses.Match, target: int) -> bool:
-        """Whether a byte-scan match in code is real: the instruction holding its bytes
-        branches to or computes `target` (a branch match), or carries it in an immediate
-        or displacement field starting at those bytes (an immediate match); bytes inside
-        other instructions only look like one. Code in no known function, or that does
-        not decode cleanly there, counts as real; so does a match any holder confirms."""
-        holders = self._holders(match.source)
-        if not holders:
-            return True
-        branch = match.kind == taken_addresses.BRANCH
-        for fn in holders:
-            if branch and self._sweep_branches(fn, match.source, target):
-                return True  # (what the decode below would find: no need to ask it)
-            if not branch and self._no_field_at(fn, match.source):
-                continue
-            # (a branch is named by its mnemonic and operands: the quick decoder's)
-            insn = self._insn_at(fn, match.source, detail=not branch)
-            if insn is None:
-                return True
-            if branch:
-                if self.backend.names_address(insn, target):
-                    return True
-            elif self.backend.holds_constant(insn, match.source - insn.address, target):
-                return True
-        return False
-
-    def _no_field_at(self, fn: Function, address: int) -> bool:
-        """Whether no immediate or displacement field of 4 bytes or more can start at
-        `address` in the function's instruction holding it (it is its first byte, or
-        4 bytes from it pass its end), that instruction decoding alike in detail: the
-        answer holds_constant() gives, without the detailed decode (node: 15,000 of
-        22,000 matches asked)."""
-        sweep = self.sweep(fn)
-        k = sweep.index_holding(address)
-        if k is None:
-            return False
-        start, end = int(sweep.edges[k]), int(sweep.edges[k + 1])
-        return (address == start or address + 4 > end) and \
-            self._instruction_ends(self.elf.read(start, end - start)) == [end - start]
-
-    def _sweep_branches(self, fn: Function, address: int, target: int) -> bool:
-        """Whether the instruction of the function's sweep holding `address` is a direct
-        branch (or call) to `target`."""
-        sweep = self.sweep(fn)
-        k = sweep.index_holding(address)
-        row = int(sweep.rows.searchsorted(k)) if k is not None else len(sweep.rows)
-        return row < len(sweep.rows) and sweep.rows[row] == k and sweep.targets[row] == target
-
-    def _holders(self, address: int) -> List[Function]:
-        """Every function (of known size) whose range holds `address`: ranges may nest."""
-        k = bisect.bisect_right(self._ends_so_far, address)
-        holders = []
-        while k < len(self.functions) and self.functions[k].address <= address:
-            if address < self.functions[k].end:
-                holders.append(self.functions[k])
-            k += 1
-        return holders
-
-    def _insn_at(self, fn: Function, address: int, detail: bool = True):
-        """The instruction of the function's linear sweep that holds `address`, decoded
-        (with detail, or by the quick decoder with its bytes); None where the sweep
-        does not reach it cleanly."""
-        sweep = self.sweep(fn)
-        k = sweep.index_holding(address)
-        if k is None:
-            return None
-        start, size = int(sweep.edges[k]), int(sweep.edges[k + 1] - sweep.edges[k])
-        code = self.elf.read(start, size)
-        decoded = self.backend.decode(code, start, detail=detail)
-        if len(decoded) != 1 or decoded[0].size != size:
-            return None
-        insn = decoded[0]
-        return insn if detail else Insn(start, size, insn.mnemonic, insn.op_str, code)
-
-    @property
-    def taken_index(self) -> taken_addresses.TakenIndex:
-        """The file's scans for taken addresses and far branches, made once."""
-        if self._taken_index is None:
-            self._taken_index = taken_addresses.TakenIndex(self.elf, self.backend)
-        return self._taken_index
 
     def _counts_when_taken(self, site: Site) -> bool:
         """Whether the site is a conditional exit, counted on its taken edge only."""
@@ -1121,7 +713,7 @@ class Planner:
         elif isinstance(found, str):
             raise Refused(found)
         plan, verdict = found
-        copy = self.copied_at(plan.window.address, plan.window.end)
+        copy = self.model.copied_at(plan.window.address, plan.window.end)
         if copy:
             raise Refused(copy.reason())
         if len(group) == 1:
@@ -1237,13 +829,13 @@ class Planner:
             return None  # a borrowed padding that b's instructions would follow
         window = Window(a.window.address, max(a.window.end, b.window.end) - a.window.address,
                         insns)
-        targets = self._near_targets(self._holding(a.site))
+        targets = self._near_targets(self.model.holding(a.site))
         if any(window.address < t < window.end for t in targets):
             return None
         if self._landing_pad_in(window.address, window.end, insns):
             return None
         if b.window.address != a.window.address and self._taken_reason(
-                self.taken_index.find([b.window.address]), b.window.address):
+                self.model.taken_index.find([b.window.address]), b.window.address):
             return None  # b's first byte is no longer a window start (merges are rare)
         points = {}
         for point in a.points + b.points:
@@ -1268,7 +860,7 @@ class Planner:
         found = self._searched_entry(site, size)
         if found is not None:
             return found
-        insns = self.head(fn, size)
+        insns = self.model.head(fn, size)
         if not insns:
             raise Refused("its first instruction cannot be decoded")
         start = site.address + self.backend.landing_pad_size(insns[0])
@@ -1296,7 +888,7 @@ class Planner:
         (as _searched_window()); None where it is left to the Python planner."""
         search = self._sweep_search()
         fn = site.function
-        k = self._index_of(fn)
+        k = self.model.index_of(fn)
         if search is None or k is None:
             return None
         pad = self._entry_pad(fn)
@@ -1331,7 +923,7 @@ class Planner:
             return tuple(insns)
         # (the decoder that moves them must see the very instructions the sweep saw:
         # where two decoders disagree, as on the length of a ud1, nothing is moved)
-        if self._instruction_ends(self.elf.read(start, end - start)) != \
+        if self.model.instruction_ends(self.elf.read(start, end - start)) != \
                 [i.end - start for i in insns]:
             raise Refused(f"its instructions at {start:#x} decode differently in detail")
         problem = next((p for p, in problems if p), None)
@@ -1344,10 +936,10 @@ class Planner:
         read as rows() reads them and what the Python planner reads with them (`read`,
         what SweepSearch.rows_read gives: its first row, the edges, the marked, the
         direct targets); Refused where rows() would refuse them."""
-        if fn.address in self._decoded:  # (decoded whole: rows() gives those instructions)
-            return self.rows(fn, first, last + 1)
+        if fn.address in self.model.decoded:  # (decoded whole: rows() gives those instructions)
+            return self.model.rows(fn, first, last + 1)
         lo, edges, marked, direct = read
-        return self._insns(edges, marked, dict(direct) if direct else {})[first - lo:last - lo + 1]
+        return self.model.insns(edges, marked, dict(direct) if direct else {})[first - lo:last - lo + 1]
 
     def _in_detail(self, insns) -> tuple:
         """(`insns` decoded in detail, why they cannot run from a trampoline or None)."""
@@ -1394,7 +986,7 @@ class Planner:
         """Where `insns`, the instructions of `code`, lie in it and what they are named
         ((start, end, mnemonic, op_str) each), if every one runs from any address as it
         is (Backend.moves_verbatim) as the quick decoder finds them there; else None.
-        Kept per byte string, as _instruction_ends."""
+        Kept per byte string, as BinaryModel.instruction_ends."""
         found = self._verbatim.get(code)
         if found is None:
             quick = self.backend.decode(code, 0)
@@ -1405,36 +997,6 @@ class Planner:
                 [i.end - insns[0].address for i in insns]:
             return None
         return found
-
-    def _learn_lengths(self, codes: List[bytes]) -> None:
-        """_instruction_ends() of many byte strings at once, those not known yet: one
-        decode of them all, one after another (node: 27,000 different windows in each
-        process, 30 µs a decode). A string where that decode has an instruction start
-        and one end has the ends it would have alone: instructions decode from their
-        first byte on. The others (an instruction across its end, a decode that stops
-        before it) are decoded alone when asked."""
-        new = [code for code in dict.fromkeys(codes) if code not in self._lengths]
-        starts = list(itertools.accumulate(map(len, new), initial=0))
-        i = 0
-        while i + 1 < len(new):  # (from the first string left, each time the decode stops)
-            bounds = self.backend.boundaries(b"".join(new[i:]), starts[i])
-            while i < len(new) and starts[i + 1] <= bounds[-1]:
-                k = bisect.bisect_left(bounds, starts[i])
-                j = bisect.bisect_left(bounds, starts[i + 1], k)
-                if bounds[k] == starts[i] and bounds[j] == starts[i + 1]:
-                    self._lengths[new[i]] = [b - starts[i] for b in bounds[k + 1:j + 1]]
-                i += 1
-            i += 1  # (the one it stopped in: decoded alone when asked)
-
-    def _instruction_ends(self, code: bytes) -> list:
-        """Where the decoder that moves instructions ends each one in `code`, from its
-        start. Kept per byte string: where instructions lie does not change their
-        lengths, and most windows hold code met before (node: 163,000 windows, 23,000
-        different)."""
-        ends = self._lengths.get(code)
-        if ends is None:
-            ends = self._lengths[code] = self.backend.boundaries(code, 0)[1:]
-        return ends
 
     MAX_LOOK_BACK = 24  # bytes a window may start before an inner site
 
@@ -1450,10 +1012,10 @@ class Planner:
         found = self._searched_window(site, size) if not avoid_taken else None
         if found is not None:
             return found
-        fn = self._holding(site)
+        fn = self.model.holding(site)
         if not fn.size:
             raise Refused("it lies in no function of known size")
-        sweep = self.sweep(fn)
+        sweep = self.model.sweep(fn)
         # the instructions any window may hold: from MAX_LOOK_BACK before the site to
         # the first that starts a jump's size after it (or the function's end)
         at, first_row, end_row = sweep.edges.searchsorted(
@@ -1461,12 +1023,12 @@ class Planner:
         if at >= len(sweep) or sweep.edges[at] != site.address:
             raise Refused(f"{site.address:#x} is not the start of an instruction")
         end_row = min(end_row + 1, len(sweep))
-        insns, index = self.rows(fn, at, end_row), 0
+        insns, index = self.model.rows(fn, at, end_row), 0
         reason = "too few instructions follow it for a jump"
         alone = self._unknown_targets(site, fn)
         for back in range(at - first_row + 1):
             if back == 1:  # (the instructions before the site: decoded once needed)
-                insns, index = self.rows(fn, first_row, at) + insns, at - first_row
+                insns, index = self.model.rows(fn, first_row, at) + insns, at - first_row
             first = index - back
             start = insns[first].address
             if site.address - start > self.MAX_LOOK_BACK or alone and first < index:
@@ -1490,7 +1052,7 @@ class Planner:
             # (this and the landing pads below: what _branch_into(inner_window=True)
             # leaves out; _near_targets() holds the targets it would look at)
             inside = [t for t in self._near_targets(fn) if start < t < end] \
-                if self._targets_between(start, end) and \
+                if self.model.targets_between(start, end) and \
                 self._near_target_between(fn, start, end) else []
             if inside:
                 reason = f"a branch lands at {inside[0]:#x}, inside every window around it"
@@ -1526,7 +1088,7 @@ class Planner:
         search = self._sweep_search()
         if search is None:
             return None
-        k = self._holding_index(site)
+        k = self.model.holding_index(site)
         fn = self.functions[k] if k is not None else None
         if fn is None or not fn.size or self._unknown_targets(site, fn):
             return None
@@ -1563,16 +1125,16 @@ class Planner:
         for j, site in enumerate(sites if search is not None else ()):
             if site.at_entry:
                 fn = site.function
-                k = self._index_of(fn)
-                pad = self._entry_pad(fn) if fn.size and fn.address not in self._decoded \
+                k = self.model.index_of(fn)
+                pad = self._entry_pad(fn) if fn.size and fn.address not in self.model.decoded \
                     and k is not None else None
                 if pad is not None:
                     entries.append((j, k, pad))
                 continue
-            k = self._holding_index(site)
+            k = self.model.holding_index(site)
             if k is not None:
                 fn = self.functions[k]
-                if fn.size and fn.address not in self._decoded and \
+                if fn.size and fn.address not in self.model.decoded and \
                         not self._unknown_targets(site, fn):
                     inner.append((j, k, 0))
 
@@ -1601,7 +1163,7 @@ class Planner:
         """The size of the landing pad at a function's entry (its first row, where the
         sweep marks it, decoded alone, kept per byte string); None where that does not
         decode as swept (the Python planner then decides)."""
-        sweep = self.sweep(fn)
+        sweep = self.model.sweep(fn)
         if sweep.marked[:1].tolist() != [0]:
             return 0
         start, end = sweep.edges[:2].tolist()
@@ -1627,7 +1189,7 @@ class Planner:
             if insns is not None and all(
                     self._made_rows(rows[i:i + 4], 0, 1) for i in range(others, at, 4)):
                 made_all.append((j, end, insns))
-        self._learn_lengths([self.elf.read(insns[0].address, insns[-1].end - insns[0].address)
+        self.model.learn_lengths([self.elf.read(insns[0].address, insns[-1].end - insns[0].address)
                              for _, _, insns in made_all])
         for j, end, insns in made_all:
             try:
@@ -1645,8 +1207,8 @@ class Planner:
 
     def _made_rows(self, rows: list, at: int, count: int) -> Optional[list]:
         """The instructions of `count` rows from rows[at] (SweepSearch.inner_batch's:
-        first byte, what it is, target of each, then the last one's end) as _insns()
-        makes them; None where _insns() would refuse them (one decodes differently)."""
+        first byte, what it is, target of each, then the last one's end) as BinaryModel.insns()
+        makes them; None where BinaryModel.insns() would refuse them (one decodes differently)."""
         insns = []
         for i in range(at, at + 3 * count, 3):
             address, made, target, end = rows[i], rows[i + 1], rows[i + 2], rows[i + 3]
@@ -1661,7 +1223,7 @@ class Planner:
                 known = self._decoded_alone_as(code)  # bytes alone (kept per byte string)
                 insn = known and (made == 1 or self.backend.landing_pad_size(known)) and \
                     Insn(address, known.size, known.mnemonic, known.op_str, b"")
-            if not insn:  # (an indirect call or jump: decoded where it lies, as _insns()
+            if not insn:  # (an indirect call or jump: decoded where it lies, as BinaryModel.insns()
                 # decodes it, alone or in a run of marked rows: each decodes from its
                 # first byte on, and one that does not end where the sweep says is refused)
                 decoded = self.backend.decode(code, address)
@@ -1696,17 +1258,17 @@ class Planner:
         key = -site.function.address - 1 if site.kind == KIND_RETURN else fn.address
         if key not in self._unknown_known:
             self._unknown_known[key] = self._unknown_cases(
-                self._parts(site.function) if site.kind == KIND_RETURN else [fn])
+                self.model.parts(site.function) if site.kind == KIND_RETURN else [fn])
         return self._unknown_known[key]
 
     def _unknown_cases(self, functions: List[Function]) -> Optional[str]:
         """Why any instruction of `functions[0]` may be a case of a table not recognised
         (see _unknown_targets): an indirect jump of one of `functions` that is no
         recovered table, and a base of offsets into the first one's parts; or None."""
-        jump = next((j for j in map(self._indirect_jump, functions) if j is not None), None)
+        jump = next((j for j in map(self.model.indirect_jump, functions) if j is not None), None)
         if jump is None:
             return None
-        base = self._case_base(self._parts(functions[0]))  # (cases may lie in a part)
+        base = self._case_base(self.model.parts(functions[0]))  # (cases may lie in a part)
         if base is None:
             return None
         return (f"the indirect jump at {jump:#x} may go to any instruction of its function "
@@ -1719,9 +1281,9 @@ class Planner:
         if key not in self._offset_tables:
             found = None
             for part in parts:
-                computed = self._computed.get(part.address)
+                computed = self.model.computed.get(part.address)
                 if computed is None:
-                    computed = self.backend.computed_addresses(self._code(part), part.address)
+                    computed = self.backend.computed_addresses(self.model.code(part), part.address)
                 for base in computed:
                     at = self.elf.offset_of(base, 4)
                     target = base + int.from_bytes(self.elf.data[at:at + 4], "little",
@@ -1734,27 +1296,13 @@ class Planner:
             self._offset_tables[key] = found
         return self._offset_tables[key]
 
-    def _holding(self, site: Site) -> Function:
-        """The function (or .cold part) whose code holds the site."""
-        k = self._holding_index(site)
-        return self.functions[k] if k is not None else site.function
-
-    def _holding_index(self, site: Site) -> Optional[int]:
-        """Where the function (or .cold part) whose code holds the site is in
-        self.functions: the site's own function if none of them holds it; None if that
-        is not there either."""
-        k = bisect.bisect_right(self._starts, site.address) - 1
-        if k >= 0 and self.functions[k].address <= site.address < self.functions[k].end:
-            return k
-        return self._index_of(site.function)
-
     def _near_targets(self, fn: Function) -> Set[int]:
         """Where the branches of the function and of its neighbours land (kept for the
         last function asked: its windows are planned one after another)."""
         if self._near_cache[0] != fn.address:
             targets = set(self._parent_case_labels(fn))
-            for near in self._near_functions(Window(fn.address, fn.size, ())):
-                targets.update(self.branch_targets(near))
+            for near in self.model.near_functions(Window(fn.address, fn.size, ())):
+                targets.update(self.model.branch_targets(near))
             self._near_cache = (fn.address, targets, sorted(targets))
         return self._near_cache[1]
 
@@ -1770,12 +1318,12 @@ class Planner:
         split off from put in it: that function may lie beyond rel8 reach."""
         if ".cold" not in fn.name:
             return {}
-        if self._by_name is None:
-            self._by_name = {f.name: f for f in self.functions}
-        parent = self._by_name.get(fn.name.split(".cold")[0])
+        if self.model.by_name is None:
+            self.model.by_name = {f.name: f for f in self.functions}
+        parent = self.model.by_name.get(fn.name.split(".cold")[0])
         if parent is None:
             return {}
-        return {target: table.jump for table in self.jump_tables(parent).values()
+        return {target: table.jump for table in self.model.jump_tables(parent).values()
                 for target in table.targets if fn.address <= target < fn.end}
 
     def _borrow_padding(self, fn: Function, start: int, fn_end: int, size: int) -> int:
@@ -1787,15 +1335,15 @@ class Planner:
         if section is None or need > max(section.end, gap_end):
             raise Refused(f"it is {fn_end - start} bytes long, too short for a "
                            f"{size}-byte jump, and no padding follows it")
-        k = bisect.bisect_right(self._starts, fn_end - 1)
-        if k < len(self._starts) and self._starts[k] < need:
+        k = bisect.bisect_right(self.model.starts, fn_end - 1)
+        if k < len(self.model.starts) and self.model.starts[k] < need:
             raise Refused(f"it is {fn_end - start} bytes long, too short for a "
                            f"{size}-byte jump, and the next function "
                            f"follows without padding")
         # the padding instructions up to the next function (or the section's end); where
         # they stop short of `need`, at what is no padding or does not decode there,
         # the code after them is decoded for a closer look
-        limit = min(self._starts[k], section.end) if k < len(self._starts) else section.end
+        limit = min(self.model.starts[k], section.end) if k < len(self.model.starts) else section.end
         ends = self._padding_run(self.elf.read(fn_end, limit - fn_end))
         at = fn_end + next((end for end in ends if end >= need - fn_end),
                            ends[-1] if ends else 0)
@@ -1816,7 +1364,7 @@ class Planner:
             at = insn.end
         if at < need and at == section.end and need <= gap_end:
             return need  # nothing runs here: no instruction to return to in the gap
-        next_start = self._starts[k] if k < len(self._starts) else section.end
+        next_start = self.model.starts[k] if k < len(self.model.starts) else section.end
         if at < need or at > next_start:
             raise Refused(f"it is {fn_end - start} bytes long and the padding after it "
                            f"is too short")
@@ -1869,8 +1417,8 @@ class Planner:
             return outcomes
         # (no landing or evicted window in copied code either)
         windows = [o.window for o in outcomes if isinstance(o, Plan)]
-        used = Occupancy.of([c.start for c in self.copied] + [w.address for w in windows],
-                            [c.end for c in self.copied] + [w.end for w in windows])
+        used = Occupancy.of([c.start for c in self.model.copied] + [w.address for w in windows],
+                            [c.end for c in self.model.copied] + [w.end for w in windows])
         tried = []  # (refusals, hop window plan or the reason there is none)
         for group in self._by_address(refusals, lambda refusal: refusal.site):
             try:
@@ -1883,7 +1431,7 @@ class Planner:
         # window interiors, and every byte a landing may take
         wanted = {a for p in plans for a in range(p.window.address + 1, p.window.end)}
         wanted |= {a for start, end in gaps for a in range(start, end)}
-        taken = self.taken_index.find(wanted)
+        taken = self.model.taken_index.find(wanted)
         tried = self._merge_overlaps(tried, taken)
 
         hopped: Dict[int, Plan] = {}
@@ -1910,7 +1458,7 @@ class Planner:
                       if "evict" in self.tactics else [] for p in waiting}
         wanted = {a for found in candidates.values() for w in found
                   for a in range(w.address + 1, w.end)}
-        taken = self.taken_index.find(wanted) if wanted else {}
+        taken = self.model.taken_index.find(wanted) if wanted else {}
         for plan in waiting:
             if not used.is_free(plan.window.address, plan.window.end):
                 reasons[plan.window.address] = "its window overlaps another window"
@@ -2003,7 +1551,7 @@ class Planner:
         jump long, each relocatable, none a landing pad (endbr64), nothing aimed after the
         first one's first byte; or why there are none."""
         at, size = window.end, self.backend.patch_size
-        k = bisect.bisect_right(self._starts, at) - 1
+        k = bisect.bisect_right(self.model.starts, at) - 1
         fn = self.functions[k] if k >= 0 else None
         if fn is None or not fn.address <= at < fn.end:
             return "no function's code follows it, to move away"
@@ -2036,13 +1584,13 @@ class Planner:
         planner may read it (rows()); k the index of the one starting at `start`, or
         None. Where those it decodes do not match the sweep, all the function's, decoded
         (as instructions(): they then decide)."""
-        sweep = self.sweep(fn)
+        sweep = self.model.sweep(fn)
         first = int(sweep.edges.searchsorted(start))
         last = min(int(sweep.edges.searchsorted(end)) + 1, len(sweep))
         try:
-            insns = self.rows(fn, first, last) if first < last else []
+            insns = self.model.rows(fn, first, last) if first < last else []
         except Refused:
-            insns = self.instructions(fn)
+            insns = self.model.instructions(fn)
             return insns, next((k for k, i in enumerate(insns) if i.address == start), None)
         return insns, 0 if insns and insns[0].address == start else None
 
@@ -2072,19 +1620,8 @@ class Planner:
             values = elf_symbols.table(self.elf).values
             self._symbol_starts = unique(values[values != 0].astype(np.int64))
         return sorted(free_space.padding_gaps(
-            self.elf, self.backend, self.functions, self._last_instruction,
+            self.elf, self.backend, self.functions, self.model.last_instruction,
             self._symbol_starts, [self.backend.hop_reach(p.window.address) for p in plans]))
-
-    def _last_instruction(self, fn: Function) -> Optional[Insn]:
-        """The last instruction of the function's sweep, decoded; None where the sweep
-        stops before the function's end or the decoder sees that instruction otherwise.
-        (free_space decoded the whole function for it: 0.3 s on node.)"""
-        sweep = self.sweep(fn)
-        if not len(sweep) or sweep.end != fn.end:
-            return None
-        start = int(sweep.edges[-2])
-        decoded = self.backend.decode(self.elf.read(start, fn.end - start), start)
-        return decoded[0] if len(decoded) == 1 and decoded[0].end == fn.end else None
 
     def _landing_in_padding(self, window: Window, gaps, used: Occupancy,
                             taken: Dict[int, list]) -> Optional[int]:
@@ -2109,8 +1646,8 @@ class Planner:
         return None
 
     def _direct_targets_in(self, start: int, end: int) -> bool:
-        return any(start <= t < end for fn in self._near_functions(Window(start, end - start, ()))
-                   for t in self.branch_targets(fn))
+        return any(start <= t < end for fn in self.model.near_functions(Window(start, end - start, ()))
+                   for t in self.model.branch_targets(fn))
 
     def _eviction_candidates(self, window: Window, used: Occupancy) -> List[Window]:
         """Neighbour windows whose bytes after a jump would hold a landing in a hop's
@@ -2121,8 +1658,8 @@ class Planner:
         lo, hi = self.backend.hop_reach(window.address)
         size = self.backend.patch_size
         found = []
-        for fn in self._near_functions(window):
-            if self._has_indirect_jump(fn):
+        for fn in self.model.near_functions(window):
+            if self.model.has_indirect_jump(fn):
                 continue
             insns, _ = self._rows_from(fn, lo - size, hi + size)
             for k, first in enumerate(insns):
@@ -2161,18 +1698,6 @@ class Planner:
                 return w
         return None
 
-    def _has_indirect_jump(self, fn: Function) -> bool:
-        """Whether the function has an indirect jump that is not a recovered jump table:
-        where it goes is unknown, maybe into a window we would make."""
-        return self._indirect_jump(fn) is not None
-
-    def _indirect_jump(self, fn: Function) -> Optional[int]:
-        """The address of the first indirect jump of the function that is not a recovered
-        jump table, or None."""
-        if fn.address not in self._unknown_jumps:
-            self.jump_tables(fn)  # (finds it)
-        return self._unknown_jumps[fn.address]
-
     # -- branch targets ------------------------------------------------------------
     def _taken_addresses(self, plans: List[Plan]) -> Dict[int, list]:
         # window interiors, only where an instruction could start: nothing can be aimed
@@ -2183,13 +1708,13 @@ class Planner:
         end = np.fromiter((p.window.end for p in plans), np.int64, len(plans))
         counts = np.maximum((end - first + step - 1) // step, 0)  # (as many as range() has)
         before = np.repeat(np.cumsum(counts) - counts, counts)  # (each one's first index)
-        return self.taken_index.find(np.repeat(first, counts) +
+        return self.model.taken_index.find(np.repeat(first, counts) +
                                      step * (np.arange(int(counts.sum())) - before))
 
     def _taken_inside(self, start: int, end: int) -> Optional[tuple]:
         """(address, what may take it) for the first taken address in (start, end), or
         None: the scans asked for these addresses alone."""
-        taken = self.taken_index.find(np.arange(start + 1, end, dtype=np.int64))
+        taken = self.model.taken_index.find(np.arange(start + 1, end, dtype=np.int64))
         return None if not taken else next(((a, why) for a in range(start + 1, end)
                      for why in [self._taken_reason(taken, a)] if why), None)
 
@@ -2210,36 +1735,21 @@ class Planner:
         data that looks like a code address ("ABC\0..." is 0x434241), when every
         function holding it decodes whole; relocations always count."""
         if match.source is not None:
-            return self._really_refers(match, address)
+            return self.model.really_refers(match, address)
         if match.kind != taken_addresses.CONSTANT:
             return True
-        holders = self._holders(address)
+        holders = self.model.holders(address)
         return not holders or not all(self._inside_an_instruction(fn, address)
                                       for fn in holders)
 
     def _inside_an_instruction(self, fn: Function, address: int) -> bool:
         """Whether `address` lies after the first byte of an instruction of the
         function's linear sweep, the sweep decoding the whole function."""
-        sweep = self.sweep(fn)
+        sweep = self.model.sweep(fn)
         if not len(sweep) or sweep.end != fn.end:
             return False
         k = sweep.index_holding(address)
         return k is not None and sweep.edges[k] < address
-
-    def _near_functions(self, window: Window) -> List[Function]:
-        """Functions with code within rel8 reach of the window. Ranges may overlap (one
-        symbol inside another's), so the search starts at the first function whose end,
-        or an earlier one's, reaches that far."""
-        k = bisect.bisect_left(self._ends_so_far, window.address - NEAR_BRANCH_REACH)
-        near = []
-        while k < len(self.functions):
-            fn = self.functions[k]
-            if fn.address > window.end + NEAR_BRANCH_REACH:
-                break
-            if fn.end + NEAR_BRANCH_REACH >= window.address:
-                near.append(fn)
-            k += 1
-        return near
 
     def _branch_into(self, plan: Plan, taken: Dict[int, list],
                      inner_window: bool = False) -> Optional[str]:
@@ -2255,17 +1765,17 @@ class Planner:
                 why = target in taken and self._taken_reason(taken, target)
                 if why:
                     return f"{why} may lead to {target:#x}, inside the displaced bytes"
-        holder = self._holding(plan.site)
+        holder = self.model.holding(plan.site)
         if inner_window and plan.window.end <= holder.end:
             return None
-        near = self._near_functions(plan.window) \
-            if self._targets_between(plan.window.address, plan.window.end) else []
+        near = self.model.near_functions(plan.window) \
+            if self.model.targets_between(plan.window.address, plan.window.end) else []
         for fn in near + [None]:
-            found = self.branch_targets(fn) if fn else self._parent_case_labels(holder)
+            found = self.model.branch_targets(fn) if fn else self._parent_case_labels(holder)
             for target, source in found.items():
                 if lo <= target < hi:
                     branch = "the jump table of the jump" if fn is None or \
-                        source in self.jump_tables(fn) else "the branch"
+                        source in self.model.jump_tables(fn) else "the branch"
                     return (f"{branch} at {source:#x} lands at {target:#x}, "
                             f"inside the displaced bytes")
         pad = self._landing_pad_in(plan.window.address, plan.window.end, plan.window.insns)
@@ -2280,7 +1790,7 @@ class Planner:
         the cases are among them), and no landing pad nor unreadable range where
         _landing_pad_in() would look. False: ask _branch_into() (node's entries: 15 µs
         each, 78,000)."""
-        if self._all_targets is None or not plans:
+        if self.model.all_targets is None or not plans:
             return [False] * len(plans)
         starts = np.fromiter((p.window.address for p in plans), np.int64, len(plans))
         ends = starts + np.fromiter((p.window.size for p in plans), np.int64, len(plans))
@@ -2292,12 +1802,12 @@ class Planner:
             return (k < len(values)) & (values[np.minimum(k, len(values) - 1)] < ends)
 
         asked = inside(np.sort(np.fromiter(taken, np.int64, len(taken)))) | \
-            inside(self._all_targets)
+            inside(self.model.all_targets)
         # (_landing_pad_in: a window of one instruction has no pad after its first byte)
         lone = np.fromiter((len(p.window.insns) == 1 and p.window.insns[0].end >= p.window.end
                             for p in plans), bool, len(plans))
         if not (asked | lone).all():
-            pads = self.landing_pads()
+            pads = self.model.landing_pads()
             padded = inside(np.array(pads.pads, dtype=np.int64))
             for low, high, _ in pads.unreadable:  # (few; as LandingPads.unknown_inside)
                 padded |= (low < ends) & (starts + 1 < high)
@@ -2311,8 +1821,8 @@ class Planner:
         one instruction first needs them."""
         if len(insns) == 1 and insns[0].end >= end:
             return None  # no instruction starts inside it
-        pad = self.landing_pads().first_inside(start, end)
+        pad = self.model.landing_pads().first_inside(start, end)
         if pad is not None:
             return f"a C++ landing pad is at {pad:#x}"
-        unknown = self.landing_pads().unknown_inside(start, end)
+        unknown = self.model.landing_pads().unknown_inside(start, end)
         return f"a C++ landing pad may lie anywhere in {unknown[2]}" if unknown else None

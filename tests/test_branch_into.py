@@ -33,13 +33,13 @@ def _windows(a, rng: random.Random) -> list:
                                               exact=False)))
         except Refused:
             pass
-        sweep = planner.sweep(fn)
+        sweep = planner.model.sweep(fn)
         if len(sweep) < 3 or rng.random() < 0.5:
             continue
         first = rng.randrange(len(sweep) - 1)
         last = min(first + rng.randrange(1, 6), len(sweep) - 1)
         try:
-            insns = tuple(planner.rows(fn, first, last + 1))
+            insns = tuple(planner.model.rows(fn, first, last + 1))
         except Refused:
             continue
         start, end = insns[0].address, insns[-1].end
@@ -87,23 +87,23 @@ def test_branches_from_outside_found_with_arrays_are_found_without(path):
     a = pipeline.analyse(path)
     planner = a.planner
     planner.prepare(a.functions)
-    planner._entered = None  # (every function asked in full, not only those marked)
-    pairs, found, asked_alone = planner._branch_pairs, 0, 0
+    planner.model.entered = None  # (every function asked in full, not only those marked)
+    pairs, found, asked_alone = planner.model.branch_pairs, 0, 0
     for fn in a.functions:
         if not fn.size:
             continue
-        parts = planner._parts(fn)
+        parts = planner.model.parts(fn)
 
         def inside(address: int) -> bool:
             return any(p.address <= address < p.end for p in parts)
 
         with_arrays = planner._branch_from_outside(fn, parts, inside)
-        planner._branch_pairs = None
+        planner.model.branch_pairs = None
         try:
             assert planner._branch_from_outside(fn, parts, inside) == with_arrays, fn.name
         finally:
-            planner._branch_pairs = pairs
-        interior = planner.sweep(fn).starts
+            planner.model.branch_pairs = pairs
+        interior = planner.model.sweep(fn).starts
         asked_alone += planner._pairs_from_outside(parts, interior[interior != fn.address])
         found += with_arrays is not None
     # (the arrays send few to the loop but those something does enter)
@@ -140,8 +140,8 @@ def test_a_short_branch_back_from_a_later_function_is_found_with_arrays(tmp_path
     def inside(address: int) -> bool:
         return fn.address <= address < fn.end
 
-    planner._entered = None
+    planner.model.entered = None
     found = planner._branch_from_outside(fn, [fn], inside)
     assert found is not None and found[1] == source
-    planner._branch_pairs = None
+    planner.model.branch_pairs = None
     assert planner._branch_from_outside(fn, [fn], inside) == found

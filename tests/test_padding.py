@@ -19,8 +19,8 @@ def _decoded_each_time(planner, fn, start, fn_end, size):
     gap_end = planner._gap_after(section) if section is not None else 0
     if section is None or need > max(section.end, gap_end):
         return "no padding follows"
-    k = bisect.bisect_right(planner._starts, fn_end - 1)
-    if k < len(planner._starts) and planner._starts[k] < need:
+    k = bisect.bisect_right(planner.model.starts, fn_end - 1)
+    if k < len(planner.model.starts) and planner.model.starts[k] < need:
         return "the next function follows"
     padding = planner.backend.decode(planner.elf.read(
         fn_end, min(need - fn_end + 15, section.end - fn_end)), fn_end)
@@ -33,7 +33,7 @@ def _decoded_each_time(planner, fn, start, fn_end, size):
         at = insn.end
     if at < need and at == section.end and need <= gap_end:
         return need
-    next_start = planner._starts[k] if k < len(planner._starts) else section.end
+    next_start = planner.model.starts[k] if k < len(planner.model.starts) else section.end
     return "too short" if at < need or at > next_start else at
 
 

@@ -97,14 +97,14 @@ def check_rows_read(planner, site: Site) -> None:
     """What the engine gives of the rows the Python search reads: the window's alone
     when no other of them is marked, else all of them, each with its marked rows and
     direct targets as the sweep has them."""
-    k = planner._holding_index(site)
+    k = planner.model.holding_index(site)
     size = planner.backend.patch_size
     found = planner._search.inner(site.address, k, size, planner._padding_end) \
         if k is not None else None
     if found is None:
         return
     first, last, end, (lo, edges, marked, direct) = found
-    sweep = planner.sweep(planner.functions[k])
+    sweep = planner.model.sweep(planner.functions[k])
     at, first_row, end_row = sweep.edges.searchsorted(
         (site.address, site.address - planner.MAX_LOOK_BACK, site.address + size)).tolist()
     end_row = min(end_row + 1, len(sweep))
@@ -166,7 +166,7 @@ def test_every_exit_and_instruction_of_a_sample(sample, flags, tmp_path):
     a = prepared(built(tmp_path, sample, flags))
     sites = exits(a) + entries(a)
     for fn in a.functions:
-        for address in a.planner.sweep(fn).starts.tolist()[1:]:
+        for address in a.planner.model.sweep(fn).starts.tolist()[1:]:
             sites.append(Site(fn, address, KIND_ADDRESS, fn.name,
                               f"{fn.name}+{address - fn.address:#x}", exact=True))
     answered = compare(a.planner, sites)
@@ -180,15 +180,15 @@ def test_what_it_does_not_know_is_left_to_the_python_search(tmp_path):
     planner = prepared(built(tmp_path, "indirect_exits", ["-O2"])).planner
     cold = [Site(fn, address, KIND_ADDRESS, fn.name, fn.name, exact=True)
             for fn in planner.functions if ".cold" in fn.name
-            for address in planner.sweep(fn).starts.tolist()]
+            for address in planner.model.sweep(fn).starts.tolist()]
     assert cold and all(planner._searched_window(s, 5) is None for s in cold)
     # a function the batch does not hold, as if swept by Capstone
     main = next(fn for fn in planner.functions if fn.name == "main")
     sites = [Site(main, address, KIND_ADDRESS, "main", "main", exact=True)
-             for address in planner.sweep(main).starts.tolist()]
+             for address in planner.model.sweep(main).starts.tolist()]
     assert any(planner._searched_window(s, 5) is not None for s in sites)
-    batch, swept = planner._batch
-    planner._search, planner._batch = None, (batch, [f for f in swept if f is not main])
+    batch, swept = planner.model.batch
+    planner._search, planner.model.batch = None, (batch, [f for f in swept if f is not main])
     assert all(planner._searched_window(s, 5) is None for s in sites)
 
 
@@ -201,14 +201,14 @@ def test_rows_that_may_leave_a_function(path):
     planner = prepared(path).planner
     kinds = set()
     for fn in planner.functions:
-        index = planner._index_of(fn)
+        index = planner.model.index_of(fn)
         assert planner.functions[index] is fn
         found = planner._exit_rows(fn, lambda a: fn.address <= a < fn.end, index)
         planner._search, search = None, planner._search
-        planner._batch, batch = None, planner._batch
+        planner.model.batch, batch = None, planner.model.batch
         try:
             assert planner._exit_rows(fn, lambda a: fn.address <= a < fn.end, index) == found
         finally:
-            planner._search, planner._batch = search, batch
+            planner._search, planner.model.batch = search, batch
         kinds.update(kind for _, kind, _, _ in found)
     assert kinds == {JUMP, BRANCH, RETURN, OTHER}
