@@ -34,6 +34,7 @@ from urewrite.rewriter.free_space import Occupancy
 from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.functions import Function
 from urewrite.rewriter.model import NEAR_BRANCH_REACH, BinaryModel
+from urewrite.rewriter.plan.branch_safety import BranchSafety
 from urewrite.rewriter.stub_space import StubSpace
 from urewrite.rewriter.selectors import Site
 from urewrite.rewriter.plan.results import (UNKNOWN, Hop, Outcome, Plan, Precomputed, Prepared,
@@ -63,6 +64,7 @@ class Planner:
         self.tactics = tactics  # which of TACTICS to try
         self.functions = functions
         self.model = BinaryModel(elf, backend, functions, taken_index)
+        self.safety = BranchSafety(self.model)
         self._decoded_alone: Dict[bytes, object] = {}  # (_decoded_alone_as)
         self._search = None  # sweep_search's compiled search, once made (_sweep_search())
         self._gaps: Dict[int, int] = {}  # section -> _gap_after()
@@ -71,9 +73,6 @@ class Planner:
         self._windows_known: Dict[tuple, object] = {}  # _window_key() -> window (or why not)
         # _window_key() -> _retried_window() as precompute found it (None: no window)
         self._retried_known: Dict[tuple, Optional[WindowFound]] = {}
-        # (function, _near_targets(), the same sorted)
-        self._near_cache: tuple = (None, set(), [])
-        self._taken_reasons: Dict[int, Optional[str]] = {}  # address -> why it is taken
         self._offset_tables: Dict[int, Optional[int]] = {}  # function -> _case_base()
         # function (its return probe's exits: -address - 1) -> _unknown_targets()
         self._unknown_known: Dict[int, Optional[str]] = {}
@@ -96,7 +95,8 @@ class Planner:
         """The compiled search over the sweeps (sweep_search.py), made once every function's
         sweep and jump tables are known (prepare() of the whole file, native sweeps);
         else None."""
-        if self._search is None and self.model.batch is not None and self.model.all_targets is not None \
+        model = self.model
+        if self._search is None and model.batch is not None and model.all_targets is not None \
                 and self.backend.sweep_search_engine is not None:
             self._search = sweep_search.build(
                 self.backend.sweep_search_engine, self.functions, *self.model.batch,
@@ -460,7 +460,7 @@ class Planner:
                     exits.append((address, target is not None, ()))
                 if leaves == "taken":
                     conditional.add(address)
-        shared = self._branch_from_outside(fn, parts, inside, index)
+        shared = self.safety.branch_from_outside(fn, parts, inside, index)
         if shared:
             raise Refused("other code branches into it (at {:#x}, from {:#x}): its exits "
                            "are not only its own".format(*shared))
@@ -530,12 +530,12 @@ class Planner:
                     windows[self._window_key(target)] = found
                     if target.kind == KIND_RETURN:
                         at_risk[target.function.address] = target.function
-            taken = self._taken_addresses([plan for _, _, plan in plans])
+            taken = self.safety.taken_in_windows([plan for _, _, plan in plans])
             retried = {}  # key -> _retried_window(), where something may branch in
-            clear = self._clear_of_branches([plan for _, _, plan in plans], taken)
+            clear = self.safety.clear_of_branches([plan for _, _, plan in plans], taken)
             for (key, target, plan), known_clear in zip(plans, clear):
                 verdict = None if known_clear else \
-                    self._branch_into(plan, taken, inner_window=not target.at_entry)
+                    self.safety.branch_into(plan, taken, inner_window=not target.at_entry)
                 windows[key] = self._kept(plan, verdict)
                 if verdict and not target.at_entry:  # (what _plan_sites will try next)
                     again, why = self._retried_window([target])
@@ -617,64 +617,6 @@ class Planner:
             raise Refused(f"its size is unknown and its code up to the {fn.sized_by} "
                            f"does not end in a return or jump")
 
-    def _branch_from_outside(self, fn: Function, parts: List[Function], inside,
-                             index: Optional[int] = None):
-        """(target, source) of a branch from code outside the function's parts to an
-        instruction inside them other than its entry (code shared by two functions,
-        as glibc's string functions do), or None. `index`: where a function of one
-        part is in self.functions."""
-        # (prepare()'s marks, for a function of one part: whether the byte scans, and
-        # whether the functions' branches, may enter it past its entry from outside; a
-        # function that overlaps another has both. Where one says no, that look is
-        # skipped: 5,400 of node's functions are marked, by one or the other.)
-        by_scans = by_branches = True
-        if len(parts) == 1 and self.model.entered is not None:
-            if index is None:
-                index = self.model.index_of(fn)
-            if index is not None:
-                by_scans, by_branches = self.model.entered[index]
-        if not by_scans and not by_branches:
-            return None
-        starts = [self.model.sweep(part).starts for part in parts]
-        interior = np.concatenate(starts) if len(starts) > 1 else starts[0]
-        interior = interior[interior != fn.address]  # (arrays: a big function has 1,000s)
-        references = self.model.taken_index.branch_sources(interior) if by_scans else {}
-        for target in sorted(references):
-            for source in references[target]:
-                if not inside(source) and self.model.really_names(source, target):
-                    return target, source
-        if not by_branches or not self._pairs_from_outside(parts, interior):
-            return None  # (no function's branch lands there from outside: nor a near one's)
-        within = None  # (the same as a set, made if a branch from outside lands inside)
-        for part in parts:  # short branches, which the byte scan does not see
-            for near in self.model.near_functions(Window(part.address, part.size, ())):
-                if inside(near.address):
-                    continue
-                for target, source in self.model.branch_targets(near).items():
-                    if not inside(source) and inside(target):
-                        within = set(interior.tolist()) if within is None else within
-                        if target in within:
-                            return target, source
-        return None
-
-    def _pairs_from_outside(self, parts: List[Function], interior: np.ndarray) -> bool:
-        """Whether any direct branch or jump-table case of the file (prepare()'s, of every
-        function) lands on one of `interior` from outside `parts`; True before prepare()
-        has them. Where none does, no near function's does (node: 6,000 functions that
-        the byte scans mark or that have parts, asked with arrays at once, not a loop
-        over their neighbours' branches)."""
-        if self.model.branch_pairs is None:
-            return True
-        targets, sources = self.model.branch_pairs
-        bounds = targets.searchsorted([(p.address, p.end) for p in parts]).tolist()
-        landing = np.concatenate([targets[a:b] for a, b in bounds])
-        source = np.concatenate([sources[a:b] for a, b in bounds])
-        outside = np.ones(len(source), dtype=bool)
-        for part in parts:
-            outside &= (source < part.address) | (source >= part.end)
-        # (the few from outside, if any, then looked up: most of a function's are its own)
-        return bool(outside.any()) and bool(np.isin(landing[outside], interior).any())
-
     def _counts_when_taken(self, site: Site) -> bool:
         """Whether the site is a conditional exit, counted on its taken edge only."""
         return site.kind == KIND_RETURN and site.address in self._conditional_exits
@@ -747,17 +689,18 @@ class Planner:
             except Refused as why:
                 tentative.extend(Refusal(s, str(why)) for s in group)
         asked = [o for o in tentative if isinstance(o, Plan) and id(o) not in verdicts]
-        taken = self._taken_addresses(asked)
+        taken = self.safety.taken_in_windows(asked)
         # (most windows, known clear all at once: only the others are asked one by one)
         verdicts.update((id(plan), Verdict(True)) for plan, clear in
-                        zip(asked, self._clear_of_branches(asked, taken)) if clear)
+                        zip(asked, self.safety.clear_of_branches(asked, taken)) if clear)
         outcomes = []
         previous, previous_at = None, 0  # the last plan kept, and where it is in outcomes
         tentative.sort(key=lambda o: o.window.address if isinstance(o, Plan) else o.site.address)
         for outcome in tentative:
             if isinstance(outcome, Plan):
                 verdict = verdicts.get(id(outcome), UNKNOWN)
-                reason = verdict.reason if verdict.known else self._branch_into(outcome, taken)
+                reason = verdict.reason if verdict.known else \
+                    self.safety.branch_into(outcome, taken)
                 if reason and not outcome.site.at_entry:
                     retried = self._window_clear_of_taken(outcome, previous)
                     if retried:
@@ -816,7 +759,7 @@ class Planner:
             retried = self._group_window(sites, avoid_taken=True)
         except Refused:
             return None, None
-        return retried, self._branch_into(retried, self._taken_addresses([retried]))
+        return retried, self.safety.branch_into(retried, self.safety.taken_in_windows([retried]))
 
     def _merge(self, a: Plan, b: Plan, taken: Dict[int, list]) -> Optional[Plan]:
         """One window for two overlapping ones (an entry and a return probe of a short
@@ -829,12 +772,12 @@ class Planner:
             return None  # a borrowed padding that b's instructions would follow
         window = Window(a.window.address, max(a.window.end, b.window.end) - a.window.address,
                         insns)
-        targets = self._near_targets(self.model.holding(a.site))
+        targets = self.safety.near_targets(self.model.holding(a.site))
         if any(window.address < t < window.end for t in targets):
             return None
-        if self._landing_pad_in(window.address, window.end, insns):
+        if self.safety.landing_pad_in(window.address, window.end, insns):
             return None
-        if b.window.address != a.window.address and self._taken_reason(
+        if b.window.address != a.window.address and self.safety.taken_reason(
                 self.model.taken_index.find([b.window.address]), b.window.address):
             return None  # b's first byte is no longer a window start (merges are rare)
         points = {}
@@ -939,7 +882,8 @@ class Planner:
         if fn.address in self.model.decoded:  # (decoded whole: rows() gives those instructions)
             return self.model.rows(fn, first, last + 1)
         lo, edges, marked, direct = read
-        return self.model.insns(edges, marked, dict(direct) if direct else {})[first - lo:last - lo + 1]
+        insns = self.model.insns(edges, marked, dict(direct) if direct else {})
+        return insns[first - lo:last - lo + 1]
 
     def _in_detail(self, insns) -> tuple:
         """(`insns` decoded in detail, why they cannot run from a trampoline or None)."""
@@ -1049,20 +993,20 @@ class Planner:
                 except Refused as why:
                     reason = str(why)
                     continue
-            # (this and the landing pads below: what _branch_into(inner_window=True)
-            # leaves out; _near_targets() holds the targets it would look at)
-            inside = [t for t in self._near_targets(fn) if start < t < end] \
+            # (this and the landing pads below: what BranchSafety.branch_into(inner_window=True)
+            # leaves out; BranchSafety.near_targets() holds the targets it would look at)
+            inside = [t for t in self.safety.near_targets(fn) if start < t < end] \
                 if self.model.targets_between(start, end) and \
-                self._near_target_between(fn, start, end) else []
+                self.safety.near_target_between(fn, start, end) else []
             if inside:
                 reason = f"a branch lands at {inside[0]:#x}, inside every window around it"
                 continue
             if avoid_taken:
-                why = self._taken_inside(start, end)
+                why = self.safety.taken_inside(start, end)
                 if why:
                     reason = f"{why[1]} may lead to {why[0]:#x}, inside every window around it"
                     continue
-            pad = self._landing_pad_in(start, end, insns[first:last + 1])
+            pad = self.safety.landing_pad_in(start, end, insns[first:last + 1])
             if pad:
                 reason = f"{pad}, inside every window around it"
                 continue
@@ -1296,36 +1240,6 @@ class Planner:
             self._offset_tables[key] = found
         return self._offset_tables[key]
 
-    def _near_targets(self, fn: Function) -> Set[int]:
-        """Where the branches of the function and of its neighbours land (kept for the
-        last function asked: its windows are planned one after another)."""
-        if self._near_cache[0] != fn.address:
-            targets = set(self._parent_case_labels(fn))
-            for near in self.model.near_functions(Window(fn.address, fn.size, ())):
-                targets.update(self.model.branch_targets(near))
-            self._near_cache = (fn.address, targets, sorted(targets))
-        return self._near_cache[1]
-
-    def _near_target_between(self, fn: Function, start: int, end: int) -> bool:
-        """Whether one of _near_targets(fn) lies in (start, end)."""
-        self._near_targets(fn)
-        ordered = self._near_cache[2]
-        k = bisect.bisect_right(ordered, start)
-        return k < len(ordered) and ordered[k] < end
-
-    def _parent_case_labels(self, fn: Function) -> Dict[int, int]:
-        """Case labels that the jump tables of the function a named part (f.cold) was
-        split off from put in it: that function may lie beyond rel8 reach."""
-        if ".cold" not in fn.name:
-            return {}
-        if self.model.by_name is None:
-            self.model.by_name = {f.name: f for f in self.functions}
-        parent = self.model.by_name.get(fn.name.split(".cold")[0])
-        if parent is None:
-            return {}
-        return {target: table.jump for table in self.model.jump_tables(parent).values()
-                for target in table.targets if fn.address <= target < fn.end}
-
     def _borrow_padding(self, fn: Function, start: int, fn_end: int, size: int) -> int:
         """Extend a window past a short function into the padding that follows it:
         alignment padding in its section, then the zero bytes between sections."""
@@ -1343,7 +1257,8 @@ class Planner:
         # the padding instructions up to the next function (or the section's end); where
         # they stop short of `need`, at what is no padding or does not decode there,
         # the code after them is decoded for a closer look
-        limit = min(self.model.starts[k], section.end) if k < len(self.model.starts) else section.end
+        starts = self.model.starts
+        limit = min(starts[k], section.end) if k < len(starts) else section.end
         ends = self._padding_run(self.elf.read(fn_end, limit - fn_end))
         at = fn_end + next((end for end in ends if end >= need - fn_end),
                            ends[-1] if ends else 0)
@@ -1439,7 +1354,7 @@ class Planner:
         for group, plan in tried:
             if isinstance(plan, str):
                 continue
-            reason = self._branch_into(plan, taken)
+            reason = self.safety.branch_into(plan, taken)
             if reason is None and not used.is_free(plan.window.address, plan.window.end):
                 reason = "its window overlaps another window"
             if reason:
@@ -1512,7 +1427,7 @@ class Planner:
         following = self.elf.offset_of(window.end, size)
         if following is None or not used.is_free(window.address, window.end + size - 1):
             return "the bytes after it are not kept as they are"
-        reason = self._branch_into(plan, self._taken_addresses([plan]))
+        reason = self.safety.branch_into(plan, self.safety.taken_in_windows([plan]))
         if reason:
             return reason
         floor = self.stub_floor
@@ -1569,9 +1484,9 @@ class Planner:
             return "the instructions after it lie where any one may be a case of a table"
         if not used.is_free(at, end) or any(self.backend.landing_pad_size(i) for i in chosen):
             return "the instructions after it cannot move"
-        if self._near_target_between(fn, at, end):
+        if self.safety.near_target_between(fn, at, end):
             return "a branch lands inside the instructions after it"
-        if self._taken_inside(at, end) or self._landing_pad_in(at, end, chosen):
+        if self.safety.taken_inside(at, end) or self.safety.landing_pad_in(at, end, chosen):
             return "a branch may land inside the instructions after it"
         try:
             return Window(at, end - at, self._displaced(chosen))
@@ -1640,14 +1555,10 @@ class Planner:
         for _, at in sorted(spots):
             clear = at + size <= window.address or at >= window.end  # of the hop's own window
             if clear and used.is_free(at, at + size) and \
-                    not any(self._taken_reason(taken, a) for a in range(at, at + size)) and \
-                    not self._direct_targets_in(at, at + size):
+                    not any(self.safety.taken_reason(taken, a) for a in range(at, at + size)) and \
+                    not self.safety.direct_targets_in(at, at + size):
                 return at
         return None
-
-    def _direct_targets_in(self, start: int, end: int) -> bool:
-        return any(start <= t < end for fn in self.model.near_functions(Window(start, end - start, ()))
-                   for t in self.model.branch_targets(fn))
 
     def _eviction_candidates(self, window: Window, used: Occupancy) -> List[Window]:
         """Neighbour windows whose bytes after a jump would hold a landing in a hop's
@@ -1675,8 +1586,8 @@ class Planner:
                 if not used.is_free(first.address, end) or \
                         any(self.backend.landing_pad_size(i) for i in chosen):
                     continue
-                if self._near_target_between(fn, first.address, end) or \
-                        self._landing_pad_in(first.address, end, chosen):
+                if self.safety.near_target_between(fn, first.address, end) or \
+                        self.safety.landing_pad_in(first.address, end, chosen):
                     continue
                 try:
                     displaced = self._displaced(chosen)
@@ -1694,135 +1605,16 @@ class Planner:
         for w in candidates:
             if used.is_free(w.address, w.end) and (w.end <= window.address or
                                                    w.address >= window.end) and \
-                    not any(self._taken_reason(taken, a) for a in range(w.address + 1, w.end)):
+                    not any(self.safety.taken_reason(taken, a)
+                            for a in range(w.address + 1, w.end)):
                 return w
         return None
 
     # -- branch targets ------------------------------------------------------------
-    def _taken_addresses(self, plans: List[Plan]) -> Dict[int, list]:
-        # window interiors, only where an instruction could start: nothing can be aimed
-        # anywhere else. (Not their starts: a function's entry is named by every call to
-        # it, and those matches took seconds to list. _merge asks of a start itself.)
-        step = self.backend.insn_alignment
-        first = np.fromiter((p.window.address + step for p in plans), np.int64, len(plans))
-        end = np.fromiter((p.window.end for p in plans), np.int64, len(plans))
-        counts = np.maximum((end - first + step - 1) // step, 0)  # (as many as range() has)
-        before = np.repeat(np.cumsum(counts) - counts, counts)  # (each one's first index)
-        return self.model.taken_index.find(np.repeat(first, counts) +
-                                     step * (np.arange(int(counts.sum())) - before))
 
-    def _taken_inside(self, start: int, end: int) -> Optional[tuple]:
-        """(address, what may take it) for the first taken address in (start, end), or
-        None: the scans asked for these addresses alone."""
-        taken = self.model.taken_index.find(np.arange(start + 1, end, dtype=np.int64))
-        return None if not taken else next(((a, why) for a in range(start + 1, end)
-                     for why in [self._taken_reason(taken, a)] if why), None)
 
-    def _taken_reason(self, taken: Dict[int, list], address: int) -> Optional[str]:
-        """What may take `address` (a match in data, or one in code that its instruction
-        confirms), or None. Checked only for addresses a window needs, once each."""
-        if address not in taken:
-            return None
-        if address not in self._taken_reasons:
-            self._taken_reasons[address] = next(
-                (m.describe() for m in taken[address] if self._counts(m, address)), None)
-        return self._taken_reasons[address]
 
-    def _counts(self, match: taken_addresses.Match, address: int) -> bool:
-        """Whether a match may really take `address`: a match in code must be confirmed
-        by its instruction; a plain constant in the data of a position-dependent file
-        that names the middle of an instruction is taken for what it most likely is,
-        data that looks like a code address ("ABC\0..." is 0x434241), when every
-        function holding it decodes whole; relocations always count."""
-        if match.source is not None:
-            return self.model.really_refers(match, address)
-        if match.kind != taken_addresses.CONSTANT:
-            return True
-        holders = self.model.holders(address)
-        return not holders or not all(self._inside_an_instruction(fn, address)
-                                      for fn in holders)
 
-    def _inside_an_instruction(self, fn: Function, address: int) -> bool:
-        """Whether `address` lies after the first byte of an instruction of the
-        function's linear sweep, the sweep decoding the whole function."""
-        sweep = self.model.sweep(fn)
-        if not len(sweep) or sweep.end != fn.end:
-            return False
-        k = sweep.index_holding(address)
-        return k is not None and sweep.edges[k] < address
 
-    def _branch_into(self, plan: Plan, taken: Dict[int, list],
-                     inner_window: bool = False) -> Optional[str]:
-        """Why something may branch into the plan's window after its first byte: a taken
-        address (`taken`: _taken_addresses()), a branch target, a landing pad; or None.
-        `inner_window`: the window is _inner_window()'s as it was made, which keeps
-        clear of the last two, looking at every function near the one holding it: only
-        taken addresses are left to ask about, unless the window reaches past that
-        function's end (borrowed padding), nearer to others."""
-        lo, hi = plan.window.address + 1, plan.window.end
-        if not taken.keys().isdisjoint(range(lo, hi)):  # (most windows: none, asked in C)
-            for target in range(lo, hi):
-                why = target in taken and self._taken_reason(taken, target)
-                if why:
-                    return f"{why} may lead to {target:#x}, inside the displaced bytes"
-        holder = self.model.holding(plan.site)
-        if inner_window and plan.window.end <= holder.end:
-            return None
-        near = self.model.near_functions(plan.window) \
-            if self.model.targets_between(plan.window.address, plan.window.end) else []
-        for fn in near + [None]:
-            found = self.model.branch_targets(fn) if fn else self._parent_case_labels(holder)
-            for target, source in found.items():
-                if lo <= target < hi:
-                    branch = "the jump table of the jump" if fn is None or \
-                        source in self.model.jump_tables(fn) else "the branch"
-                    return (f"{branch} at {source:#x} lands at {target:#x}, "
-                            f"inside the displaced bytes")
-        pad = self._landing_pad_in(plan.window.address, plan.window.end, plan.window.insns)
-        if pad:
-            return f"{pad}, inside the displaced bytes"
-        return None
 
-    def _clear_of_branches(self, plans: List[Plan], taken: Dict[int, list]) -> list:
-        """Per plan, whether _branch_into(plan, taken) is sure to be None, found for all
-        at once with arrays: after the window's first byte, no address of `taken`, no
-        branch target of the file (once prepare() has seen them all: the near ones and
-        the cases are among them), and no landing pad nor unreadable range where
-        _landing_pad_in() would look. False: ask _branch_into() (node's entries: 15 µs
-        each, 78,000)."""
-        if self.model.all_targets is None or not plans:
-            return [False] * len(plans)
-        starts = np.fromiter((p.window.address for p in plans), np.int64, len(plans))
-        ends = starts + np.fromiter((p.window.size for p in plans), np.int64, len(plans))
 
-        def inside(values: np.ndarray) -> np.ndarray:  # some value v: start < v < end
-            if not len(values):
-                return np.zeros(len(starts), dtype=bool)
-            k = values.searchsorted(starts, side="right")
-            return (k < len(values)) & (values[np.minimum(k, len(values) - 1)] < ends)
-
-        asked = inside(np.sort(np.fromiter(taken, np.int64, len(taken)))) | \
-            inside(self.model.all_targets)
-        # (_landing_pad_in: a window of one instruction has no pad after its first byte)
-        lone = np.fromiter((len(p.window.insns) == 1 and p.window.insns[0].end >= p.window.end
-                            for p in plans), bool, len(plans))
-        if not (asked | lone).all():
-            pads = self.model.landing_pads()
-            padded = inside(np.array(pads.pads, dtype=np.int64))
-            for low, high, _ in pads.unreadable:  # (few; as LandingPads.unknown_inside)
-                padded |= (low < ends) & (starts + 1 < high)
-            asked |= padded & ~lone
-        return (~asked).tolist()
-
-    def _landing_pad_in(self, start: int, end: int, insns) -> Optional[str]:
-        """What makes (start, end) unsafe for the unwinder: a C++ landing pad after its
-        first byte (it resumes there, as a branch would land), or a function whose
-        landing pads cannot be read. Landing pads are read when a window of more than
-        one instruction first needs them."""
-        if len(insns) == 1 and insns[0].end >= end:
-            return None  # no instruction starts inside it
-        pad = self.model.landing_pads().first_inside(start, end)
-        if pad is not None:
-            return f"a C++ landing pad is at {pad:#x}"
-        unknown = self.model.landing_pads().unknown_inside(start, end)
-        return f"a C++ landing pad may lie anywhere in {unknown[2]}" if unknown else None

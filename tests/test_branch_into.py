@@ -1,5 +1,5 @@
-"""What may branch into a window, asked of many windows at once: Planner._clear_of_branches
-says a window is clear only where Planner._branch_into, asked alone, finds nothing (a
+"""What may branch into a window, asked of many windows at once: BranchSafety.clear_of_branches
+says a window is clear only where BranchSafety.branch_into, asked alone, finds nothing (a
 taken address, a branch target, a case label, a landing pad), and says so of most of
 the windows `list` asks about."""
 
@@ -56,9 +56,9 @@ def test_windows_said_clear_at_once_are_clear_asked_alone(path):
     a = pipeline.analyse(path)
     a.planner.prepare(a.functions)
     plans = _windows(a, random.Random(path))
-    taken = a.planner._taken_addresses(plans)
-    clear = a.planner._clear_of_branches(plans, taken)
-    reasons = [a.planner._branch_into(plan, taken) for plan in plans]
+    taken = a.planner.safety.taken_in_windows(plans)
+    clear = a.planner.safety.clear_of_branches(plans, taken)
+    reasons = [a.planner.safety.branch_into(plan, taken) for plan in plans]
     for plan, said, reason in zip(plans, clear, reasons):
         assert not said or reason is None, (hex(plan.window.address), reason)
     # it answers for most (else it is not worth asking), and the rest are not all clear
@@ -72,7 +72,7 @@ def test_a_file_not_prepared_asks_every_window():
     clear at once: each is asked alone."""
     a = pipeline.analyse(FILES[2]) if os.path.exists(FILES[2]) else pytest.skip("no libc")
     plans = _windows(a, random.Random(1))[:200]
-    assert a.planner._clear_of_branches(plans, {}) == [False] * len(plans)
+    assert a.planner.safety.clear_of_branches(plans, {}) == [False] * len(plans)
 
 
 @pytest.mark.parametrize("path", FILES)
@@ -97,14 +97,14 @@ def test_branches_from_outside_found_with_arrays_are_found_without(path):
         def inside(address: int) -> bool:
             return any(p.address <= address < p.end for p in parts)
 
-        with_arrays = planner._branch_from_outside(fn, parts, inside)
+        with_arrays = planner.safety.branch_from_outside(fn, parts, inside)
         planner.model.branch_pairs = None
         try:
-            assert planner._branch_from_outside(fn, parts, inside) == with_arrays, fn.name
+            assert planner.safety.branch_from_outside(fn, parts, inside) == with_arrays, fn.name
         finally:
             planner.model.branch_pairs = pairs
         interior = planner.model.sweep(fn).starts
-        asked_alone += planner._pairs_from_outside(parts, interior[interior != fn.address])
+        asked_alone += planner.safety.pairs_from_outside(parts, interior[interior != fn.address])
         found += with_arrays is not None
     # (the arrays send few to the loop but those something does enter)
     assert found > 5 and asked_alone - found < len(a.functions) // 10, (found, asked_alone)
@@ -141,7 +141,7 @@ def test_a_short_branch_back_from_a_later_function_is_found_with_arrays(tmp_path
         return fn.address <= address < fn.end
 
     planner.model.entered = None
-    found = planner._branch_from_outside(fn, [fn], inside)
+    found = planner.safety.branch_from_outside(fn, [fn], inside)
     assert found is not None and found[1] == source
     planner.model.branch_pairs = None
-    assert planner._branch_from_outside(fn, [fn], inside) == found
+    assert planner.safety.branch_from_outside(fn, [fn], inside) == found

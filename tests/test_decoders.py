@@ -199,7 +199,8 @@ def test_matches_judged_without_the_detailed_decode_are_judged_as_with_it():
         sweep = planner.model.sweep(fn)
         for k in range(len(sweep)):
             start, end = int(sweep.edges[k]), int(sweep.edges[k + 1])
-            detailed, quick = planner.model.insn_at(fn, start), planner.model.insn_at(fn, start, False)
+            detailed = planner.model.insn_at(fn, start)
+            quick = planner.model.insn_at(fn, start, False)
             assert (detailed is None) == (quick is None), hex(start)
             if detailed is None:
                 continue

@@ -66,7 +66,8 @@ def test_writers_from_facts_are_those_of_the_decoded_function(path):
     compared = found = 0
     for fn in chosen:
         def semantics(facts):
-            sem = _X86(backend, SweptCode(planner.model.sweep(fn), backend.decode, planner.elf.read),
+            sem = _X86(backend, SweptCode(planner.model.sweep(fn), backend.decode,
+                                          planner.elf.read),
                        planner.elf.read)
             sem.facts = facts
             return sem
