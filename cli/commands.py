@@ -173,7 +173,7 @@ def _parse_tactics(value):
     """--tactics hop,jump -> ("jump", "hop"): the chosen ones, tried in their fixed order."""
     if value is None:
         return None
-    from urewrite.rewriter.planner import TACTICS
+    from urewrite.rewriter.plan.tactics import TACTICS
     chosen = [t.strip() for t in value.split(",") if t.strip()]
     unknown = [t for t in chosen if t not in TACTICS]
     if unknown or not chosen:
@@ -186,7 +186,7 @@ def _parse_tactics(value):
 def _tactic_counts(tactics) -> dict:
     """How many times each tactic occurs in `tactics` (one per patched window), every
     tactic named."""
-    from urewrite.rewriter.planner import TACTICS
+    from urewrite.rewriter.plan.tactics import TACTICS
     counts = dict.fromkeys(TACTICS, 0)
     for tactic in tactics:
         counts[tactic] += 1

@@ -18,7 +18,8 @@ from urewrite.rewriter.functions import Function, discover
 from urewrite.rewriter.go_runtime import is_go_program
 from urewrite.rewriter.usdt import UsdtSite
 from urewrite.rewriter.plan.results import Plan, Refusal
-from urewrite.rewriter.planner import TACTICS, Planner
+from urewrite.rewriter.plan.tactics import TACTICS
+from urewrite.rewriter.planner import Planner
 from urewrite.rewriter.selectors import Site, select
 from urewrite.rewriter.taken_addresses import TakenIndex
 from urewrite.rewriter import segment
@@ -300,8 +301,8 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
     # bound ever fall short, build again with the state right after the code.
     # Punned jumps' stubs lie above both, where the bytes their jumps end in say
     # (planner.stub_floor), each page run a segment of its own.
-    stubs = [(stub, bytes(backend.patch_size)) for p in plans if p.pun
-             for stub in (p.pun.stub, p.pun.successor_stub) if stub]
+    stubs = [(stub, bytes(backend.patch_size)) for p in plans
+             for stub in p.patching.stub_addresses()]
     segments = 2 + len(layout.stub_pages(stubs))
     stubs_from = a.planner.stub_floor if stubs else 0
     bound = segment.size_bound(plans)

@@ -35,6 +35,7 @@ from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.functions import Function
 from urewrite.rewriter.model import NEAR_BRANCH_REACH, BinaryModel
 from urewrite.rewriter.plan.branch_safety import BranchSafety
+from urewrite.rewriter.plan.tactics import TACTICS
 from urewrite.rewriter.plan.whole_file import WholeFile
 from urewrite.rewriter.stub_space import StubSpace
 from urewrite.rewriter.selectors import Site
@@ -43,7 +44,6 @@ from urewrite.rewriter.plan.results import (UNKNOWN, Hop, Outcome, Plan, Precomp
                                             WindowFound)
 from urewrite.trampolines.region import KIND_RETURN
 
-TACTICS = ("jump", "hop", "evict", "pun")  # Plan.tactic, in the order they are tried
 
 
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Dict, List, NamedTuple, Optional, Union
 
 from urewrite.arch.base import Window, value_class
+from urewrite.rewriter.plan.tactics import JUMP, Hop, Pun
 from urewrite.rewriter.selectors import Site
 
 
@@ -21,29 +22,6 @@ class ProbePoint:
 
 
 @value_class
-class Hop:
-    """A short jump written at a window, to a landing that holds the jump to the
-    trampoline (docs/design.md, "Patch tactics")."""
-    landing: int
-    evicted: Optional[Window] = None  # a neighbour moved to its own trampoline to free the landing
-
-
-@value_class
-class Pun:
-    """A jump written over a window shorter than itself, its last bytes the ones after
-    the window, left as they are; they say where it goes: a stub there jumps on to the
-    trampoline (docs/design.md, "Patch tactics")."""
-    patch: bytes  # what replaces the window
-    stub: int  # where the jump goes
-    # E9Patch's successor eviction: the instructions after the window, moved to a
-    # trampoline of their own, reached by a jump (through `successor_stub`) whose first
-    # bytes are the ones the punned jump ends in
-    successor: Optional[Window] = None
-    successor_jump: bytes = b""
-    successor_stub: int = 0
-
-
-@value_class
 class Plan:
     """A window, and the points in it where probes fire (one trampoline)."""
     window: Window
@@ -52,15 +30,17 @@ class Plan:
     pun: Optional[Pun] = None
 
     @property
+    def patching(self):
+        """How the window is patched (plan/tactics.py): its Pun, its Hop, else the plain
+        JUMP; each writes its own patches and stubs."""
+        return self.pun or self.hop or JUMP
+
+    @property
     def tactic(self) -> str:
         """How the window is patched: "jump" (a jump to the trampoline in the window),
         "hop" (a short jump to a landing in padding), "evict" (to a landing that an
         evicted neighbour window frees), "pun" (a jump ending in the bytes after it)."""
-        if self.pun is not None:
-            return "pun"
-        if self.hop is None:
-            return "jump"
-        return "evict" if self.hop.evicted else "hop"
+        return self.patching.name
 
     @property
     def site(self) -> Site:
