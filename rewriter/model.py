@@ -17,14 +17,15 @@ import numpy as np
 
 from urewrite.arch.base import OTHER, Backend, Insn, Sweep, SweptCode, Window
 from urewrite.arch.jump_tables import JumpTable
-from urewrite.rewriter import copied_code, except_table, jump_table_guard, redirection, \
-    taken_addresses
+from urewrite.rewriter import (copied_code, except_table, jump_table_guard, redirection,
+                               sweep_search, taken_addresses)
 from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.functions import Function
 from urewrite.rewriter.plan.results import Refused
 from urewrite.rewriter.selectors import Site
 
 NEAR_BRANCH_REACH = 130  # farthest a rel8 branch reaches, with its own size
+MAX_LOOK_BACK = 24  # bytes a window may start before an inner site
 
 
 class BinaryModel:
@@ -40,6 +41,7 @@ class BinaryModel:
         self.decoded: Dict[int, list] = {}
         self.sweeps: Dict[int, Sweep] = {}  # function -> its sweep in compact form
         self.batch: Optional[tuple] = None  # (SweepBatch, its functions): sweep_all()
+        self.search = None  # sweep_search.py's compiled search, once made (compiled_search())
         self._sweeping: Optional[tuple] = None  # (thread, functions, result): sweep_ahead()
         self._targets: Dict[int, Dict[int, int]] = {}
         # every branch target of every function, sorted, once prepare() has seen them
@@ -131,6 +133,17 @@ class BinaryModel:
         self.sweeps.update(zip((fn.address for fn in todo), made.sweeps))
         self.batch = (made, todo)
         return True
+
+    def compiled_search(self):
+        """The compiled search over the sweeps (sweep_search.py), made once every function's
+        sweep and jump tables are known (prepare() of the whole file, native sweeps);
+        else None."""
+        if self.search is None and self.batch is not None and self.all_targets is not None \
+                and self.backend.sweep_search_engine is not None:
+            self.search = sweep_search.build(
+                self.backend.sweep_search_engine, self.functions, *self.batch,
+                self.tables, self.landing_pads(), NEAR_BRANCH_REACH, MAX_LOOK_BACK)
+        return self.search
 
     def rows(self, fn: Function, first: int, end: int) -> list:
         """Instructions `first` to `end` (exclusive) of the function's sweep: the marked

@@ -278,7 +278,7 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
         r = exact[0]
         more = f" (and {len(exact) - 1} more)" if len(exact) > 1 else ""
         raise UrewriteError(f"cannot probe {r.site.name}: {r.reason}{more}")
-    if not plans and not a.planner.siteless:
+    if not plans and not a.planner.exits.siteless:
         why = f": {refusals[0].site.name}: {refusals[0].reason}" if refusals else ""
         raise UrewriteError(f"no patchable site{why}")
 
@@ -293,7 +293,7 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
         return segment.build(backend, plans, placement, os.path.basename(output_path),
                              elf.build_id, _file_tag(output_path, elf, plans), exe_entry,
                              dt_init[1] if dt_init else None, arguments_of=arguments_of,
-                             progress=progress, siteless=a.planner.siteless,
+                             progress=progress, siteless=a.planner.exits.siteless,
                              detailed=a.planner.detailed, go_program=is_go_program(elf))
 
     # The state memory follows the code: place it after a bound on the code's size

@@ -25,14 +25,15 @@ from typing import Callable, Dict, List, Optional, Set
 
 import numpy as np
 
-from urewrite.arch.base import BRANCH, JUMP, OTHER, RETURN, Backend, Insn, Window
+from urewrite.arch.base import Backend, Insn, Window
 from urewrite.errors import UrewriteError
 from urewrite.rewriter import (free_space, go_runtime, layout, parallel, redirection,
-                               sweep_search, taken_addresses)
+                               taken_addresses)
 from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.functions import Function
-from urewrite.rewriter.model import NEAR_BRANCH_REACH, BinaryModel
+from urewrite.rewriter.model import MAX_LOOK_BACK, BinaryModel
 from urewrite.rewriter.plan.branch_safety import BranchSafety
+from urewrite.rewriter.plan.return_exits import ReturnExits
 from urewrite.rewriter.plan.results import (UNKNOWN, Outcome, Plan, Precomputed, ProbePoint,
                                             Refusal, Refused, Verdict, WindowFound)
 from urewrite.rewriter.plan.tactics import TACTICS
@@ -65,10 +66,9 @@ class Planner:
         self.model = BinaryModel(elf, backend, functions, taken_index)
         self.safety = BranchSafety(self.model)
         self.whole_file = WholeFile(self.model)
+        self.exits = ReturnExits(self.model, self.safety)
         self._decoded_alone: Dict[bytes, object] = {}  # (_decoded_alone_as)
-        self._search = None  # sweep_search's compiled search, once made (_sweep_search())
         self._gaps: Dict[int, int] = {}  # section -> _gap_after()
-        self._exits_known: Dict[int, object] = {}  # function -> _exit_points() (or why not)
         self._windows_known: Dict[tuple, object] = {}  # _window_key() -> window (or why not)
         # _window_key() -> _retried_window() as precompute found it (None: no window)
         self._retried_known: Dict[tuple, Optional[WindowFound]] = {}
@@ -77,29 +77,15 @@ class Planner:
         self._unknown_known: Dict[int, Optional[str]] = {}
         self._verbatim: Dict[bytes, list] = {}  # code -> its instructions, or [] (_moves_verbatim)
         self._padding_runs: Dict[bytes, list] = {}  # code -> _padding_run()
-        self.siteless: List[Site] = []  # return probes of functions without an exit
         self._shadow_stack = elf.shadow_stack
         self._redirect_file_problem: Optional[str] = None  # computed when first needed
         self._redirect_problems: Dict[int, Optional[str]] = {}  # function -> its own problem
-        self._conditional_exits: Set[int] = set()  # exits that leave only when taken
         self._injected: Optional[Set[int]] = None  # _keep_injected_flags(), when first needed
         self.redirected_because: Dict[int, str] = {}  # function -> why its exits are not patched
         # punned jumps' stubs go at or above this (layout.stub_floor); set by plan()
         self.stub_floor: Optional[int] = None
         self.stubs: Optional[StubSpace] = None  # the punned jumps' stubs; set by plan()
         self.tight_sites = TightSites(self)  # (hop, evict, pun: for sites the jump refused)
-
-    def _sweep_search(self):
-        """The compiled search over the sweeps (sweep_search.py), made once every function's
-        sweep and jump tables are known (prepare() of the whole file, native sweeps);
-        else None."""
-        model = self.model
-        if self._search is None and model.batch is not None and model.all_targets is not None \
-                and self.backend.sweep_search_engine is not None:
-            self._search = sweep_search.build(
-                self.backend.sweep_search_engine, self.functions, *self.model.batch,
-                self.model.tables, self.model.landing_pads(), NEAR_BRANCH_REACH, self.MAX_LOOK_BACK)
-        return self._search
 
     def prepare(self, functions: List[Function],
                 meanwhile: Optional[Callable[[], None]] = None,
@@ -136,7 +122,7 @@ class Planner:
                 unpatched[site.probe_key] = f"{REDIRECT_ALL} is set"  # tests of the fallback
                 continue
             try:
-                expanded.extend(self._exit_sites(site))
+                expanded.extend(self.exits.exit_sites(site))
             except Refused as why:
                 unpatched[site.probe_key] = str(why)
         kept, failed = self._whole_returns(self._plan_sites(expanded, progress))
@@ -230,110 +216,6 @@ class Planner:
                 self.elf, self.backend, fn, self.model.entry_frames())
         return self._redirect_problems[fn.address]
 
-    def _exit_sites(self, site: Site) -> List[Site]:
-        """One site per instruction that leaves the function for good."""
-        found = self._exits_known.get(site.function.address)  # (precompute)
-        if isinstance(found, str):
-            raise Refused(found)
-        points, conditional = found if found is not None else self._exit_points(site)
-        self._conditional_exits |= conditional
-        exits = [site.at_exit(*point) for point in points]
-        if not exits:  # it never returns: its probe exists, with no site to patch
-            self.siteless.append(site)
-        return exits
-
-    def _exit_points(self, site: Site) -> tuple:
-        """(exits, conditional): (address, tail call, stays_within) of each instruction
-        that leaves the function for good; the addresses of those that leave only when
-        their branch is taken."""
-        fn = site.function
-        if not fn.size:
-            raise Refused("its size is unknown (no symbol size and no .eh_frame entry)")
-        if fn.address in self.model.fragments() or ".cold" in fn.name:
-            raise Refused("it is a part of another function, split off by the compiler "
-                           "and entered by a jump: its exits return for that function")
-        if fn.size_inferred:
-            self._check_inferred_extent(fn)
-        parts = self.model.parts(fn)
-
-        if len(parts) == 1:  # the usual case, asked for every branch: kept quick
-            start, end = fn.address, fn.end
-
-            def inside(address: int) -> bool:
-                return start <= address < end
-        else:
-            def inside(address: int) -> bool:
-                return any(p.address <= address < p.end for p in parts)
-
-        exits, conditional = [], set()
-        index = self.model.index_of(fn) if len(parts) == 1 else None
-        for part in parts:
-            tables = self.model.jump_tables(part)
-            sweep = self.model.sweep(part)
-            if sweep.end != part.end:
-                raise Refused(f"its code does not decode past {sweep.end:#x}: an exit may "
-                               f"lie beyond")
-            for k, kind, target, address in self._exit_rows(part, inside, index):
-                if kind == RETURN:  # (most: as below, quicker)
-                    exits.append((address, False, ()))
-                    continue
-                if kind == OTHER:
-                    table = tables.get(address)
-                    if table is not None and all(inside(t) for t in table.targets):
-                        continue  # a switch: its cases are all in the function
-                    insn = self.model.instruction(part, k)
-                    if insn is None:
-                        raise Refused(f"its instruction at {address:#x} decodes differently "
-                                       f"alone")
-                    leaves, problem = self.backend.exit_kind(insn, inside)
-                    target = self.backend.direct_branch_target(insn) if leaves else None
-                else:  # a return, a tail call, a conditional tail call (when taken)
-                    leaves, problem = "taken" if kind == BRANCH else True, None
-                    target = None if kind == RETURN else target
-                if problem:
-                    raise Refused(f"a return probe cannot see every exit: {problem}")
-                if leaves == "outside":  # an indirect jump: checked where it goes, each time
-                    within = self._stays_within(fn, parts)
-                    if within:
-                        exits.append((address, True, within))
-                        continue
-                    leaves, target = True, None  # the jump is all there is: it can only leave
-                if target is not None and self.model.outermost(target):
-                    continue  # a new thread's first frame (clone's child): this call never ends
-                if leaves:  # a return, or a tail call (a direct jump: it has a target)
-                    exits.append((address, target is not None, ()))
-                if leaves == "taken":
-                    conditional.add(address)
-        shared = self.safety.branch_from_outside(fn, parts, inside, index)
-        if shared:
-            raise Refused("other code branches into it (at {:#x}, from {:#x}): its exits "
-                           "are not only its own".format(*shared))
-        return exits, conditional
-
-    def _exit_rows(self, part: Function, inside, index: Optional[int]) -> list:
-        """(row, kind, target, address) of each instruction of the part's sweep that may
-        leave the function (`inside`: whether an address is in it): returns, direct
-        jumps and branches out, and the rest to ask of (OTHER). The compiled search
-        answers for a function of one part, at `index` in self.functions
-        (sweep_search.py)."""
-        search = self._sweep_search() if index is not None else None
-        if search is not None:
-            found = search.exits(index)
-            if found is not None:
-                return found
-        sweep = self.model.sweep(part)
-        found = []
-        # (in Python: most functions have a few dozen rows, too few for numpy)
-        for k, kind, target in zip(sweep.rows.tolist(), sweep.kinds.tolist(),
-                                   sweep.targets.tolist()):
-            if kind == JUMP or kind == BRANCH:
-                if inside(target):
-                    continue
-            elif kind != RETURN and kind != OTHER:
-                continue
-            found.append((k, kind, target, int(sweep.edges[k])))
-        return found
-
     def precompute(self, sites: List[Site],
                    progress: Optional[Callable[[int], None]] = None) -> None:
         """For plans that are only reported (`list`): a window for each of these sites
@@ -343,7 +225,7 @@ class Planner:
         them as it would have found them itself, so the plans are the same, in about
         half the time. `progress(n)`: told of sites done, by both."""
         self.model.taken_index.every_value()  # (the scans, made once before the fork)
-        self._sweep_search()  # (and the compiled search, where there is one)
+        self.model.compiled_search()  # (and the compiled search, where there is one)
 
         # (pieces of about 1/2048 of the sites, taken by each process as it goes; see
         # prepare)
@@ -360,12 +242,12 @@ class Planner:
                         continue
                     try:
                         points, conditional = exits[site.function.address] = \
-                            self._exit_points(site)
+                            self.exits.exit_points(site)
                     except Refused as why:
                         exits[site.function.address] = str(why)
                         at_risk[site.function.address] = site.function
                         continue
-                    self._conditional_exits |= conditional  # (a window asks)
+                    self.exits.conditional |= conditional  # (a window asks)
                     targets.extend(site.at_exit(*point) for point in points)
                 for target, found in zip(targets, self._windows(targets)):
                     if isinstance(found, Plan):
@@ -397,7 +279,7 @@ class Planner:
         # found, and this process reads it, 0.5 s on node)
         second = parallel.Forked(lambda: work(leave=64))
         for found in (work(progress=progress), second.result()):
-            self._exits_known.update(found.exits)
+            self.exits.known.update(found.exits)
             self._windows_known.update(found.windows)
             # (read only if the file allows it)
             self._redirect_problems.update(found.redirect_problems)
@@ -436,34 +318,9 @@ class Planner:
                                         self._counts_when_taken(site),
                                         site.stays_within),)), reason
 
-    def _stays_within(self, fn: Function, parts: List[Function]) -> tuple:
-        """The [start, end) ranges an indirect jump of `fn` may go to and stay in the
-        function: its parts, less its entry (going there enters it anew: its entry
-        probe fires again, so this call has ended). Empty when no instruction of the
-        function lies in them."""
-        if len(parts) == 1 and len(self.model.sweep(fn)) <= 1:
-            return ()
-        return ((fn.address + 1, fn.end),) + tuple((p.address, p.end) for p in parts[1:])
-
-    def _check_inferred_extent(self, fn: Function) -> None:
-        """A function without a size extends to whatever follows it (functions.py).
-        Its exits are trusted only when that extent decodes whole and its last
-        instruction before any padding never falls through: else code of another
-        function may follow, or the function may run on past the extent."""
-        insns = self.model.instructions(fn)
-        if not insns or insns[-1].end != fn.end:
-            raise Refused(f"its size is unknown and its code up to the {fn.sized_by} "
-                           f"does not decode whole")
-        body = list(insns)
-        while body and self.backend.is_padding(body[-1]):
-            body.pop()
-        if not body or not self.backend.ends_flow(body[-1]):
-            raise Refused(f"its size is unknown and its code up to the {fn.sized_by} "
-                           f"does not end in a return or jump")
-
     def _counts_when_taken(self, site: Site) -> bool:
         """Whether the site is a conditional exit, counted on its taken edge only."""
-        return site.kind == KIND_RETURN and site.address in self._conditional_exits
+        return site.kind == KIND_RETURN and site.address in self.exits.conditional
 
     def _by_address(self, items, site_of=lambda site: site) -> list:
         """Sites (or items holding one) grouped by the point they share, in address
@@ -673,7 +530,7 @@ class Planner:
     def _searched_entry(self, site: Site, size: int) -> Optional[Plan]:
         """_window()'s plan at a function's entry where the compiled search finds it
         (as _searched_window()); None where it is left to the Python planner."""
-        search = self._sweep_search()
+        search = self.model.compiled_search()
         fn = site.function
         k = self.model.index_of(fn)
         if search is None or k is None:
@@ -786,7 +643,7 @@ class Planner:
             return None
         return found
 
-    MAX_LOOK_BACK = 24  # bytes a window may start before an inner site
+    MAX_LOOK_BACK = MAX_LOOK_BACK  # bytes a window may start before an inner site
 
     def _inner_window(self, site: Site, size: int, avoid_taken: bool = False) -> Plan:
         """A window around a site inside a function (USDT, address, exit).
@@ -873,7 +730,7 @@ class Planner:
         """_inner_window()'s plan where the compiled search (sweep_search.py) finds
         its window, read as the Python search reads it: the same rows, the same checks
         of the instructions that move; None where it is left to the Python search."""
-        search = self._sweep_search()
+        search = self.model.compiled_search()
         if search is None:
             return None
         k = self.model.holding_index(site)
@@ -908,7 +765,7 @@ class Planner:
         one by one, as before (node: 117,000 exit windows and 78,000 entries, about
         50 µs each that way)."""
         found: list = [None] * len(sites)
-        search = self._sweep_search()
+        search = self.model.compiled_search()
         inner, entries = [], []  # (index in sites, function's index, landing pad's size)
         for j, site in enumerate(sites if search is not None else ()):
             if site.at_entry:

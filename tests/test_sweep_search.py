@@ -30,7 +30,7 @@ def prepared(path: str):
     """The planner of a file, every function analysed as `list` does."""
     a = pipeline.analyse(path)
     a.planner.prepare(a.functions)
-    assert a.planner._sweep_search() is not None
+    assert a.planner.model.compiled_search() is not None
     return a
 
 
@@ -99,7 +99,7 @@ def check_rows_read(planner, site: Site) -> None:
     direct targets as the sweep has them."""
     k = planner.model.holding_index(site)
     size = planner.backend.patch_size
-    found = planner._search.inner(site.address, k, size, planner._padding_end) \
+    found = planner.model.search.inner(site.address, k, size, planner._padding_end) \
         if k is not None else None
     if found is None:
         return
@@ -128,7 +128,7 @@ def exits(a) -> list:
     for fn in a.functions:
         site = Site(fn, fn.address, KIND_RETURN, fn.name, fn.name, exact=False)
         try:
-            sites += a.planner._exit_sites(site)
+            sites += a.planner.exits.exit_sites(site)
         except Refused:
             pass
     return sites
@@ -188,7 +188,7 @@ def test_what_it_does_not_know_is_left_to_the_python_search(tmp_path):
              for address in planner.model.sweep(main).starts.tolist()]
     assert any(planner._searched_window(s, 5) is not None for s in sites)
     batch, swept = planner.model.batch
-    planner._search, planner.model.batch = None, (batch, [f for f in swept if f is not main])
+    planner.model.search, planner.model.batch = None, (batch, [f for f in swept if f is not main])
     assert all(planner._searched_window(s, 5) is None for s in sites)
 
 
@@ -203,12 +203,12 @@ def test_rows_that_may_leave_a_function(path):
     for fn in planner.functions:
         index = planner.model.index_of(fn)
         assert planner.functions[index] is fn
-        found = planner._exit_rows(fn, lambda a: fn.address <= a < fn.end, index)
-        planner._search, search = None, planner._search
+        found = planner.exits.exit_rows(fn, lambda a: fn.address <= a < fn.end, index)
+        planner.model.search, search = None, planner.model.search
         planner.model.batch, batch = None, planner.model.batch
         try:
-            assert planner._exit_rows(fn, lambda a: fn.address <= a < fn.end, index) == found
+            assert planner.exits.exit_rows(fn, lambda a: fn.address <= a < fn.end, index) == found
         finally:
-            planner._search, planner.model.batch = search, batch
+            planner.model.search, planner.model.batch = search, batch
         kinds.update(kind for _, kind, _, _ in found)
     assert kinds == {JUMP, BRANCH, RETURN, OTHER}
