@@ -294,7 +294,7 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
                              elf.build_id, _file_tag(output_path, elf, plans), exe_entry,
                              dt_init[1] if dt_init else None, arguments_of=arguments_of,
                              progress=progress, siteless=a.planner.exits.siteless,
-                             detailed=a.planner.detailed, go_program=is_go_program(elf))
+                             detailed=a.planner.windows.detailed, go_program=is_go_program(elf))
 
     # The state memory follows the code: place it after a bound on the code's size
     # (a gap there costs address space, no file bytes) and build once; should the

@@ -29,7 +29,7 @@ def _windows(a, rng: random.Random) -> list:
         if not fn.size:
             continue
         try:
-            plans.append(planner._window(Site(fn, fn.address, KIND_ENTRY, fn.name, fn.name,
+            plans.append(planner.windows.window(Site(fn, fn.address, KIND_ENTRY, fn.name, fn.name,
                                               exact=False)))
         except Refused:
             pass

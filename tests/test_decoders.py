@@ -245,9 +245,9 @@ def test_direct_branches_made_without_decoding_are_as_decoded():
     assert made > 50_000 and backend._branch_mnemonics
 
 
-def _verdict(planner, insns) -> str:
+def _verdict(windows, insns) -> str:
     try:
-        planner._displaced(insns)
+        windows.displaced(insns)
         return "moves"
     except Exception as why:  # (Refused: its reason)
         return str(why)
@@ -264,7 +264,7 @@ def test_windows_with_a_call_are_judged_as_in_detail(shadow_stack):
     stack."""
     a = analyse(LIBC)
     planner, backend = a.planner, a.planner.backend
-    planner._shadow_stack = shadow_stack
+    planner.windows._shadow_stack = shadow_stack
     quick = backend.quick_relocation_problem
     verdicts, answered, indirect = set(), 0, set()
     for fn in a.functions[::5]:
@@ -283,10 +283,10 @@ def test_windows_with_a_call_are_judged_as_in_detail(shadow_stack):
                                 if backend.needs_detail(i))
                 indirect.update(i.mnemonic for i in insns if backend.needs_detail(i) and
                                 quick(i, False, False) and i.op_str[:1].isalpha())
-                said = _verdict(planner, insns)
+                said = _verdict(planner.windows, insns)
                 backend.quick_relocation_problem = lambda *_: None  # (the detailed way)
                 try:
-                    assert _verdict(planner, insns) == said, (fn.name, first, last)
+                    assert _verdict(planner.windows, insns) == said, (fn.name, first, last)
                 finally:
                     del backend.quick_relocation_problem
                 verdicts.add(said.split("'")[0])
@@ -304,23 +304,23 @@ def test_a_call_relative_to_the_stack_pointer_is_asked_in_detail():
                        (bytes.fromhex("ff5008"), "moves"), (bytes.fromhex("ffd4"), "takes its"),
                        (bytes.fromhex("ffe4"), "moves")):  # [rsp+8]; [rax+8]; call rsp; jmp rsp
         insn = backend.decode(code, 0x4000)[0]
-        planner = _bare_planner(_Bytes(0x4000, code), backend)
+        windows = _bare_windows(_Bytes(0x4000, code), backend)
         assert backend.needs_detail(insn)
         assert (backend.quick_relocation_problem(insn, True, False) is None) == \
             ("sp" in insn.op_str and "call" in insn.mnemonic), insn
-        assert said in _verdict(planner, [insn]), insn
+        assert said in _verdict(windows, [insn]), insn
 
 
-def _bare_planner(elf, backend):
-    """A planner of only what _displaced() asks: the file, the backend, no shadow stack,
-    no instruction lengths known yet."""
+def _bare_windows(elf, backend):
+    """Windows of only what displaced() asks: the file, the backend, no shadow stack, no
+    instruction lengths known yet."""
     from urewrite.rewriter.model import BinaryModel
-    from urewrite.rewriter.planner import Planner
-    planner, model = Planner.__new__(Planner), BinaryModel.__new__(BinaryModel)
-    planner.elf = model.elf = elf
-    planner.backend = model.backend = backend
-    planner._shadow_stack, planner.model, model.lengths = False, model, {}
-    return planner
+    from urewrite.rewriter.plan.windows import Windows
+    windows, model = Windows.__new__(Windows), BinaryModel.__new__(BinaryModel)
+    windows.elf = model.elf = elf
+    windows.backend = model.backend = backend
+    windows.model, windows._shadow_stack, model.lengths = model, False, {}
+    return windows
 
 
 class _Bytes:
@@ -344,11 +344,11 @@ def test_a_window_with_a_call_the_decoders_see_otherwise_is_refused():
     assert edges == [0x4000, 0x4003, 0x4008]  # (the sweep's lengths)
     call = backend.direct_branch(code[3:], 0x4003, 0x4003 + 5 + 0x1000)
     insns = [Insn(0x4000, 3, "", "", b""), call]  # (the sweep's unmarked row, its call)
-    planner = _bare_planner(_Bytes(0x4000, code), backend)
+    windows = _bare_windows(_Bytes(0x4000, code), backend)
     assert backend.quick_relocation_problem(call, True, False) == (None,)
-    assert _verdict(planner, insns) == "its instructions at 0x4000 decode differently in detail"
+    assert _verdict(windows, insns) == "its instructions at 0x4000 decode differently in detail"
     backend.quick_relocation_problem = lambda *_: None  # (the detailed way)
-    assert _verdict(planner, insns) == "its instructions at 0x4000 decode differently in detail"
+    assert _verdict(windows, insns) == "its instructions at 0x4000 decode differently in detail"
 
 
 @pytest.mark.parametrize("backend", [X86_64Backend(), AArch64Backend()],

@@ -1,4 +1,4 @@
-"""Windows that borrow the padding after a function (planner._borrow_padding): its
+"""Windows that borrow the padding after a function (planner.windows.borrow_padding): its
 cached reading of the padding gives what decoding the bytes there each time gives."""
 
 import bisect
@@ -16,7 +16,7 @@ def _decoded_each_time(planner, fn, start, fn_end, size):
     """The padding read by decoding what follows the function, every time."""
     need = start + size
     section = planner.elf.section_at(fn.address)
-    gap_end = planner._gap_after(section) if section is not None else 0
+    gap_end = planner.windows.gap_after(section) if section is not None else 0
     if section is None or need > max(section.end, gap_end):
         return "no padding follows"
     k = bisect.bisect_right(planner.model.starts, fn_end - 1)
@@ -39,7 +39,7 @@ def _decoded_each_time(planner, fn, start, fn_end, size):
 
 def _borrowed(planner, fn, start, fn_end, size):
     try:
-        return planner._borrow_padding(fn, start, fn_end, size)
+        return planner.windows.borrow_padding(fn, start, fn_end, size)
     except Refused as why:
         text = str(why)
         return next(short for long_, short in (

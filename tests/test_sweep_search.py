@@ -44,14 +44,14 @@ def window(planner, site: Site, compiled: bool):
     """The site's window (address, size, its instructions) or why there is none, found
     with the compiled search or by the Python search alone."""
     if not compiled:
-        planner._searched_window = planner._searched_entry = lambda site, size: None
+        planner.windows.searched_window = planner.windows.searched_entry = lambda site, size: None
     try:
-        plan = planner._window(site)
+        plan = planner.windows.window(site)
     except Refused as why:
         return str(why)
     finally:
-        planner.__dict__.pop("_searched_window", None)
-        planner.__dict__.pop("_searched_entry", None)
+        planner.windows.__dict__.pop("searched_window", None)
+        planner.windows.__dict__.pop("searched_entry", None)
     return described(plan)
 
 
@@ -59,12 +59,12 @@ def compare_at_once(planner, sites) -> list:
     """Asserts that the windows asked all at once (Planner._windows) are the Python
     search's, site by site; the plans it made without asking one by one."""
     alone = []
-    planner._window, window_of = (lambda site: alone.append(site) or window_of(site)), \
-        planner._window
+    planner.windows.window, window_of = (lambda site: alone.append(site) or window_of(site)), \
+        planner.windows.window
     try:
-        found = planner._windows(sites)
+        found = planner.windows.of_sites(sites)
     finally:
-        del planner._window
+        del planner.windows.window
     for site, plan in zip(sites, found):
         assert (plan if isinstance(plan, str) else described(plan)) == \
             window(planner, site, False), hex(site.address)
@@ -86,9 +86,10 @@ def compare(planner, sites) -> int:
     for site in sites:
         assert window(planner, site, True) == window(planner, site, False), hex(site.address)
         if site.at_entry:
-            answered += planner._searched_entry(site, planner.backend.patch_size) is not None
+            answered += planner.windows.searched_entry(site, planner.backend.patch_size) is not None
         else:
-            answered += planner._searched_window(site, planner.backend.patch_size) is not None
+            answered += planner.windows.searched_window(site, planner.backend.patch_size) \
+                is not None
             check_rows_read(planner, site)
     return answered
 
@@ -99,14 +100,14 @@ def check_rows_read(planner, site: Site) -> None:
     direct targets as the sweep has them."""
     k = planner.model.holding_index(site)
     size = planner.backend.patch_size
-    found = planner.model.search.inner(site.address, k, size, planner._padding_end) \
+    found = planner.model.search.inner(site.address, k, size, planner.windows.padding_end) \
         if k is not None else None
     if found is None:
         return
     first, last, end, (lo, edges, marked, direct) = found
     sweep = planner.model.sweep(planner.functions[k])
     at, first_row, end_row = sweep.edges.searchsorted(
-        (site.address, site.address - planner.MAX_LOOK_BACK, site.address + size)).tolist()
+        (site.address, site.address - planner.windows.MAX_LOOK_BACK, site.address + size)).tolist()
     end_row = min(end_row + 1, len(sweep))
     read = range(first_row if first < at else at, end_row)
     all_marked = set(sweep.marked.tolist())
@@ -181,15 +182,15 @@ def test_what_it_does_not_know_is_left_to_the_python_search(tmp_path):
     cold = [Site(fn, address, KIND_ADDRESS, fn.name, fn.name, exact=True)
             for fn in planner.functions if ".cold" in fn.name
             for address in planner.model.sweep(fn).starts.tolist()]
-    assert cold and all(planner._searched_window(s, 5) is None for s in cold)
+    assert cold and all(planner.windows.searched_window(s, 5) is None for s in cold)
     # a function the batch does not hold, as if swept by Capstone
     main = next(fn for fn in planner.functions if fn.name == "main")
     sites = [Site(main, address, KIND_ADDRESS, "main", "main", exact=True)
              for address in planner.model.sweep(main).starts.tolist()]
-    assert any(planner._searched_window(s, 5) is not None for s in sites)
+    assert any(planner.windows.searched_window(s, 5) is not None for s in sites)
     batch, swept = planner.model.batch
     planner.model.search, planner.model.batch = None, (batch, [f for f in swept if f is not main])
-    assert all(planner._searched_window(s, 5) is None for s in sites)
+    assert all(planner.windows.searched_window(s, 5) is None for s in sites)
 
 
 @pytest.mark.parametrize("path", SYSTEM_FILES[:2], ids=os.path.basename)

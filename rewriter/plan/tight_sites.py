@@ -199,7 +199,7 @@ class TightSites:
             return "the instructions after it end before a jump would"
         chosen = insns[first:last + 1]
         end = chosen[-1].end
-        if last > first and self.planner._unknown_cases([fn]):
+        if last > first and self.planner.windows.unknown_cases([fn]):
             return "the instructions after it lie where any one may be a case of a table"
         if not used.is_free(at, end) or any(self.backend.landing_pad_size(i) for i in chosen):
             return "the instructions after it cannot move"
@@ -208,7 +208,7 @@ class TightSites:
         if self.safety.taken_inside(at, end) or self.safety.landing_pad_in(at, end, chosen):
             return "a branch may land inside the instructions after it"
         try:
-            return Window(at, end - at, self.planner._displaced(chosen))
+            return Window(at, end - at, self.planner.windows.displaced(chosen))
         except Refused as why:
             return f"the instructions after it {why}"
 
@@ -309,7 +309,7 @@ class TightSites:
                         self.safety.landing_pad_in(first.address, end, chosen):
                     continue
                 try:
-                    displaced = self.planner._displaced(chosen)
+                    displaced = self.planner.windows.displaced(chosen)
                 except Refused:
                     continue
                 found.append(Window(first.address, end - first.address, displaced))
