@@ -48,7 +48,7 @@ class BinaryModel:
         # all: a window with none inside needs no look at its neighbours' targets
         self.all_targets: Optional[np.ndarray] = None
         # per function, with them: (whether the byte scans may enter it past its entry,
-        # whether the functions' branches may), as _branch_from_outside asks
+        # whether the functions' branches may), as BranchSafety.branch_from_outside asks
         self.entered: Optional[List[tuple]] = None
         self.branch_pairs: Optional[tuple] = None  # (their targets, sorted; sources), with them
         self.no_fragment_targets: Set[int] = set()  # with them: _clear_of_fragments()
@@ -58,10 +58,10 @@ class BinaryModel:
         self.tables: Dict[int, Dict[int, JumpTable]] = {}
         self.unknown_jumps: Dict[int, Optional[int]] = {}  # function -> indirect_jump()
         self._parts_of: Dict[int, List[Function]] = {}  # function -> parts()
-        # function -> the addresses its instructions compute, in order (_case_base):
+        # function -> the addresses its instructions compute, in order (Windows.case_base):
         # noted where jump_tables() decodes a function with an unknown indirect jump
         self.computed: Dict[int, list] = {}
-        self.lengths: Dict[bytes, list] = {}  # code -> its instructions' ends (_displaced)
+        self.lengths: Dict[bytes, list] = {}  # code -> its instructions' ends (Windows.displaced)
         self.by_name: Optional[Dict[str, Function]] = None
         self._frames: Optional[dict] = None  # FDE start -> frame there, when first needed
         self._fragments: Optional[Dict[int, Function]] = None
@@ -151,7 +151,7 @@ class BinaryModel:
         that only their address and size describe (Refused if the decoder does not find
         the sweep's boundaries at a marked one). Windows are made of these: decoding
         every instruction of 200,000 windows took seconds; those that move are decoded
-        in detail anyway (_displaced)."""
+        in detail anyway (Windows.displaced)."""
         if fn.address in self.decoded:
             return self.decoded[fn.address][first:end]
         sweep = self.sweep(fn)
@@ -279,7 +279,7 @@ class BinaryModel:
             edges = self.sweep(fn).edges
             unknown = self.unknown_jumps[fn.address] = next(
                 (a for a in (int(edges[k]) for k in jumps) if a not in tables), None)
-            if unknown is not None:  # (_case_base will ask: noted while at hand)
+            if unknown is not None:  # (Windows.case_base will ask: noted while at hand)
                 self.computed[fn.address] = self.backend.computed_addresses(
                     self.code(fn), fn.address)
         return self.tables[fn.address]

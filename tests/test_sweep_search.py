@@ -56,7 +56,7 @@ def window(planner, site: Site, compiled: bool):
 
 
 def compare_at_once(planner, sites) -> list:
-    """Asserts that the windows asked all at once (Planner._windows) are the Python
+    """Asserts that the windows asked all at once (Windows.of_sites) are the Python
     search's, site by site; the plans it made without asking one by one."""
     alone = []
     planner.windows.window, window_of = (lambda site: alone.append(site) or window_of(site)), \

@@ -34,7 +34,7 @@ class BranchSafety:
                      inner_window: bool = False) -> Optional[str]:
         """Why something may branch into the plan's window after its first byte: a taken
         address (`taken`: taken_in_windows()), a branch target, a landing pad; or None.
-        `inner_window`: the window is _inner_window()'s as it was made, which keeps
+        `inner_window`: the window is Windows.inner_window()'s as it was made, which keeps
         clear of the last two, looking at every function near the one holding it: only
         taken addresses are left to ask about, unless the window reaches past that
         function's end (borrowed padding), nearer to others."""
