@@ -13,6 +13,10 @@ backend's patch size) with a jump. That is safe only when:
   no symbol and no branch claims;
 - no patched byte lies in code that the program copies elsewhere at run time
   (copied_code.py): a jump copied away would lead nowhere.
+
+The planner orchestrates; the work is done by the file's model (model.py) and the
+passes over it (plan/): the whole-file precompute, return exits, windows, branch
+safety, and the tactics for tight sites.
 """
 
 from __future__ import annotations
@@ -38,9 +42,6 @@ from urewrite.rewriter.plan.windows import Windows
 from urewrite.rewriter.selectors import Site
 from urewrite.rewriter.stub_space import StubSpace
 from urewrite.trampolines.region import KIND_RETURN
-
-
-
 
 
 # Set: return probes redirect the return address wherever that is allowed, even
