@@ -210,7 +210,7 @@ def _parse_tactics(value):
     """--tactics hop,jump -> ("jump", "hop"): the chosen ones, tried in their fixed order."""
     if value is None:
         return None
-    from urewrite.rewriter.planner import TACTICS
+    from urewrite.rewriter.plan.tactics import TACTICS
     chosen = [t.strip() for t in value.split(",") if t.strip()]
     unknown = [t for t in chosen if t not in TACTICS]
     if unknown or not chosen:
@@ -223,7 +223,7 @@ def _parse_tactics(value):
 def _tactic_counts(tactics) -> dict:
     """How many times each tactic occurs in `tactics` (one per patched window), every
     tactic named."""
-    from urewrite.rewriter.planner import TACTICS
+    from urewrite.rewriter.plan.tactics import TACTICS
     counts = dict.fromkeys(TACTICS, 0)
     for tactic in tactics:
         counts[tactic] += 1
@@ -280,12 +280,12 @@ def _listing(input_file: str, tactics, patchable: bool = False, progress=None,
     cyclic collector paused (no_cycle_collection): the file's analysis is alive.
     `names`: each row's "demangled" names too (--summary counts without them)."""
     from urewrite.rewriter.pipeline import list_sites
-    from urewrite.rewriter.planner import Plan
+    from urewrite.rewriter.plan.results import Plan
     from urewrite.trampolines.region import KIND_RETURN, KIND_USDT
 
     analysis, outcomes, returns = list_sites(
         input_file, tactics, progress, _encoded_returns if encoded else _return_rows)
-    split_off = analysis.planner.fragments()
+    split_off = analysis.planner.model.fragments()
     demangled = _demangled_names(analysis.functions) if names else {}
     conventions = _conventions(analysis) if names else None
     functions, probes = [], []

@@ -26,14 +26,14 @@ SHT_RELA, SHT_RELR = 4, 19
 SHF_ALLOC = 2
 
 
-def recover(planner, fn: Function, jumps: List[int], insns: list) -> Dict[int, JumpTable]:
+def recover(model, fn: Function, jumps: List[int], insns: list) -> Dict[int, JumpTable]:
     """jump address -> table, for the indirect jumps of `fn` (`jumps`: their indexes in
     its sweep) that are trusted tables; `insns`: the function's instructions as its
     sweep finds them (SweptCode)."""
-    backend = planner.backend
+    backend = model.backend
     if not jumps:
         return {}
-    read = constant_reader(planner.elf)
+    read = constant_reader(model.elf)
     try:
         tables = {table.jump: table for table in backend.jump_tables(insns, jumps, read)}
     except NotAsSwept:  # (the walk needs instructions the decoder does not see alike)
@@ -42,22 +42,22 @@ def recover(planner, fn: Function, jumps: List[int], insns: list) -> Dict[int, J
         return {}
     case_labels = set().union(*(t.targets for t in tables.values()))
     watched = set().union(*(t.guarded | {t.entry} for t in tables.values()))
-    entered = _entered_from_outside(planner, fn, watched)
+    entered = _entered_from_outside(model, fn, watched)
     return {jump: t for jump, t in tables.items()
             if not (t.guarded | {t.entry}) & (case_labels | entered)}
 
 
-def _entered_from_outside(planner, fn: Function, watched) -> set:
+def _entered_from_outside(model, fn: Function, watched) -> set:
     """Addresses of `watched` that code outside `fn` branches to."""
     found = set()
-    references = planner.taken_index.branch_sources(watched)  # far branches, by a scan
+    references = model.taken_index.branch_sources(watched)  # far branches, by a scan
     for target, sources in references.items():
         for source in sources:
-            if not fn.address <= source < fn.end and planner._really_names(source, target):
+            if not fn.address <= source < fn.end and model.really_names(source, target):
                 found.add(target)
-    for near in planner._near_functions(Window(fn.address, fn.size, ())):
+    for near in model.near_functions(Window(fn.address, fn.size, ())):
         if near.address != fn.address:  # short branches of the neighbours, decoded
-            found.update(t for t in planner._direct_targets(near) if t in watched)
+            found.update(t for t in model.direct_targets(near) if t in watched)
     return found
 
 

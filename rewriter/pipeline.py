@@ -17,7 +17,9 @@ from urewrite.rewriter.elf_file import DT_INIT, ElfFile
 from urewrite.rewriter.functions import Function, discover
 from urewrite.rewriter.go_runtime import go_functions, is_go_program
 from urewrite.rewriter.usdt import UsdtSite
-from urewrite.rewriter.planner import TACTICS, Plan, Planner, Refusal
+from urewrite.rewriter.plan.results import Plan, Refusal
+from urewrite.rewriter.plan.tactics import TACTICS
+from urewrite.rewriter.planner import Planner
 from urewrite.rewriter.selectors import Site, select
 from urewrite.rewriter.taken_addresses import TakenIndex
 from urewrite.rewriter import segment
@@ -130,18 +132,18 @@ def list_sites(path: str, tactics: Optional[tuple] = None, progress: Progress = 
         a = analyse(path, tactics)
         prepared = len(a.functions) >= PREPARE_AT  # (both halves then need every function's)
         if prepared:  # (the sweep on the other core while the sites are made)
-            a.planner.sweep_ahead(a.functions)
+            a.planner.model.sweep_ahead(a.functions)
         entries = [Site(fn, fn.address, KIND_ENTRY, fn.name, fn.name, exact=False)
                    for fn in a.functions]
         return_sites = _return_sites(a)
         if prepared:
-            a.planner.prepare(a.functions, meanwhile=a.planner.read_unwind_tables,
+            a.planner.prepare(a.functions, meanwhile=a.planner.model.read_unwind_tables,
                               progress=_steps(progress, "analysing functions", len(a.functions)))
             a.planner.precompute(return_sites,
                                  _steps(progress, "finding exits", len(return_sites)))
-        a.planner.taken_index.wait()  # (the scans ahead: done before the fork)
+        a.planner.model.taken_index.wait()  # (the scans ahead: done before the fork)
         returns = parallel.Forked(lambda: returns_as(return_probes(a, return_sites)))
-        usdt_sites = select(["usdt:*:*"], a.functions, a.planner.boundaries, a.usdt) \
+        usdt_sites = select(["usdt:*:*"], a.functions, a.planner.model.boundaries, a.usdt) \
             if a.usdt else []
         usdt_sites, refused = usdt_refusals(a, usdt_sites, per_site=True)
         outcomes = (a.planner.plan(entries, _steps(progress, "entries", len(entries)))
@@ -258,14 +260,14 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
         kept.append(a)
     elf, backend = a.elf, a.planner.backend
     warnings: List[str] = []
-    sites = select(specs, a.functions, a.planner.boundaries, a.usdt, return_specs,
+    sites = select(specs, a.functions, a.planner.model.boundaries, a.usdt, return_specs,
                    notes=warnings, exclude=exclude)
     if exclude and not sites:
         raise UrewriteError("--exclude leaves no site to probe")
     sites, refused_usdt = usdt_refusals(a, sites, per_site=False)
     if len(sites) >= PREPARE_AT:  # most of the file: analyse every function on all cores,
         # and find the sites' windows the same way (list does the same)
-        a.planner.prepare(a.functions, meanwhile=a.planner.read_unwind_tables,
+        a.planner.prepare(a.functions, meanwhile=a.planner.model.read_unwind_tables,
                           progress=_steps(progress, "analysing functions", len(a.functions)))
         a.planner.precompute(sites, _steps(progress, "finding windows", len(sites)))
     outcomes = a.planner.plan(sites, _steps(progress, "planning", len(sites))) + refused_usdt
@@ -276,7 +278,7 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
         r = exact[0]
         more = f" (and {len(exact) - 1} more)" if len(exact) > 1 else ""
         raise UrewriteError(f"cannot probe {r.site.name}: {r.reason}{more}")
-    if not plans and not a.planner.siteless:
+    if not plans and not a.planner.exits.siteless:
         why = f": {refusals[0].site.name}: {refusals[0].reason}" if refusals else ""
         raise UrewriteError(f"no patchable site{why}")
 
@@ -291,8 +293,8 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
         return segment.build(backend, plans, placement, os.path.basename(output_path),
                              elf.build_id, _file_tag(output_path, elf, plans), exe_entry,
                              dt_init[1] if dt_init else None, arguments_of=arguments_of,
-                             progress=progress, siteless=a.planner.siteless,
-                             detailed=a.planner.detailed, go_program=is_go_program(elf),
+                             progress=progress, siteless=a.planner.exits.siteless,
+                             detailed=a.planner.windows.detailed, go_program=is_go_program(elf),
                              go_functions=go_functions(elf))
 
     # The state memory follows the code: place it after a bound on the code's size
@@ -300,8 +302,8 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
     # bound ever fall short, build again with the state right after the code.
     # Punned jumps' stubs lie above both, where the bytes their jumps end in say
     # (planner.stub_floor), each page run a segment of its own.
-    stubs = [(stub, bytes(backend.patch_size)) for p in plans if p.pun
-             for stub in (p.pun.stub, p.pun.successor_stub) if stub]
+    stubs = [(stub, bytes(backend.patch_size)) for p in plans
+             for stub in p.patching.stub_addresses()]
     segments = 2 + len(layout.stub_pages(stubs))
     stubs_from = a.planner.stub_floor if stubs else 0
     bound = segment.size_bound(plans)

@@ -13,125 +13,35 @@ backend's patch size) with a jump. That is safe only when:
   no symbol and no branch claims;
 - no patched byte lies in code that the program copies elsewhere at run time
   (copied_code.py): a jump copied away would lead nowhere.
+
+The planner orchestrates; the work is done by the file's model (model.py) and the
+passes over it (plan/): the whole-file precompute, return exits, windows, branch
+safety, and the tactics for tight sites.
 """
 
 from __future__ import annotations
 
-import bisect
 import functools
-import itertools
 import os
-import threading
 from dataclasses import replace
-from typing import Callable, Dict, List, Optional, Set, Union
+from typing import Callable, Dict, List, Optional, Set
 
-import numpy as np
-
-from urewrite.arch.base import (BRANCH, JUMP, OTHER, RETURN, Backend, Insn, Sweep, SweptCode,
-                                Window, value_class)
-from urewrite.arch.jump_tables import JumpTable
-from urewrite.errors import UrewriteError
-from urewrite.rewriter import (copied_code, elf_symbols, except_table, free_space, go_runtime,
-                               jump_table_guard, layout, parallel, redirection,
-                               sweep_search, taken_addresses)
-from urewrite.rewriter.arrays import unique
-from urewrite.rewriter.free_space import Occupancy
+from urewrite.arch.base import Backend, Window
+from urewrite.rewriter import go_runtime, layout, parallel, redirection, taken_addresses
 from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.functions import Function
-from urewrite.rewriter.stub_space import StubSpace
+from urewrite.rewriter.model import BinaryModel
+from urewrite.rewriter.plan.branch_safety import BranchSafety
+from urewrite.rewriter.plan.return_exits import ReturnExits
+from urewrite.rewriter.plan.results import (UNKNOWN, Outcome, Plan, Precomputed, ProbePoint,
+                                            Refusal, Refused, Verdict, WindowFound)
+from urewrite.rewriter.plan.tactics import TACTICS
+from urewrite.rewriter.plan.tight_sites import TightSites
+from urewrite.rewriter.plan.whole_file import WholeFile
+from urewrite.rewriter.plan.windows import Windows
 from urewrite.rewriter.selectors import Site
+from urewrite.rewriter.stub_space import StubSpace
 from urewrite.trampolines.region import KIND_RETURN
-
-NEAR_BRANCH_REACH = 130  # farthest a rel8 branch reaches, with its own size
-TACTICS = ("jump", "hop", "evict", "pun")  # Plan.tactic, in the order they are tried
-
-
-@value_class
-class ProbePoint:
-    address: int  # the displaced instruction the sites' probes fire before
-    sites: tuple
-    flags_live: bool
-    taken: bool = False  # they fire only when the branch there is taken (a conditional exit)
-    stays_within: tuple = ()  # they fire only when the indirect jump there leaves these ranges
-
-
-@value_class
-class Hop:
-    """A short jump written at a window, to a landing that holds the jump to the
-    trampoline (docs/design.md, "Patch tactics")."""
-    landing: int
-    evicted: Optional[Window] = None  # a neighbour moved to its own trampoline to free the landing
-
-
-@value_class
-class Pun:
-    """A jump written over a window shorter than itself, its last bytes the ones after
-    the window, left as they are; they say where it goes: a stub there jumps on to the
-    trampoline (docs/design.md, "Patch tactics")."""
-    patch: bytes  # what replaces the window
-    stub: int  # where the jump goes
-    # E9Patch's successor eviction: the instructions after the window, moved to a
-    # trampoline of their own, reached by a jump (through `successor_stub`) whose first
-    # bytes are the ones the punned jump ends in
-    successor: Optional[Window] = None
-    successor_jump: bytes = b""
-    successor_stub: int = 0
-
-
-@value_class
-class Plan:
-    """A window, and the points in it where probes fire (one trampoline)."""
-    window: Window
-    points: tuple
-    hop: Optional[Hop] = None
-    pun: Optional[Pun] = None
-
-    @property
-    def tactic(self) -> str:
-        """How the window is patched: "jump" (a jump to the trampoline in the window),
-        "hop" (a short jump to a landing in padding), "evict" (to a landing that an
-        evicted neighbour window frees), "pun" (a jump ending in the bytes after it)."""
-        if self.pun is not None:
-            return "pun"
-        if self.hop is None:
-            return "jump"
-        return "evict" if self.hop.evicted else "hop"
-
-    @property
-    def site(self) -> Site:
-        return self.points[0].sites[0]
-
-    @property
-    def sites(self) -> tuple:
-        return tuple(site for point in self.points for site in point.sites)
-
-    def without(self, keys) -> "Plan":
-        """This plan less the sites whose probe key is in `keys` (None if none is left)."""
-        if len(self.points) == 1 and len(self.points[0].sites) == 1:  # (most: quicker)
-            if self.points[0].sites[0].probe_key not in keys:
-                return self
-        elif not any(s.probe_key in keys for p in self.points for s in p.sites):
-            return self
-        points = tuple(replace(p, sites=tuple(s for s in p.sites if s.probe_key not in keys))
-                       for p in self.points)
-        points = tuple(p for p in points if p.sites)
-        return replace(self, points=points) if points else None
-
-
-@value_class
-class Refusal:
-    site: Site
-    reason: str
-
-
-Outcome = Union[Plan, Refusal]
-
-
-class _Refused(Exception):
-    pass
-
-
-_UNKNOWN = object()  # (not worked out ahead)
 
 
 # Set: return probes redirect the return address wherever that is allowed, even
@@ -150,450 +60,28 @@ class Planner:
         self.backend = backend
         self.tactics = tactics  # which of TACTICS to try
         self.functions = functions
-        self._starts = [f.address for f in functions]
-        self._ends_so_far = list(itertools.accumulate((f.end for f in functions), max))
-        self._decoded: Dict[int, list] = {}
-        self._decoded_alone: Dict[bytes, object] = {}  # (_decoded_alone_as)
-        self._sweeps: Dict[int, Sweep] = {}  # function -> its sweep in compact form
-        self._batch: Optional[tuple] = None  # (SweepBatch, its functions): _sweep_all()
-        self._search = None  # sweep_search's compiled search, once made (_sweep_search())
-        self._sweeping: Optional[tuple] = None  # (thread, functions, result): sweep_ahead()
-        self._gaps: Dict[int, int] = {}  # section -> _gap_after()
-        self._gap_ends: tuple = (None, [])  # (padding gaps, their ends): _landing_in_padding
-        self._exits_known: Dict[int, object] = {}  # function -> _exit_points() (or why not)
+        self.model = BinaryModel(elf, backend, functions, taken_index)
+        self.safety = BranchSafety(self.model)
+        self.whole_file = WholeFile(self.model)
+        self.exits = ReturnExits(self.model, self.safety)
+        self.windows = Windows(self.model, self.safety, self.exits)
         self._windows_known: Dict[tuple, object] = {}  # _window_key() -> window (or why not)
         # _window_key() -> _retried_window() as precompute found it (None: no window)
-        self._retried_known: Dict[tuple, Optional[tuple]] = {}
-        # (function, _near_targets(), the same sorted)
-        self._near_cache: tuple = (None, set(), [])
-        self._taken_reasons: Dict[int, Optional[str]] = {}  # address -> why it is taken
-        self._targets: Dict[int, Dict[int, int]] = {}
-        # every branch target of every function, sorted, once prepare() has seen them
-        # all: a window with none inside needs no look at its neighbours' targets
-        self._all_targets: Optional[np.ndarray] = None
-        # per function, with them: (whether the byte scans may enter it past its entry,
-        # whether the functions' branches may), as _branch_from_outside asks
-        self._entered: Optional[List[tuple]] = None
-        self._branch_pairs: Optional[tuple] = None  # (their targets, sorted; sources), with them
-        self._no_fragment_targets: Set[int] = set()  # with them: _clear_of_fragments()
-        # functions whose sweeps have no row that may be an indirect jump (prepare())
-        self._no_indirect_jumps: Set[int] = set()
-        self._direct: Dict[int, Dict[int, int]] = {}
-        self._tables: Dict[int, Dict[int, JumpTable]] = {}
-        self._unknown_jumps: Dict[int, Optional[int]] = {}  # function -> _indirect_jump()
-        self._parts_of: Dict[int, List[Function]] = {}  # function -> _parts()
-        self._offset_tables: Dict[int, Optional[int]] = {}  # function -> _case_base()
-        # function (its return probe's exits: -address - 1) -> _unknown_targets()
-        self._unknown_known: Dict[int, Optional[str]] = {}
-        # function -> the addresses its instructions compute, in order (_case_base):
-        # noted where jump_tables() decodes a function with an unknown indirect jump
-        self._computed: Dict[int, list] = {}
-        self._lengths: Dict[bytes, list] = {}  # code -> its instructions' ends (_displaced)
-        self._verbatim: Dict[bytes, list] = {}  # code -> its instructions, or [] (_moves_verbatim)
-        self._padding_runs: Dict[bytes, list] = {}  # code -> _padding_run()
-        self._by_name: Optional[Dict[str, Function]] = None
-        self.siteless: List[Site] = []  # return probes of functions without an exit
-        self._shadow_stack = elf.shadow_stack
+        self._retried_known: Dict[tuple, Optional[WindowFound]] = {}
         self._redirect_file_problem: Optional[str] = None  # computed when first needed
         self._redirect_problems: Dict[int, Optional[str]] = {}  # function -> its own problem
-        self._frames: Optional[dict] = None  # FDE start -> frame there, when first needed
-        self._fragments: Optional[Dict[int, Function]] = None
-        self._taken_index = taken_index  # (else made when first needed)
-        self._symbol_starts: Optional[np.ndarray] = None  # where symbols start, sorted, when needed
-        self._conditional_exits: Set[int] = set()  # exits that leave only when taken
-        self._landing_pads: Optional[except_table.LandingPads] = None  # when first needed
         self._injected: Optional[Set[int]] = None  # _keep_injected_flags(), when first needed
         self.redirected_because: Dict[int, str] = {}  # function -> why its exits are not patched
-        self._cold_parts: Dict[str, List[Function]] = {}  # "f" -> f.cold, f.cold.1, ...
-        self.copied = copied_code.find(elf)  # code never to patch, sorted
-        self._copied_starts = [c.start for c in self.copied]
-        self._copied_reach = list(itertools.accumulate((c.end for c in self.copied), max))
         # punned jumps' stubs go at or above this (layout.stub_floor); set by plan()
         self.stub_floor: Optional[int] = None
-        self._stubs: Optional[StubSpace] = None  # the punned jumps' stubs; set by plan()
-        self._text_relocations: Optional[bool] = None  # the file's, when first needed
-        for f in functions:
-            if ".cold" in f.name:
-                self._cold_parts.setdefault(f.name.split(".cold")[0], []).append(f)
-
-    # -- decoding, cached --------------------------------------------------------
-    # Every function is swept in compact form (Sweep: arrays); instructions as objects
-    # are decoded only where a window, a jump table or a rare question needs them.
-    def sweep(self, fn: Function) -> Sweep:
-        found = self._sweeps.get(fn.address)
-        if found is None:
-            found = self._sweeps[fn.address] = self.backend.sweep(self._code(fn), fn.address)
-        return found
-
-    def _code(self, fn: Function) -> bytes:
-        """The function's bytes (none when the file does not hold them)."""
-        offset, size = self._span(fn)
-        return self.elf.data[offset:offset + size]
-
-    def _span(self, fn: Function) -> tuple:
-        """(offset, size) of the function's bytes in the file; (0, 0) when it does not
-        hold them."""
-        offset = self.elf.offset_of(fn.address, max(fn.size, 1))
-        return (offset, fn.size) if offset is not None else (0, 0)
-
-    def sweep_ahead(self, functions: List[Function]) -> None:
-        """Start _sweep_all(functions) on a thread of its own, for the caller to go on
-        meanwhile (prepare() of the same list waits for it): the native sweep releases
-        the GIL while it decodes, so it takes the other core (node: 0.5 s, beside
-        making the sites of `list`). Nothing else may sweep until then. A sweep that
-        fails on the thread is made again where it can be reported."""
-        if self._sweeping is not None:
-            return
-        done = {}
-
-        def sweep() -> None:
-            try:
-                done["swept"] = self._sweep_all(functions)
-            except BaseException:  # (made again by _swept_all(), and reported there)
-                pass
-
-        thread = threading.Thread(target=sweep, name="urewrite sweep", daemon=True)
-        self._sweeping = (thread, functions, done)
-        thread.start()
-
-    def _swept_all(self, functions: List[Function]) -> bool:
-        """_sweep_all(functions), or the sweep_ahead() of the same list, waited for."""
-        if self._sweeping is not None:
-            thread, ahead, done = self._sweeping
-            thread.join()
-            self._sweeping = None
-            if ahead is functions and "swept" in done:
-                return done["swept"]
-        return self._sweep_all(functions)
-
-    def _sweep_all(self, functions: List[Function]) -> bool:
-        """Sweep the functions not swept yet at once, if the backend has a much faster
-        way for many (Backend.sweep_all); whether it had."""
-        todo = [fn for fn in functions if fn.address not in self._sweeps]
-        made = self.backend.sweep_all(self.elf.data,
-                                      [self._span(fn) + (fn.address,) for fn in todo])
-        if made is None:
-            return False
-        self._sweeps.update(zip((fn.address for fn in todo), made.sweeps))
-        self._batch = (made, todo)
-        return True
-
-    def _sweep_search(self):
-        """The compiled search over the sweeps (sweep_search.py), made once every function's
-        sweep and jump tables are known (prepare() of the whole file, native sweeps);
-        else None."""
-        if self._search is None and self._batch is not None and self._all_targets is not None \
-                and self.backend.sweep_search_engine is not None:
-            self._search = sweep_search.build(
-                self.backend.sweep_search_engine, self.functions, *self._batch,
-                self._tables, self.landing_pads(), NEAR_BRANCH_REACH, self.MAX_LOOK_BACK)
-        return self._search
-
-    def rows(self, fn: Function, first: int, end: int) -> list:
-        """Instructions `first` to `end` (exclusive) of the function's sweep: the marked
-        ones (Sweep.marked: branches, calls, landing pads) decoded, the others plain code
-        that only their address and size describe (_Refused if the decoder does not find
-        the sweep's boundaries at a marked one). Windows are made of these: decoding
-        every instruction of 200,000 windows took seconds; those that move are decoded
-        in detail anyway (_displaced)."""
-        if fn.address in self._decoded:
-            return self._decoded[fn.address][first:end]
-        sweep = self.sweep(fn)
-        lo, hi = sweep.marked.searchsorted((first, end)).tolist()
-        marked = (sweep.marked[lo:hi] - first).tolist()
-        direct = {}
-        if marked:  # direct branches, most of them (calls): the backend may know them
-            lo, hi = sweep.rows.searchsorted((first, end)).tolist()
-            direct = {k - first: target for k, target in zip(sweep.rows[lo:hi].tolist(),
-                                                             sweep.targets[lo:hi].tolist())
-                      if target >= 0}
-        return self._insns(sweep.edges[first:end + 1].tolist(), marked, direct)
-
-    def _insns(self, edges: list, marked: list, direct: dict) -> list:
-        """rows(): the instructions between `edges`, those at the indexes `marked`
-        decoded, from their direct target where `direct` has one (index -> target)."""
-        insns = [Insn(a, b - a, "", "", b"") for a, b in zip(edges, edges[1:])]
-        if direct:
-            rest = []
-            for k in marked:
-                insn = self.backend.direct_branch(
-                    self.elf.read(edges[k], edges[k + 1] - edges[k]), edges[k],
-                    direct[k]) if k in direct else None
-                if insn is None:
-                    rest.append(k)
-                else:
-                    insns[k] = insn
-            marked = rest
-        run = 0
-        while run < len(marked):  # each run of consecutive marked ones, decoded at once
-            last = run
-            while last + 1 < len(marked) and marked[last + 1] == marked[last] + 1:
-                last += 1
-            a, b = marked[run], marked[last] + 1
-            decoded = self.backend.decode(self.elf.read(edges[a], edges[b] - edges[a]),
-                                          edges[a])
-            if [i.address for i in decoded] != edges[a:b] or decoded[-1].end != edges[b]:
-                raise _Refused(f"its instructions at {edges[0]:#x} decode differently "
-                               f"in detail")
-            insns[a:b] = decoded
-            run = last + 1
-        return insns
-
-    def instruction(self, fn: Function, k: int):
-        """Instruction `k` of the function's sweep, decoded; None if it does not decode
-        alone as it does in the sweep."""
-        try:
-            insns = self.rows(fn, k, k + 1)
-        except _Refused:
-            return None
-        return insns[0] if len(insns) == 1 else None
-
-    def instructions(self, fn: Function, keep: bool = True) -> list:
-        """The function's whole sweep, decoded (kept for the next question unless not
-        `keep`: a big file's jump tables alone would keep 100 MB of them)."""
-        found = self._decoded.get(fn.address)
-        if found is None:
-            found = self.backend.decode(self._code(fn), fn.address)
-            if keep:
-                self._decoded[fn.address] = found
-        return found
-
-    def head(self, fn: Function, size: int) -> list:
-        """The function's first instructions, decoded: those that start before `size`
-        bytes after a landing pad (endbr64, bti: 4 bytes), and one more. (It read 16
-        bytes more: node's entries decoded twice the instructions they need.)"""
-        sweep = self.sweep(fn)
-        end_row = int(sweep.edges.searchsorted(fn.address + 4 + size)) + 1
-        return self.rows(fn, 0, min(end_row, len(sweep)))
+        self.stubs: Optional[StubSpace] = None  # the punned jumps' stubs; set by plan()
+        self.tight_sites = TightSites(self)  # (hop, evict, pun: for sites the jump refused)
 
     def prepare(self, functions: List[Function],
                 meanwhile: Optional[Callable[[], None]] = None,
                 progress: Optional[Callable[[int], None]] = None) -> None:
-        """Sweep many functions and work out their branch targets and jump tables at
-        once, in this process and a forked child (parallel.py), each taking pieces of
-        them as it goes: the caches are what each function's own analysis would fill,
-        whoever did it, so plans do not change. `meanwhile()`: other work for this
-        process first, the child taking more pieces meanwhile. `progress(n)`: told
-        of functions done, by both."""
-        whole = functions is self.functions  # (then the whole-file filters below)
-        # (pieces of about 1/2048 of them, taken by each process as it goes: cost is not
-        # spread evenly along a file, and fixed halves of it, even every other
-        # function, left one process waiting for the other 2 s on libLLVM)
-        pieces = parallel.Shares.of(functions, 2048)
-
-        def analyse(leave: int = 0, progress=None) -> List[Function]:  # (the functions it took)
-            took = []
-            for piece in pieces.take(leave, progress):
-                for fn in piece:
-                    self.jump_tables(fn)  # (the direct targets: asked later, where needed)
-                took += piece
-            return took
-
-        def found() -> tuple:  # (what the child sends)
-            # (the last 64 pieces left to this process, about what the child's packing
-            # and sending take)
-            part = analyse(leave=64)
-            return ([fn.address for fn in part],
-                    {fn.address: self._direct[fn.address] for fn in part
-                     if fn.address in self._direct},
-                    {fn.address: self._tables[fn.address] for fn in part},
-                    {fn.address: self._unknown_jumps[fn.address] for fn in part},
-                    {fn.address: self._computed[fn.address] for fn in part
-                     if fn.address in self._computed},
-                    Sweep.pack([self._sweeps[fn.address] for fn in part
-                                if not swept_ahead]))
-
-        self.taken_index.wait()  # (scans made ahead, on a thread: done before the fork)
-        swept_ahead = self._swept_all(functions)  # (then the child has them all too)
-        if swept_ahead and self._batch is not None:  # (most: no indirect jump, no table)
-            self._no_indirect_jumps = self._held_without(
-                np.frombuffer(self._batch[0].kinds, np.uint8) == OTHER)
-        second = parallel.Forked(found)
-        if meanwhile is not None:
-            meanwhile()
-        analyse(progress=progress)
-        theirs, direct, tables, unknown_jumps, computed, sweeps = second.result()
-        pieces.done(progress)
-        sweeps = dict(zip(theirs, Sweep.unpack(sweeps)))
-        for ours, received in zip((self._direct, self._tables, self._unknown_jumps,
-                                   self._computed, self._sweeps),
-                                  (direct, tables, unknown_jumps, computed, sweeps)):
-            for address, value in received.items():
-                ours.setdefault(address, value)
-        if whole:  # where every branch lands, and which functions are entered past the entry
-            targets, sources = self._branches(functions)
-            self._all_targets = unique(targets)
-            order = np.argsort(targets, kind="stable")
-            self._branch_pairs = (targets[order], sources[order])
-            overlapping = self._overlapping()
-            self._entered = list(zip((overlapping | self._entered_from_outside()).tolist(),
-                                     (overlapping | self._entered_by(targets, sources)).tolist()))
-            self._no_fragment_targets = self._clear_of_fragments()
-
-    def _clear_of_fragments(self) -> Set[int]:
-        """The addresses of functions none of whose branch targets (direct ones, and
-        their jump tables' cases) is a fragment's start, of those the batch's sweeps
-        hold: _parts() need not ask their branch_targets() (node: 78,000 functions, a
-        dict each, made in Python)."""
-        if self._batch is None:
-            return set()
-        fragments = self.fragments()
-        clear = self._held_without(np.isin(np.frombuffer(self._batch[0].targets, np.int64),
-                                           np.fromiter(fragments, np.int64)))
-        for address, tables in self._tables.items():
-            if any(t in fragments for table in tables.values() for t in table.targets):
-                clear.discard(address)
-        return clear
-
-    def _held_without(self, rows: np.ndarray) -> Set[int]:
-        """The addresses of the functions whose sweeps the batch holds (_sweep_all) with
-        none of `rows` (a mask over all the batch's rows), read at once: an address swept
-        twice counts only if both are held and without."""
-        batch, swept = self._batch
-        held = (batch.spans[:, 1] >= 0).tolist()  # (not those swept another way)
-        owner = np.repeat(np.arange(len(swept)), batch.spans[:, 3])  # (of each row)
-        having = set(np.unique(owner[rows]).tolist())
-        found, others = set(), set()
-        for k, fn in enumerate(swept):
-            (found if held[k] and k not in having else others).add(fn.address)
-        return found - others
-
-    def _branches(self, functions: List[Function]) -> tuple:
-        """(targets, sources): where each direct branch or call of the functions lands
-        and where it is, and the same for each case of their jump tables (from its jump):
-        every function's branch_targets(), as two arrays. The direct branches of the
-        functions swept at once (_sweep_all) are read from that batch's arrays in one go
-        (node: 1 s of CPU time function by function)."""
-        targets, sources = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-        in_batch: Set[int] = set()
-        if self._batch is not None:
-            batch, swept = self._batch
-            asked = {fn.address for fn in functions}
-            if all(fn.address in asked for fn in swept):
-                held = (batch.spans[:, 1] >= 0).tolist()  # (not those swept another way)
-                in_batch = {fn.address for fn, h in zip(swept, held) if h}
-                rows = np.frombuffer(batch.rows, np.int64) + \
-                    np.repeat(batch.spans[:, 0], batch.spans[:, 3])  # (rows of the edges)
-                found = np.frombuffer(batch.targets, np.int64)
-                direct = found >= 0
-                targets.append(found[direct])
-                sources.append(np.frombuffer(batch.edges, np.int64)[rows[direct]])
-        for fn in functions:
-            if fn.address not in in_batch:
-                sweep = self.sweep(fn)
-                direct = sweep.targets >= 0
-                targets.append(sweep.targets[direct])
-                sources.append(sweep.edges[sweep.rows[direct]])
-            for table in self.jump_tables(fn).values():
-                targets.append(np.fromiter(table.targets, dtype=np.int64))
-                sources.append(np.full(len(table.targets), table.jump, dtype=np.int64))
-        return np.concatenate(targets), np.concatenate(sources)
-
-    def _overlapping(self) -> np.ndarray:
-        """Per function: whether it overlaps another (its insides are not its alone)."""
-        starts = np.array(self._starts, dtype=np.int64)
-        overlapping = np.zeros(len(self.functions), dtype=bool)
-        if len(starts) > 1:  # overlapping neighbours: the end of one passes the next's start
-            ends = np.array([f.end for f in self.functions], dtype=np.int64)
-            before = np.array(self._ends_so_far, dtype=np.int64)
-            overlapping[1:] |= starts[1:] < before[:-1]
-            overlapping[:-1] |= starts[1:] < ends[:-1]
-        return overlapping
-
-    def _entered_from_outside(self) -> np.ndarray:
-        """Per function: whether anything may branch into it from outside, past its
-        entry, that no function's branches say (_branches()): a branch or address
-        computation the byte scans found (TakenIndex.branch_sources())."""
-        targets, sources = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-        for table in self.taken_index.code_tables():
-            if table.kind == taken_addresses.BRANCH:
-                targets.append(table.values)
-                sources.append(table.sources)
-        return self._entered_by(np.concatenate(targets), np.concatenate(sources))
-
-    def _entered_by(self, targets: np.ndarray, sources: np.ndarray) -> np.ndarray:
-        """Per function: whether a branch from `sources` to `targets` enters it past
-        its entry from outside its range."""
-        starts = np.array(self._starts, dtype=np.int64)
-        ends = np.array([f.end for f in self.functions], dtype=np.int64)
-        entered = np.zeros(len(self.functions), dtype=bool)
-        k = np.searchsorted(starts, targets, side="right") - 1
-        inside = k >= 0
-        k, targets, sources = k[inside], targets[inside], sources[inside]
-        into = (targets < ends[k]) & (targets != starts[k]) & \
-            ((sources < starts[k]) | (sources >= ends[k]))
-        entered[k[into]] = True
-        return entered
-
-    def _targets_between(self, start: int, end: int) -> bool:
-        """Whether any branch of the file may land in (start, end): False only when
-        prepare() has seen every function's targets and none lies there."""
-        if self._all_targets is None:
-            return True
-        k = int(self._all_targets.searchsorted(start, side="right"))
-        return k < len(self._all_targets) and int(self._all_targets[k]) < end
-
-    def boundaries(self, fn: Function) -> Set[int]:
-        return set(self.sweep(fn).starts.tolist())
-
-    def branch_targets(self, fn: Function) -> Dict[int, int]:
-        """Branch targets in a function, direct ones and those of its jump tables:
-        target -> address of a branch to it."""
-        if fn.address not in self._targets:
-            targets = self._direct_targets(fn)
-            tables = self.jump_tables(fn)
-            if tables:  # (else the direct targets themselves: most functions, no copy)
-                targets = dict(targets)
-                for table in tables.values():
-                    for target in table.targets:
-                        targets.setdefault(target, table.jump)
-            self._targets[fn.address] = targets
-        return self._targets[fn.address]
-
-    def _direct_targets(self, fn: Function) -> Dict[int, int]:
-        """target -> the first direct branch (or call) to it, in the function's order."""
-        if fn.address not in self._direct:
-            sweep = self.sweep(fn)
-            direct = sweep.targets >= 0
-            found: Dict[int, int] = {}  # (a few per function: a dict beats np.unique)
-            for target, source in zip(sweep.targets[direct].tolist(),
-                                      sweep.edges[sweep.rows[direct]].tolist()):
-                if target not in found:
-                    found[target] = source
-            self._direct[fn.address] = found
-        return self._direct[fn.address]
-
-    def indirect_jumps(self, fn: Function) -> List[int]:
-        """The indexes in its sweep of the function's indirect jumps."""
-        sweep = self.sweep(fn)
-        found = []
-        for k in sweep.rows[sweep.kinds == OTHER].tolist():
-            insn = self.instruction(fn, k)
-            if insn is not None and self.backend.is_indirect_jump(insn):
-                found.append(k)
-        return found
-
-    def jump_tables(self, fn: Function) -> Dict[int, JumpTable]:
-        """The jump tables of a function's indirect jumps: jump address -> table. A jump
-        not here is not known to be a table (jump_tables.py)."""
-        if fn.address not in self._tables:
-            if fn.address in self._no_indirect_jumps:  # (node: 70,000 functions, at once)
-                self._unknown_jumps[fn.address] = None
-                self._tables[fn.address] = {}
-                return self._tables[fn.address]
-            jumps = self.indirect_jumps(fn)
-            # (the recovery reads the instructions before a jump, decoded as it reads)
-            insns = SweptCode(self.sweep(fn), self.backend.decode, self.elf.read) \
-                if jumps else []
-            tables = self._tables[fn.address] = jump_table_guard.recover(self, fn, jumps,
-                                                                         insns)
-            edges = self.sweep(fn).edges
-            unknown = self._unknown_jumps[fn.address] = next(
-                (a for a in (int(edges[k]) for k in jumps) if a not in tables), None)
-            if unknown is not None:  # (_case_base will ask: noted while at hand)
-                self._computed[fn.address] = self.backend.computed_addresses(
-                    self._code(fn), fn.address)
-        return self._tables[fn.address]
+        """The whole-file precompute of these functions (WholeFile.prepare)."""
+        self.whole_file.prepare(functions, meanwhile, progress)
 
     # -- planning ----------------------------------------------------------------
     def plan(self, sites: List[Site], progress: Optional[Callable[[int], None]] = None
@@ -624,8 +112,8 @@ class Planner:
                 unpatched[site.probe_key] = f"{REDIRECT_ALL} is set"  # tests of the fallback
                 continue
             try:
-                expanded.extend(self._exit_sites(site))
-            except _Refused as why:
+                expanded.extend(self.exits.exit_sites(site))
+            except Refused as why:
                 unpatched[site.probe_key] = str(why)
         kept, failed = self._whole_returns(self._plan_sites(expanded, progress))
         unpatched.update(failed)
@@ -680,22 +168,13 @@ class Planner:
         refused when any of its function is: its exits or its entry would be patched."""
         refused, rest = [], []
         for site in sites:
-            copy = self.copied_at(site.function.address, site.function.end) \
-                if site.kind == KIND_RETURN else self.copied_at(site.address)
+            copy = self.model.copied_at(site.function.address, site.function.end) \
+                if site.kind == KIND_RETURN else self.model.copied_at(site.address)
             if copy:
                 refused.append(Refusal(site, copy.reason()))
             else:
                 rest.append(site)
         return refused, rest
-
-    def copied_at(self, start: int, end: Optional[int] = None):
-        """The copied code (copied_code.py) that overlaps [start, end), if any."""
-        end = start + 1 if end is None else end
-        # (asked for every window: a binary search, then a look only where one overlaps)
-        k = bisect.bisect_left(self._copied_starts, end)  # the copies starting before `end`
-        if k == 0 or self._copied_reach[k - 1] <= start:
-            return None
-        return next((c for c in self.copied[:k] if start < c.end), None)
 
     @staticmethod
     def _whole_returns(outcomes: List[Outcome]) -> tuple:
@@ -724,169 +203,8 @@ class Planner:
             return self._redirect_file_problem
         if fn.address not in self._redirect_problems:  # (or precompute found it)
             self._redirect_problems[fn.address] = redirection.function_problem(
-                self.elf, self.backend, fn, self.entry_frames())
+                self.elf, self.backend, fn, self.model.entry_frames())
         return self._redirect_problems[fn.address]
-
-    def entry_frames(self) -> Optional[dict]:
-        if self._frames is None:
-            self._frames = redirection.entry_frames(self.elf) or {}
-        return self._frames
-
-    def read_unwind_tables(self) -> None:
-        """Read now what .eh_frame and the LSDAs tell (entry frames, fragments, landing
-        pads), which return probes and windows of several instructions ask. (`list`
-        has it done while the other process sweeps: each process of precompute() read
-        it for itself, 1 s on node.)"""
-        self.fragments()
-        self.landing_pads()
-
-    def landing_pads(self) -> except_table.LandingPads:
-        if self._landing_pads is None:
-            self._landing_pads = except_table.landing_pads(self.elf)
-        return self._landing_pads
-
-    def fragments(self) -> Dict[int, Function]:
-        """Functions whose FDE starts inside another function's frame: parts split off
-        by the compiler (.cold parts, named or not), entered by a jump."""
-        if self._fragments is None:
-            frames = self.entry_frames()
-            self._fragments = {}
-            for f in self.functions:
-                frame = frames.get(f.address)
-                # (an undefined return address marks an outermost frame: _start)
-                if frame is not None and frame.return_address != ("undefined",) \
-                        and not self.backend.is_call_frame(frame):
-                    self._fragments[f.address] = f
-        return self._fragments
-
-    def _parts(self, fn: Function) -> List[Function]:
-        """The function and the parts split off from it: its .cold parts by name, and
-        every fragment its parts branch to directly."""
-        if fn.address in self._parts_of:
-            return self._parts_of[fn.address]
-        parts = self._parts_of[fn.address] = [fn] + self._cold_parts.get(fn.name, [])
-        fragments = self.fragments()
-        for part in parts:  # grows while we walk it
-            if part.address in self._no_fragment_targets:  # (prepare(): known at once)
-                continue
-            targets = self.branch_targets(part)
-            # (most: asked at once, in C, over the fewer: two views)
-            if targets.keys().isdisjoint(fragments.keys()):
-                continue
-            for target in targets:
-                fragment = fragments.get(target)
-                if fragment is not None and fragment not in parts:
-                    parts.append(fragment)
-        return parts
-
-    def _exit_sites(self, site: Site) -> List[Site]:
-        """One site per instruction that leaves the function for good."""
-        found = self._exits_known.get(site.function.address)  # (precompute)
-        if isinstance(found, str):
-            raise _Refused(found)
-        points, conditional = found if found is not None else self._exit_points(site)
-        self._conditional_exits |= conditional
-        exits = [site.at_exit(*point) for point in points]
-        if not exits:  # it never returns: its probe exists, with no site to patch
-            self.siteless.append(site)
-        return exits
-
-    def _exit_points(self, site: Site) -> tuple:
-        """(exits, conditional): (address, tail call, stays_within) of each instruction
-        that leaves the function for good; the addresses of those that leave only when
-        their branch is taken."""
-        fn = site.function
-        if not fn.size:
-            raise _Refused("its size is unknown (no symbol size and no .eh_frame entry)")
-        if fn.address in self.fragments() or ".cold" in fn.name:
-            raise _Refused("it is a part of another function, split off by the compiler "
-                           "and entered by a jump: its exits return for that function")
-        if fn.size_inferred:
-            self._check_inferred_extent(fn)
-        parts = self._parts(fn)
-
-        if len(parts) == 1:  # the usual case, asked for every branch: kept quick
-            start, end = fn.address, fn.end
-
-            def inside(address: int) -> bool:
-                return start <= address < end
-        else:
-            def inside(address: int) -> bool:
-                return any(p.address <= address < p.end for p in parts)
-
-        exits, conditional = [], set()
-        index = self._index_of(fn) if len(parts) == 1 else None
-        for part in parts:
-            tables = self.jump_tables(part)
-            sweep = self.sweep(part)
-            if sweep.end != part.end:
-                raise _Refused(f"its code does not decode past {sweep.end:#x}: an exit may "
-                               f"lie beyond")
-            for k, kind, target, address in self._exit_rows(part, inside, index):
-                if kind == RETURN:  # (most: as below, quicker)
-                    exits.append((address, False, ()))
-                    continue
-                if kind == OTHER:
-                    table = tables.get(address)
-                    if table is not None and all(inside(t) for t in table.targets):
-                        continue  # a switch: its cases are all in the function
-                    insn = self.instruction(part, k)
-                    if insn is None:
-                        raise _Refused(f"its instruction at {address:#x} decodes differently "
-                                       f"alone")
-                    leaves, problem = self.backend.exit_kind(insn, inside)
-                    target = self.backend.direct_branch_target(insn) if leaves else None
-                else:  # a return, a tail call, a conditional tail call (when taken)
-                    leaves, problem = "taken" if kind == BRANCH else True, None
-                    target = None if kind == RETURN else target
-                if problem:
-                    raise _Refused(f"a return probe cannot see every exit: {problem}")
-                if leaves == "outside":  # an indirect jump: checked where it goes, each time
-                    within = self._stays_within(fn, parts)
-                    if within:
-                        exits.append((address, True, within))
-                        continue
-                    leaves, target = True, None  # the jump is all there is: it can only leave
-                if target is not None and self._outermost(target):
-                    continue  # a new thread's first frame (clone's child): this call never ends
-                if leaves:  # a return, or a tail call (a direct jump: it has a target)
-                    exits.append((address, target is not None, ()))
-                if leaves == "taken":
-                    conditional.add(address)
-        shared = self._branch_from_outside(fn, parts, inside, index)
-        if shared:
-            raise _Refused("other code branches into it (at {:#x}, from {:#x}): its exits "
-                           "are not only its own".format(*shared))
-        return exits, conditional
-
-    def _index_of(self, fn: Function) -> Optional[int]:
-        """Where the function is in self.functions (None: not there)."""
-        k = bisect.bisect_left(self._starts, fn.address)
-        return k if k < len(self.functions) and self.functions[k] is fn else None
-
-    def _exit_rows(self, part: Function, inside, index: Optional[int]) -> list:
-        """(row, kind, target, address) of each instruction of the part's sweep that may
-        leave the function (`inside`: whether an address is in it): returns, direct
-        jumps and branches out, and the rest to ask of (OTHER). The compiled search
-        answers for a function of one part, at `index` in self.functions
-        (sweep_search.py)."""
-        search = self._sweep_search() if index is not None else None
-        if search is not None:
-            found = search.exits(index)
-            if found is not None:
-                return found
-        sweep = self.sweep(part)
-        found = []
-        # (in Python: most functions have a few dozen rows, too few for numpy)
-        for k, kind, target in zip(sweep.rows.tolist(), sweep.kinds.tolist(),
-                                   sweep.targets.tolist()):
-            if kind == JUMP or kind == BRANCH:
-                if inside(target):
-                    continue
-            elif kind != RETURN and kind != OTHER:
-                continue
-            found.append((k, kind, target, int(sweep.edges[k])))
-        return found
 
     def precompute(self, sites: List[Site],
                    progress: Optional[Callable[[int], None]] = None) -> None:
@@ -896,14 +214,14 @@ class Planner:
         child (parallel.py), each taking pieces of them as it goes: plan() takes
         them as it would have found them itself, so the plans are the same, in about
         half the time. `progress(n)`: told of sites done, by both."""
-        self.taken_index.every_value()  # (the scans, made once before the fork)
-        self._sweep_search()  # (and the compiled search, where there is one)
+        self.model.taken_index.every_value()  # (the scans, made once before the fork)
+        self.model.compiled_search()  # (and the compiled search, where there is one)
 
         # (pieces of about 1/2048 of the sites, taken by each process as it goes; see
         # prepare)
         pieces = parallel.Shares.of(sites, 2048)
 
-        def work(leave: int = 0, progress=None) -> tuple:
+        def work(leave: int = 0, progress=None) -> Precomputed:
             exits, windows, plans = {}, {}, []
             at_risk = {}  # return probes with an exit whose window may fail: address -> function
             for piece in pieces.take(leave, progress):
@@ -914,26 +232,26 @@ class Planner:
                         continue
                     try:
                         points, conditional = exits[site.function.address] = \
-                            self._exit_points(site)
-                    except _Refused as why:
+                            self.exits.exit_points(site)
+                    except Refused as why:
                         exits[site.function.address] = str(why)
                         at_risk[site.function.address] = site.function
                         continue
-                    self._conditional_exits |= conditional  # (a window asks)
+                    self.exits.conditional |= conditional  # (a window asks)
                     targets.extend(site.at_exit(*point) for point in points)
-                for target, found in zip(targets, self._windows(targets)):
+                for target, found in zip(targets, self.windows.of_sites(targets)):
                     if isinstance(found, Plan):
                         plans.append((self._window_key(target), target, found))
                         continue
                     windows[self._window_key(target)] = found
                     if target.kind == KIND_RETURN:
                         at_risk[target.function.address] = target.function
-            taken = self._taken_addresses([plan for _, _, plan in plans])
+            taken = self.safety.taken_in_windows([plan for _, _, plan in plans])
             retried = {}  # key -> _retried_window(), where something may branch in
-            clear = self._clear_of_branches([plan for _, _, plan in plans], taken)
+            clear = self.safety.clear_of_branches([plan for _, _, plan in plans], taken)
             for (key, target, plan), known_clear in zip(plans, clear):
                 verdict = None if known_clear else \
-                    self._branch_into(plan, taken, inner_window=not target.at_entry)
+                    self.safety.branch_into(plan, taken, inner_window=not target.at_entry)
                 windows[key] = self._kept(plan, verdict)
                 if verdict and not target.at_entry:  # (what _plan_sites will try next)
                     again, why = self._retried_window([target])
@@ -945,225 +263,50 @@ class Planner:
             # (libLLVM: 5,000 functions, 0.1 s in the native module where it was
             # built, else 12 s of Capstone's detail), answered here on both cores
             problems = {address: self._redirect_problem(fn) for address, fn in at_risk.items()}
-            return exits, windows, problems, retried
+            return Precomputed(exits, windows, problems, retried)
 
         # (the child leaves the last 64 pieces to this process: it also sends what it
         # found, and this process reads it, 0.5 s on node)
         second = parallel.Forked(lambda: work(leave=64))
-        for exits, windows, problems, retried in (work(progress=progress), second.result()):
-            self._exits_known.update(exits)
-            self._windows_known.update(windows)
-            self._redirect_problems.update(problems)  # (read only if the file allows it)
-            self._retried_known.update(retried)
+        for found in (work(progress=progress), second.result()):
+            self.exits.known.update(found.exits)
+            self._windows_known.update(found.windows)
+            # (read only if the file allows it)
+            self._redirect_problems.update(found.redirect_problems)
+            self._retried_known.update(found.retried)
         pieces.done(progress)
 
     def _window_key(self, site: Site) -> tuple:
         """What a site's window depends on (precompute)."""
         return (site.address, site.function.address, site.at_entry, site.stays_within,
-                self._counts_when_taken(site))
+                self.windows.counts_when_taken(site))
 
     def _known_window(self, site: Site) -> Optional[tuple]:
-        """(the plan of the window precompute found for a site, whether anything may
-        branch into it: None or why); None if it found none."""
+        """(the plan of the window precompute found for a site, the Verdict on what may
+        branch into it); None if it found none."""
         known = self._windows_known.get(self._window_key(site))
         if known is None:
             return None
         if isinstance(known, str):
-            raise _Refused(known)
-        return self._made_again(known, site)
+            raise Refused(known)
+        plan, reason = self._made_again(known, site)
+        return plan, Verdict(True, reason)
 
     @staticmethod
-    def _kept(plan: Plan, verdict: Optional[str]) -> tuple:
-        """A plan of one site, and what may branch into it, as precompute keeps them: all
-        but the site (sent between processes; _made_again() gives them back)."""
-        return plan.window, plan.points[0].address, plan.points[0].flags_live, verdict
+    def _kept(plan: Plan, reason: Optional[str]) -> WindowFound:
+        """A plan of one site, and what may branch into it (None or why), as precompute
+        keeps them: all but the site (sent between processes; _made_again() gives them
+        back)."""
+        return WindowFound(plan.window, plan.points[0].address, plan.points[0].flags_live,
+                           reason)
 
-    def _made_again(self, kept: tuple, site: Site) -> tuple:
-        """(the plan _kept() keeps, for `site`; what may branch into it)."""
+    def _made_again(self, kept: WindowFound, site: Site) -> tuple:
+        """(the plan _kept() keeps, for `site`; what may branch into it: None or why)."""
         # (an entry's point follows its landing pad: the window's start)
-        window, point, flags_live, verdict = kept
+        window, point, flags_live, reason = kept
         return Plan(window, (ProbePoint(point, (site,), flags_live,
-                                        self._counts_when_taken(site),
-                                        site.stays_within),)), verdict
-
-    def _outermost(self, address: int) -> bool:
-        """Whether a function starting at `address` is an outermost frame (its unwind info
-        leaves the return address undefined: _start, clone's thread_start): a branch there
-        starts a new thread of execution, it leaves no call."""
-        frame = self.entry_frames().get(address)
-        return frame is not None and frame.return_address == ("undefined",)
-
-    def _stays_within(self, fn: Function, parts: List[Function]) -> tuple:
-        """The [start, end) ranges an indirect jump of `fn` may go to and stay in the
-        function: its parts, less its entry (going there enters it anew: its entry
-        probe fires again, so this call has ended). Empty when no instruction of the
-        function lies in them."""
-        if len(parts) == 1 and len(self.sweep(fn)) <= 1:
-            return ()
-        return ((fn.address + 1, fn.end),) + tuple((p.address, p.end) for p in parts[1:])
-
-    def _check_inferred_extent(self, fn: Function) -> None:
-        """A function without a size extends to whatever follows it (functions.py).
-        Its exits are trusted only when that extent decodes whole and its last
-        instruction before any padding never falls through: else code of another
-        function may follow, or the function may run on past the extent."""
-        insns = self.instructions(fn)
-        if not insns or insns[-1].end != fn.end:
-            raise _Refused(f"its size is unknown and its code up to the {fn.sized_by} "
-                           f"does not decode whole")
-        body = list(insns)
-        while body and self.backend.is_padding(body[-1]):
-            body.pop()
-        if not body or not self.backend.ends_flow(body[-1]):
-            raise _Refused(f"its size is unknown and its code up to the {fn.sized_by} "
-                           f"does not end in a return or jump")
-
-    def _branch_from_outside(self, fn: Function, parts: List[Function], inside,
-                             index: Optional[int] = None):
-        """(target, source) of a branch from code outside the function's parts to an
-        instruction inside them other than its entry (code shared by two functions,
-        as glibc's string functions do), or None. `index`: where a function of one
-        part is in self.functions."""
-        # (prepare()'s marks, for a function of one part: whether the byte scans, and
-        # whether the functions' branches, may enter it past its entry from outside; a
-        # function that overlaps another has both. Where one says no, that look is
-        # skipped: 5,400 of node's functions are marked, by one or the other.)
-        by_scans = by_branches = True
-        if len(parts) == 1 and self._entered is not None:
-            if index is None:
-                index = self._index_of(fn)
-            if index is not None:
-                by_scans, by_branches = self._entered[index]
-        if not by_scans and not by_branches:
-            return None
-        starts = [self.sweep(part).starts for part in parts]
-        interior = np.concatenate(starts) if len(starts) > 1 else starts[0]
-        interior = interior[interior != fn.address]  # (arrays: a big function has 1,000s)
-        references = self.taken_index.branch_sources(interior) if by_scans else {}
-        for target in sorted(references):
-            for source in references[target]:
-                if not inside(source) and self._really_names(source, target):
-                    return target, source
-        if not by_branches or not self._pairs_from_outside(parts, interior):
-            return None  # (no function's branch lands there from outside: nor a near one's)
-        within = None  # (the same as a set, made if a branch from outside lands inside)
-        for part in parts:  # short branches, which the byte scan does not see
-            for near in self._near_functions(Window(part.address, part.size, ())):
-                if inside(near.address):
-                    continue
-                for target, source in self.branch_targets(near).items():
-                    if not inside(source) and inside(target):
-                        within = set(interior.tolist()) if within is None else within
-                        if target in within:
-                            return target, source
-        return None
-
-    def _pairs_from_outside(self, parts: List[Function], interior: np.ndarray) -> bool:
-        """Whether any direct branch or jump-table case of the file (prepare()'s, of every
-        function) lands on one of `interior` from outside `parts`; True before prepare()
-        has them. Where none does, no near function's does (node: 6,000 functions that
-        the byte scans mark or that have parts, asked with arrays at once, not a loop
-        over their neighbours' branches)."""
-        if self._branch_pairs is None:
-            return True
-        targets, sources = self._branch_pairs
-        bounds = targets.searchsorted([(p.address, p.end) for p in parts]).tolist()
-        landing = np.concatenate([targets[a:b] for a, b in bounds])
-        source = np.concatenate([sources[a:b] for a, b in bounds])
-        outside = np.ones(len(source), dtype=bool)
-        for part in parts:
-            outside &= (source < part.address) | (source >= part.end)
-        # (the few from outside, if any, then looked up: most of a function's are its own)
-        return bool(outside.any()) and bool(np.isin(landing[outside], interior).any())
-
-    def _really_names(self, source: int, target: int) -> bool:
-        return self._really_refers(taken_addresses.Match(taken_addresses.BRANCH, "", source),
-                                   target)
-
-    def _really_refers(self, match: taken_addresses.Match, target: int) -> bool:
-        """Whether a byte-scan match in code is real: the instruction holding its bytes
-        branches to or computes `target` (a branch match), or carries it in an immediate
-        or displacement field starting at those bytes (an immediate match); bytes inside
-        other instructions only look like one. Code in no known function, or that does
-        not decode cleanly there, counts as real; so does a match any holder confirms."""
-        holders = self._holders(match.source)
-        if not holders:
-            return True
-        branch = match.kind == taken_addresses.BRANCH
-        for fn in holders:
-            if branch and self._sweep_branches(fn, match.source, target):
-                return True  # (what the decode below would find: no need to ask it)
-            if not branch and self._no_field_at(fn, match.source):
-                continue
-            # (a branch is named by its mnemonic and operands: the quick decoder's)
-            insn = self._insn_at(fn, match.source, detail=not branch)
-            if insn is None:
-                return True
-            if branch:
-                if self.backend.names_address(insn, target):
-                    return True
-            elif self.backend.holds_constant(insn, match.source - insn.address, target):
-                return True
-        return False
-
-    def _no_field_at(self, fn: Function, address: int) -> bool:
-        """Whether no immediate or displacement field of 4 bytes or more can start at
-        `address` in the function's instruction holding it (it is its first byte, or
-        4 bytes from it pass its end), that instruction decoding alike in detail: the
-        answer holds_constant() gives, without the detailed decode (node: 15,000 of
-        22,000 matches asked)."""
-        sweep = self.sweep(fn)
-        k = sweep.index_holding(address)
-        if k is None:
-            return False
-        start, end = int(sweep.edges[k]), int(sweep.edges[k + 1])
-        return (address == start or address + 4 > end) and \
-            self._instruction_ends(self.elf.read(start, end - start)) == [end - start]
-
-    def _sweep_branches(self, fn: Function, address: int, target: int) -> bool:
-        """Whether the instruction of the function's sweep holding `address` is a direct
-        branch (or call) to `target`."""
-        sweep = self.sweep(fn)
-        k = sweep.index_holding(address)
-        row = int(sweep.rows.searchsorted(k)) if k is not None else len(sweep.rows)
-        return row < len(sweep.rows) and sweep.rows[row] == k and sweep.targets[row] == target
-
-    def _holders(self, address: int) -> List[Function]:
-        """Every function (of known size) whose range holds `address`: ranges may nest."""
-        k = bisect.bisect_right(self._ends_so_far, address)
-        holders = []
-        while k < len(self.functions) and self.functions[k].address <= address:
-            if address < self.functions[k].end:
-                holders.append(self.functions[k])
-            k += 1
-        return holders
-
-    def _insn_at(self, fn: Function, address: int, detail: bool = True):
-        """The instruction of the function's linear sweep that holds `address`, decoded
-        (with detail, or by the quick decoder with its bytes); None where the sweep
-        does not reach it cleanly."""
-        sweep = self.sweep(fn)
-        k = sweep.index_holding(address)
-        if k is None:
-            return None
-        start, size = int(sweep.edges[k]), int(sweep.edges[k + 1] - sweep.edges[k])
-        code = self.elf.read(start, size)
-        decoded = self.backend.decode(code, start, detail=detail)
-        if len(decoded) != 1 or decoded[0].size != size:
-            return None
-        insn = decoded[0]
-        return insn if detail else Insn(start, size, insn.mnemonic, insn.op_str, code)
-
-    @property
-    def taken_index(self) -> taken_addresses.TakenIndex:
-        """The file's scans for taken addresses and far branches, made once."""
-        if self._taken_index is None:
-            self._taken_index = taken_addresses.TakenIndex(self.elf, self.backend)
-        return self._taken_index
-
-    def _counts_when_taken(self, site: Site) -> bool:
-        """Whether the site is a conditional exit, counted on its taken edge only."""
-        return site.kind == KIND_RETURN and site.address in self._conditional_exits
+                                        self.windows.counts_when_taken(site),
+                                        site.stays_within),)), reason
 
     def _by_address(self, items, site_of=lambda site: site) -> list:
         """Sites (or items holding one) grouped by the point they share, in address
@@ -1172,7 +315,7 @@ class Planner:
         groups: Dict[tuple, list] = {}
         for item in items:
             site = site_of(item)
-            key = (site.address, self._counts_when_taken(site), site.stays_within)
+            key = (site.address, self.windows.counts_when_taken(site), site.stays_within)
             groups.setdefault(key, []).append(item)
         return [groups[key] for key in sorted(groups)]
 
@@ -1190,18 +333,18 @@ class Planner:
     def _group_plan(self, group: List[Site], size: Optional[int] = None,
                     avoid_taken: bool = False, found=None) -> tuple:
         """(_group_window(), what may branch into it when precompute found out: None or
-        why; else _UNKNOWN). `found`: that for the primary site already, or why it has
+        why, or UNKNOWN: a Verdict). `found`: that for the primary site already, or why it has
         no window (_plan_sites: _found_windows())."""
         primary = self._primary(group)
         if found is None:
             known = self._known_window(primary) if size is None and not avoid_taken else None
-            found = known or (self._window(primary, size, avoid_taken), _UNKNOWN)
+            found = known or (self.windows.window(primary, size, avoid_taken), UNKNOWN)
         elif isinstance(found, str):
-            raise _Refused(found)
+            raise Refused(found)
         plan, verdict = found
-        copy = self.copied_at(plan.window.address, plan.window.end)
+        copy = self.model.copied_at(plan.window.address, plan.window.end)
         if copy:
-            raise _Refused(copy.reason())
+            raise Refused(copy.reason())
         if len(group) == 1:
             return plan, verdict
         point = plan.points[0]
@@ -1212,10 +355,10 @@ class Planner:
         # (planned afresh: a second round re-plans every site)
         # (a partial, not a lambda: one would hold the planner in a reference cycle,
         # and the collector would visit a big file's millions of objects to free it)
-        self._stubs = StubSpace(self.stub_floor, self.backend.patch_size,
+        self.stubs = StubSpace(self.stub_floor, self.backend.patch_size,
                                 functools.partial(layout.stub_page_cap, self.elf),
                                 self.backend.stub_places_engine)
-        tentative, verdicts = [], {}  # (verdicts: id(plan) -> precompute's _branch_into)
+        tentative, verdicts = [], {}  # (verdicts: id(plan) -> its Verdict, where known)
         groups = self._by_address(sites)
         found = []  # (_group_plan()'s `found`, for each group: a few thousand at a time)
         for k, group in enumerate(groups):
@@ -1225,26 +368,26 @@ class Planner:
                 progress(len(group))
             try:
                 if "jump" not in self.tactics:
-                    raise _Refused("not among the tactics to try")
+                    raise Refused("not among the tactics to try")
                 plan, verdict = self._group_plan(group, found=found[k % 4096])
                 tentative.append(plan)
-                if verdict is not _UNKNOWN:
+                if verdict.known:
                     verdicts[id(plan)] = verdict
-            except _Refused as why:
+            except Refused as why:
                 tentative.extend(Refusal(s, str(why)) for s in group)
         asked = [o for o in tentative if isinstance(o, Plan) and id(o) not in verdicts]
-        taken = self._taken_addresses(asked)
+        taken = self.safety.taken_in_windows(asked)
         # (most windows, known clear all at once: only the others are asked one by one)
-        verdicts.update((id(plan), None) for plan, clear in
-                        zip(asked, self._clear_of_branches(asked, taken)) if clear)
+        verdicts.update((id(plan), Verdict(True)) for plan, clear in
+                        zip(asked, self.safety.clear_of_branches(asked, taken)) if clear)
         outcomes = []
         previous, previous_at = None, 0  # the last plan kept, and where it is in outcomes
         tentative.sort(key=lambda o: o.window.address if isinstance(o, Plan) else o.site.address)
         for outcome in tentative:
             if isinstance(outcome, Plan):
-                reason = verdicts.get(id(outcome), _UNKNOWN)
-                if reason is _UNKNOWN:
-                    reason = self._branch_into(outcome, taken)
+                verdict = verdicts.get(id(outcome), UNKNOWN)
+                reason = verdict.reason if verdict.known else \
+                    self.safety.branch_into(outcome, taken)
                 if reason and not outcome.site.at_entry:
                     retried = self._window_clear_of_taken(outcome, previous)
                     if retried:
@@ -1261,23 +404,23 @@ class Planner:
                 previous, previous_at = outcome, len(outcomes)
             outcomes.append(outcome)
         if self.backend.hop_size and {"hop", "evict", "pun"} & set(self.tactics):
-            outcomes = self._hop_tight_sites(outcomes)
+            outcomes = self.tight_sites.hop_tight_sites(outcomes)
         return outcomes
 
     def _found_windows(self, groups: List[List[Site]]) -> list:
         """For each group, its primary site's window as precompute found it, else found
-        now, those of all the groups at once (_windows()): (plan, what may branch into
-        it: None, why, or _UNKNOWN), or why it has none."""
+        now, those of all the groups at once (Windows.of_sites()): (plan, what may branch into
+        it: a Verdict), or why it has none."""
         found: list = []
         for group in groups:
             try:
                 found.append(self._known_window(self._primary(group)))
-            except _Refused as why:
+            except Refused as why:
                 found.append(str(why))
         missing = [k for k, known in enumerate(found) if known is None]
-        for k, window in zip(missing, self._windows([self._primary(groups[k])
+        for k, window in zip(missing, self.windows.of_sites([self._primary(groups[k])
                                                      for k in missing])):
-            found[k] = window if isinstance(window, str) else (window, _UNKNOWN)
+            found[k] = window if isinstance(window, str) else (window, UNKNOWN)
         return found
 
     def _window_clear_of_taken(self, plan: Plan, previous: Optional[Plan]) -> Optional[Plan]:
@@ -1301,9 +444,9 @@ class Planner:
         None or why), or (None, None) if there is none."""
         try:
             retried = self._group_window(sites, avoid_taken=True)
-        except _Refused:
+        except Refused:
             return None, None
-        return retried, self._branch_into(retried, self._taken_addresses([retried]))
+        return retried, self.safety.branch_into(retried, self.safety.taken_in_windows([retried]))
 
     def _merge(self, a: Plan, b: Plan, taken: Dict[int, list]) -> Optional[Plan]:
         """One window for two overlapping ones (an entry and a return probe of a short
@@ -1316,13 +459,13 @@ class Planner:
             return None  # a borrowed padding that b's instructions would follow
         window = Window(a.window.address, max(a.window.end, b.window.end) - a.window.address,
                         insns)
-        targets = self._near_targets(self._holding(a.site))
+        targets = self.safety.near_targets(self.model.holding(a.site))
         if any(window.address < t < window.end for t in targets):
             return None
-        if self._landing_pad_in(window.address, window.end, insns):
+        if self.safety.landing_pad_in(window.address, window.end, insns):
             return None
-        if b.window.address != a.window.address and self._taken_reason(
-                self.taken_index.find([b.window.address]), b.window.address):
+        if b.window.address != a.window.address and self.safety.taken_reason(
+                self.model.taken_index.find([b.window.address]), b.window.address):
             return None  # b's first byte is no longer a window start (merges are rare)
         points = {}
         for point in a.points + b.points:
@@ -1335,1063 +478,18 @@ class Planner:
             points[point.address] = point
         return Plan(window, tuple(points[k] for k in sorted(points)))
 
-    def _window(self, site: Site, size: Optional[int] = None, avoid_taken: bool = False) -> Plan:
-        """The window a jump of `size` bytes (the backend's jump by default) needs.
-        `avoid_taken`: an inner site's window also keeps clear of taken addresses."""
-        size = size or self.backend.patch_size
-        if not site.at_entry:
-            return self._inner_window(site, size, avoid_taken)
-        fn = site.function
-        if not fn.size:
-            raise _Refused("its size is unknown (no symbol size and no .eh_frame entry)")
-        found = self._searched_entry(site, size)
-        if found is not None:
-            return found
-        insns = self.head(fn, size)
-        if not insns:
-            raise _Refused("its first instruction cannot be decoded")
-        start = site.address + self.backend.landing_pad_size(insns[0])
-        chosen = []
-        for insn in insns:
-            if insn.address < start:
-                continue
-            if not chosen and insn.address != start:
-                raise _Refused("its instructions cannot be decoded")
-            chosen.append(insn)
-            if insn.end - start >= size:
-                break
-        if not chosen:
-            raise _Refused("its instructions cannot be decoded")
-        covered = chosen[-1].end
-        if covered - start < size:
-            if covered < fn.end:
-                raise _Refused(f"its instructions cannot be decoded past {covered:#x}")
-            covered = self._borrow_padding(fn, start, covered, size)
-        window = Window(start, covered - start, self._displaced(chosen))
-        return Plan(window, (ProbePoint(start, (site,), self.backend.flags_live_at_entry()),))
 
-    def _searched_entry(self, site: Site, size: int) -> Optional[Plan]:
-        """_window()'s plan at a function's entry where the compiled search finds it
-        (as _searched_window()); None where it is left to the Python planner."""
-        search = self._sweep_search()
-        fn = site.function
-        k = self._index_of(fn)
-        if search is None or k is None:
-            return None
-        pad = self._entry_pad(fn)
-        if pad is None:
-            return None
-        found = search.entry(site.address, k, size, self._padding_end, pad)
-        if found is None:
-            return None
-        first, last, end, read = found
-        try:
-            displaced = self._displaced(self._read_window(fn, first, last, read))
-        except _Refused:  # (the Python planner refuses in its own words)
-            return None
-        start = site.address + pad
-        return Plan(Window(start, end - start, displaced),
-                    (ProbePoint(start, (site,), self.backend.flags_live_at_entry()),))
 
-    def _displaced(self, insns) -> tuple:
-        """`insns` (from the quick sweep), once every one is known to run from a
-        trampoline; else the reason it cannot. Plans keep these light instructions
-        (a detailed one holds its decoder's whole record, and a big file has 100,000s
-        of windows): the code that moves them decodes them in detail (detailed())."""
-        start, end = insns[0].address, insns[-1].end
-        last = len(insns) - 1
-        # (what the quick decode tells of those relocation_problem() asks in detail)
-        problems = [self.backend.quick_relocation_problem(insn, k == last, self._shadow_stack)
-                    for k, insn in enumerate(insns) if self.backend.needs_detail(insn)]
-        if None in problems:
-            problem = self._in_detail(insns)[1]
-            if problem:
-                raise _Refused(problem)
-            return tuple(insns)
-        # (the decoder that moves them must see the very instructions the sweep saw:
-        # where two decoders disagree, as on the length of a ud1, nothing is moved)
-        if self._instruction_ends(self.elf.read(start, end - start)) != \
-                [i.end - start for i in insns]:
-            raise _Refused(f"its instructions at {start:#x} decode differently in detail")
-        problem = next((p for p, in problems if p), None)
-        if problem:
-            raise _Refused(f"cannot relocate {problem}")
-        return tuple(insns)
 
-    def _read_window(self, fn: Function, first: int, last: int, read: tuple) -> list:
-        """Rows `first` to `last` of the function's sweep, found by the compiled search,
-        read as rows() reads them and what the Python planner reads with them (`read`,
-        what SweepSearch.rows_read gives: its first row, the edges, the marked, the
-        direct targets); _Refused where rows() would refuse them."""
-        if fn.address in self._decoded:  # (decoded whole: rows() gives those instructions)
-            return self.rows(fn, first, last + 1)
-        lo, edges, marked, direct = read
-        return self._insns(edges, marked, dict(direct) if direct else {})[first - lo:last - lo + 1]
 
-    def _in_detail(self, insns) -> tuple:
-        """(`insns` decoded in detail, why they cannot run from a trampoline or None)."""
-        start, end = insns[0].address, insns[-1].end
-        detailed = self.backend.decode(self.elf.read(start, end - start), start, detail=True)
-        if [(i.address, i.size) for i in detailed] != [(i.address, i.size) for i in insns]:
-            return detailed, f"its instructions at {start:#x} decode differently in detail"
-        for k, insn in enumerate(detailed):
-            problem = self.backend.relocation_problem(insn, k == len(detailed) - 1,
-                                                      self._shadow_stack)
-            if problem:
-                return detailed, f"cannot relocate {problem}"
-        return detailed, None
 
-    def detailed(self, plan: Plan) -> Plan:
-        """The plan with the instructions of its windows (its own, and the neighbour
-        it moves away) decoded in detail, for the code that moves them. (Done when
-        the trampolines are made, on every core: node, every function: 6.7 s.)"""
-        window = self._detailed_window(plan.window)
-        hop, pun = plan.hop, plan.pun
-        if hop is not None and hop.evicted is not None:
-            hop = replace(hop, evicted=self._detailed_window(hop.evicted))
-        if pun is not None and pun.successor is not None:
-            pun = replace(pun, successor=self._detailed_window(pun.successor))
-        return Plan(window, plan.points, hop, pun)  # (replace() checks every field: slower)
 
-    def _detailed_window(self, window: Window) -> Window:
-        if not window.insns:
-            return window
-        start, end = window.insns[0].address, window.insns[-1].end
-        code = self.elf.read(start, end - start)
-        verbatim = self._moves_verbatim(code, window.insns)
-        if verbatim:  # copied as they are: their bytes (and names, which say a return)
-            return Window(window.address, window.size, tuple(
-                Insn(start + at, end - at, mnemonic, op_str, code[at:end])
-                for at, end, mnemonic, op_str in verbatim))
-        detailed, problem = self._in_detail(window.insns)
-        if problem:  # (planning checked each window as _displaced() does: never met)
-            raise UrewriteError(f"internal error: the window at {window.address:#x} was "
-                                f"planned, yet {problem}")
-        return Window(window.address, window.size, tuple(detailed))
 
-    def _moves_verbatim(self, code: bytes, insns) -> Optional[list]:
-        """Where `insns`, the instructions of `code`, lie in it and what they are named
-        ((start, end, mnemonic, op_str) each), if every one runs from any address as it
-        is (Backend.moves_verbatim) as the quick decoder finds them there; else None.
-        Kept per byte string, as _instruction_ends."""
-        found = self._verbatim.get(code)
-        if found is None:
-            quick = self.backend.decode(code, 0)
-            found = self._verbatim[code] = [
-                (i.address, i.end, i.mnemonic, i.op_str) for i in quick] \
-                if all(map(self.backend.moves_verbatim, quick)) else []
-        if not found or [end for _, end, _, _ in found] != \
-                [i.end - insns[0].address for i in insns]:
-            return None
-        return found
 
-    def _learn_lengths(self, codes: List[bytes]) -> None:
-        """_instruction_ends() of many byte strings at once, those not known yet: one
-        decode of them all, one after another (node: 27,000 different windows in each
-        process, 30 µs a decode). A string where that decode has an instruction start
-        and one end has the ends it would have alone: instructions decode from their
-        first byte on. The others (an instruction across its end, a decode that stops
-        before it) are decoded alone when asked."""
-        new = [code for code in dict.fromkeys(codes) if code not in self._lengths]
-        starts = list(itertools.accumulate(map(len, new), initial=0))
-        i = 0
-        while i + 1 < len(new):  # (from the first string left, each time the decode stops)
-            bounds = self.backend.boundaries(b"".join(new[i:]), starts[i])
-            while i < len(new) and starts[i + 1] <= bounds[-1]:
-                k = bisect.bisect_left(bounds, starts[i])
-                j = bisect.bisect_left(bounds, starts[i + 1], k)
-                if bounds[k] == starts[i] and bounds[j] == starts[i + 1]:
-                    self._lengths[new[i]] = [b - starts[i] for b in bounds[k + 1:j + 1]]
-                i += 1
-            i += 1  # (the one it stopped in: decoded alone when asked)
 
-    def _instruction_ends(self, code: bytes) -> list:
-        """Where the decoder that moves instructions ends each one in `code`, from its
-        start. Kept per byte string: where instructions lie does not change their
-        lengths, and most windows hold code met before (node: 163,000 windows, 23,000
-        different)."""
-        ends = self._lengths.get(code)
-        if ends is None:
-            ends = self._lengths[code] = self.backend.boundaries(code, 0)[1:]
-        return ends
 
-    MAX_LOOK_BACK = 24  # bytes a window may start before an inner site
 
-    def _inner_window(self, site: Site, size: int, avoid_taken: bool = False) -> Plan:
-        """A window around a site inside a function (USDT, address, exit).
 
-        Tried in order: starting at the site, then one more instruction before it
-        each time. Windows with a known branch target inside, or an instruction
-        that cannot move, are skipped; the first that fits wins. With `avoid_taken`,
-        so are windows with a taken address inside (the scans are asked only then:
-        the first window rarely has one, and _plan_sites checks every window).
-        """
-        found = self._searched_window(site, size) if not avoid_taken else None
-        if found is not None:
-            return found
-        fn = self._holding(site)
-        if not fn.size:
-            raise _Refused("it lies in no function of known size")
-        sweep = self.sweep(fn)
-        # the instructions any window may hold: from MAX_LOOK_BACK before the site to
-        # the first that starts a jump's size after it (or the function's end)
-        at, first_row, end_row = sweep.edges.searchsorted(
-            (site.address, site.address - self.MAX_LOOK_BACK, site.address + size)).tolist()
-        if at >= len(sweep) or sweep.edges[at] != site.address:
-            raise _Refused(f"{site.address:#x} is not the start of an instruction")
-        end_row = min(end_row + 1, len(sweep))
-        insns, index = self.rows(fn, at, end_row), 0
-        reason = "too few instructions follow it for a jump"
-        alone = self._unknown_targets(site, fn)
-        for back in range(at - first_row + 1):
-            if back == 1:  # (the instructions before the site: decoded once needed)
-                insns, index = self.rows(fn, first_row, at) + insns, at - first_row
-            first = index - back
-            start = insns[first].address
-            if site.address - start > self.MAX_LOOK_BACK or alone and first < index:
-                break
-            last = index  # the window always holds the site's own instruction
-            while last < len(insns) and insns[last].end - start < size:
-                last += 1
-            if alone and index < last < len(insns):
-                reason = (f"{alone}: a window may hold its own instruction only, and that is "
-                          f"{insns[index].size} bytes long, too short for a {size}-byte jump")
-                break
-            if last < len(insns):
-                end = insns[last].end
-            else:  # the function ends first: borrow the padding after it, if any
-                last = len(insns) - 1
-                try:
-                    end = self._borrow_padding(fn, start, insns[last].end, size)
-                except _Refused as why:
-                    reason = str(why)
-                    continue
-            # (this and the landing pads below: what _branch_into(inner_window=True)
-            # leaves out; _near_targets() holds the targets it would look at)
-            inside = [t for t in self._near_targets(fn) if start < t < end] \
-                if self._targets_between(start, end) and \
-                self._near_target_between(fn, start, end) else []
-            if inside:
-                reason = f"a branch lands at {inside[0]:#x}, inside every window around it"
-                continue
-            if avoid_taken:
-                why = self._taken_inside(start, end)
-                if why:
-                    reason = f"{why[1]} may lead to {why[0]:#x}, inside every window around it"
-                    continue
-            pad = self._landing_pad_in(start, end, insns[first:last + 1])
-            if pad:
-                reason = f"{pad}, inside every window around it"
-                continue
-            try:
-                displaced = self._displaced(insns[first:last + 1])
-            except _Refused as why:
-                reason = str(why)
-                continue
-            window = Window(start, end - start, displaced)
-            # at a return or tail call the flags carry nothing (SysV ABI), as at an entry;
-            # a conditional tail call is counted on its taken edge, into the callee; an
-            # indirect jump may stay in the function, flags and all
-            flags_live = site.kind != KIND_RETURN or bool(site.stays_within)
-            return Plan(window, (ProbePoint(site.address, (site,), flags_live,
-                                            self._counts_when_taken(site),
-                                            site.stays_within),))
-        raise _Refused(reason)
 
-    def _searched_window(self, site: Site, size: int) -> Optional[Plan]:
-        """_inner_window()'s plan where the compiled search (sweep_search.py) finds
-        its window, read as the Python search reads it: the same rows, the same checks
-        of the instructions that move; None where it is left to the Python search."""
-        search = self._sweep_search()
-        if search is None:
-            return None
-        k = self._holding_index(site)
-        fn = self.functions[k] if k is not None else None
-        if fn is None or not fn.size or self._unknown_targets(site, fn):
-            return None
-        found = search.inner(site.address, k, size, self._padding_end)
-        while True:
-            if found is None:
-                return None
-            first, last, end, read = found
-            try:
-                window = self._read_window(fn, first, last, read)
-            except _Refused:
-                return None  # (the Python search refuses so, in its own words)
-            try:
-                displaced = self._displaced(window)
-                break
-            except _Refused:  # (as the Python search does: on to the next window)
-                found = search.inner(site.address, k, size, self._padding_end, first)
-        start = displaced[0].address
-        flags_live = site.kind != KIND_RETURN or bool(site.stays_within)  # (as below)
-        return Plan(Window(start, end - start, displaced),
-                    (ProbePoint(site.address, (site,), flags_live, self._counts_when_taken(site),
-                                site.stays_within),))
 
-    def _windows(self, sites: List[Site]) -> list:
-        """_window(site) of each site (its Plan, or why not: the _Refused's text). The
-        windows that the compiled search finds are asked of it all at once
-        (SweepSearch.inner_batch, entry_batch) and read as _searched_window() and
-        _searched_entry() read them, their marked rows made by _made_rows(); the rest
-        one by one, as before (node: 117,000 exit windows and 78,000 entries, about
-        50 µs each that way)."""
-        found: list = [None] * len(sites)
-        search = self._sweep_search()
-        inner, entries = [], []  # (index in sites, function's index, landing pad's size)
-        for j, site in enumerate(sites if search is not None else ()):
-            if site.at_entry:
-                fn = site.function
-                k = self._index_of(fn)
-                pad = self._entry_pad(fn) if fn.size and fn.address not in self._decoded \
-                    and k is not None else None
-                if pad is not None:
-                    entries.append((j, k, pad))
-                continue
-            k = self._holding_index(site)
-            if k is not None:
-                fn = self.functions[k]
-                if fn.size and fn.address not in self._decoded and \
-                        not self._unknown_targets(site, fn):
-                    inner.append((j, k, 0))
 
-        def column(asked: list, values) -> bytes:
-            return np.fromiter(values, np.int64, len(asked)).tobytes()
-
-        size = self.backend.patch_size
-        if inner:
-            self._read_batch(sites, inner, *search.inner_batch(
-                column(inner, (sites[j].address for j, _, _ in inner)),
-                column(inner, (k for _, k, _ in inner)), size, self._padding_end), found)
-        if entries:
-            self._read_batch(sites, entries, *search.entry_batch(
-                column(entries, (sites[j].address for j, _, _ in entries)),
-                column(entries, (k for _, k, _ in entries)),
-                column(entries, (pad for _, _, pad in entries)), size, self._padding_end), found)
-        for j, site in enumerate(sites):
-            if found[j] is None:
-                try:
-                    found[j] = self._window(site)
-                except _Refused as why:  # (its text: the exception would hold this frame)
-                    found[j] = str(why)
-        return found
-
-    def _entry_pad(self, fn: Function) -> Optional[int]:
-        """The size of the landing pad at a function's entry (its first row, where the
-        sweep marks it, decoded alone, kept per byte string); None where that does not
-        decode as swept (the Python planner then decides)."""
-        sweep = self.sweep(fn)
-        if sweep.marked[:1].tolist() != [0]:
-            return 0
-        start, end = sweep.edges[:2].tolist()
-        code = self.elf.read(start, end - start)
-        known = self._decoded_alone_as(code)
-        return self.backend.landing_pad_size(known) if known else None
-
-    def _read_batch(self, sites: List[Site], asked: list, windows: bytes, rows: bytes,
-                    found: list) -> None:
-        """Into `found`, the plans of the windows a batch of the compiled search gives
-        (inner_batch, entry_batch: `asked`, (index in sites, function, landing pad) of
-        each) whose rows it gives, where their instructions move."""
-        rows = np.frombuffer(rows, np.int64).tolist()
-        at, made_all = 0, []  # (index in sites, the window's end, its instructions)
-        for (j, _, _), (first, last, end, made) in zip(
-                asked, np.frombuffer(windows, np.int64).reshape(-1, 4).tolist()):
-            if made != 1:
-                continue
-            n, m = rows[at], rows[at + 1]
-            insns = self._made_rows(rows, at + 2, n)
-            others = at + 3 + 3 * n
-            at = others + 4 * m
-            if insns is not None and all(
-                    self._made_rows(rows[i:i + 4], 0, 1) for i in range(others, at, 4)):
-                made_all.append((j, end, insns))
-        self._learn_lengths([self.elf.read(insns[0].address, insns[-1].end - insns[0].address)
-                             for _, _, insns in made_all])
-        for j, end, insns in made_all:
-            try:
-                displaced = self._displaced(insns)
-            except _Refused:
-                continue  # (an inner site's search goes on from there: asked alone)
-            site, start = sites[j], insns[0].address
-            if site.at_entry:  # (as _searched_entry)
-                point = ProbePoint(start, (site,), self.backend.flags_live_at_entry())
-            else:  # (as _searched_window)
-                point = ProbePoint(site.address, (site,),
-                                   site.kind != KIND_RETURN or bool(site.stays_within),
-                                   self._counts_when_taken(site), site.stays_within)
-            found[j] = Plan(Window(start, end - start, displaced), (point,))
-
-    def _made_rows(self, rows: list, at: int, count: int) -> Optional[list]:
-        """The instructions of `count` rows from rows[at] (SweepSearch.inner_batch's:
-        first byte, what it is, target of each, then the last one's end) as _insns()
-        makes them; None where _insns() would refuse them (one decodes differently)."""
-        insns = []
-        for i in range(at, at + 3 * count, 3):
-            address, made, target, end = rows[i], rows[i + 1], rows[i + 2], rows[i + 3]
-            if made == 0:
-                insns.append(Insn(address, end - address, "", "", b""))
-                continue
-            code = self.elf.read(address, end - address)
-            insn = None
-            if made == 2:
-                insn = self.backend.direct_branch(code, address, target)
-            elif made != 4:  # a return or a landing pad: what it decodes to depends on its
-                known = self._decoded_alone_as(code)  # bytes alone (kept per byte string)
-                insn = known and (made == 1 or self.backend.landing_pad_size(known)) and \
-                    Insn(address, known.size, known.mnemonic, known.op_str, b"")
-            if not insn:  # (an indirect call or jump: decoded where it lies, as _insns()
-                # decodes it, alone or in a run of marked rows: each decodes from its
-                # first byte on, and one that does not end where the sweep says is refused)
-                decoded = self.backend.decode(code, address)
-                if len(decoded) != 1 or decoded[0].size != len(code):
-                    return None
-                insn = decoded[0]
-            insns.append(insn)
-        return insns
-
-    def _decoded_alone_as(self, code: bytes):
-        """`code` decoded (at 0) as one instruction, kept per byte string; None where it
-        decodes otherwise. Its text is the instruction's wherever it lies only where it
-        names no address (returns, landing pads: the rows _made_rows() decodes)."""
-        known = self._decoded_alone.get(code, ())
-        if known == ():
-            decoded = self.backend.decode(code, 0)
-            known = self._decoded_alone[code] = \
-                decoded[0] if len(decoded) == 1 and decoded[0].size == len(code) else None
-        return known
-
-    def _unknown_targets(self, site: Site, fn: Function) -> Optional[str]:
-        """Why branches may land on any instruction near an inner site, or None: the
-        function holding it (or the function it is an exit of) has an indirect jump that
-        is no recovered table, and it computes an address that could be the base of
-        offsets to its cases: one inside the function (glibc's vfprintf adds offsets to
-        a label's address), or of data whose first 4 bytes, read as an offset from
-        there, lead into it (a table of offsets the recovery did not recognise). Tables
-        of addresses are seen by the scans for taken addresses; a jump through a
-        pointer to another function (a vtable's) computes no such base. A window there
-        holds the site's instruction alone; hops and punned jumps keep to that."""
-        # (kept per function asked of: node's 117,000 exit windows ask 78,000 functions)
-        key = -site.function.address - 1 if site.kind == KIND_RETURN else fn.address
-        if key not in self._unknown_known:
-            self._unknown_known[key] = self._unknown_cases(
-                self._parts(site.function) if site.kind == KIND_RETURN else [fn])
-        return self._unknown_known[key]
-
-    def _unknown_cases(self, functions: List[Function]) -> Optional[str]:
-        """Why any instruction of `functions[0]` may be a case of a table not recognised
-        (see _unknown_targets): an indirect jump of one of `functions` that is no
-        recovered table, and a base of offsets into the first one's parts; or None."""
-        jump = next((j for j in map(self._indirect_jump, functions) if j is not None), None)
-        if jump is None:
-            return None
-        base = self._case_base(self._parts(functions[0]))  # (cases may lie in a part)
-        if base is None:
-            return None
-        return (f"the indirect jump at {jump:#x} may go to any instruction of its function "
-                f"(by offsets from {base:#x})")
-
-    def _case_base(self, parts: List[Function]) -> Optional[int]:
-        """The first address the parts compute that lies in them, or whose first 4 bytes,
-        a signed offset from there, lead into them; or None."""
-        key = parts[0].address
-        if key not in self._offset_tables:
-            found = None
-            for part in parts:
-                computed = self._computed.get(part.address)
-                if computed is None:
-                    computed = self.backend.computed_addresses(self._code(part), part.address)
-                for base in computed:
-                    at = self.elf.offset_of(base, 4)
-                    target = base + int.from_bytes(self.elf.data[at:at + 4], "little",
-                                                   signed=True) if at is not None else base
-                    if any(p.address <= t < p.end for p in parts for t in (base, target)):
-                        found = base
-                        break
-                if found is not None:
-                    break
-            self._offset_tables[key] = found
-        return self._offset_tables[key]
-
-    def _holding(self, site: Site) -> Function:
-        """The function (or .cold part) whose code holds the site."""
-        k = self._holding_index(site)
-        return self.functions[k] if k is not None else site.function
-
-    def _holding_index(self, site: Site) -> Optional[int]:
-        """Where the function (or .cold part) whose code holds the site is in
-        self.functions: the site's own function if none of them holds it; None if that
-        is not there either."""
-        k = bisect.bisect_right(self._starts, site.address) - 1
-        if k >= 0 and self.functions[k].address <= site.address < self.functions[k].end:
-            return k
-        return self._index_of(site.function)
-
-    def _near_targets(self, fn: Function) -> Set[int]:
-        """Where the branches of the function and of its neighbours land (kept for the
-        last function asked: its windows are planned one after another)."""
-        if self._near_cache[0] != fn.address:
-            targets = set(self._parent_case_labels(fn))
-            for near in self._near_functions(Window(fn.address, fn.size, ())):
-                targets.update(self.branch_targets(near))
-            self._near_cache = (fn.address, targets, sorted(targets))
-        return self._near_cache[1]
-
-    def _near_target_between(self, fn: Function, start: int, end: int) -> bool:
-        """Whether one of _near_targets(fn) lies in (start, end)."""
-        self._near_targets(fn)
-        ordered = self._near_cache[2]
-        k = bisect.bisect_right(ordered, start)
-        return k < len(ordered) and ordered[k] < end
-
-    def _parent_case_labels(self, fn: Function) -> Dict[int, int]:
-        """Case labels that the jump tables of the function a named part (f.cold) was
-        split off from put in it: that function may lie beyond rel8 reach."""
-        if ".cold" not in fn.name:
-            return {}
-        if self._by_name is None:
-            self._by_name = {f.name: f for f in self.functions}
-        parent = self._by_name.get(fn.name.split(".cold")[0])
-        if parent is None:
-            return {}
-        return {target: table.jump for table in self.jump_tables(parent).values()
-                for target in table.targets if fn.address <= target < fn.end}
-
-    def _borrow_padding(self, fn: Function, start: int, fn_end: int, size: int) -> int:
-        """Extend a window past a short function into the padding that follows it:
-        alignment padding in its section, then the zero bytes between sections."""
-        need = start + size
-        section = self.elf.section_at(fn.address)
-        gap_end = self._gap_after(section) if section is not None else 0
-        if section is None or need > max(section.end, gap_end):
-            raise _Refused(f"it is {fn_end - start} bytes long, too short for a "
-                           f"{size}-byte jump, and no padding follows it")
-        k = bisect.bisect_right(self._starts, fn_end - 1)
-        if k < len(self._starts) and self._starts[k] < need:
-            raise _Refused(f"it is {fn_end - start} bytes long, too short for a "
-                           f"{size}-byte jump, and the next function "
-                           f"follows without padding")
-        # the padding instructions up to the next function (or the section's end); where
-        # they stop short of `need`, at what is no padding or does not decode there,
-        # the code after them is decoded for a closer look
-        limit = min(self._starts[k], section.end) if k < len(self._starts) else section.end
-        ends = self._padding_run(self.elf.read(fn_end, limit - fn_end))
-        at = fn_end + next((end for end in ends if end >= need - fn_end),
-                           ends[-1] if ends else 0)
-        if at >= need or at == limit:
-            padding = []
-        else:  # (the padding up to `need`, and the rest of an instruction that straddles it)
-            padding = self.backend.decode(self.elf.read(fn_end, min(need - fn_end + 15,
-                                                                    section.end - fn_end)),
-                                          fn_end)
-            at = fn_end
-        for insn in padding:
-            if at >= need:
-                break
-            if not self.backend.is_padding(insn):
-                raise _Refused(f"it is {fn_end - start} bytes long, too short for a "
-                               f"{size}-byte jump, and what follows "
-                               f"is not padding ('{insn}')")
-            at = insn.end
-        if at < need and at == section.end and need <= gap_end:
-            return need  # nothing runs here: no instruction to return to in the gap
-        next_start = self._starts[k] if k < len(self._starts) else section.end
-        if at < need or at > next_start:
-            raise _Refused(f"it is {fn_end - start} bytes long and the padding after it "
-                           f"is too short")
-        return at  # whole padding instructions, so the trampoline can jump back to `at`
-
-    def _padding_end(self, k: int, start: int, fn_end: int, size: int) -> int:
-        """_borrow_padding() for function k, -1 where it refuses (sweep_search.py)."""
-        try:
-            return self._borrow_padding(self.functions[k], start, fn_end, size)
-        except _Refused:
-            return -1
-
-    def _padding_run(self, code: bytes) -> list:
-        """free_space.padding_ends(), kept per byte string: the gaps after functions are
-        alike (node: 43,000 windows borrow one)."""
-        ends = self._padding_runs.get(code)
-        if ends is None:
-            ends = self._padding_runs[code] = free_space.padding_ends(self.backend, code)
-        return ends
-
-    def _gap_after(self, section) -> int:
-        """Where the zero bytes the linker left after a section, in the same segment,
-        end (the section's end when there are none). Code in no section runs only if
-        something branches there, and the window checks see every branch."""
-        if section.addr not in self._gaps:
-            self._gaps[section.addr] = self._find_gap_after(section)
-        return self._gaps[section.addr]
-
-    def _find_gap_after(self, section) -> int:
-        following = [s.addr for s in self.elf.sections if s.addr >= section.end and s.flags & 2]
-        gap_end = min(following, default=section.end)  # 2: SHF_ALLOC
-        if gap_end == section.end or self.elf.offset_of(section.end, gap_end - section.end) \
-                != section.offset + section.size:
-            return section.end
-        gap = self.elf.read(section.end, gap_end - section.end)
-        return section.end if gap.strip(b"\0") else gap_end
-
-    # -- tactics for tight sites: a short hop to a landing nearby --------------------
-    MAX_EVICTION_CANDIDATES = 8  # neighbour windows looked at per hop
-
-    def _hop_tight_sites(self, outcomes: List[Outcome]) -> List[Outcome]:
-        """Each site the plain jump refused, tried again with a hop: a window of
-        whole instructions of the hop's size, patched with a short jump to a landing
-        of the jump's size within its reach, in padding (free_space.py) or, failing
-        that, in the bytes an evicted neighbour window frees after its own jump.
-        Landings and evicted windows follow the rules of windows: whole
-        instructions, nothing targets their bytes, no overlap with another window."""
-        refusals = [o for o in outcomes if isinstance(o, Refusal)]
-        if not refusals:
-            return outcomes
-        # (no landing or evicted window in copied code either)
-        windows = [o.window for o in outcomes if isinstance(o, Plan)]
-        used = Occupancy.of([c.start for c in self.copied] + [w.address for w in windows],
-                            [c.end for c in self.copied] + [w.end for w in windows])
-        tried = []  # (refusals, hop window plan or the reason there is none)
-        for group in self._by_address(refusals, lambda refusal: refusal.site):
-            try:
-                tried.append((group, self._group_window([r.site for r in group],
-                                                        self.backend.hop_size)))
-            except _Refused as why:
-                tried.append((group, str(why)))
-        plans = [p for _, p in tried if isinstance(p, Plan)]
-        gaps = self._padding_gaps(plans)
-        # window interiors, and every byte a landing may take
-        wanted = {a for p in plans for a in range(p.window.address + 1, p.window.end)}
-        wanted |= {a for start, end in gaps for a in range(start, end)}
-        taken = self.taken_index.find(wanted)
-        tried = self._merge_overlaps(tried, taken)
-
-        hopped: Dict[int, Plan] = {}
-        reasons: Dict[int, str] = {}
-        for group, plan in tried:
-            if isinstance(plan, str):
-                continue
-            reason = self._branch_into(plan, taken)
-            if reason is None and not used.is_free(plan.window.address, plan.window.end):
-                reason = "its window overlaps another window"
-            if reason:
-                reasons[plan.window.address] = reason
-                continue
-            landing = self._landing_in_padding(plan.window, gaps, used, taken) \
-                if "hop" in self.tactics else None
-            if landing is not None:
-                used.take(plan.window.address, plan.window.end)
-                used.take(landing, landing + self.backend.patch_size)
-                hopped[plan.window.address] = replace(plan, hop=Hop(landing))
-        # the rest: evict a neighbour window to free a landing
-        waiting = [p for _, p in tried if isinstance(p, Plan)
-                   and p.window.address not in hopped and p.window.address not in reasons]
-        candidates = {p.window.address: self._eviction_candidates(p.window, used)
-                      if "evict" in self.tactics else [] for p in waiting}
-        wanted = {a for found in candidates.values() for w in found
-                  for a in range(w.address + 1, w.end)}
-        taken = self.taken_index.find(wanted) if wanted else {}
-        for plan in waiting:
-            if not used.is_free(plan.window.address, plan.window.end):
-                reasons[plan.window.address] = "its window overlaps another window"
-                continue
-            evicted = self._evict(candidates[plan.window.address], plan.window, used, taken)
-            if evicted is None:
-                reasons[plan.window.address] = (
-                    f"no {self.backend.patch_size} free bytes within its reach, in padding "
-                    f"or after a neighbour window that could move")
-                continue
-            landing = evicted.address + self.backend.patch_size
-            used.take(plan.window.address, plan.window.end)
-            used.take(evicted.address, evicted.end)
-            hopped[plan.window.address] = replace(plan, hop=Hop(landing, evicted))
-
-        result = [o for o in outcomes if isinstance(o, Plan)]
-        for group, plan in tried:
-            if isinstance(plan, Plan) and plan.window.address in hopped:
-                result.append(hopped[plan.window.address])
-                continue
-            why = plan if isinstance(plan, str) else reasons[plan.window.address]
-            punned = self._pun([r.site for r in group], used) \
-                if "pun" in self.tactics and self.backend.puns else None
-            if isinstance(punned, Plan):
-                result.append(punned)
-                continue
-            for r in group:
-                tried_so = [("jump", r.reason), ("hop", why)] + ([("pun", punned)] if punned else [])
-                result.append(Refusal(r.site, r.reason if {w for _, w in tried_so} == {r.reason}
-                                      else "; ".join(f"{t}: {w}" for t, w in tried_so)))
-        result.sort(key=lambda o: o.window.address if isinstance(o, Plan) else o.site.address)
-        return result
-
-    def _pun(self, sites: List[Site], used: Occupancy) -> Union[Plan, str, None]:
-        """A punned jump for sites no other tactic could patch: a window of just their
-        instruction, shorter than the jump, whose last bytes are the bytes after it, so
-        that these must stay as they are (no window or landing over them), and the
-        stub where those bytes make it go must be free, above the new code and state,
-        and within the stub's reach of the trampoline. The plan, or why not."""
-        try:
-            plan = self._group_window(sites, 1)
-        except _Refused as why:
-            return str(why)
-        window, size = plan.window, self.backend.patch_size
-        if window.size >= size:
-            return None  # the plain jump was refused for a reason no pun lifts
-        if self._text_relocations is None:
-            self._text_relocations = self.elf.text_relocations
-        if self._text_relocations:
-            return "the file has text relocations: the bytes after it may change"
-        following = self.elf.offset_of(window.end, size)
-        if following is None or not used.is_free(window.address, window.end + size - 1):
-            return "the bytes after it are not kept as they are"
-        reason = self._branch_into(plan, self._taken_addresses([plan]))
-        if reason:
-            return reason
-        floor = self.stub_floor
-        found = self.backend.pun(window, self.elf.data[following:following + size],
-                                 self._stubs)
-        if found is None:
-            moved = self._successor(window, used)
-            if isinstance(moved, Window):
-                return self._pun_over_successor(plan, moved, used) or (
-                    f"the bytes after it make the jump go below the new code ({floor:#x}), "
-                    f"and no stubs were free for it and the instructions after it (within "
-                    f"the cap on pages of stubs)")
-            return (f"the bytes after it make the jump go below the new code ({floor:#x}), "
-                    f"onto another stub, or to a new page of stubs past the cap; and {moved}")
-        patch, stub, jump_size = found
-        used.take(window.address, window.address + jump_size)
-        self._stubs.take(stub)
-        return replace(plan, pun=Pun(patch, stub))
-
-    def _pun_over_successor(self, plan: Plan, moved: Window, used: Occupancy) -> Optional[Plan]:
-        """The punned jump of `plan`'s window ending in the jump that moves `moved` (the
-        instructions after it) away, both displacements chosen so that both go to free
-        stubs; None if no pair is free."""
-        found = self.backend.pun_over_successor(plan.window, self._stubs)
-        if found is None:
-            return None
-        patch, site_stub, successor_jump, stub = found
-        used.take(plan.window.address, moved.end)
-        self._stubs.take(site_stub)
-        self._stubs.take(stub)
-        return replace(plan, pun=Pun(patch, site_stub, moved, successor_jump, stub))
-
-    def _successor(self, window: Window, used: Occupancy) -> Union[Window, str]:
-        """The whole instructions right after `window` that a jump could replace, moved to a
-        trampoline of their own (as an evicted neighbour is): one function's, at least a
-        jump long, each relocatable, none a landing pad (endbr64), nothing aimed after the
-        first one's first byte; or why there are none."""
-        at, size = window.end, self.backend.patch_size
-        k = bisect.bisect_right(self._starts, at) - 1
-        fn = self.functions[k] if k >= 0 else None
-        if fn is None or not fn.address <= at < fn.end:
-            return "no function's code follows it, to move away"
-        insns, first = self._rows_from(fn, at, at + size)
-        if first is None:
-            return "no instruction starts right after it, to move away"
-        last = first
-        while last < len(insns) and insns[last].end - at < size:
-            last += 1
-        if last == len(insns):
-            return "the instructions after it end before a jump would"
-        chosen = insns[first:last + 1]
-        end = chosen[-1].end
-        if last > first and self._unknown_cases([fn]):
-            return "the instructions after it lie where any one may be a case of a table"
-        if not used.is_free(at, end) or any(self.backend.landing_pad_size(i) for i in chosen):
-            return "the instructions after it cannot move"
-        if self._near_target_between(fn, at, end):
-            return "a branch lands inside the instructions after it"
-        if self._taken_inside(at, end) or self._landing_pad_in(at, end, chosen):
-            return "a branch may land inside the instructions after it"
-        try:
-            return Window(at, end - at, self._displaced(chosen))
-        except _Refused as why:
-            return f"the instructions after it {why}"
-
-    def _rows_from(self, fn: Function, start: int, end: int) -> tuple:
-        """(instructions, k): the function's instructions from the first starting at or
-        after `start` to the one that holds `end` (or its last), each decoded where the
-        planner may read it (rows()); k the index of the one starting at `start`, or
-        None. Where those it decodes do not match the sweep, all the function's, decoded
-        (as instructions(): they then decide)."""
-        sweep = self.sweep(fn)
-        first = int(sweep.edges.searchsorted(start))
-        last = min(int(sweep.edges.searchsorted(end)) + 1, len(sweep))
-        try:
-            insns = self.rows(fn, first, last) if first < last else []
-        except _Refused:
-            insns = self.instructions(fn)
-            return insns, next((k for k, i in enumerate(insns) if i.address == start), None)
-        return insns, 0 if insns and insns[0].address == start else None
-
-    def _merge_overlaps(self, tried: list, taken: Dict[int, list]) -> list:
-        """Hop windows that overlap (the entry and the exit of a tiny function) become
-        one, as plain windows do; else the later one is refused."""
-        merged = []
-        for group, plan in tried:
-            if isinstance(plan, Plan):
-                before = next((k for k in range(len(merged) - 1, -1, -1)
-                               if isinstance(merged[k][1], Plan)), None)
-                if before is not None and plan.window.address < merged[before][1].window.end:
-                    union = self._merge(merged[before][1], plan, taken)
-                    if union is None:
-                        plan = "its window overlaps the window of the site before it"
-                    else:
-                        merged[before] = (merged[before][0] + group, union)
-                        continue
-            merged.append((group, plan))
-        return merged
-
-    def _padding_gaps(self, plans: List[Plan]) -> List[tuple]:
-        """The padding runs within reach of some hop window (only those are decoded)."""
-        if not plans:
-            return []
-        if self._symbol_starts is None:
-            values = elf_symbols.table(self.elf).values
-            self._symbol_starts = unique(values[values != 0].astype(np.int64))
-        return sorted(free_space.padding_gaps(
-            self.elf, self.backend, self.functions, self._last_instruction,
-            self._symbol_starts, [self.backend.hop_reach(p.window.address) for p in plans]))
-
-    def _last_instruction(self, fn: Function) -> Optional[Insn]:
-        """The last instruction of the function's sweep, decoded; None where the sweep
-        stops before the function's end or the decoder sees that instruction otherwise.
-        (free_space decoded the whole function for it: 0.3 s on node.)"""
-        sweep = self.sweep(fn)
-        if not len(sweep) or sweep.end != fn.end:
-            return None
-        start = int(sweep.edges[-2])
-        decoded = self.backend.decode(self.elf.read(start, fn.end - start), start)
-        return decoded[0] if len(decoded) == 1 and decoded[0].end == fn.end else None
-
-    def _landing_in_padding(self, window: Window, gaps, used: Occupancy,
-                            taken: Dict[int, list]) -> Optional[int]:
-        """The nearest free landing in padding within a hop's reach of `window`."""
-        lo, hi = self.backend.hop_reach(window.address)
-        size = self.backend.patch_size
-        spots = []
-        if self._gap_ends[0] is not gaps:  # (gaps are sorted and disjoint: so are their ends)
-            self._gap_ends = (gaps, [end for _, end in gaps])
-        k = bisect.bisect_left(self._gap_ends[1], lo + size)  # the first gap reaching lo
-        while k < len(gaps) and gaps[k][0] <= hi:
-            start, end = gaps[k]
-            for at in range(max(start, lo), min(end - size, hi) + 1):
-                spots.append((abs(at - window.address), at))
-            k += 1
-        for _, at in sorted(spots):
-            clear = at + size <= window.address or at >= window.end  # of the hop's own window
-            if clear and used.is_free(at, at + size) and \
-                    not any(self._taken_reason(taken, a) for a in range(at, at + size)) and \
-                    not self._direct_targets_in(at, at + size):
-                return at
-        return None
-
-    def _direct_targets_in(self, start: int, end: int) -> bool:
-        return any(start <= t < end for fn in self._near_functions(Window(start, end - start, ()))
-                   for t in self.branch_targets(fn))
-
-    def _eviction_candidates(self, window: Window, used: Occupancy) -> List[Window]:
-        """Neighbour windows whose bytes after a jump would hold a landing in a hop's
-        reach of `window`: whole instructions of one function, at least two jumps long,
-        that can run from a trampoline, with no known branch target inside and no
-        landing pad (endbr64) among them. Functions with an indirect jump other than a
-        recovered jump table are left alone: its targets are unknown."""
-        lo, hi = self.backend.hop_reach(window.address)
-        size = self.backend.patch_size
-        found = []
-        for fn in self._near_functions(window):
-            if self._has_indirect_jump(fn):
-                continue
-            insns, _ = self._rows_from(fn, lo - size, hi + size)
-            for k, first in enumerate(insns):
-                if not lo <= first.address + size <= hi:
-                    continue
-                last = k
-                while last < len(insns) and insns[last].end - first.address < 2 * size:
-                    last += 1
-                if last == len(insns):
-                    break
-                chosen = insns[k:last + 1]
-                end = chosen[-1].end
-                if not used.is_free(first.address, end) or \
-                        any(self.backend.landing_pad_size(i) for i in chosen):
-                    continue
-                if self._near_target_between(fn, first.address, end) or \
-                        self._landing_pad_in(first.address, end, chosen):
-                    continue
-                try:
-                    displaced = self._displaced(chosen)
-                except _Refused:
-                    continue
-                found.append(Window(first.address, end - first.address, displaced))
-                if len(found) >= self.MAX_EVICTION_CANDIDATES:
-                    return found
-        return found
-
-    def _evict(self, candidates: List[Window], window: Window, used: Occupancy,
-               taken: Dict[int, list]) -> Optional[Window]:
-        """The first candidate still free, clear of the hop's own window, that nothing
-        targets inside."""
-        for w in candidates:
-            if used.is_free(w.address, w.end) and (w.end <= window.address or
-                                                   w.address >= window.end) and \
-                    not any(self._taken_reason(taken, a) for a in range(w.address + 1, w.end)):
-                return w
-        return None
-
-    def _has_indirect_jump(self, fn: Function) -> bool:
-        """Whether the function has an indirect jump that is not a recovered jump table:
-        where it goes is unknown, maybe into a window we would make."""
-        return self._indirect_jump(fn) is not None
-
-    def _indirect_jump(self, fn: Function) -> Optional[int]:
-        """The address of the first indirect jump of the function that is not a recovered
-        jump table, or None."""
-        if fn.address not in self._unknown_jumps:
-            self.jump_tables(fn)  # (finds it)
-        return self._unknown_jumps[fn.address]
-
-    # -- branch targets ------------------------------------------------------------
-    def _taken_addresses(self, plans: List[Plan]) -> Dict[int, list]:
-        # window interiors, only where an instruction could start: nothing can be aimed
-        # anywhere else. (Not their starts: a function's entry is named by every call to
-        # it, and those matches took seconds to list. _merge asks of a start itself.)
-        step = self.backend.insn_alignment
-        first = np.fromiter((p.window.address + step for p in plans), np.int64, len(plans))
-        end = np.fromiter((p.window.end for p in plans), np.int64, len(plans))
-        counts = np.maximum((end - first + step - 1) // step, 0)  # (as many as range() has)
-        before = np.repeat(np.cumsum(counts) - counts, counts)  # (each one's first index)
-        return self.taken_index.find(np.repeat(first, counts) +
-                                     step * (np.arange(int(counts.sum())) - before))
-
-    def _taken_inside(self, start: int, end: int) -> Optional[tuple]:
-        """(address, what may take it) for the first taken address in (start, end), or
-        None: the scans asked for these addresses alone."""
-        taken = self.taken_index.find(np.arange(start + 1, end, dtype=np.int64))
-        return None if not taken else next(((a, why) for a in range(start + 1, end)
-                     for why in [self._taken_reason(taken, a)] if why), None)
-
-    def _taken_reason(self, taken: Dict[int, list], address: int) -> Optional[str]:
-        """What may take `address` (a match in data, or one in code that its instruction
-        confirms), or None. Checked only for addresses a window needs, once each."""
-        if address not in taken:
-            return None
-        if address not in self._taken_reasons:
-            self._taken_reasons[address] = next(
-                (m.describe() for m in taken[address] if self._counts(m, address)), None)
-        return self._taken_reasons[address]
-
-    def _counts(self, match: taken_addresses.Match, address: int) -> bool:
-        """Whether a match may really take `address`: a match in code must be confirmed
-        by its instruction; a plain constant in the data of a position-dependent file
-        that names the middle of an instruction is taken for what it most likely is,
-        data that looks like a code address ("ABC\0..." is 0x434241), when every
-        function holding it decodes whole; relocations always count."""
-        if match.source is not None:
-            return self._really_refers(match, address)
-        if match.kind != taken_addresses.CONSTANT:
-            return True
-        holders = self._holders(address)
-        return not holders or not all(self._inside_an_instruction(fn, address)
-                                      for fn in holders)
-
-    def _inside_an_instruction(self, fn: Function, address: int) -> bool:
-        """Whether `address` lies after the first byte of an instruction of the
-        function's linear sweep, the sweep decoding the whole function."""
-        sweep = self.sweep(fn)
-        if not len(sweep) or sweep.end != fn.end:
-            return False
-        k = sweep.index_holding(address)
-        return k is not None and sweep.edges[k] < address
-
-    def _near_functions(self, window: Window) -> List[Function]:
-        """Functions with code within rel8 reach of the window. Ranges may overlap (one
-        symbol inside another's), so the search starts at the first function whose end,
-        or an earlier one's, reaches that far."""
-        k = bisect.bisect_left(self._ends_so_far, window.address - NEAR_BRANCH_REACH)
-        near = []
-        while k < len(self.functions):
-            fn = self.functions[k]
-            if fn.address > window.end + NEAR_BRANCH_REACH:
-                break
-            if fn.end + NEAR_BRANCH_REACH >= window.address:
-                near.append(fn)
-            k += 1
-        return near
-
-    def _branch_into(self, plan: Plan, taken: Dict[int, list],
-                     inner_window: bool = False) -> Optional[str]:
-        """Why something may branch into the plan's window after its first byte: a taken
-        address (`taken`: _taken_addresses()), a branch target, a landing pad; or None.
-        `inner_window`: the window is _inner_window()'s as it was made, which keeps
-        clear of the last two, looking at every function near the one holding it: only
-        taken addresses are left to ask about, unless the window reaches past that
-        function's end (borrowed padding), nearer to others."""
-        lo, hi = plan.window.address + 1, plan.window.end
-        if not taken.keys().isdisjoint(range(lo, hi)):  # (most windows: none, asked in C)
-            for target in range(lo, hi):
-                why = target in taken and self._taken_reason(taken, target)
-                if why:
-                    return f"{why} may lead to {target:#x}, inside the displaced bytes"
-        holder = self._holding(plan.site)
-        if inner_window and plan.window.end <= holder.end:
-            return None
-        near = self._near_functions(plan.window) \
-            if self._targets_between(plan.window.address, plan.window.end) else []
-        for fn in near + [None]:
-            found = self.branch_targets(fn) if fn else self._parent_case_labels(holder)
-            for target, source in found.items():
-                if lo <= target < hi:
-                    branch = "the jump table of the jump" if fn is None or \
-                        source in self.jump_tables(fn) else "the branch"
-                    return (f"{branch} at {source:#x} lands at {target:#x}, "
-                            f"inside the displaced bytes")
-        pad = self._landing_pad_in(plan.window.address, plan.window.end, plan.window.insns)
-        if pad:
-            return f"{pad}, inside the displaced bytes"
-        return None
-
-    def _clear_of_branches(self, plans: List[Plan], taken: Dict[int, list]) -> list:
-        """Per plan, whether _branch_into(plan, taken) is sure to be None, found for all
-        at once with arrays: after the window's first byte, no address of `taken`, no
-        branch target of the file (once prepare() has seen them all: the near ones and
-        the cases are among them), and no landing pad nor unreadable range where
-        _landing_pad_in() would look. False: ask _branch_into() (node's entries: 15 µs
-        each, 78,000)."""
-        if self._all_targets is None or not plans:
-            return [False] * len(plans)
-        starts = np.fromiter((p.window.address for p in plans), np.int64, len(plans))
-        ends = starts + np.fromiter((p.window.size for p in plans), np.int64, len(plans))
-
-        def inside(values: np.ndarray) -> np.ndarray:  # some value v: start < v < end
-            if not len(values):
-                return np.zeros(len(starts), dtype=bool)
-            k = values.searchsorted(starts, side="right")
-            return (k < len(values)) & (values[np.minimum(k, len(values) - 1)] < ends)
-
-        asked = inside(np.sort(np.fromiter(taken, np.int64, len(taken)))) | \
-            inside(self._all_targets)
-        # (_landing_pad_in: a window of one instruction has no pad after its first byte)
-        lone = np.fromiter((len(p.window.insns) == 1 and p.window.insns[0].end >= p.window.end
-                            for p in plans), bool, len(plans))
-        if not (asked | lone).all():
-            pads = self.landing_pads()
-            padded = inside(np.array(pads.pads, dtype=np.int64))
-            for low, high, _ in pads.unreadable:  # (few; as LandingPads.unknown_inside)
-                padded |= (low < ends) & (starts + 1 < high)
-            asked |= padded & ~lone
-        return (~asked).tolist()
-
-    def _landing_pad_in(self, start: int, end: int, insns) -> Optional[str]:
-        """What makes (start, end) unsafe for the unwinder: a C++ landing pad after its
-        first byte (it resumes there, as a branch would land), or a function whose
-        landing pads cannot be read. Landing pads are read when a window of more than
-        one instruction first needs them."""
-        if len(insns) == 1 and insns[0].end >= end:
-            return None  # no instruction starts inside it
-        pad = self.landing_pads().first_inside(start, end)
-        if pad is not None:
-            return f"a C++ landing pad is at {pad:#x}"
-        unknown = self.landing_pads().unknown_inside(start, end)
-        return f"a C++ landing pad may lie anywhere in {unknown[2]}" if unknown else None

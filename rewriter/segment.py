@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
-from urewrite.arch.base import Backend, CountPoint, RuntimeRefs, RuntimeSpec, Window
+from urewrite.arch.base import Backend, CountPoint, RuntimeRefs, RuntimeSpec
 from urewrite.errors import UrewriteError
 from urewrite.rewriter import parallel
 from urewrite.rewriter.layout import Placement, align_up
@@ -38,34 +38,6 @@ class SegmentImage:
     histograms_left_out: int = 0  # functions probed at entry and return beyond MAX_HISTOGRAMS
 
 
-def _patches(backend: Backend, plan, trampoline: int,
-             moved_to: Optional[int]) -> List[Tuple[int, bytes]]:
-    """The bytes written over original code for one plan, in the order they are
-    written: its window's jump; or its hop, the jump of the neighbour evicted to
-    `moved_to` (if any), and the landing's jump, last, over that neighbour's filler; or
-    its punned jump (its stub is written with the stubs)."""
-    if plan.pun is not None:
-        patches = [(plan.window.address, plan.pun.patch)]
-        if plan.pun.successor:  # its jump, whose first bytes the punned jump ends in
-            jump = backend.site_patch(plan.pun.successor, plan.pun.successor_stub)
-            assert jump.startswith(plan.pun.successor_jump)
-            patches.append((plan.pun.successor.address, jump))
-        return patches
-    if plan.hop is None:
-        return [(plan.window.address, backend.site_patch(plan.window, trampoline))]
-    patches = [(plan.window.address, backend.hop_patch(plan.window, plan.hop.landing))]
-    if plan.hop.evicted:
-        patches.append((plan.hop.evicted.address,
-                        backend.site_patch(plan.hop.evicted, moved_to)))
-    landing = Window(plan.hop.landing, backend.patch_size, ())
-    return patches + [(landing.address, backend.site_patch(landing, trampoline))]
-
-
-def _stub(backend: Backend, address: int, trampoline: int) -> bytes:
-    """A punned jump's stub: the backend's jump to the trampoline."""
-    return backend.site_patch(Window(address, backend.patch_size, ()), trampoline)
-
-
 def size_bound(plans) -> int:
     """More bytes than build() will need for `plans` (a generous estimate)."""
     bound = 64 * 1024  # program headers, runtime, and slack
@@ -73,10 +45,9 @@ def size_bound(plans) -> int:
         sites = len(plan.sites)
         bound += 512 + 64 * len(plan.window.insns) + 512 * len(plan.points) + 256 * sites
         bound += 40 * sites + 600  # the region template's share: probe entry, name, semaphores
-        if plan.hop and plan.hop.evicted:
-            bound += 64 + 64 * len(plan.hop.evicted.insns)
-        if plan.pun and plan.pun.successor:
-            bound += 64 + 64 * len(plan.pun.successor.insns)
+        moved = plan.patching.moved  # (an evicted neighbour, a successor: its own trampoline)
+        if moved:
+            bound += 64 + 64 * len(moved.insns)
     return bound
 
 
@@ -103,18 +74,14 @@ def _trampolines(backend: Backend, plans, start: int, refs: RuntimeRefs, count_p
                 points.append(count_point(point.address, counted, point.flags_live, redirect,
                                           point.taken, point.stays_within))
             code += backend.trampoline(at, plan.window, points, refs)
-            moved_to = None
-            moved = plan.pun.successor if plan.pun else plan.hop.evicted if plan.hop else None
+            moved_to, patching = None, plan.patching
+            moved = patching.moved
             if moved:  # an evicted neighbour or successor: a trampoline of its own, no probe
                 moved_to = start + align_up(len(code), CODE_ALIGN)
                 code += bytes(moved_to - start - len(code))
                 code += backend.trampoline(moved_to, moved, (), refs)
-            patches += _patches(backend, plan, at, moved_to)
-            if plan.pun is not None:  # stubs: a jump on to the trampoline each
-                stubs.append((plan.pun.stub, _stub(backend, plan.pun.stub, at)))
-                if plan.pun.successor:
-                    stubs.append((plan.pun.successor_stub,
-                                  _stub(backend, plan.pun.successor_stub, moved_to)))
+            patches += patching.patches(backend, plan.window, at, moved_to)
+            stubs += patching.stubs(backend, at, moved_to)
         except OverflowError:
             raise UrewriteError(f"{plan.site.name}: the trampoline at {at:#x} is out of branch "
                                 f"reach of {plan.window.address:#x}")

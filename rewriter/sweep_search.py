@@ -1,8 +1,8 @@
 """The planner's searches over every function's sweep, in compiled code.
 
-Planner._inner_window tries windows around a site (exits, USDT sites, addresses) and
-skips those a nearby branch or a C++ landing pad lands inside; _window takes the
-instructions at an entry; _exit_points goes over a function's rows for those that
+Windows.inner_window tries windows around a site (exits, USDT sites, addresses) and
+skips those a nearby branch or a C++ landing pad lands inside; Windows.window takes the
+instructions at an entry; ReturnExits.exit_points goes over a function's rows for those that
 may leave it. On a big file these are most of `list`'s time (node: 117,000 exit
 windows, 78,000 entries, 78,000 functions' exits: seconds of Python per core), and
 they need only arrays. Where the backend's native module has one
@@ -10,7 +10,7 @@ they need only arrays. Where the backend's native module has one
 once (a SweepBatch), the planner asks it first: it reads the sweep's arrays in place
 and answers only where it finds what the Python code would (for a window, the first
 free of near branch targets and landing pads; what the planner must read to check
-that its instructions move, which it still does, _displaced). Everything else stays
+that its instructions move, which it still does, Windows.displaced). Everything else stays
 with the Python code, which also gives the reasons: windows whose padding refuses
 them all, functions whose branch targets it does not hold (.cold parts, whose
 parent's jump tables land in them; functions swept another way), sites with no

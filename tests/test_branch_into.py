@@ -1,5 +1,5 @@
-"""What may branch into a window, asked of many windows at once: Planner._clear_of_branches
-says a window is clear only where Planner._branch_into, asked alone, finds nothing (a
+"""What may branch into a window, asked of many windows at once: BranchSafety.clear_of_branches
+says a window is clear only where BranchSafety.branch_into, asked alone, finds nothing (a
 taken address, a branch target, a case label, a landing pad), and says so of most of
 the windows `list` asks about."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from urewrite.arch.base import Window
 from urewrite.rewriter import pipeline
-from urewrite.rewriter.planner import Plan, ProbePoint, _Refused
+from urewrite.rewriter.plan.results import Plan, ProbePoint, Refused
 from urewrite.rewriter.selectors import Site
 from urewrite.trampolines.region import KIND_ADDRESS, KIND_ENTRY
 
@@ -29,18 +29,18 @@ def _windows(a, rng: random.Random) -> list:
         if not fn.size:
             continue
         try:
-            plans.append(planner._window(Site(fn, fn.address, KIND_ENTRY, fn.name, fn.name,
+            plans.append(planner.windows.window(Site(fn, fn.address, KIND_ENTRY, fn.name, fn.name,
                                               exact=False)))
-        except _Refused:
+        except Refused:
             pass
-        sweep = planner.sweep(fn)
+        sweep = planner.model.sweep(fn)
         if len(sweep) < 3 or rng.random() < 0.5:
             continue
         first = rng.randrange(len(sweep) - 1)
         last = min(first + rng.randrange(1, 6), len(sweep) - 1)
         try:
-            insns = tuple(planner.rows(fn, first, last + 1))
-        except _Refused:
+            insns = tuple(planner.model.rows(fn, first, last + 1))
+        except Refused:
             continue
         start, end = insns[0].address, insns[-1].end
         site = Site(fn, start, KIND_ADDRESS, fn.name, fn.name, exact=False)
@@ -56,9 +56,9 @@ def test_windows_said_clear_at_once_are_clear_asked_alone(path):
     a = pipeline.analyse(path)
     a.planner.prepare(a.functions)
     plans = _windows(a, random.Random(path))
-    taken = a.planner._taken_addresses(plans)
-    clear = a.planner._clear_of_branches(plans, taken)
-    reasons = [a.planner._branch_into(plan, taken) for plan in plans]
+    taken = a.planner.safety.taken_in_windows(plans)
+    clear = a.planner.safety.clear_of_branches(plans, taken)
+    reasons = [a.planner.safety.branch_into(plan, taken) for plan in plans]
     for plan, said, reason in zip(plans, clear, reasons):
         assert not said or reason is None, (hex(plan.window.address), reason)
     # it answers for most (else it is not worth asking), and the rest are not all clear
@@ -72,7 +72,7 @@ def test_a_file_not_prepared_asks_every_window():
     clear at once: each is asked alone."""
     a = pipeline.analyse(FILES[2]) if os.path.exists(FILES[2]) else pytest.skip("no libc")
     plans = _windows(a, random.Random(1))[:200]
-    assert a.planner._clear_of_branches(plans, {}) == [False] * len(plans)
+    assert a.planner.safety.clear_of_branches(plans, {}) == [False] * len(plans)
 
 
 @pytest.mark.parametrize("path", FILES)
@@ -87,24 +87,24 @@ def test_branches_from_outside_found_with_arrays_are_found_without(path):
     a = pipeline.analyse(path)
     planner = a.planner
     planner.prepare(a.functions)
-    planner._entered = None  # (every function asked in full, not only those marked)
-    pairs, found, asked_alone = planner._branch_pairs, 0, 0
+    planner.model.entered = None  # (every function asked in full, not only those marked)
+    pairs, found, asked_alone = planner.model.branch_pairs, 0, 0
     for fn in a.functions:
         if not fn.size:
             continue
-        parts = planner._parts(fn)
+        parts = planner.model.parts(fn)
 
         def inside(address: int) -> bool:
             return any(p.address <= address < p.end for p in parts)
 
-        with_arrays = planner._branch_from_outside(fn, parts, inside)
-        planner._branch_pairs = None
+        with_arrays = planner.safety.branch_from_outside(fn, parts, inside)
+        planner.model.branch_pairs = None
         try:
-            assert planner._branch_from_outside(fn, parts, inside) == with_arrays, fn.name
+            assert planner.safety.branch_from_outside(fn, parts, inside) == with_arrays, fn.name
         finally:
-            planner._branch_pairs = pairs
-        interior = planner.sweep(fn).starts
-        asked_alone += planner._pairs_from_outside(parts, interior[interior != fn.address])
+            planner.model.branch_pairs = pairs
+        interior = planner.model.sweep(fn).starts
+        asked_alone += planner.safety.pairs_from_outside(parts, interior[interior != fn.address])
         found += with_arrays is not None
     # (the arrays send few to the loop but those something does enter)
     assert found > 5 and asked_alone - found < len(a.functions) // 10, (found, asked_alone)
@@ -140,8 +140,8 @@ def test_a_short_branch_back_from_a_later_function_is_found_with_arrays(tmp_path
     def inside(address: int) -> bool:
         return fn.address <= address < fn.end
 
-    planner._entered = None
-    found = planner._branch_from_outside(fn, [fn], inside)
+    planner.model.entered = None
+    found = planner.safety.branch_from_outside(fn, [fn], inside)
     assert found is not None and found[1] == source
-    planner._branch_pairs = None
-    assert planner._branch_from_outside(fn, [fn], inside) == found
+    planner.model.branch_pairs = None
+    assert planner.safety.branch_from_outside(fn, [fn], inside) == found

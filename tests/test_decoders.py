@@ -158,7 +158,7 @@ def test_swept_code_refuses_what_the_decoder_sees_otherwise():
 
 @pytest.mark.skipif(not os.path.exists(LIBC), reason="needs Debian's x86_64 libc.so.6")
 def test_a_branch_the_sweep_shows_is_one_the_detailed_decode_names():
-    """planner._sweep_branches() answers for _really_refers() without a detailed decode:
+    """BinaryModel.sweep_branches() answers for really_refers() without a detailed decode:
     where it says yes, that decode says yes too."""
     a = analyse(LIBC)
     planner, backend = a.planner, a.planner.backend
@@ -166,20 +166,20 @@ def test_a_branch_the_sweep_shows_is_one_the_detailed_decode_names():
     for fn in a.functions[::10]:
         if not fn.size:
             continue
-        sweep = planner.sweep(fn)
+        sweep = planner.model.sweep(fn)
         for k in range(len(sweep)):
             start, end = int(sweep.edges[k]), int(sweep.edges[k + 1])
-            insn = planner._insn_at(fn, start)
+            insn = planner.model.insn_at(fn, start)
             if insn is None:
                 continue
             target = backend.direct_branch_target(insn)
             for address in range(start, end):  # (a scan's match may lie inside)
                 for t in {target, start + 5} - {None}:
-                    if planner._sweep_branches(fn, address, t):
+                    if planner.model.sweep_branches(fn, address, t):
                         assert backend.names_address(insn, t), (fn.name, hex(start))
                         said += 1
             if target is not None:
-                assert planner._sweep_branches(fn, start, target) or \
+                assert planner.model.sweep_branches(fn, start, target) or \
                     insn.mnemonic == "xbegin", (fn.name, hex(start))
     assert said > 2000
 
@@ -196,16 +196,17 @@ def test_matches_judged_without_the_detailed_decode_are_judged_as_with_it():
     for fn in a.functions[::7]:
         if not fn.size:
             continue
-        sweep = planner.sweep(fn)
+        sweep = planner.model.sweep(fn)
         for k in range(len(sweep)):
             start, end = int(sweep.edges[k]), int(sweep.edges[k + 1])
-            detailed, quick = planner._insn_at(fn, start), planner._insn_at(fn, start, False)
+            detailed = planner.model.insn_at(fn, start)
+            quick = planner.model.insn_at(fn, start, False)
             assert (detailed is None) == (quick is None), hex(start)
             if detailed is None:
                 continue
             assert quick.raw == detailed.raw and quick.mnemonic == detailed.mnemonic
             for address in range(start, end):
-                if planner._no_field_at(fn, address):
+                if planner.model.no_field_at(fn, address):
                     no_field += 1
                     for size in (4, 8):  # (the values a scan would match there)
                         if a.elf.offset_of(address, size) is not None:
@@ -230,7 +231,7 @@ def test_direct_branches_made_without_decoding_are_as_decoded():
     made = 0
     backend = X86_64Backend()
     for a, fn, code in _libc_functions(1):
-        sweep = a.planner.sweep(fn)
+        sweep = a.planner.model.sweep(fn)
         for k, target in zip(sweep.rows.tolist(), sweep.targets.tolist()):
             if target < 0:
                 continue
@@ -244,11 +245,11 @@ def test_direct_branches_made_without_decoding_are_as_decoded():
     assert made > 50_000 and backend._branch_mnemonics
 
 
-def _verdict(planner, insns) -> str:
+def _verdict(windows, insns) -> str:
     try:
-        planner._displaced(insns)
+        windows.displaced(insns)
         return "moves"
-    except Exception as why:  # (_Refused: its reason)
+    except Exception as why:  # (Refused: its reason)
         return str(why)
 
 
@@ -263,29 +264,29 @@ def test_windows_with_a_call_are_judged_as_in_detail(shadow_stack):
     stack."""
     a = analyse(LIBC)
     planner, backend = a.planner, a.planner.backend
-    planner._shadow_stack = shadow_stack
+    planner.windows._shadow_stack = shadow_stack
     quick = backend.quick_relocation_problem
     verdicts, answered, indirect = set(), 0, set()
     for fn in a.functions[::5]:
         if not fn.size:
             continue
-        sweep = planner.sweep(fn)
+        sweep = planner.model.sweep(fn)
         for k in sweep.marked.tolist():
             for first, last in ((k, k), (k - 1, k), (k - 2, k), (k, k + 1), (k - 1, k + 2)):
                 if first < 0 or last >= len(sweep):
                     continue
                 try:
-                    insns = planner.rows(fn, first, last + 1)
+                    insns = planner.model.rows(fn, first, last + 1)
                 except Exception:
                     continue
                 answered += all(quick(i, False, False) for i in insns
                                 if backend.needs_detail(i))
                 indirect.update(i.mnemonic for i in insns if backend.needs_detail(i) and
                                 quick(i, False, False) and i.op_str[:1].isalpha())
-                said = _verdict(planner, insns)
+                said = _verdict(planner.windows, insns)
                 backend.quick_relocation_problem = lambda *_: None  # (the detailed way)
                 try:
-                    assert _verdict(planner, insns) == said, (fn.name, first, last)
+                    assert _verdict(planner.windows, insns) == said, (fn.name, first, last)
                 finally:
                     del backend.quick_relocation_problem
                 verdicts.add(said.split("'")[0])
@@ -298,19 +299,28 @@ def test_a_call_relative_to_the_stack_pointer_is_asked_in_detail():
     """An indirect call whose target is read relative to the stack pointer is refused
     (its target moves with the call's emulation): the quick decode leaves it to the
     detailed one, which says so; one relative to another register moves."""
-    from urewrite.rewriter.planner import Planner
     backend = X86_64Backend()
     for code, said in ((bytes.fromhex("ff542408"), "takes its target relative to the stack"),
                        (bytes.fromhex("ff5008"), "moves"), (bytes.fromhex("ffd4"), "takes its"),
                        (bytes.fromhex("ffe4"), "moves")):  # [rsp+8]; [rax+8]; call rsp; jmp rsp
         insn = backend.decode(code, 0x4000)[0]
-        planner = Planner.__new__(Planner)
-        planner.elf, planner.backend = _Bytes(0x4000, code), backend
-        planner._shadow_stack, planner._lengths = False, {}
+        windows = _bare_windows(_Bytes(0x4000, code), backend)
         assert backend.needs_detail(insn)
         assert (backend.quick_relocation_problem(insn, True, False) is None) == \
             ("sp" in insn.op_str and "call" in insn.mnemonic), insn
-        assert said in _verdict(planner, [insn]), insn
+        assert said in _verdict(windows, [insn]), insn
+
+
+def _bare_windows(elf, backend):
+    """Windows of only what displaced() asks: the file, the backend, no shadow stack, no
+    instruction lengths known yet."""
+    from urewrite.rewriter.model import BinaryModel
+    from urewrite.rewriter.plan.windows import Windows
+    windows, model = Windows.__new__(Windows), BinaryModel.__new__(BinaryModel)
+    windows.elf = model.elf = elf
+    windows.backend = model.backend = backend
+    windows.model, windows._shadow_stack, model.lengths = model, False, {}
+    return windows
 
 
 class _Bytes:
@@ -327,7 +337,6 @@ def test_a_window_with_a_call_the_decoders_see_otherwise_is_refused():
     """Judged by the quick decode or in detail, a window ending in a direct call is
     refused where the decoder that moves instructions sees them otherwise than the
     sweep (a ud1, which iced-x86 and Capstone read at different lengths)."""
-    from urewrite.rewriter.planner import Planner
     backend = X86_64Backend()
     code = bytes.fromhex("0fb9c8" "e800100000")  # ud1 eax, eax; call +0x1000
     sweep = backend.sweep(code, 0x4000)
@@ -335,26 +344,24 @@ def test_a_window_with_a_call_the_decoders_see_otherwise_is_refused():
     assert edges == [0x4000, 0x4003, 0x4008]  # (the sweep's lengths)
     call = backend.direct_branch(code[3:], 0x4003, 0x4003 + 5 + 0x1000)
     insns = [Insn(0x4000, 3, "", "", b""), call]  # (the sweep's unmarked row, its call)
-    planner = Planner.__new__(Planner)
-    planner.elf, planner.backend = _Bytes(0x4000, code), backend
-    planner._shadow_stack, planner._lengths = False, {}
+    windows = _bare_windows(_Bytes(0x4000, code), backend)
     assert backend.quick_relocation_problem(call, True, False) == (None,)
-    assert _verdict(planner, insns) == "its instructions at 0x4000 decode differently in detail"
+    assert _verdict(windows, insns) == "its instructions at 0x4000 decode differently in detail"
     backend.quick_relocation_problem = lambda *_: None  # (the detailed way)
-    assert _verdict(planner, insns) == "its instructions at 0x4000 decode differently in detail"
+    assert _verdict(windows, insns) == "its instructions at 0x4000 decode differently in detail"
 
 
 @pytest.mark.parametrize("backend", [X86_64Backend(), AArch64Backend()],
                          ids=["x86_64", "arm64"])
 def test_lengths_learnt_at_once_are_each_strings_own(backend):
-    """Planner._learn_lengths() decodes many byte strings one after another in one call:
-    what it keeps of each is what decoding it alone gives (_instruction_ends), for
+    """BinaryModel.learn_lengths() decodes many byte strings one after another in one call:
+    what it keeps of each is what decoding it alone gives (instruction_ends), for
     windows of libc's code, a ud1 the decoders read apart, strings cut in the middle of
     an instruction, undecodable bytes and random bytes; most are learnt so."""
-    from urewrite.rewriter.planner import Planner
+    from urewrite.rewriter.model import BinaryModel
 
-    planner = Planner.__new__(Planner)  # (only its lengths and backend are asked)
-    planner._lengths, planner.backend = {}, backend
+    model = BinaryModel.__new__(BinaryModel)  # (only its lengths and backend are asked)
+    model.lengths, model.backend = {}, backend
     rng = random.Random(5)
     codes = [bytes.fromhex("4889e5" "0fb9c8" "c3"), bytes.fromhex("4889e5" "0fb9"),
              bytes.fromhex("1f2003d5" "c0035fd6"), bytes.fromhex("1f2003d5" "c003"),
@@ -362,7 +369,7 @@ def test_lengths_learnt_at_once_are_each_strings_own(backend):
     if isinstance(backend, X86_64Backend) and os.path.exists(LIBC):
         a = analyse(LIBC)
         for fn in a.functions[::5]:
-            sweep = a.planner.sweep(fn)
+            sweep = a.planner.model.sweep(fn)
             edges = sweep.edges.tolist()
             for k in range(0, len(sweep), 3):
                 last = min(k + rng.randrange(1, 5), len(sweep))
@@ -371,10 +378,10 @@ def test_lengths_learnt_at_once_are_each_strings_own(backend):
     codes += [bytes(rng.randrange(256) for _ in range(step * rng.randrange(1, 24)))
               for _ in range(300)]
     rng.shuffle(codes)
-    planner._learn_lengths(codes)
-    learnt = dict(planner._lengths)
+    model.learn_lengths(codes)
+    learnt = dict(model.lengths)
     for code in set(codes):
-        planner._lengths.pop(code, None)
-        assert planner._instruction_ends(code) == learnt.get(code, planner._lengths[code]), \
+        model.lengths.pop(code, None)
+        assert model.instruction_ends(code) == learnt.get(code, model.lengths[code]), \
             code.hex()
     assert len(learnt) > 0.5 * len(set(codes))

@@ -96,16 +96,16 @@ def test_padding_gaps_are_those_a_walk_over_every_function_finds(count):
     sized = [f for f in a.functions if f.size]
     reaches = [backend.hop_reach(f.address + rng.randrange(f.size))
                for f in rng.choices(sized, k=count)]
-    found = padding_gaps(a.elf, backend, a.functions, planner._last_instruction,
+    found = padding_gaps(a.elf, backend, a.functions, planner.model.last_instruction,
                          symbol_starts, reaches)
-    walked = _gaps_walked(a.elf, backend, a.functions, planner._last_instruction,
+    walked = _gaps_walked(a.elf, backend, a.functions, planner.model.last_instruction,
                           symbol_starts.tolist(), reaches)
     assert sorted(found) == sorted(walked)
     assert len(found) >= min(count // 4, 500)
     # a label inside a gap ends it (libc has none there: some are made up)
     labelled = np.unique(np.concatenate([symbol_starts, [start + 6 for start, _ in walked]]))
-    shortened = padding_gaps(a.elf, backend, a.functions, planner._last_instruction,
+    shortened = padding_gaps(a.elf, backend, a.functions, planner.model.last_instruction,
                              labelled, reaches)
     assert sorted(shortened) == sorted(_gaps_walked(
-        a.elf, backend, a.functions, planner._last_instruction, labelled.tolist(), reaches))
+        a.elf, backend, a.functions, planner.model.last_instruction, labelled.tolist(), reaches))
     assert shortened != found or not walked

@@ -280,7 +280,7 @@ def test_injected_functions_keep_the_flags(go_work):
     """asyncPreempt is entered by a call the signal handler injects at any instruction:
     its entry and exits keep the flags; its return is never redirected."""
     from urewrite.rewriter import pipeline
-    from urewrite.rewriter.planner import Plan
+    from urewrite.rewriter.plan.results import Plan
     program = build(go_work, "static")
     a, outcomes, returns = pipeline.list_sites(str(program))
     returns()

@@ -30,7 +30,7 @@ def tables(path: str, facts: bool, monkeypatch) -> tuple:
         planner.backend.jump_table_facts = None
     found = {}
     for fn in planner.functions:
-        for jump, t in planner.jump_tables(fn).items():
+        for jump, t in planner.model.jump_tables(fn).items():
             found[jump] = (t.table, t.count, t.targets, t.guarded, t.entry)
     return found, answered
 
@@ -61,12 +61,13 @@ def test_writers_from_facts_are_those_of_the_decoded_function(path):
     planner = analyse(path).planner
     backend = planner.backend
     chosen = [fn for k, fn in enumerate(planner.functions)  # (decoding the biggest is slow)
-              if fn.size and len(planner.sweep(fn)) < 1500 and
-              (planner.indirect_jumps(fn) or k % 100 == 0)]
+              if fn.size and len(planner.model.sweep(fn)) < 1500 and
+              (planner.model.indirect_jumps(fn) or k % 100 == 0)]
     compared = found = 0
     for fn in chosen:
         def semantics(facts):
-            sem = _X86(backend, SweptCode(planner.sweep(fn), backend.decode, planner.elf.read),
+            sem = _X86(backend, SweptCode(planner.model.sweep(fn), backend.decode,
+                                          planner.elf.read),
                        planner.elf.read)
             sem.facts = facts
             return sem

@@ -170,11 +170,11 @@ def test_recovered_targets_are_the_case_labels(built):
     indirect: Dict[str, int] = {}
     for fn in planner.functions:
         name = fn.name.split(".")[0]
-        tables = planner.jump_tables(fn)
+        tables = planner.model.jump_tables(fn)
         if tables:
             recovered.setdefault(name, set()).update(t.targets for t in tables.values())
         indirect[name] = indirect.get(name, 0) + sum(
-            planner.backend.is_indirect_jump(i) for i in planner.instructions(fn))
+            planner.backend.is_indirect_jump(i) for i in planner.model.instructions(fn))
     sample = {f: t for f, t in built.tables.items() if f.startswith("sw_")}
     assert {"sw_medium", "sw_large"} <= set(sample), "GCC wrote no table where expected"
     if built.variant.arch == "x86_64" or THRESHOLD in built.variant.extra:
@@ -238,7 +238,7 @@ def test_address_probe_before_a_case_label(variant, tmp_path_factory, tmp_path):
     build = _build(variant, tmp_path_factory.getbasetemp() / "switches")
     planner = _planner(build.path)
     fn = next(f for f in planner.functions if f.name == "sw_large")
-    insns = planner.instructions(fn)
+    insns = planner.model.instructions(fn)
     starts = {i.end: i for i in insns}
     labels = sorted(next(iter(build.tables["sw_large"])))
     # labels whose previous instruction is shorter than a jump, so a window must reach past it

@@ -29,7 +29,7 @@ from urewrite.rewriter import eh_frame, except_table
 from urewrite.rewriter.eh_frame import ValueReader
 from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.pipeline import analyse
-from urewrite.rewriter.planner import Refusal
+from urewrite.rewriter.plan.results import Refusal
 from urewrite.rewriter.selectors import select
 
 SAMPLE = SAMPLES / "landing_pads.cc"
@@ -197,13 +197,13 @@ def _ret_before_pad(path) -> tuple:
 def test_a_window_never_covers_a_landing_pad(o2_sample, tmp_path):
     site, pad = _ret_before_pad(o2_sample)
     a = analyse(str(o2_sample))
-    [plan] = a.planner.plan(select([hex(site)], a.functions, a.planner.boundaries, []))
+    [plan] = a.planner.plan(select([hex(site)], a.functions, a.planner.model.boundaries, []))
     assert not isinstance(plan, Refusal), plan.reason
     assert plan.window.end <= pad  # the window starts earlier, and stops at the pad
     a = analyse(str(o2_sample))
     unknown = except_table.LandingPads([], [(pad - 8, pad + 8, "the function at X, whose...")])
-    a.planner._landing_pads = unknown
-    [refusal] = a.planner.plan(select([hex(site)], a.functions, a.planner.boundaries, []))
+    a.planner.model._landing_pads = unknown
+    [refusal] = a.planner.plan(select([hex(site)], a.functions, a.planner.model.boundaries, []))
     assert isinstance(refusal, Refusal), refusal.window
     assert "a C++ landing pad may lie anywhere in the function at X, whose..." in refusal.reason
 

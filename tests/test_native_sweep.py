@@ -175,7 +175,7 @@ def base_kind(name: str) -> int:
 
 
 def test_the_planner_sweeps_every_function_at_once_as_one_by_one():
-    """Planner._sweep_all (before prepare's fork) finds each function's bytes as _code()
+    """BinaryModel.sweep_all (before prepare's fork) finds each function's bytes as code()
     does, functions outside the file's bytes included."""
     from urewrite.rewriter.pipeline import analyse
     path = SYSTEM_FILES[0]
@@ -183,9 +183,9 @@ def test_the_planner_sweeps_every_function_at_once_as_one_by_one():
         pytest.skip(f"needs Debian's {path}")
     planner = analyse(path).planner
     functions = planner.functions
-    assert planner._sweep_all(functions)
-    one_by_one = [planner.backend.sweep(planner._code(fn), fn.address) for fn in functions]
-    assert all(same(planner._sweeps[fn.address], s) for fn, s in zip(functions, one_by_one))
+    assert planner.model.sweep_all(functions)
+    one_by_one = [planner.backend.sweep(planner.model.code(fn), fn.address) for fn in functions]
+    assert all(same(planner.model.sweeps[fn.address], s) for fn, s in zip(functions, one_by_one))
 
 
 @pytest.mark.parametrize("path", SYSTEM_FILES[:2], ids=os.path.basename)

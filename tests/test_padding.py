@@ -1,4 +1,4 @@
-"""Windows that borrow the padding after a function (planner._borrow_padding): its
+"""Windows that borrow the padding after a function (planner.windows.borrow_padding): its
 cached reading of the padding gives what decoding the bytes there each time gives."""
 
 import bisect
@@ -7,7 +7,7 @@ import os
 import pytest
 
 from urewrite.rewriter.pipeline import analyse
-from urewrite.rewriter.planner import _Refused
+from urewrite.rewriter.plan.results import Refused
 
 FILES = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/python3.11"]
 
@@ -16,11 +16,11 @@ def _decoded_each_time(planner, fn, start, fn_end, size):
     """The padding read by decoding what follows the function, every time."""
     need = start + size
     section = planner.elf.section_at(fn.address)
-    gap_end = planner._gap_after(section) if section is not None else 0
+    gap_end = planner.windows.gap_after(section) if section is not None else 0
     if section is None or need > max(section.end, gap_end):
         return "no padding follows"
-    k = bisect.bisect_right(planner._starts, fn_end - 1)
-    if k < len(planner._starts) and planner._starts[k] < need:
+    k = bisect.bisect_right(planner.model.starts, fn_end - 1)
+    if k < len(planner.model.starts) and planner.model.starts[k] < need:
         return "the next function follows"
     padding = planner.backend.decode(planner.elf.read(
         fn_end, min(need - fn_end + 15, section.end - fn_end)), fn_end)
@@ -33,14 +33,14 @@ def _decoded_each_time(planner, fn, start, fn_end, size):
         at = insn.end
     if at < need and at == section.end and need <= gap_end:
         return need
-    next_start = planner._starts[k] if k < len(planner._starts) else section.end
+    next_start = planner.model.starts[k] if k < len(planner.model.starts) else section.end
     return "too short" if at < need or at > next_start else at
 
 
 def _borrowed(planner, fn, start, fn_end, size):
     try:
-        return planner._borrow_padding(fn, start, fn_end, size)
-    except _Refused as why:
+        return planner.windows.borrow_padding(fn, start, fn_end, size)
+    except Refused as why:
         text = str(why)
         return next(short for long_, short in (
             ("no padding follows", "no padding follows"),

@@ -28,15 +28,15 @@ def test_parts_found_with_arrays_are_found_without(path):
     jump), and most are skipped."""
     a = prepared(path)
     planner = a.planner
-    clear, fragments = planner._no_fragment_targets, planner.fragments()
-    with_arrays = {fn.address: planner._parts(fn) for fn in a.functions if fn.size}
-    planner._parts_of.clear()
-    planner._no_fragment_targets = set()
+    clear, fragments = planner.model.no_fragment_targets, planner.model.fragments()
+    with_arrays = {fn.address: planner.model.parts(fn) for fn in a.functions if fn.size}
+    planner.model._parts_of.clear()
+    planner.model.no_fragment_targets = set()
     for fn in a.functions:
         if fn.size:
-            assert planner._parts(fn) == with_arrays[fn.address], fn.name
+            assert planner.model.parts(fn) == with_arrays[fn.address], fn.name
         if fn.address in clear:
-            assert planner.branch_targets(fn).keys().isdisjoint(fragments.keys()), fn.name
+            assert planner.model.branch_targets(fn).keys().isdisjoint(fragments.keys()), fn.name
     assert len(clear) > len(a.functions) // 2
     # (and some functions have fragments among their parts: found without the names)
     assert any(f.address in fragments for parts in with_arrays.values() for f in parts[1:])
@@ -49,16 +49,16 @@ def test_functions_without_indirect_jumps_found_with_arrays(path):
     and some others do have tables."""
     a = prepared(path)
     planner = a.planner
-    plain = planner._no_indirect_jumps
-    at_once = {fn.address: (planner.jump_tables(fn), planner._unknown_jumps[fn.address])
+    plain = planner.model.no_indirect_jumps
+    at_once = {fn.address: (planner.model.jump_tables(fn), planner.model.unknown_jumps[fn.address])
                for fn in a.functions}
-    planner._tables.clear()
-    planner._unknown_jumps.clear()
-    planner._no_indirect_jumps = set()
+    planner.model.tables.clear()
+    planner.model.unknown_jumps.clear()
+    planner.model.no_indirect_jumps = set()
     for fn in a.functions:
         if fn.address in plain:
-            assert planner.indirect_jumps(fn) == [], fn.name
-        assert (planner.jump_tables(fn), planner._unknown_jumps[fn.address]) == \
+            assert planner.model.indirect_jumps(fn) == [], fn.name
+        assert (planner.model.jump_tables(fn), planner.model.unknown_jumps[fn.address]) == \
             at_once[fn.address], fn.name
     assert len(plain) > len(a.functions) // 2
     assert any(tables for tables, _ in at_once.values())

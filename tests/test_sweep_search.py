@@ -13,7 +13,7 @@ import pytest
 from urewrite.arch.base import BRANCH, JUMP, OTHER, RETURN
 from urewrite.arch.x86_64 import linear_sweep
 from urewrite.rewriter import pipeline
-from urewrite.rewriter.planner import _Refused
+from urewrite.rewriter.plan.results import Refused
 from urewrite.rewriter.selectors import Site
 from urewrite.trampolines.region import KIND_ADDRESS, KIND_ENTRY, KIND_RETURN
 
@@ -30,7 +30,7 @@ def prepared(path: str):
     """The planner of a file, every function analysed as `list` does."""
     a = pipeline.analyse(path)
     a.planner.prepare(a.functions)
-    assert a.planner._sweep_search() is not None
+    assert a.planner.model.compiled_search() is not None
     return a
 
 
@@ -44,27 +44,27 @@ def window(planner, site: Site, compiled: bool):
     """The site's window (address, size, its instructions) or why there is none, found
     with the compiled search or by the Python search alone."""
     if not compiled:
-        planner._searched_window = planner._searched_entry = lambda site, size: None
+        planner.windows.searched_window = planner.windows.searched_entry = lambda site, size: None
     try:
-        plan = planner._window(site)
-    except _Refused as why:
+        plan = planner.windows.window(site)
+    except Refused as why:
         return str(why)
     finally:
-        planner.__dict__.pop("_searched_window", None)
-        planner.__dict__.pop("_searched_entry", None)
+        planner.windows.__dict__.pop("searched_window", None)
+        planner.windows.__dict__.pop("searched_entry", None)
     return described(plan)
 
 
 def compare_at_once(planner, sites) -> list:
-    """Asserts that the windows asked all at once (Planner._windows) are the Python
+    """Asserts that the windows asked all at once (Windows.of_sites) are the Python
     search's, site by site; the plans it made without asking one by one."""
     alone = []
-    planner._window, window_of = (lambda site: alone.append(site) or window_of(site)), \
-        planner._window
+    planner.windows.window, window_of = (lambda site: alone.append(site) or window_of(site)), \
+        planner.windows.window
     try:
-        found = planner._windows(sites)
+        found = planner.windows.of_sites(sites)
     finally:
-        del planner._window
+        del planner.windows.window
     for site, plan in zip(sites, found):
         assert (plan if isinstance(plan, str) else described(plan)) == \
             window(planner, site, False), hex(site.address)
@@ -86,9 +86,10 @@ def compare(planner, sites) -> int:
     for site in sites:
         assert window(planner, site, True) == window(planner, site, False), hex(site.address)
         if site.at_entry:
-            answered += planner._searched_entry(site, planner.backend.patch_size) is not None
+            answered += planner.windows.searched_entry(site, planner.backend.patch_size) is not None
         else:
-            answered += planner._searched_window(site, planner.backend.patch_size) is not None
+            answered += planner.windows.searched_window(site, planner.backend.patch_size) \
+                is not None
             check_rows_read(planner, site)
     return answered
 
@@ -97,16 +98,16 @@ def check_rows_read(planner, site: Site) -> None:
     """What the engine gives of the rows the Python search reads: the window's alone
     when no other of them is marked, else all of them, each with its marked rows and
     direct targets as the sweep has them."""
-    k = planner._holding_index(site)
+    k = planner.model.holding_index(site)
     size = planner.backend.patch_size
-    found = planner._search.inner(site.address, k, size, planner._padding_end) \
+    found = planner.model.search.inner(site.address, k, size, planner.windows.padding_end) \
         if k is not None else None
     if found is None:
         return
     first, last, end, (lo, edges, marked, direct) = found
-    sweep = planner.sweep(planner.functions[k])
+    sweep = planner.model.sweep(planner.functions[k])
     at, first_row, end_row = sweep.edges.searchsorted(
-        (site.address, site.address - planner.MAX_LOOK_BACK, site.address + size)).tolist()
+        (site.address, site.address - planner.windows.MAX_LOOK_BACK, site.address + size)).tolist()
     end_row = min(end_row + 1, len(sweep))
     read = range(first_row if first < at else at, end_row)
     all_marked = set(sweep.marked.tolist())
@@ -128,8 +129,8 @@ def exits(a) -> list:
     for fn in a.functions:
         site = Site(fn, fn.address, KIND_RETURN, fn.name, fn.name, exact=False)
         try:
-            sites += a.planner._exit_sites(site)
-        except _Refused:
+            sites += a.planner.exits.exit_sites(site)
+        except Refused:
             pass
     return sites
 
@@ -166,7 +167,7 @@ def test_every_exit_and_instruction_of_a_sample(sample, flags, tmp_path):
     a = prepared(built(tmp_path, sample, flags))
     sites = exits(a) + entries(a)
     for fn in a.functions:
-        for address in a.planner.sweep(fn).starts.tolist()[1:]:
+        for address in a.planner.model.sweep(fn).starts.tolist()[1:]:
             sites.append(Site(fn, address, KIND_ADDRESS, fn.name,
                               f"{fn.name}+{address - fn.address:#x}", exact=True))
     answered = compare(a.planner, sites)
@@ -180,16 +181,16 @@ def test_what_it_does_not_know_is_left_to_the_python_search(tmp_path):
     planner = prepared(built(tmp_path, "indirect_exits", ["-O2"])).planner
     cold = [Site(fn, address, KIND_ADDRESS, fn.name, fn.name, exact=True)
             for fn in planner.functions if ".cold" in fn.name
-            for address in planner.sweep(fn).starts.tolist()]
-    assert cold and all(planner._searched_window(s, 5) is None for s in cold)
+            for address in planner.model.sweep(fn).starts.tolist()]
+    assert cold and all(planner.windows.searched_window(s, 5) is None for s in cold)
     # a function the batch does not hold, as if swept by Capstone
     main = next(fn for fn in planner.functions if fn.name == "main")
     sites = [Site(main, address, KIND_ADDRESS, "main", "main", exact=True)
-             for address in planner.sweep(main).starts.tolist()]
-    assert any(planner._searched_window(s, 5) is not None for s in sites)
-    batch, swept = planner._batch
-    planner._search, planner._batch = None, (batch, [f for f in swept if f is not main])
-    assert all(planner._searched_window(s, 5) is None for s in sites)
+             for address in planner.model.sweep(main).starts.tolist()]
+    assert any(planner.windows.searched_window(s, 5) is not None for s in sites)
+    batch, swept = planner.model.batch
+    planner.model.search, planner.model.batch = None, (batch, [f for f in swept if f is not main])
+    assert all(planner.windows.searched_window(s, 5) is None for s in sites)
 
 
 @pytest.mark.parametrize("path", SYSTEM_FILES[:2], ids=os.path.basename)
@@ -201,14 +202,14 @@ def test_rows_that_may_leave_a_function(path):
     planner = prepared(path).planner
     kinds = set()
     for fn in planner.functions:
-        index = planner._index_of(fn)
+        index = planner.model.index_of(fn)
         assert planner.functions[index] is fn
-        found = planner._exit_rows(fn, lambda a: fn.address <= a < fn.end, index)
-        planner._search, search = None, planner._search
-        planner._batch, batch = None, planner._batch
+        found = planner.exits.exit_rows(fn, lambda a: fn.address <= a < fn.end, index)
+        planner.model.search, search = None, planner.model.search
+        planner.model.batch, batch = None, planner.model.batch
         try:
-            assert planner._exit_rows(fn, lambda a: fn.address <= a < fn.end, index) == found
+            assert planner.exits.exit_rows(fn, lambda a: fn.address <= a < fn.end, index) == found
         finally:
-            planner._search, planner._batch = search, batch
+            planner.model.search, planner.model.batch = search, batch
         kinds.update(kind for _, kind, _, _ in found)
     assert kinds == {JUMP, BRANCH, RETURN, OTHER}

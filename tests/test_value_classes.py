@@ -10,7 +10,7 @@ import pytest
 
 from urewrite.arch.base import Insn, Window
 from urewrite.rewriter.functions import Function
-from urewrite.rewriter.planner import Hop, Plan, ProbePoint, Pun, Refusal
+from urewrite.rewriter.plan.results import Hop, Plan, ProbePoint, Pun, Refusal
 from urewrite.rewriter.selectors import Site
 from urewrite.trampolines.region import KIND_RETURN
 

@@ -246,7 +246,7 @@ def test_an_rip_relative_jump_target_is_read_from_the_same_slot():
     ("lea rax, [rbx + 8]", None),
 ])
 def test_computed_addresses(text, expected):
-    """What may be the base of offsets to a function's code (planner._case_base)."""
+    """What may be the base of offsets to a function's code (planner.windows.case_base)."""
     code = keystone_bytes(text)
     found = X86_64Backend().computed_addresses(code + keystone_bytes("ret"), BASE)
     assert found == ([] if expected is None else [expected])

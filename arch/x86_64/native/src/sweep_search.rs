@@ -1,9 +1,9 @@
 //! The planner's searches over every function's sweep (rewriter/sweep_search.py).
 //!
-//! `Planner._inner_window` tries windows starting at a site, then one instruction
+//! `Windows.inner_window` tries windows starting at a site, then one instruction
 //! earlier each time, and skips those that a branch of a nearby function or a C++
-//! landing pad lands inside; `Planner._window` takes the instructions at an entry;
-//! `Planner._exit_points` looks for the rows that may leave a function. On a big file
+//! landing pad lands inside; `Windows.window` takes the instructions at an entry;
+//! `ReturnExits.exit_points` looks for the rows that may leave a function. On a big file
 //! (node: 117,000 exit windows, 78,000 entries) these walks are seconds of Python, and
 //! they need nothing but arrays: the sweeps (as `sweep_functions` made them, read in
 //! place), every function's range, its jump tables' cases and the landing pads. This
@@ -54,7 +54,7 @@ pub struct SweepSearch {
 
 impl SweepSearch {
     /// The branch targets of the functions within a short branch of function k
-    /// (Planner._near_targets), sorted; None if one of them is not here.
+    /// (BranchSafety.near_targets), sorted; None if one of them is not here.
     fn near_targets(&self, py: Python<'_>, k: usize) -> PyResult<Option<Vec<i64>>> {
         let targets_all = view(self.targets.bind(py).as_bytes())?;
         let (low, high) = (self.starts[k] - self.reach, self.ends[k] + self.reach);
@@ -76,7 +76,7 @@ impl SweepSearch {
         Ok(Some(found))
     }
 
-    /// What Planner._insns needs to make the instructions the planner reads around a
+    /// What BinaryModel.insns needs to make the instructions the planner reads around a
     /// window: of the rows read, [read_from, read_end), those of the window alone,
     /// [first, last], when no other row read is marked (the others then need no
     /// closer look), else all of them: (their first row, the edges of those rows, the
@@ -253,7 +253,7 @@ impl SweepSearch {
         let mut codes = vec![(0i64, -1i64); last + 1 - first];
         let mut others: Vec<[i64; 4]> = Vec::new();
         for &m in &marked[a..b] {
-            // (as Planner._insns makes them: a direct target's from it, others decoded)
+            // (as BinaryModel.insns makes them: a direct target's from it, others decoded)
             let j = rows_all.partition_point(|&r| r < m);
             let (code, target) = if j == rows_all.len() || rows_all[j] != m {
                 (3, -1)
@@ -350,14 +350,14 @@ impl SweepSearch {
     }
 
     /// The window for a site at `site` in function `k` that a jump of `size` bytes
-    /// needs, as Planner._inner_window finds it: (first, last, end, rows): the
+    /// needs, as Windows.inner_window finds it: (first, last, end, rows): the
     /// window's first and last rows, its end, and the rows read (rows_read()) of those
     /// the Python search reads (from 24 bytes before the site, or from the site when
     /// the first window is the one, to the first row a jump's size after the site).
     /// None where the Python search must decide.
     /// `borrow(k, start, end, size)`: where a window from `start` ends when it takes
     /// the padding after function k's code (which ends at `end`), or -1 if it cannot
-    /// (Planner._borrow_padding). `below`: only windows whose first row is below it
+    /// (Windows.borrow_padding). `below`: only windows whose first row is below it
     /// (the search goes on past a window whose instructions cannot move).
     #[pyo3(signature = (site, k, size, borrow, below = i64::MAX))]
     #[allow(clippy::too_many_arguments)]
@@ -396,7 +396,7 @@ impl SweepSearch {
     }
 
     /// The window at the entry of function k (at `site`, its first byte) that a jump
-    /// of `size` bytes needs, as Planner._window takes it: the instructions from the
+    /// of `size` bytes needs, as Windows.window takes it: the instructions from the
     /// entry on, past a landing pad of `pad` bytes, until they cover the jump, and the
     /// padding after the function if they do not (`borrow`, as for inner()): (first,
     /// last, end, rows): the window's first and last rows, its end, and the rows read
@@ -414,7 +414,7 @@ impl SweepSearch {
         Ok(Some((first as i64, last as i64, end, rows)))
     }
 
-    /// The rows of function k that may leave it, as Planner._exit_points goes over
+    /// The rows of function k that may leave it, as ReturnExits.exit_points goes over
     /// them: returns, other branches (indirect ones), and direct jumps and branches
     /// to a target outside the function: (row, kind, target, address) each, in order.
     /// None where the function is not here.

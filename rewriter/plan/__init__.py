@@ -1,0 +1,1 @@
+"""Planning: which bytes each site's patch displaces, and how it is patched."""
