@@ -471,3 +471,13 @@ def test_trigger_builds_without_sdt_h_with_the_same_usdt_site(tmp_path, compiler
             events = [json.loads(line) for line in traced.stdout.splitlines() if line.startswith("{")]
             assert [e["args"] for e in events] == [[0, 3], [1, 2], [2, 1]]
     assert notes[True] == notes[False] == [("trigger", "usdt", ["-8", "-8"])]
+
+
+def test_programs_rows_check_their_maps():
+    """bench --programs: every program's row, with its maps checked (a wrong count fails)."""
+    result = bench_json("--no-trigger", "--programs", "--no-kernel", "--iterations", "20000",
+                        "--repeat", "1")["programs"]
+    from urewrite.bench.programs import PROGRAMS
+    assert [row["program"] for row in result["programs"]] == list(PROGRAMS)
+    assert all(row["ns"] > 0 and row["bpftrace_ns"] is None for row in result["programs"])
+    assert result["unprobed"] > 0 and result["counting"] > 0

@@ -2,11 +2,12 @@
 under bpftrace with kernel uprobes, in the same run.
 
 The shipped target `calls.c` calls `target(i, word)` N times and prints nanoseconds per
-call. It is rewritten once with an entry and a return probe on `target`; each row runs it
-(best of `repeat` runs): unprobed; counting (`urewrite stat`); then under `urewrite run`
-with each program below; then the same program under bpftrace on the unprobed target
-(root and tracefs only, unless --no-kernel). Each program's maps are checked: a row
-whose counts are wrong fails the bench.
+call. It is rewritten twice: with an entry probe on `target`, and with an entry and a
+return probe (the latency idiom's); each row runs it (best of `repeat` runs): unprobed;
+counting (`urewrite stat`) with each rewrite; then under `urewrite run` with each program
+below, on the rewrite it needs; then the same program under bpftrace on the unprobed
+target (root and tracefs only, unless --no-kernel). "Added" is over counting with the same
+rewrite. Each program's maps are checked: a row whose counts are wrong fails the bench.
 """
 
 from __future__ import annotations
@@ -65,12 +66,16 @@ def _ns(command: List[str], expect: Optional[str] = None, strict: bool = True) -
 
 def programs_bench(work: str, iterations: int, repeat: int, kernel: bool) -> Dict:
     plain = build(work)
-    probed = os.path.join(work, "calls.probed")
     urewrite = [sys.executable, "-m", "urewrite"]
-    proc = subprocess.run(urewrite + [plain, "-p", "target", "-r", "target", "--args", "2",
-                                      "-o", probed, "-q"], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise BenchError(f"cannot rewrite the calls target: {proc.stderr.strip()}")
+    rewrites = {}
+    for returns in (False, True):
+        probed = os.path.join(work, "calls.both" if returns else "calls.entry")
+        proc = subprocess.run(urewrite + [plain, "-p", "target", "--args", "2", "-o", probed,
+                                          "-q"] + (["-r", "target"] if returns else []),
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise BenchError(f"cannot rewrite the calls target: {proc.stderr.strip()}")
+        rewrites[returns] = probed
     n = str(iterations)
 
     def best(command, expect=None, strict=True):
@@ -78,17 +83,21 @@ def programs_bench(work: str, iterations: int, repeat: int, kernel: bool) -> Dic
         return min(ns for ns, _ in runs), all(right for _, right in runs)
 
     log("programs: unprobed, counting")
-    rows = {"unprobed": best([plain, n])[0],
-            "counting": best(urewrite + ["stat", "--", probed, n])[0]}
+    counting = {returns: best(urewrite + ["stat", "--", probed, n])[0]
+                for returns, probed in rewrites.items()}
+    rows = {"unprobed": best([plain, n])[0], "counting": counting[False],
+            "counting_with_return": counting[True]}
     bpftrace = shutil.which("bpftrace") if kernel and os.geteuid() == 0 else None
     programs = []
     for name, (text, expect) in PROGRAMS.items():
         log(f"programs: {name}")
+        returns = "uretprobe" in text
+        probed = rewrites[returns]
         ours, _ = best(urewrite + ["run", "-e", text.format(path=probed), "--", probed, n],
                        expect(iterations))
         theirs, same = best([bpftrace, "-e", text.format(path=plain), "-c", f"{plain} {n}"],
                             expect(iterations), strict=False) if bpftrace else (None, None)
-        programs.append({"program": name, "ns": ours, "added_ns": ours - rows["counting"],
+        programs.append({"program": name, "ns": ours, "added_ns": ours - counting[returns],
                          "bpftrace_ns": theirs, "bpftrace_maps_right": same})
     return {"iterations": iterations, "repeat": repeat, **rows, "programs": programs}
 
@@ -97,7 +106,8 @@ def format_programs_table(result: Dict) -> str:
     lines = [f"Probe programs: ns per call of target() (best of {result['repeat']}, "
              f"{result['iterations']:,} calls)",
              f"  {'unprobed':<28}{result['unprobed']:>10.2f}",
-             f"  {'counting (stat)':<28}{result['counting']:>10.2f}",
+             f"  {'counting (stat), entry':<28}{result['counting']:>10.2f}",
+             f"  {'  and return':<28}{result['counting_with_return']:>10.2f}",
              f"  {'program':<28}{'urewrite':>10}{'+ over counting':>17}{'bpftrace':>11}"]
     for row in result["programs"]:
         theirs = "-" if row["bpftrace_ns"] is None else f"{row['bpftrace_ns']:.1f}" + \
