@@ -103,10 +103,11 @@ def test_counts_equal_the_programs_own(programs, kind, tmp_path):
     assert [p["hits"] for p in returns] == [calls]
 
 
-def _regions(kind: str, program: Path, tmp_path: Path):
+def _regions(kind: str, program: Path, tmp_path: Path, locked: bool = False):
     regions = tmp_path / "regions"
     regions.mkdir()
-    check(_command(kind, program, GOROUTINES, EACH), env={"UREWRITE_DIR": str(regions)})
+    check(_command(kind, program, GOROUTINES, EACH, *([1] if locked else [])),
+          env={"UREWRITE_DIR": str(regions)})
     (region,) = read_regions(str(regions))
     return region
 
@@ -115,8 +116,9 @@ def _regions(kind: str, program: Path, tmp_path: Path):
                     "(AT_HWCAP2 without FSGSBASE): Go's threads count in the shared row")
 @pytest.mark.parametrize("kind", ["static", "pie"])
 def test_threads_count_in_rows_of_their_own(programs, kind, tmp_path):
-    """Told apart by their fs base: several threads claim rows (plain adds there)."""
-    region = _regions(kind, programs[kind][1], tmp_path)
+    """Told apart by their fs base: several threads claim rows (plain adds there). Each
+    goroutine keeps a thread of its own, so that several threads call for sure."""
+    region = _regions(kind, programs[kind][1], tmp_path, locked=True)
     assert region.threads > 1
     assert [p.hits for p in region.probes] == [GOROUTINES * EACH] * 2
     _every_return_sampled_or_missed(region)

@@ -1,7 +1,9 @@
 // Goroutines on several threads call work a known number of times; the
 // program prints its own count of calls, to compare with urewrite's.
 //
-// usage: workers [GOROUTINES [CALLS_EACH]]
+// usage: workers [GOROUTINES [CALLS_EACH [LOCKED]]]
+// LOCKED 1: each goroutine keeps a thread of its own (runtime.LockOSThread), so
+// that the calls are spread over several threads whatever the scheduler does.
 package main
 
 import (
@@ -38,13 +40,16 @@ func main() {
 	if runtime.GOMAXPROCS(0) < 4 {
 		runtime.GOMAXPROCS(4)
 	}
-	goroutines, each := arg(1, 8), arg(2, 2500)
+	goroutines, each, locked := arg(1, 8), arg(2, 2500), arg(3, 0) == 1
 	var wg sync.WaitGroup
 	var sum atomic.Int64
 	for g := 0; g < goroutines; g++ {
 		wg.Add(1)
 		go func(g int) {
 			defer wg.Done()
+			if locked {
+				runtime.LockOSThread()
+			}
 			s := 0
 			for i := 0; i < each; i++ {
 				s += work(g*each + i)
