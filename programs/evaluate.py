@@ -15,7 +15,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from urewrite.programs import output
 from urewrite.programs.checks import CONVERSION, Checked, cast_size
-from urewrite.programs.output import HIST_BUCKETS, MapData, hist_bucket, lhist_bucket
+from urewrite.programs.output import (HIST_BUCKETS, MapData, average, hist_bucket,
+                                      lhist_bucket)
 from urewrite.programs.parser import ProgramError
 from urewrite.programs.syntax import (Assign, Binary, Block, Builtin, Call, Cast,
                                       Conditional, Dereference, Evaluate, If, Integer, Map,
@@ -193,7 +194,7 @@ class _Frame:
             stored = data.entries.get(key, 0)
             if isinstance(stored, str):
                 return stored, False
-            return (_average(*stored) if isinstance(stored, tuple) else stored), True
+            return (average(*stored) if isinstance(stored, tuple) else stored), True
         if isinstance(expression, Unary):
             value, signed = self.value(expression.operand)
             if expression.operator == "!":
@@ -276,13 +277,6 @@ _AGGREGATE = {"count": _Frame._count, "sum": _Frame._sum, "min": _Frame._min,
 
 _COMPARE = {"==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a, b: a < b,
             ">": lambda a, b: a > b, "<=": lambda a, b: a <= b, ">=": lambda a, b: a >= b}
-
-
-def _average(count: int, total: int) -> int:
-    if count == 0:
-        return 0
-    quotient = abs(total) // count
-    return quotient if total >= 0 else -quotient
 
 
 def _arithmetic(operator: str, left: Tuple[int, bool], right: Tuple[int, bool]) -> Tuple[int, bool]:

@@ -53,7 +53,7 @@ class MapData:
     keyed: bool = True  # (what an empty map prints depends on it)
 
 
-def _average(count: int, total: int) -> int:
+def average(count: int, total: int) -> int:
     """bpftrace's integer average: rounded toward zero, as C divides."""
     if count == 0:
         return 0
@@ -65,7 +65,7 @@ def _sort_value(data: MapData, value) -> int:
     if data.kind in ("hist", "lhist"):
         return sum(value)
     if data.kind in ("avg", "stats"):
-        return _average(*value)
+        return average(*value)
     return value if isinstance(value, int) else 0
 
 
@@ -145,10 +145,10 @@ def text(maps: List[MapData]) -> str:
                 lines.append("")
             elif data.kind == "stats":
                 count, total = value
-                lines.append(f"{name}: count {count}, average {_average(count, total)}, "
+                lines.append(f"{name}: count {count}, average {average(count, total)}, "
                              f"total {total}")
             elif data.kind == "avg":
-                lines.append(f"{name}: {_average(*value)}")
+                lines.append(f"{name}: {average(*value)}")
             else:
                 lines.append(f"{name}: {value}")
         if data.kind in ("avg", "stats") and data.entries:
@@ -175,10 +175,10 @@ def json_lines(maps: List[MapData]) -> List[str]:
 
 def _json_value(data: MapData, value):
     if data.kind == "avg":
-        return _average(*value)
+        return average(*value)
     if data.kind == "stats":
         count, total = value
-        return {"count": count, "average": _average(count, total), "total": total}
+        return {"count": count, "average": average(count, total), "total": total}
     if data.kind not in ("hist", "lhist"):
         return value
     used = [i for i, count in enumerate(value) if count]

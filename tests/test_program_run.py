@@ -7,11 +7,10 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 
 import pytest
 
-from conftest import kernel_tracing_alone, uprobes_unavailable
+from conftest import kernel_tracing_alone, uprobes_unavailable, urewrite
 from test_program_output import _ties_sorted
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,11 +32,6 @@ uretprobe:{path}:work /@start[tid]/ {{
     @r = lhist((int64)retval + 3000, 0, 6000, 1000); @took = count(); delete(@start[tid]);
 }}
 """
-
-
-def urewrite(*args, **kwargs):
-    return subprocess.run([sys.executable, "-m", "urewrite", *args], capture_output=True,
-                          text=True, **kwargs)
 
 
 @pytest.fixture(scope="module")

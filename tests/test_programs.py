@@ -7,10 +7,10 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 
+from conftest import urewrite
 from urewrite.programs.checks import check
 from urewrite.programs.parser import ProgramError, parse
 from urewrite.programs.probes import rewrite_specs
@@ -125,11 +125,6 @@ def test_specs_for_a_file():
 
 
 # -- urewrite IN -e PROGRAM -------------------------------------------------------------
-
-def urewrite(*args, **kwargs):
-    return subprocess.run([sys.executable, "-m", "urewrite", *args], capture_output=True,
-                          text=True, **kwargs)
-
 
 @pytest.fixture(scope="module")
 def values(tmp_path_factory):

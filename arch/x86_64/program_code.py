@@ -313,7 +313,7 @@ def _update(fn: str, shape: M.MapShape, kind: str) -> List[str]:
 
 def _load(fn: str, shape: M.MapShape) -> List[str]:
     """An entry's value, 0 for none: an avg() map's mean, rounded toward zero."""
-    none, done = _unique(fn), _unique(fn)
+    done = _unique(fn)
     value = _value_at(shape)
     out = ["pop rdi", "xor eax, eax", "test rdi, rdi", f"jz {done}",
            "cmp qword ptr [rdi + 8], 1", f"jne {done}"]
@@ -322,7 +322,7 @@ def _load(fn: str, shape: M.MapShape) -> List[str]:
                 f"mov rax, qword ptr [rdi + {value + 8}]", "cqo", "idiv rcx"]
     else:
         out.append(f"mov rax, qword ptr [rdi + {value}]")
-    return out + [f"{none}:", f"{done}:", "push rax"]
+    return out + [f"{done}:", "push rax"]
 
 
 def _delete(fn: str, shape: M.MapShape) -> List[str]:
