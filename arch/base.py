@@ -565,6 +565,14 @@ class Backend(ABC):
         (most windows: node, every function, 85%). (Default: never.)"""
         return False
 
+    def may_fault(self, insn: Insn, g_in_register: bool) -> bool:
+        """Whether `insn` (decoded without detail) may fault where it runs: it reaches
+        memory through anything but the stack pointer, its own code's constants or
+        (`g_in_register`: Go's ABIInternal) the goroutine's g, or it divides, or it
+        traps by design. Asked of Go code's windows only: a fault in a trampoline has
+        a PC that Go's traceback and recover() do not know. (Default: any may.)"""
+        return True
+
     @abstractmethod
     def flags_live_at_entry(self) -> bool:
         """Whether the ABI lets a caller pass condition flags into a function."""

@@ -96,6 +96,14 @@ def rewrite_all(program: Path, out: Path, *extra) -> None:
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
 
 
+def probed_all(go_work: Path, name: str) -> Path:
+    """The build with every function probed at entry and return (made once)."""
+    probed = go_work / f"{build(go_work, name).name}.probed"
+    if not probed.exists():
+        rewrite_all(build(go_work, name), probed)
+    return probed
+
+
 def calls(stdout: str) -> int:
     return int(re.search(r"^calls: (\d+)$", stdout, re.M).group(1))
 
@@ -105,8 +113,7 @@ def test_every_function_probed_runs_as_the_original(go_work, name):
     program = build(go_work, name)
     want = execute(program)
     assert want.returncode == 0, want.stderr
-    probed = go_work / f"{program.name}.probed"
-    rewrite_all(program, probed)
+    probed = probed_all(go_work, name)
     got = execute(probed)
     assert (got.returncode, got.stdout) == (0, want.stdout), got.stderr[-3000:]
     if "arm64" in name:
@@ -121,6 +128,24 @@ def test_every_function_probed_runs_as_the_original(go_work, name):
         assert kinds[("main.work", "entry")] == n
         assert kinds[("main.work", "return")] == n
         assert kinds[("main.mayPanic", "entry")] == kinds[("main.mayPanic", "return")] == 10
+
+
+@pytest.mark.parametrize("name", ["static", "arm64"])
+def test_fault_reads_as_in_the_original(go_work, name):
+    """A nil receiver faults at the first instruction of main.(*Box).Get, Go's nil
+    check: its entry is refused with the reason (a trampoline's PC is in none of
+    Go's tables), so the traceback names the frame and the line, and `pc=` is the
+    original's, recovered (the sample prints its frames) or not. Arguments the
+    traceback is unsure of (`0x...?`) are stack addresses, which vary."""
+    program, probed = build(go_work, name), probed_all(go_work, name)
+    listed = urewrite("list", program).stdout
+    get = next(l for l in listed.splitlines() if " main.(*Box).Get " in l)
+    assert "may fault: Go's traceback" in get, get
+    want, got = execute(program, "nil"), execute(probed, "nil")
+    unsure = re.compile(r"0x[0-9a-f]+\?")
+    assert want.returncode == 2 and "main.(*Box).Get" in want.stderr, want.stderr
+    assert (got.returncode, unsure.sub("0x?", got.stderr)) == \
+        (want.returncode, unsure.sub("0x?", want.stderr))
 
 
 def strip(program: Path) -> Path:

@@ -19,6 +19,7 @@ from urewrite.rewriter import free_space
 from urewrite.rewriter.functions import Function
 from urewrite.rewriter.model import MAX_LOOK_BACK, BinaryModel
 from urewrite.rewriter.plan.branch_safety import BranchSafety
+from urewrite.rewriter.plan.go_faults import GoFaults
 from urewrite.rewriter.plan.results import Plan, ProbePoint, Refused
 from urewrite.rewriter.plan.return_exits import ReturnExits
 from urewrite.rewriter.selectors import Site
@@ -46,6 +47,7 @@ class Windows:
         self._verbatim: Dict[bytes, list] = {}  # code -> its instructions, or [] (moves_verbatim)
         self._padding_runs: Dict[bytes, list] = {}  # code -> padding_run()
         self._shadow_stack = model.elf.shadow_stack
+        self.go_faults = GoFaults(model)
 
     def counts_when_taken(self, site: Site) -> bool:
         """Whether the site is a conditional exit, counted on its taken edge only."""
@@ -120,7 +122,7 @@ class Windows:
         problems = [self.backend.quick_relocation_problem(insn, k == last, self._shadow_stack)
                     for k, insn in enumerate(insns) if self.backend.needs_detail(insn)]
         if None in problems:
-            problem = self.in_detail(insns)[1]
+            problem = self.in_detail(insns)[1] or self.go_faults.problem(start, end)
             if problem:
                 raise Refused(problem)
             return tuple(insns)
@@ -132,6 +134,9 @@ class Windows:
         problem = next((p for p, in problems if p), None)
         if problem:
             raise Refused(f"cannot relocate {problem}")
+        problem = self.go_faults.problem(start, end)
+        if problem:
+            raise Refused(problem)
         return tuple(insns)
 
     def read_window(self, fn: Function, first: int, last: int, read: tuple) -> list:
