@@ -404,7 +404,7 @@ class Planner:
                 previous, previous_at = outcome, len(outcomes)
             outcomes.append(outcome)
         if self.backend.hop_size and {"hop", "evict", "pun"} & set(self.tactics):
-            outcomes = self.tight_sites.hop_tight_sites(outcomes)
+            outcomes = self.tight_sites.place(outcomes)
         return outcomes
 
     def _found_windows(self, groups: List[List[Site]]) -> list:
