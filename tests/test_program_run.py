@@ -173,3 +173,77 @@ def test_a_full_map_and_bad_reads_are_reported(files):
         "urewrite: 172 map updates were dropped: a map with keys holds 128 entries (--map-size N)",
         'urewrite: 300 memory reads found nothing to read (str() or a pointer read of a bad '
         'address): they gave "" or 0']
+
+
+MATRIX_PROGRAM = """
+uprobe:{path}:{work} /arg0 > 10/ {{
+    @c[arg1] = count(); @s[arg1 % 3] = sum(arg0); @h = hist(arg0); @mx = max(arg0);
+}}
+uprobe:{path}:{work} {{ @start[tid] = nsecs; }}
+uretprobe:{path}:{work} /@start[tid]/ {{
+    @r = lhist((int64)retval + 3000, 0, 6000, 1000); @took = count(); delete(@start[tid]);
+}}
+uprobe:{path}:{named} {{ @w[arg1 % 5] = count(); }}
+"""
+# build -> (compiler and flags, the arguments of the run); "shared" puts work and named
+# in a shared object, which the probes name
+MATRIX = {
+    "O0": (["gcc", "-O0"], ["3000"]),
+    "O3-static": (["gcc", "-O3", "-static", "-pthread"], ["3000"]),
+    "shared": (["gcc", "-O2"], ["3000"]),
+    "threads": (["gcc", "-O2", "-pthread"], ["3000", "4"]),
+    "cxx": (["g++", "-x", "c++", "-O2", "-pthread"], ["3000", "3"]),
+}
+
+
+def _matrix_build(work, name: str):
+    """(the command, the probed file, the rewrite's program) for a build of the sample:
+    the original in work/plain, the rewrite in work/rw under the same name."""
+    compiler, args = MATRIX[name]
+    if shutil.which(compiler[0]) is None:
+        pytest.skip(f"{compiler[0]} is not installed")
+    plain, rw = work / "plain", work / "rw"
+    plain.mkdir()
+    rw.mkdir()
+    if name == "shared":
+        subprocess.run(compiler + ["-fPIC", "-shared", "-DVALUES_LIBRARY", SAMPLE, "-o",
+                                   str(plain / "libvalues.so")], check=True)
+        subprocess.run(compiler + ["-DVALUES_MAIN", SAMPLE, "-L", str(plain), "-lvalues",
+                                   "-o", str(plain / "values")], check=True)
+        target = "libvalues.so"
+    else:
+        subprocess.run(compiler + [SAMPLE, "-o", str(plain / "values")], check=True)
+        target = "values"
+    names = {"work": '"work(long, long)"', "named": '"named(char const*, long)"'} \
+        if name == "cxx" else {"work": "work", "named": "named"}
+    proc = urewrite(str(plain / target), "-e", MATRIX_PROGRAM.format(path=rw / target, **names),
+                    "-o", str(rw / target), "-q")
+    assert proc.returncode == 0, proc.stderr
+    program = {where: MATRIX_PROGRAM.format(path=where / target, **names)
+               for where in (plain, rw)}
+    return plain, rw, target, args, program
+
+
+@pytest.mark.parametrize("name", list(MATRIX))
+def test_builds_and_threads_give_the_maps_bpftrace_gives(tmp_path, name):
+    """-O0, -O3 static, a shared object, four threads, C++ names: the same maps as
+    bpftrace with kernel uprobes on the original."""
+    plain, rw, target, args, program = _matrix_build(tmp_path, name)
+    shared = target != "values"
+    command = [str((plain if shared else rw) / "values"), *args]
+    env = dict(os.environ, LD_LIBRARY_PATH=str(rw)) if shared else None
+    ours = urewrite("run", "-e", program[rw], "--", *command, env=env)
+    assert ours.returncode == 0, ours.stderr
+    assert f"@took: {args[0]}" in ours.stdout, ours.stdout
+    if shutil.which("bpftrace") is None:
+        pytest.skip("bpftrace is not installed")
+    why = uprobes_unavailable()
+    if why:
+        pytest.skip(f"bpftrace needs kernel uprobes: {why}")
+    with kernel_tracing_alone():
+        theirs = subprocess.run(
+            ["bpftrace", "-e", program[plain], "-c", " ".join([str(plain / "values"), *args])],
+            capture_output=True, text=True, timeout=120,
+            env=dict(os.environ, LD_LIBRARY_PATH=str(plain)) if shared else None)
+    assert theirs.returncode == 0, theirs.stderr
+    assert _ties_sorted(_maps(ours.stdout)) == _ties_sorted(_maps(theirs.stdout))
