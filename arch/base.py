@@ -167,8 +167,8 @@ class NotAsSwept(Exception):
 class SweptCode(Sequence):
     """A function's instructions where its sweep finds them, decoded (`decode`, the quick
     form) only where they are read, CHUNK at a time. A jump table's walk reads the few
-    instructions before its jump: node's functions with an indirect jump hold 1,000,000
-    instructions, and decoding them all took 3 s. Reading one that the decoder does not
+    instructions before its jump, where a big file's functions with an indirect jump hold
+    millions. Reading one that the decoder does not
     find where the sweep does raises NotAsSwept."""
 
     CHUNK = 32
@@ -239,8 +239,8 @@ class SweepBatch:
 def value_class(cls):
     """A dataclass for the values a big file's plans make by the 100,000s (sites,
     windows, plans): with slots, and an __init__ of plain assignments. A frozen
-    dataclass sets each field through object.__setattr__: three times slower to make
-    (node's `list` makes 1.5 million), and a __dict__ each (160 bytes against 64).
+    dataclass sets each field through object.__setattr__: several times slower to make,
+    and a __dict__ each (more than twice the memory).
     Hashable and equal by their fields as frozen ones are, and treated as immutable
     as they are, without the check. Pickled as a call with its fields (the default
     for slots is several times slower: `list` sends windows between processes)."""
@@ -553,8 +553,7 @@ class Backend(ABC):
                                  shadow_stack: bool) -> Optional[tuple]:
         """relocation_problem() of an instruction that needs_detail(), where its decode
         without detail is enough to say it: (the problem or None,); else None. (Most
-        such windows end in a direct call: node's `list`, 60,000 windows.) (Default:
-        never enough.)"""
+        such windows end in a direct call.) (Default: never enough.)"""
         return None
 
     def moves_verbatim(self, insn: Insn) -> bool:
@@ -562,7 +561,7 @@ class Backend(ABC):
         bytes: no operand relative to where it lies, no branch to somewhere relative to
         it (a return may be one: the backend's relocator knows it by its name). A window
         of only such instructions is copied as it is, not decoded in detail to be moved
-        (most windows: node, every function, 85%). (Default: never.)"""
+        (most windows). (Default: never.)"""
         return False
 
     def may_fault(self, insn: Insn, g_in_register: bool) -> bool:

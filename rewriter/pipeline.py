@@ -106,9 +106,8 @@ class ReturnProbe:
 def no_cycle_collection():
     """The cyclic garbage collector paused while a file is worked on. A big file makes
     millions of long-lived objects (sweeps, branch targets, windows), and each full
-    collection looked at all of them again: 5 s of node's `list` in each process,
-    for nothing: the work makes next to no reference cycles (node's peak memory is
-    the same either way), and reference counting frees the rest. (gc.freeze() at
+    collection would look at all of them again for nothing: the work makes next to no
+    reference cycles, and reference counting frees the rest. (gc.freeze() at
     each stage did not help: the objects a stage makes are what a collection visits.)
     It runs again on leaving, for a caller that goes on to other files (--summary)."""
     was_enabled = gc.isenabled()
@@ -194,7 +193,7 @@ def return_probes(a: Analysis, sites: List[Site]) -> Dict[int, ReturnProbe]:
         if not isinstance(o, Plan):
             found[o.site.function.address].refusal = o.reason
             continue
-        tactic = o.tactic  # (one per plan: asked once, of node's 117,000)
+        tactic = o.tactic  # (one per plan: asked once)
         for point in o.points:
             for site in point.sites:
                 probe = found[site.function.address]

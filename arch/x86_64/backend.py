@@ -235,8 +235,7 @@ class X86_64Backend(Backend):
     def direct_branch(self, code: bytes, address: int, target: int) -> Optional[Insn]:
         # (a plain form's mnemonic depends on its opcode alone, and Capstone writes its
         # target in hex: learnt from the first of each opcode, then made without a
-        # decode; most instructions a window reads are calls, one decode each took 2 s
-        # of node's `list`)
+        # decode; most instructions a window reads are calls)
         opcode = _branch_opcode(code)
         mnemonic = self._branch_mnemonics.get(opcode) if opcode else None
         if mnemonic is not None:
@@ -249,9 +248,9 @@ class X86_64Backend(Backend):
         return decoded[0]
 
     def computed_addresses(self, code: bytes, address: int) -> list:
-        # (iced-x86, as the sweep: node's functions with an indirect jump that is no
-        # table hold 544,000 instructions; Capstone took 2 s to decode them; the same
-        # loop in the native module where it was built, 0.4 s of CPU time less)
+        # (iced-x86 in the native module, as the sweep, where it was built: a big
+        # file's functions with an indirect jump that is no table hold 100,000s of
+        # instructions, slow to decode with Capstone)
         if linear_sweep.native_sweep is not None:
             return linear_sweep.native_sweep.computed_addresses(code, address)
         return self.python_computed_addresses(code, address)
@@ -359,7 +358,7 @@ class X86_64Backend(Backend):
     def needs_detail(self, insn: Insn) -> bool:
         # only calls, indirect branches and xbegin can be refused
         # (relocator.relocation_problem): a direct jump or branch is re-encoded to
-        # reach its target from anywhere (node: 31,000 of the 37,000 windows asked)
+        # reach its target from anywhere (most windows asked)
         mnemonic = _bare_mnemonic(insn.mnemonic)
         if mnemonic == "call" or mnemonic == "xbegin":
             return True

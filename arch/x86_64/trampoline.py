@@ -128,8 +128,8 @@ class _Labels:
 
 def _counting(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
     """The armed path and the trace path of `point`, copied from the template of its
-    shape: points differ in little more than their probes' indexes (node, every
-    function: 78,000 points of a few shapes; writing each took most of the time)."""
+    shape: points differ in little more than their probes' indexes (a big file has
+    100,000s of points, of a few shapes)."""
     template = _counting_template(refs, len(w.code) % ARGUMENTS_ALIGN, point.flags_live,
                                   len(point.probes), point.enters, len(point.leaves),
                                   point.redirect is not None, point.arguments, point.go_code)

@@ -166,7 +166,7 @@ class Windows:
     def detailed(self, plan: Plan) -> Plan:
         """The plan with the instructions of its windows (its own, and the neighbour
         it moves away) decoded in detail, for the code that moves them. (Done when
-        the trampolines are made, on every core: node, every function: 6.7 s.)"""
+        the trampolines are made, on every core.)"""
         window = self.detailed_window(plan.window)
         hop, pun = plan.hop, plan.pun
         if hop is not None and hop.evicted is not None:
@@ -324,8 +324,7 @@ class Windows:
         windows that the compiled search finds are asked of it all at once
         (SweepSearch.inner_batch, entry_batch) and read as searched_window() and
         searched_entry() read them, their marked rows made by made_rows(); the rest
-        one by one, as before (node: 117,000 exit windows and 78,000 entries, about
-        50 µs each that way)."""
+        one by one, in Python (the reference)."""
         found: list = [None] * len(sites)
         search = self.model.compiled_search()
         inner, entries = [], []  # (index in sites, function's index, landing pad's size)
@@ -461,7 +460,7 @@ class Windows:
         of addresses are seen by the scans for taken addresses; a jump through a
         pointer to another function (a vtable's) computes no such base. A window there
         holds the site's instruction alone; hops and punned jumps keep to that."""
-        # (kept per function asked of: node's 117,000 exit windows ask 78,000 functions)
+        # (kept per function asked of: a function's exit windows all ask it)
         key = -site.function.address - 1 if site.kind == KIND_RETURN else fn.address
         if key not in self._unknown_known:
             self._unknown_known[key] = self.unknown_cases(
@@ -557,7 +556,7 @@ class Windows:
 
     def padding_run(self, code: bytes) -> list:
         """free_space.padding_ends(), kept per byte string: the gaps after functions are
-        alike (node: 43,000 windows borrow one)."""
+        alike."""
         ends = self._padding_runs.get(code)
         if ends is None:
             ends = self._padding_runs[code] = free_space.padding_ends(self.backend, code)
