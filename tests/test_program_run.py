@@ -7,6 +7,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -247,3 +248,35 @@ def test_builds_and_threads_give_the_maps_bpftrace_gives(tmp_path, name):
             env=dict(os.environ, LD_LIBRARY_PATH=str(plain)) if shared else None)
     assert theirs.returncode == 0, theirs.stderr
     assert _ties_sorted(_maps(ours.stdout)) == _ties_sorted(_maps(theirs.stdout))
+
+
+def test_loaded_into_a_region_directory(files, tmp_path):
+    """--dir: processes that start with UREWRITE_DIR=DIR while it runs run the program
+    (two, one with threads: their calls add up); at the end it is unloaded."""
+    import time
+    _, rewritten = files
+    directory = tmp_path / "regions"
+    directory.mkdir()
+    program = f"uprobe:{rewritten}:work {{ @n = count(); @k[arg1 % 2] = count(); }}"
+    loader = subprocess.Popen(
+        [sys.executable, "-m", "urewrite", "run", "-e", program, "--dir", str(directory),
+         "--duration", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        waited = time.monotonic() + 30
+        while not list(directory.glob("*.program")) and loader.poll() is None and \
+                time.monotonic() < waited:
+            time.sleep(0.05)
+        env = dict(os.environ, UREWRITE_DIR=str(directory))
+        for args in (["700"], ["700", "3"]):
+            done = subprocess.run([str(rewritten), *args], env=env, capture_output=True)
+            assert done.returncode == 0, done.stderr
+        out, err = loader.communicate(timeout=60)
+    finally:
+        loader.kill()
+    assert loader.returncode == 0, err
+    assert "@n: 1400" in out and "@k[0]: 800" in out and "@k[1]: 600" in out, out
+    assert not list(directory.glob("*.program")) and not list(directory.glob("*.maps"))
+    proc = urewrite("run", "-e", program, "--dir", str(tmp_path / "none"), "--duration", "1")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "no directory" in proc.stderr
+    proc = urewrite("run", "-e", program, "--dir", str(directory), "--", str(rewritten))
+    assert proc.returncode == 2 and "--dir goes without a command" in proc.stderr
