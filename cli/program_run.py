@@ -10,6 +10,7 @@ import time
 
 import click
 
+from urewrite.console import fail
 from urewrite.errors import UrewriteError
 from urewrite.live_options import live_options, live_or_command
 
@@ -75,7 +76,7 @@ def run(program_text, program_path, as_json, output, map_size, interval, directo
                                         for b in checked.program.blocks for p in b.probes},
                               map_size)
     except UrewriteError as e:
-        _fail(str(e))
+        fail(str(e))
     state = evaluate.State(checked)
     for block in checked.program.blocks:  # BEGIN, in the tracer
         if any(p.kind == "BEGIN" for p in block.probes):
@@ -152,9 +153,9 @@ def _run_command(command, targets, lowered, ticker):
         try:
             maps_path = attach.write_files(directory, targets, lowered, _assemble)
         except UrewriteError as e:
-            _fail(str(e))
+            fail(str(e))
         except OSError as e:
-            _fail(f"cannot write the program's files in {directory}: {e.strerror}")
+            fail(f"cannot write the program's files in {directory}: {e.strerror}")
         env = dict(os.environ, **{ENV_VAR: directory})
         if lowered.printfs:  # printf()s come back as events of the processes' rings
             env[TRACE_ENV_VAR] = str(PRINTF_RING)
@@ -191,15 +192,15 @@ def _run_in_directory(directory, duration, targets, lowered, ticker):
     from urewrite.tracer import POLL_SECONDS
 
     if not os.path.isdir(directory):
-        _fail(f"no directory {directory}")
+        fail(f"no directory {directory}")
     try:
         maps_path = attach.write_files(directory, targets, lowered, _assemble)
     except UrewriteError as e:
-        _fail(str(e))
+        fail(str(e))
     except FileExistsError as e:
-        _fail(f"a program is loaded in {directory} already ({os.path.basename(e.filename)})")
+        fail(f"a program is loaded in {directory} already ({os.path.basename(e.filename)})")
     except OSError as e:
-        _fail(f"cannot write the program's files in {directory}: {e.strerror}")
+        fail(f"cannot write the program's files in {directory}: {e.strerror}")
     click.echo(f"urewrite: the program is loaded in {directory}; Ctrl-C ends", err=True)
     if lowered.printfs:
         from urewrite.trampolines.region import TRACE_ENV_VAR
@@ -273,7 +274,7 @@ def _run_armed(pids, all_of, duration, targets, lowered, ticker):
             dropped += lost
             faults += maps.faults(area)
     except UrewriteError as e:
-        _fail(str(e))
+        fail(str(e))
     finally:
         for reader in readers.values():
             reader.close()
@@ -340,8 +341,4 @@ def _print(lines) -> None:
         except BrokenPipeError:  # (a reader such as head went away: go on, quietly)
             sys.stdout = open(os.devnull, "w")
 
-
-def _fail(message: str) -> None:
-    click.echo(f"urewrite: {message}", err=True)
-    sys.exit(1)
 
