@@ -538,6 +538,23 @@ class Backend(ABC):
         for the first pair of stub addresses `stubs` (as for `pun`) takes; None if none."""
         raise NotImplementedError(f"{self.name} has no punned jumps")
 
+    # -- Go's faults ---------------------------------------------------------
+    translates_faults = False  # whether fault_hook() is there
+
+    def moved_instructions(self, address: int, window: Window, points) -> list:
+        """(address in the trampoline, original address) of each instruction of `window`
+        (decoded in detail) in the trampoline that trampoline() makes for it at
+        `address` with `points`."""
+        raise NotImplementedError(f"{self.name} has no fault hook")
+
+    def fault_hook(self, address: int, window: Window, moved) -> bytes:
+        """The trampoline at `address` (entered at its first byte) of Go's signal
+        handler's entry `window`: a fault the kernel reports at one of the `moved`
+        instructions' trampoline addresses ((trampoline address, original address)
+        each) is set to the original address before the handler reads it, then the
+        handler's displaced instructions run (rewriter/plan/go_faults.py)."""
+        raise NotImplementedError(f"{self.name} has no fault hook")
+
     # -- can I? ------------------------------------------------------------
     @abstractmethod
     def relocation_problem(self, insn: Insn, is_last: bool, shadow_stack: bool) -> Optional[str]:

@@ -287,6 +287,7 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
         raise UrewriteError(f"{elf.path}: a shared object without DT_INIT (no place to start "
                             f"the probe runtime from) is not supported yet")
     arguments_of = _ArgumentEncoder(a, backend, entry_args)
+    faults = a.planner.windows.go_faults  # (a Go program's fault hook, if any)
 
     def build(placement, progress=None):
         return segment.build(backend, plans, placement, os.path.basename(output_path),
@@ -294,7 +295,8 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
                              dt_init[1] if dt_init else None, arguments_of=arguments_of,
                              progress=progress, siteless=a.planner.exits.siteless,
                              detailed=a.planner.windows.detailed, go_program=is_go_program(elf),
-                             go_functions=go_functions(elf))
+                             go_functions=go_functions(elf), fault_hook=faults.hook,
+                             in_go_code=faults.in_go_code)
 
     # The state memory follows the code: place it after a bound on the code's size
     # (a gap there costs address space, no file bytes) and build once; should the
@@ -305,7 +307,7 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
              for stub in p.patching.stub_addresses()]
     segments = 2 + len(layout.stub_pages(stubs))
     stubs_from = a.planner.stub_floor if stubs else 0
-    bound = segment.size_bound(plans)
+    bound = segment.size_bound(plans, faults.hook is not None)
     if stubs_from:  # (a bound is only a bound: the code itself must fit below the stubs)
         bound = min(bound, layout.room_below(elf, stubs_from, backend.state_size))
     placement = layout.place(elf, bound, backend.state_size, segments, stubs_from)

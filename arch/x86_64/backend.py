@@ -13,8 +13,8 @@ from capstone import x86
 
 from urewrite.arch.base import (BRANCH, CALL, JUMP, OTHER, PLAIN, RETURN, Backend, Insn, Runtime,
                                 RuntimeRefs, RuntimeSpec, Sweep, SweepBatch, Window)
-from urewrite.arch.x86_64 import (arguments, faults, jump_tables, relocator, return_address,
-                                  runtime, linear_sweep, trampoline)
+from urewrite.arch.x86_64 import (arguments, fault_hook, faults, jump_tables, relocator,
+                                  return_address, runtime, linear_sweep, trampoline)
 from urewrite.arch.x86_64.writer import jmp_rel8, jmp_rel32
 from urewrite.trampolines.arguments import C_CONVENTION
 
@@ -397,6 +397,14 @@ class X86_64Backend(Backend):
             verdict = _VERBATIM[insn.mnemonic] = relocator.verbatim_returns(insn) or bool(
                 bare) and not any(part in bare for part in ("j", "call", "ret", "loop", "xbegin"))
         return verdict
+
+    translates_faults = True
+
+    def moved_instructions(self, address: int, window: Window, points) -> list:
+        return trampoline.moved_instructions(address, window, points)
+
+    def fault_hook(self, address: int, window: Window, moved) -> bytes:
+        return fault_hook.build(address, window, moved)
 
     def may_fault(self, insn: Insn, g_in_register: bool) -> bool:
         return faults.may_fault(insn, g_in_register)

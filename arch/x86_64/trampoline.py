@@ -69,8 +69,7 @@ ARGUMENTS_ALIGN = 8  # of a trace path's argument descriptors
 def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
     """The displaced instructions with each point's check before its instruction; then
     the out-of-line parts of each point."""
-    gaps = {p.address: _check_size(p.flags_live, p.go_code) for p in points if not p.taken}
-    where = relocator.layout(window.insns, address, gaps)
+    where = relocator.layout(window.insns, address, _gaps(points))
     by_address = {p.address: (k, p) for k, p in enumerate(points)}
     w = Writer(address)
     falls_through = True
@@ -94,6 +93,19 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
         if point.redirect:
             _return_stub(w, _Labels(k), _Labels(f"r{k}"), point.redirect, refs)
     return w.bytes()
+
+
+def moved_instructions(address: int, window: Window, points) -> list:
+    """(address in the trampoline build() makes, original address) of each instruction."""
+    gaps = _gaps(points)  # (a point's check goes where layout() puts its instruction)
+    where = relocator.layout(window.insns, address, gaps)
+    return [(where[insn.address] + gaps.get(insn.address, 0), insn.address)
+            for insn in window.insns]
+
+
+def _gaps(points) -> dict:
+    """Bytes each point's check takes before its instruction."""
+    return {p.address: _check_size(p.flags_live, p.go_code) for p in points if not p.taken}
 
 
 def _red_zone(point) -> int:

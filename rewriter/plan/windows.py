@@ -47,7 +47,7 @@ class Windows:
         self._verbatim: Dict[bytes, list] = {}  # code -> its instructions, or [] (moves_verbatim)
         self._padding_runs: Dict[bytes, list] = {}  # code -> padding_run()
         self._shadow_stack = model.elf.shadow_stack
-        self.go_faults = GoFaults(model)
+        self.go_faults = GoFaults(model, self.window)
 
     def counts_when_taken(self, site: Site) -> bool:
         """Whether the site is a conditional exit, counted on its taken edge only."""
