@@ -541,10 +541,11 @@ class Backend(ABC):
     # -- Go's faults ---------------------------------------------------------
     translates_faults = False  # whether fault_hook() is there
 
-    def moved_instructions(self, address: int, window: Window, points) -> list:
+    def moved_instructions(self, address: int, window: Window, points,
+                           refs: RuntimeRefs) -> list:
         """(address in the trampoline, original address) of each instruction of `window`
         (decoded in detail) in the trampoline that trampoline() makes for it at
-        `address` with `points`."""
+        `address` with `points` and `refs`."""
         raise NotImplementedError(f"{self.name} has no fault hook")
 
     def fault_hook(self, address: int, window: Window, moved) -> bytes:

@@ -82,7 +82,7 @@ def _trampolines(backend: Backend, plans, start: int, refs: RuntimeRefs, count_p
                                           point.taken, point.stays_within))
             code += backend.trampoline(at, plan.window, points, refs)
             if in_go_code is not None and in_go_code(plan.window.address):
-                moved_insns += backend.moved_instructions(at, plan.window, points)
+                moved_insns += backend.moved_instructions(at, plan.window, points, refs)
             moved_to, patching = None, plan.patching
             moved = patching.moved
             if moved:  # an evicted neighbour or successor: a trampoline of its own, no probe
@@ -90,7 +90,7 @@ def _trampolines(backend: Backend, plans, start: int, refs: RuntimeRefs, count_p
                 code += bytes(moved_to - start - len(code))
                 code += backend.trampoline(moved_to, moved, (), refs)
                 if in_go_code is not None and in_go_code(moved.address):
-                    moved_insns += backend.moved_instructions(moved_to, moved, ())
+                    moved_insns += backend.moved_instructions(moved_to, moved, (), refs)
             patches += patching.patches(backend, plan.window, at, moved_to)
             stubs += patching.stubs(backend, at, moved_to)
         except OverflowError:

@@ -133,20 +133,16 @@ def test_every_function_probed_runs_as_the_original(go_work, name):
 @pytest.mark.parametrize("name", ["static", "arm64"])
 def test_fault_reads_as_in_the_original(go_work, name):
     """A nil receiver faults at the first instruction of main.(*Box).Get, Go's nil
-    check. On x86_64 that instruction is moved, and the fault hook at Go's signal
-    handler gives the handler the original PC; on arm64 (no hook yet) the entry is
-    refused with the reason. Either way the traceback names the frame and the line,
-    and `pc=` is the original's, recovered (the sample prints its frames) or not.
+    check. That instruction is moved, and the fault hook at Go's signal handler gives
+    the handler the original PC: the traceback names the frame and the line, and
+    `pc=` is the original's, recovered (the sample prints its frames) or not.
     Arguments the traceback is unsure of (`0x...?`) are stack addresses, which vary."""
     program, probed = build(go_work, name), probed_all(go_work, name)
     listed = urewrite("list", program).stdout
     get = next(l for l in listed.splitlines() if " main.(*Box).Get " in l)
-    if name == "arm64":
-        assert "may fault: Go's traceback" in get, get
-    else:
-        assert " ok, " in get, get
-        hook = next(l for l in listed.splitlines() if " runtime.sigtramp.abi0 " in l)
-        assert "fault hook" in hook, hook
+    assert " ok, " in get, get
+    hook = next(l for l in listed.splitlines() if " runtime.sigtramp.abi0 " in l)
+    assert "fault hook" in hook, hook
     want, got = execute(program, "nil"), execute(probed, "nil")
     unsure = re.compile(r"0x[0-9a-f]+\?")
     assert want.returncode == 2 and "main.(*Box).Get" in want.stderr, want.stderr

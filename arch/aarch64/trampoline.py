@@ -99,11 +99,28 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
         w.stp_pre(X16, X17, SP, -FRAME)
         _point(w, _Labels(""), point, refs, lambda: w.b(target))
         return w.bytes()
-    w.stp_pre(X16, X17, SP, -FRAME)
-    _point(w, _Labels(""), point, refs, lambda: _displaced(w, window), window.insns[0])
+    _body(w, window, point, refs, lambda: _displaced(w, window))
     if point.redirect:
         _return_stub(w, point.redirect, refs)
     return w.bytes()
+
+
+def moved_instructions(address: int, window: Window, points, refs: RuntimeRefs) -> list:
+    """(address in the trampoline build() makes, original address) of the window's
+    instruction; none for a conditional tail call's (a branch: it never faults)."""
+    (point,) = points
+    if point.taken:
+        return []
+    w, at = Writer(address), []
+    _body(w, window, point, refs, lambda: at.append(w.pc))
+    return [(at[0], window.address)]
+
+
+def _body(w: Writer, window: Window, point, refs: RuntimeRefs, displaced) -> None:
+    """The frame pushed, then the point, which runs `displaced()` where the window's
+    instruction goes."""
+    w.stp_pre(X16, X17, SP, -FRAME)
+    _point(w, _Labels(""), point, refs, displaced, window.insns[0])
 
 
 def _displaced(w: Writer, window: Window) -> None:

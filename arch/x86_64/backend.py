@@ -400,7 +400,8 @@ class X86_64Backend(Backend):
 
     translates_faults = True
 
-    def moved_instructions(self, address: int, window: Window, points) -> list:
+    def moved_instructions(self, address: int, window: Window, points,
+                           refs: RuntimeRefs) -> list:
         return trampoline.moved_instructions(address, window, points)
 
     def fault_hook(self, address: int, window: Window, moved) -> bytes:
