@@ -670,7 +670,9 @@ def stat(as_json, output, interval, directory, pids, all_of, duration, command):
         if latency_missed:
             click.echo(f"urewrite: {who}: {latency_missed} returns of functions measured for "
                        f"latency gave no sample (more than {region_layout.LATENCY_DEPTH} calls "
-                       f"open in a thread, or entered on another thread)", err=True)
+                       f"open in a thread, or entered on another thread; Go functions: more "
+                       f"calls open than the region's {region_layout.GO_CALLS} entries hold, or "
+                       f"run with no goroutine)", err=True)
     sys.exit(exit_code or 0)
 
 

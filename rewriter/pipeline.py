@@ -26,6 +26,8 @@ from urewrite.rewriter import segment
 from urewrite.trampolines import arguments, region
 from urewrite.trampolines.region import KIND_ENTRY, KIND_RETURN, KIND_USDT
 
+X86_64_MACHINE = 62
+
 
 PREPARE_AT = 2000  # sites from which a rewrite analyses every function up front
 
@@ -289,13 +291,19 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
                             f"the probe runtime from) is not supported yet")
     arguments_of = _ArgumentEncoder(a, backend, entry_args)
 
+    def g_register(site: Site) -> bool:
+        """Whether r14 holds the goroutine at the entry and returns of the site's
+        function: x86_64 ABIInternal (ABI0 assembly may use r14 for anything)."""
+        return backend.elf_machine == X86_64_MACHINE and \
+            arguments_of.convention(site).name == arguments.GO_REGISTERS
+
     def build(placement, progress=None):
         return segment.build(backend, plans, placement, os.path.basename(output_path),
                              elf.build_id, _file_tag(output_path, elf, plans), exe_entry,
                              dt_init[1] if dt_init else None, arguments_of=arguments_of,
                              progress=progress, siteless=a.planner.exits.siteless,
                              detailed=a.planner.windows.detailed, go_program=is_go_program(elf),
-                             go_functions=go_functions(elf))
+                             go_functions=go_functions(elf), g_register=g_register)
 
     # The state memory follows the code: place it after a bound on the code's size
     # (a gap there costs address space, no file bytes) and build once; should the

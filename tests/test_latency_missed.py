@@ -15,7 +15,7 @@ import pytest
 import json
 
 from conftest import SAMPLES, check, rewrite, urewrite
-from urewrite.trampolines.region import LATENCY_DEPTH, read_regions
+from urewrite.trampolines.region import GO_CALLS, LATENCY_DEPTH, read_regions
 
 DEPTH, ROUNDS, THREADS = 200, 50, 4
 CALLS = DEPTH * ROUNDS * THREADS
@@ -57,7 +57,9 @@ def test_calls_beyond_the_stack_of_open_calls_are_counted(tmp_path):
     missed = [line for line in loop.stderr.splitlines() if "gave no sample" in line]
     assert missed == [f"urewrite: latency_depth.probed (3 processes): {3 * (CALLS - SAMPLED)} "
                       f"returns of functions measured for latency gave no sample (more than "
-                      f"{LATENCY_DEPTH} calls open in a thread, or entered on another thread)"]
+                      f"{LATENCY_DEPTH} calls open in a thread, or entered on another thread; "
+                      f"Go functions: more calls open than the region's {GO_CALLS} entries "
+                      f"hold, or run with no goroutine)"]
 
 
 @pytest.mark.skipif(shutil.which(CROSS_CC) is None or shutil.which(QEMU) is None,

@@ -24,6 +24,9 @@ func work(n int) int {
 	for i := 0; i < n%7; i++ {
 		s += i * n
 	}
+	if n%64 == 0 {
+		runtime.Gosched() // mid-call: the goroutine may resume on another thread
+	}
 	return s
 }
 
@@ -53,9 +56,6 @@ func main() {
 			s := 0
 			for i := 0; i < each; i++ {
 				s += work(g*each + i)
-				if i%64 == 0 {
-					runtime.Gosched() // move between threads now and then
-				}
 			}
 			sum.Add(int64(s))
 		}(g)
