@@ -26,8 +26,6 @@ from urewrite.rewriter import segment
 from urewrite.trampolines import arguments, region
 from urewrite.trampolines.region import KIND_ENTRY, KIND_RETURN, KIND_USDT
 
-X86_64_MACHINE = 62
-
 
 PREPARE_AT = 2000  # sites from which a rewrite analyses every function up front
 
@@ -292,10 +290,9 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
     arguments_of = _ArgumentEncoder(a, backend, entry_args)
 
     def g_register(site: Site) -> bool:
-        """Whether r14 holds the goroutine at the entry and returns of the site's
-        function: x86_64 ABIInternal (ABI0 assembly may use r14 for anything)."""
-        return backend.elf_machine == X86_64_MACHINE and \
-            arguments_of.convention(site).name == arguments.GO_REGISTERS
+        """Whether the g register (r14, x28) holds the goroutine at the entry and returns
+        of the site's function: ABIInternal (ABI0 assembly may use r14 for anything)."""
+        return arguments_of.convention(site).name == arguments.GO_REGISTERS
 
     def build(placement, progress=None):
         return segment.build(backend, plans, placement, os.path.basename(output_path),
