@@ -51,6 +51,13 @@ def test_calls_beyond_the_stack_of_open_calls_are_counted(tmp_path):
     urewrite("stat", "--json", "-o", tmp_path / "stat.json", "--", probed, DEPTH, ROUNDS, THREADS)
     report = json.loads((tmp_path / "stat.json").read_text())
     assert report["latency_missed"] == CALLS - SAMPLED and report["returns_missed"] == 0
+    # and so does a live reader of a directory (stat --dir: the regions mapped)
+    regions = tmp_path / "live"
+    regions.mkdir()
+    check([probed, DEPTH, ROUNDS, THREADS], env={"UREWRITE_DIR": str(regions)})
+    live = urewrite("stat", "--dir", regions, "--duration", "0", "--json")
+    assert json.loads(live.stdout)["latency_missed"] == CALLS - SAMPLED
+    assert f"{CALLS - SAMPLED} returns of functions measured" in live.stderr
     # a loop of runs says so once, for all its processes
     loop = urewrite("stat", "--", "sh", "-c", f"for i in 1 2 3; do {probed} {DEPTH} {ROUNDS} "
                                              f"{THREADS}; done")
