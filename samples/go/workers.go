@@ -17,7 +17,10 @@ import (
 
 var calls atomic.Int64
 
+// nosplit: no stack check, so no morestack restarts work's entry (entry hits = calls)
+//
 //go:noinline
+//go:nosplit
 func work(n int) int {
 	calls.Add(1)
 	s := 0
