@@ -309,7 +309,7 @@ class CountPoint:
     # skip, and a goroutine's stack may hold little below sp (GO_STACK_BUDGET)
     go_code: bool = False
     # in Go code where the g register holds the goroutine at entry and at returns
-    # (x86_64 ABIInternal: r14): latency pairs are kept per goroutine, not per thread
+    # (ABIInternal: r14, x28): latency pairs are kept per goroutine, not per thread
     g_register: bool = False
 
 

@@ -23,7 +23,9 @@
             rcx = thread pointer (fs:[0]) ; rsi = hash(rcx) * entry size
             cmp owner[rsi].thread, rcx ; jne slow   this thread has no row of its own yet
             rsi = owner[rsi].row ; add qword [rsi + 8 * probe], 1   plain add: the row is this thread's
-            [call lat_enter | lat_exit: a function measured for latency enters | returns]
+            [call lat_enter | lat_exit: a function measured for latency enters | returns;
+             rcx = the site's rsp, + 1 where r14 holds the goroutine: paired by goroutine,
+             in the shared row too]
             [call shadow_push: the return address of a function entered here is
              redirected to its return stub, which follows the out-of-line parts]
     counted: when tracing: jmp trace (saves every register, calls trace_event per probe)
@@ -255,7 +257,7 @@ def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
     for index in probe_indexes:
         w.inc_rsi_disp(8 * index)
     # latency: rsi = the thread's own row (a thread counting in the shared row has
-    # no stack of open calls and goes unmeasured), rcx = the site's rsp
+    # no stack of open calls: only calls paired by goroutine are measured there)
     _latency(w, point, refs, site_rsp)
     w.label(L.counted)
     if point.redirect:  # armed at a function entry: its return goes through its stub
