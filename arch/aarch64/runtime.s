@@ -945,10 +945,10 @@ lat_enter_g:
     ldr x10, [x16, #{OFF_GO_CALLS}]
     cbz x10, leg_done
     add x10, x16, x10                      // the table
-    cbz x28, leg_done                        // no goroutine (a signal on a C thread)
+    cbz x28, leg_done                      // no goroutine (a signal on a C thread)
     ldp x11, x12, [x28]                    // its stack: lo, hi
     cmp x9, x11
-    b.lo leg_done                            // not on the goroutine's stack (a signal
+    b.lo leg_done                          // not on the goroutine's stack (a signal
     cmp x9, x12                            // handler's): no key that lasts
     b.hs leg_done
     sub x12, x12, x9                       // the key: stack.hi - sp
@@ -957,10 +957,9 @@ lat_enter_g:
     mul x11, x11, x9
     lsr x11, x11, #{GO_CALL_SHIFT}
     lsl x11, x11, #{GO_CALL_SIZE_SHIFT}     // the key's first entry
-leg_search:
-    mov x9, x11
-    mov x14, #0                            // the first free entry seen
-    mov x15, #{GO_CALL_PROBES}
+leg_search:                                // the first entry that is ours (entered again)
+    mov x9, x11                            // or free: one of ours past a free one is an
+    mov x15, #{GO_CALL_PROBES}             // older call's; a return finds the newer first
 leg_probe:
     ldr x17, [x10, x9]
     cmp x17, x28
@@ -972,23 +971,21 @@ leg_probe:
     b leg_next
 leg_other:
     cmp x17, #1
-    b.hi leg_next                          // another call's
-    cbnz x14, leg_seen
-    add x14, x10, x9
-leg_seen:
-    cbz x17, leg_claim                     // never used: no entry lies beyond it
+    b.ls leg_claim                         // free: 0 never used, 1 used before
 leg_next:
     add x9, x9, #{GO_CALL_SIZE}
     and x9, x9, #{GO_CALLS_MASK}
     subs x15, x15, #1
     b.ne leg_probe
-    cbz x14, leg_done                      // full near the key
+    b leg_done                             // full near the key
 leg_claim:
+    add x14, x10, x9
+leg_exclusive:
     ldxr x17, [x14]
     cmp x17, #1
     b.hi leg_lost
     stxr w15, x28, [x14]
-    cbnz w15, leg_claim
+    cbnz w15, leg_exclusive
     stp x12, x13, [x14, #8]
     b leg_done
 leg_lost:                                  // taken since: look again
@@ -1022,10 +1019,10 @@ lat_exit_g:
     ldr x10, [x16, #{OFF_GO_CALLS}]
     cbz x10, lxg_missed
     add x10, x16, x10                      // the table
-    cbz x28, lxg_missed                        // no goroutine (a signal on a C thread)
+    cbz x28, lxg_missed                    // no goroutine (a signal on a C thread)
     ldp x11, x12, [x28]                    // its stack: lo, hi
     cmp x9, x11
-    b.lo lxg_missed                            // not on the goroutine's stack (a signal
+    b.lo lxg_missed                        // not on the goroutine's stack (a signal
     cmp x9, x12                            // handler's): no key that lasts
     b.hs lxg_missed
     sub x12, x12, x9                       // the key: stack.hi - sp

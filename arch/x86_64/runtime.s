@@ -1484,20 +1484,18 @@ lat_enter_g:
     push rsi
     push rdi
     push r8
-    push r9
     rdtsc
     shl rdx, 32
     or rax, rdx
     mov rdi, rax                           # the time of entry
-    mov rdx, qword ptr [rsp + 32]
+    mov rdx, qword ptr [rsp + 24]
     call go_call_key
     test rax, rax
     jz leg_done
     push rsi
-leg_search:
-    mov rsi, qword ptr [rsp]
-    xor r9d, r9d                           # the first free entry seen
-    mov ecx, {GO_CALL_PROBES}
+leg_search:                                # the first entry that is ours (entered again)
+    mov rsi, qword ptr [rsp]               # or free: one of ours past a free one is an
+    mov ecx, {GO_CALL_PROBES}              # older call's; a return finds the newer first
 leg_probe:
     mov rax, qword ptr [rdx + rsi]
     cmp rax, r14
@@ -1506,35 +1504,23 @@ leg_probe:
     je leg_again
 leg_other:
     cmp rax, 1
-    ja leg_next                            # another call's
-    test r9, r9
-    jnz leg_seen
-    lea r9, [rdx + rsi]
-leg_seen:
-    test rax, rax
-    jz leg_claim                           # never used: no entry lies beyond it
-leg_next:
+    jbe leg_claim                          # free: 0 never used, 1 used before
     add rsi, {GO_CALL_SIZE}
     and rsi, {GO_CALLS_MASK}
     dec ecx
     jnz leg_probe
-    test r9, r9
-    jz leg_popped                          # full near the key
+    jmp leg_popped                         # full near the key
 leg_claim:
-    mov rax, qword ptr [r9]
-    cmp rax, 1
-    ja leg_search                          # taken since: look again
-    lock cmpxchg qword ptr [r9], r14
-    jne leg_search
-    mov qword ptr [r9 + 8], r8
-    mov qword ptr [r9 + 16], rdi
+    lock cmpxchg qword ptr [rdx + rsi], r14
+    jne leg_search                         # taken since: look again
+    mov qword ptr [rdx + rsi + 8], r8
+    mov qword ptr [rdx + rsi + 16], rdi
     jmp leg_popped
 leg_again:
     mov qword ptr [rdx + rsi + 16], rdi
 leg_popped:
     pop rsi
 leg_done:
-    pop r9
     pop r8
     pop rdi
     pop rsi
