@@ -308,6 +308,9 @@ class CountPoint:
     # in a Go function (listed in .gopclntab, not cgo's C): there is no red zone to
     # skip, and a goroutine's stack may hold little below sp (GO_STACK_BUDGET)
     go_code: bool = False
+    # in Go code where the g register holds the goroutine at entry and at returns
+    # (ABIInternal: r14, x28): latency pairs are kept per goroutine, not per thread
+    g_register: bool = False
 
 
 @dataclass(frozen=True)

@@ -213,9 +213,10 @@ def stat(as_json, output, interval, directory, pids, all_of, duration, command):
             raise click.UsageError("-p and --all go without --dir")
         live_or_command(pids, all_of, duration, command)
         from urewrite.live_report import stat_intervals, stat_live as stat_armed
-        sys.exit(stat_armed(pids, all_of, duration, as_json, output, _stat_report)
+        sys.exit(stat_armed(pids, all_of, duration, as_json, output, _report_saying_missed)
                  if interval is None else
-                 stat_intervals(pids, all_of, duration, interval, as_json, output, _stat_report))
+                 stat_intervals(pids, all_of, duration, interval, as_json, output,
+                                _report_saying_missed))
     if bool(command) == (directory is not None):
         raise click.UsageError("give a command (after --) or --dir DIR, not both"
                                if command else "give a command (after --), -p PID or --dir DIR")
@@ -241,6 +242,18 @@ def stat(as_json, output, interval, directory, pids, all_of, duration, command):
     sink.close()
     if not regions:
         click.echo(f"urewrite: no probe region in {directory}" if directory else "urewrite: no probe region was written: is the command rewritten by urewrite (and not set-user-ID)?", err=True)
+    _say_missed(regions)
+    sys.exit(exit_code or 0)
+
+
+def _report_saying_missed(exit_code: int, regions, as_json: bool) -> str:
+    """stat -p's report: _stat_report's, and on stderr what went uncounted, as stat of
+    a command says it."""
+    _say_missed(regions)
+    return _stat_report(exit_code, regions, as_json)
+
+
+def _say_missed(regions) -> None:
     from urewrite.trampolines import region as region_layout
     for who, returns_missed, latency_missed in _missed_by_object(regions):
         if returns_missed:
@@ -249,8 +262,9 @@ def stat(as_json, output, interval, directory, pids, all_of, duration, command):
         if latency_missed:
             click.echo(f"urewrite: {who}: {latency_missed} returns of functions measured for "
                        f"latency gave no sample (more than {region_layout.LATENCY_DEPTH} calls "
-                       f"open in a thread, or entered on another thread)", err=True)
-    sys.exit(exit_code or 0)
+                       f"open in a thread, or entered on another thread; Go functions: more "
+                       f"calls open than the region's {region_layout.GO_CALLS} entries hold, or "
+                       f"run with no goroutine)", err=True)
 
 
 def _missed_by_object(regions):

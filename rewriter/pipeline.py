@@ -289,14 +289,19 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
     arguments_of = _ArgumentEncoder(a, backend, entry_args)
     faults = a.planner.windows.go_faults  # (a Go program's fault hook, if any)
 
+    def g_register(site: Site) -> bool:
+        """Whether the g register (r14, x28) holds the goroutine at the entry and returns
+        of the site's function: ABIInternal (ABI0 assembly may use r14 for anything)."""
+        return arguments_of.convention(site).name == arguments.GO_REGISTERS
+
     def build(placement, progress=None):
         return segment.build(backend, plans, placement, os.path.basename(output_path),
                              elf.build_id, _file_tag(output_path, elf, plans), exe_entry,
                              dt_init[1] if dt_init else None, arguments_of=arguments_of,
                              progress=progress, siteless=a.planner.exits.siteless,
                              detailed=a.planner.windows.detailed, go_program=is_go_program(elf),
-                             go_functions=go_functions(elf), fault_hook=faults.hook,
-                             in_go_code=faults.in_go_code)
+                             go_functions=go_functions(elf), g_register=g_register,
+                             fault_hook=faults.hook, in_go_code=faults.in_go_code)
 
     # The state memory follows the code: place it after a bound on the code's size
     # (a gap there costs address space, no file bytes) and build once; should the

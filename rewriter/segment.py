@@ -113,14 +113,16 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
           file_tag: str, exe_entry: Optional[int], dso_init: Optional[int],
           arguments_of=lambda site: arguments.encode(()), progress=None,
           siteless=(), detailed=lambda plan: plan, go_program=False,
-          go_functions=frozenset(), fault_hook=None, in_go_code=None) -> SegmentImage:
+          go_functions=frozenset(), g_register=lambda site: False, fault_hook=None,
+          in_go_code=None) -> SegmentImage:
     """`arguments_of(site)`: the encoded argument descriptors its events record.
     `detailed(plan)`: the plan with its windows' instructions decoded in detail
     (Planner.detailed), for the code that moves them.
     `siteless`: probes with nothing to patch (return probes of functions that never
     return), listed in the region so that they report their 0 hits.
     `go_functions`: entries of the Go functions (.gopclntab), whose trampolines keep
-    within what a goroutine's stack holds.
+    within what a goroutine's stack holds. `g_register(site)`: whether Go's g register
+    holds the goroutine in the site's function (its latency pairs are kept per goroutine).
     `fault_hook`: the plan at the entry of Go's signal handler that carries the fault
     hook (rewriter/plan/go_faults.py), for the instructions `in_go_code(address)` says
     are Go's."""
@@ -146,7 +148,8 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
                                            histogram_of.get(site.probe_key, -1)))
             if site.semaphore and site.semaphore not in semaphores:
                 semaphores.append(site.semaphore)
-    template, layout = region.build_template(probes, object_name, build_id, backend.elf_machine)
+    template, layout = region.build_template(probes, object_name, build_id, backend.elf_machine,
+                                             go_program=go_program)
     # the runtime enables these USDT semaphores when it arms the probes; their
     # table follows the copied part, 8-aligned
     copied = len(template)
@@ -187,9 +190,10 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
         leaves = tuple(sorted({histogram_of[s.probe_key] for s in sites
                                if s.probe_key in histogram_of}))
         go_code = all(s.function.address in go_functions for s in sites)
+        g_held = go_code and (enters or leaves) and all(g_register(s) for s in sites)
         return CountPoint(address, indexes, flags_live,
                           tuple(arguments_of(per_probe[i]) for i in indexes),
-                          enters, leaves, redirect, taken, stays_within, go_code)
+                          enters, leaves, redirect, taken, stays_within, go_code, g_held)
 
     def trampolines(part, start: int, step=None) -> tuple:
         return _trampolines(backend, part, start, refs, count_point, detailed, step,

@@ -128,6 +128,14 @@ def test_every_function_probed_runs_as_the_original(go_work, name):
         assert kinds[("main.work", "entry")] == n
         assert kinds[("main.work", "return")] == n
         assert kinds[("main.mayPanic", "entry")] == kinds[("main.mayPanic", "return")] == 10
+    # latency pairs kept by goroutine: every call gives a sample, the workers' (that block
+    # on channels) and the deep recursion's (20,001 calls open, its stack copied) too
+    returns = {p["name"]: p for p in armed.probes if p["kind"] == "return"}
+    for function, count in (("main.work", calls(want.stdout)), ("main.deep", 20001),
+                            ("main.mayPanic", 10), ("main.worker", 4)):
+        ret = returns[function]
+        assert ret["hits"] == count, function
+        assert sum(b["count"] for b in ret["histogram"]) == count, function
 
 
 @pytest.mark.parametrize("name", ["static", "arm64"])
