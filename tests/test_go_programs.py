@@ -3,9 +3,8 @@ function probed that run as the originals, disarmed and armed.
 
 The sample (samples/go/features) is built with the machine's Go as a static
 binary, PIE, with cgo, stripped (-s -w), and for arm64 (run under qemu-aarch64).
-Exact counts are checked where they hold today: in a cgo build (pure-Go threads
-share one thread identity until the runtime tells Go's threads apart), against
-the program's own count and kernel uprobes. Go's own tools, rewritten with every
+Exact counts are checked against the program's own count and kernel uprobes (static,
+PIE and cgo builds); latency histograms against the calls made. Go's own tools, rewritten with every
 function probed, do real work: gofmt formats Go's sources, go lists and builds.
 """
 
@@ -358,16 +357,17 @@ def test_injected_functions_keep_the_flags(go_work):
 
 
 @pytest.mark.skipif(uprobes_unavailable() is not None, reason=str(uprobes_unavailable()))
-def test_cgo_entry_counts_equal_kernel_uprobes(go_work, uprobes):
+@pytest.mark.parametrize("name", ["cgo", "static", "pie"])
+def test_entry_counts_equal_kernel_uprobes(go_work, uprobes, name):
     """Kernel uprobes at the same entries count the same run: functions whose count
     varies from run to run too (a preemption request makes a function's prologue
     call morestack, which starts the function again), the runtime's among them."""
-    program = build(go_work, "cgo")
+    program = build(go_work, name)
     symbols = _symbols(program)
     names = ("main.work", "main.deep", "main.mayPanic", "runtime.gopanic",
              "main.(*Counter).Scale", "runtime.newstack", "runtime.mallocgc",
              "runtime.schedule", "runtime.newproc")
-    probed = go_work / "features.cgo.counted"
+    probed = go_work / f"features.{name}.counted"
     proc = urewrite(program, *[x for n in names for x in ("-p", n)], "-o", probed)
     assert proc.returncode == 0, proc.stderr
     runs = []
