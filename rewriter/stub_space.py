@@ -10,7 +10,9 @@ A backend's search tries many candidate addresses (tens of thousands for one sit
 takes the first that fit: `first` and `first_in_rows`. They ask the backend's compiled
 search where it has one (Backend.stub_places_engine: x86_64's, in Rust), which stops at
 the first that fit; else `fit` answers for a whole array at once, so the search costs a
-few numpy passes, not a Python call per candidate.
+few numpy passes, not a Python call per candidate. `fit` is the reference;
+arch/x86_64/native/src/stub_places.rs mirrors its rules one candidate at a time, and
+tests/test_stub_space.py holds the two to the same answers.
 """
 
 from __future__ import annotations

@@ -13,8 +13,10 @@ that its instructions move, which it still does, Windows.displaced). Everything 
 with the Python code, which also gives the reasons: windows whose padding refuses
 them all, functions whose branch targets it does not hold (.cold parts, whose
 parent's jump tables land in them; functions swept another way), sites with no
-window, functions of several parts. tests/test_sweep_search.py holds the two to the
-same answers.
+window, functions of several parts. The Python code (rewriter/plan/windows.py,
+rewriter/plan/return_exits.py) is the reference; native/src/sweep_search.rs mirrors
+it under the same names, and tests/test_sweep_search.py holds the two to the same
+answers.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ Two ways to the same arrays. The native module (native/, Rust: iced-x86's own cr
 at the version of the Python package) sweeps many functions in one call, with no
 object per instruction, on two threads. Without it (an install without a Rust
 toolchain), a Python loop over iced-x86's instructions makes them, some twenty times
-slower (docs/benchmarks.md). tests/test_native_sweep.py holds the two
-to the same results. Where iced-x86 meets an instruction it cannot decode, both
+slower (docs/benchmarks.md). The Python loop (`python_sweep`) is the
+reference; native/src/lib.rs (`sweep_functions`) mirrors it, and
+tests/test_native_sweep.py holds the two to the same results. Where iced-x86 meets an instruction it cannot decode, both
 leave the function to `undecodable(code, address)` (Capstone's sweep decides where
 its code ends)."""
 

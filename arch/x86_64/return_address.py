@@ -11,9 +11,10 @@ A jump from the function to its own entry (a loop, a self tail call) is refused
 too: it would run the entry trampoline again and count a return per pass.
 Reads through a copied pointer are not seen; docs/design.md says so.
 
-The native module (native/src/return_address.rs) makes the same walk over iced-x86's
-decode where it was built, and answers for most functions; this file words what it
-finds, and walks the rest itself with Capstone.
+This file is the reference. The native module (native/src/return_address.rs,
+`problem`) makes the same walk over iced-x86's decode where it was built, and answers
+for most functions; this file words what it finds, and walks the rest itself with
+Capstone. tests/test_native_sweep.py holds the two to the same answers.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 //! Where punned jumps' stubs may go: the first candidates that fit, in order
 //! (rewriter/stub_space.py, `StubSpace.first` and `first_in_rows`).
 //!
-//! The Python code answers for a whole array of candidates with numpy, then takes the
-//! first that fit: a successor's punned jump asks 32,768 candidates and then 64 rows of
-//! 128, and libLLVM's return probes ask 6,700 such pairs (3 s). Here a search stops at
+//! The Python code (the reference) answers for a whole array of candidates with numpy,
+//! then takes the first that fit: a successor's punned jump asks tens of thousands of
+//! candidates, and a big file's return probes thousands of such searches. Here a search stops at
 //! the first that fit, and once the stubs use every page the cap allows, looks only at
 //! candidates on those pages. The rules are stub_space.py's, one candidate at a time;
 //! tests/test_stub_space.py holds the two to the same answers. Nothing here knows an

@@ -3,8 +3,8 @@
 //! `Windows.inner_window` tries windows starting at a site, then one instruction
 //! earlier each time, and skips those that a branch of a nearby function or a C++
 //! landing pad lands inside; `Windows.window` takes the instructions at an entry;
-//! `ReturnExits.exit_points` looks for the rows that may leave a function. On a big file
-//! (node: 117,000 exit windows, 78,000 entries) these walks are seconds of Python, and
+//! `ReturnExits.exit_points` looks for the rows that may leave a function (the Python
+//! code is the reference). On a big file these walks are seconds of Python, and
 //! they need nothing but arrays: the sweeps (as `sweep_functions` made them, read in
 //! place), every function's range, its jump tables' cases and the landing pads. This
 //! is those walks, on those arrays. They answer only where they are sure to find what
