@@ -311,6 +311,10 @@ class CountPoint:
     # in Go code where the g register holds the goroutine at entry and at returns
     # (ABIInternal: r14, x28): latency pairs are kept per goroutine, not per thread
     g_register: bool = False
+    # in Go code that only Go code runs (compiled Go, or assembly outside the runtime):
+    # where a backend keeps g in one register in all Go code (arm64's x28), it holds
+    # the goroutine here, whose stack bounds the trace path may read
+    called_from_go: bool = False
 
 
 @dataclass(frozen=True)
@@ -327,6 +331,9 @@ class RuntimeRefs:
     shadow_push: int = 0  # runtime routine: redirect a return address (0: not available)
     shadow_pop: int = 0  # runtime routine: a redirected return: the original address back
     lazy_init_aside: int = 0  # runtime routine: lazy_init on a stack of its own (Go code)
+    # runtime routine: trace_event where a goroutine's stack has room for it (Go code,
+    # for backends whose trace path needs more than GO_STACK_BUDGET; 0: not needed)
+    trace_event_go: int = 0
 
 
 @dataclass(frozen=True)
@@ -359,6 +366,7 @@ class Runtime:
     lazy_init_aside: int = 0
     shadow_push: int = 0  # return-address redirection, for backends that have it
     shadow_pop: int = 0
+    trace_event_go: int = 0  # (RuntimeRefs.trace_event_go)
 
 
 class Backend(ABC):

@@ -68,6 +68,21 @@ def convention(table: gopclntab.GoTable, fn: Function) -> Convention:
     return Convention(GO_REGISTERS)
 
 
+# packages whose assembly C code enters (signal handlers, cgo's callbacks, thread
+# starts), with whatever the C code left in Go's registers
+C_ENTERED_PACKAGES = ("runtime", "runtime/cgo")
+
+
+def called_only_from_go(convention: Convention, name: str) -> bool:
+    """Whether only Go code runs the function `name` (of that convention): compiled Go
+    (ABIInternal), or assembly (ABI0) of a package C never enters."""
+    if convention.name == GO_REGISTERS:
+        return True
+    package = package_of(name)
+    return convention.name == GO_STACK and package not in C_ENTERED_PACKAGES and \
+        not package.startswith(ABI_CHOOSING_TREES)
+
+
 def package_of(name: str) -> str:
     """A Go function's package path: 'internal/bytealg.Compare' -> 'internal/bytealg',
     'main.(*T).m' -> 'main'."""

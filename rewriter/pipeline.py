@@ -294,6 +294,9 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
         of the site's function: ABIInternal (ABI0 assembly may use r14 for anything)."""
         return arguments_of.convention(site).name == arguments.GO_REGISTERS
 
+    def called_from_go(site: Site) -> bool:
+        return go_abi.called_only_from_go(arguments_of.convention(site), site.function.name)
+
     def build(placement, progress=None):
         return segment.build(backend, plans, placement, os.path.basename(output_path),
                              elf.build_id, _file_tag(output_path, elf, plans), exe_entry,
@@ -301,6 +304,7 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
                              progress=progress, siteless=a.planner.exits.siteless,
                              detailed=a.planner.windows.detailed, go_program=is_go_program(elf),
                              go_functions=go_functions(elf), g_register=g_register,
+                             called_from_go=called_from_go,
                              fault_hook=faults.hook, in_go_code=faults.in_go_code)
 
     # The state memory follows the code: place it after a bound on the code's size

@@ -113,8 +113,8 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
           file_tag: str, exe_entry: Optional[int], dso_init: Optional[int],
           arguments_of=lambda site: arguments.encode(()), progress=None,
           siteless=(), detailed=lambda plan: plan, go_program=False,
-          go_functions=frozenset(), g_register=lambda site: False, fault_hook=None,
-          in_go_code=None) -> SegmentImage:
+          go_functions=frozenset(), g_register=lambda site: False,
+          called_from_go=lambda site: False, fault_hook=None, in_go_code=None) -> SegmentImage:
     """`arguments_of(site)`: the encoded argument descriptors its events record.
     `detailed(plan)`: the plan with its windows' instructions decoded in detail
     (Planner.detailed), for the code that moves them.
@@ -123,6 +123,8 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
     `go_functions`: entries of the Go functions (.gopclntab), whose trampolines keep
     within what a goroutine's stack holds. `g_register(site)`: whether Go's g register
     holds the goroutine in the site's function (its latency pairs are kept per goroutine).
+    `called_from_go(site)`: whether only Go code runs the site's function
+    (go_abi.called_only_from_go).
     `fault_hook`: the plan at the entry of Go's signal handler that carries the fault
     hook (rewriter/plan/go_faults.py), for the instructions `in_go_code(address)` says
     are Go's."""
@@ -175,7 +177,8 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
                             f"at {base:#x}")
     refs = RuntimeRefs(placement.state_vaddr, layout.owners_offset, runtime.slow_hit,
                        runtime.lazy_init, runtime.trace_event, runtime.lat_enter,
-                       runtime.lat_exit, shadow_push=runtime.shadow_push,
+                       runtime.lat_exit, trace_event_go=runtime.trace_event_go,
+                       shadow_push=runtime.shadow_push,
                        shadow_pop=runtime.shadow_pop, lazy_init_aside=runtime.lazy_init_aside)
 
     code = bytearray(template_at - base)
@@ -191,9 +194,11 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
                                if s.probe_key in histogram_of}))
         go_code = all(s.function.address in go_functions for s in sites)
         g_held = go_code and (enters or leaves) and all(g_register(s) for s in sites)
+        from_go = go_code and all(called_from_go(s) for s in sites)
         return CountPoint(address, indexes, flags_live,
                           tuple(arguments_of(per_probe[i]) for i in indexes),
-                          enters, leaves, redirect, taken, stays_within, go_code, g_held)
+                          enters, leaves, redirect, taken, stays_within, go_code, g_held,
+                          from_go)
 
     def trampolines(part, start: int, step=None) -> tuple:
         return _trampolines(backend, part, start, refs, count_point, detailed, step,

@@ -33,6 +33,9 @@ class Code:
             self.cs = capstone.Cs(capstone.CS_ARCH_ARM64, capstone.CS_MODE_ARM)
         self._cache = {}
         self._callees = {}
+        # routines a branch enters only where the room they need was checked at run
+        # time: the walk stops there (their own depth is checked against that room)
+        self.stops = set()
 
     def holds(self, address: int) -> bool:
         return any(a <= address < a + len(b) for a, b in self.pieces)
@@ -165,6 +168,8 @@ class Code:
             return self._leave(insn.address, offset, aside)
         if m == "b":
             target = int(ops.lstrip("#"), 16)
+            if target in self.stops:
+                return []
             if not self.holds(target):
                 return self._leave(insn.address, offset, aside)
             return [("next", (target, offset, aside))]
@@ -183,7 +188,7 @@ class Code:
             if memory[3]:  # post-index
                 return [("next", (nxt, offset + int(memory[3], 0) * move, aside))]
             return [("next", (nxt, offset, aside))]
-        if ops.startswith("sp, "):
+        if ops.startswith("sp, ") and m != "cmp":  # (cmp sp, xN writes only the flags)
             imm = re.fullmatch(r"sp, sp, #(0x[0-9a-f]+|\d+)", ops)
             if m in ("add", "sub") and imm:
                 delta = int(imm[1], 0) * (1 if m == "add" else -1)

@@ -39,6 +39,9 @@ LIVE_STATE = {"region": 0, "setup_lock": 8, "started": 4096 + PS_STARTED,
               "dir_too_long": 4096 + PS_TOO_LONG, "ring_entries": 4096 + PS_TRACE,
               "dir": 4096 + PS_DIR, "dir_max": DIR_MAX, "name": 8192}
 LOST_MESSAGE = "urewrite: a redirected return address was lost; stopping"
+# stack below sp that trace_event_go asks of a goroutine before trace_event runs: more
+# than trace_event's deepest path (tests/test_go_stack.py checks it)
+TRACE_ROOM = 512
 
 # Registers the runtime's entry points save: x0-x25, x30 and the flags.
 _SAVED = list(range(26))
@@ -98,8 +101,10 @@ def build(spec: RuntimeSpec) -> Runtime:
             "SLOW_HIT_SHARED_TP": _unless_shared(spec, "x17", "sh_shared", "x2", "x3"),
             "TRACE_SHARED_TP": _unless_shared(spec, "x10", "te_tid", "x11", "x12"),
             "SHADOW_SHARED_TP": _unless_shared(spec, "x9", "ss_done", "x10", "x1"),
+            "TRACE_ROOM": TRACE_ROOM,
         }, lambda source, target: b_imm(source, target).to_bytes(4, "little"))
-    # arm64_exports: two quads just before the shared table of entry points at the end
-    at = len(runtime.code) - 8 * len(runtime_asm.EXPORTS) - 16
-    shadow_push, shadow_pop = struct.unpack_from("<2Q", runtime.code, at)
-    return dataclasses.replace(runtime, shadow_push=shadow_push, shadow_pop=shadow_pop)
+    # arm64_exports: three quads just before the shared table of entry points at the end
+    at = len(runtime.code) - 8 * len(runtime_asm.EXPORTS) - 24
+    trace_event_go, shadow_push, shadow_pop = struct.unpack_from("<3Q", runtime.code, at)
+    return dataclasses.replace(runtime, shadow_push=shadow_push, shadow_pop=shadow_pop,
+                               trace_event_go=trace_event_go)

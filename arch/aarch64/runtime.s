@@ -588,6 +588,34 @@ cc_next:
 // [sp + {TF_X16}], x0, x1 at [sp + {TF_X0}], x30 at [sp + {TF_LR}]; the site's
 // sp is sp + {TRAMPOLINE_FRAME}. Preserves every register but x0, x1, x16, x17
 // (the trampoline restores those) and the flags.
+// The trace path of Go code (compiled Go: x28 = g): trace_event needs more stack
+// than a goroutine's holds below sp at the deepest nosplit chains, so the event is
+// written only where the goroutine's stack has {TRACE_ROOM} bytes below sp (sp
+// between g.stack.lo + that and g.stack.hi); else it is dropped, counted in the
+// ring. x16 = the events, x0 = the ring; x0, x1 and x17 are free (the trampoline's
+// frame holds them); the flags are kept.
+trace_event_go:
+    mrs x1, nzcv
+    cbz x28, tg_drop
+    ldr x17, [x28]                         // g.stack.lo
+    add x17, x17, #{TRACE_ROOM}
+    cmp sp, x17
+    b.lo tg_drop
+    ldr x17, [x28, #8]                     // g.stack.hi
+    cmp sp, x17
+    b.hi tg_drop
+    msr nzcv, x1
+    b trace_event
+tg_drop:
+    add x0, x0, #{RING_DROPPED}
+tg_count:
+    ldxr x17, [x0]
+    add x17, x17, #1
+    stxr w16, x17, [x0]
+    cbnz w16, tg_count
+    msr nzcv, x1
+    ret
+
 trace_event:
     sub sp, sp, #272                       // slots 0-30: x0-x30, 31: sp; nzcv, return
     stp x2, x3, [sp, #16]
@@ -1345,5 +1373,6 @@ lost_message:
 
 // this backend's own entry points, read back by runtime.py (the shared table follows)
 arm64_exports:
+    .quad trace_event_go
     .quad shadow_push
     .quad shadow_pop

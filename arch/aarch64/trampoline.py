@@ -262,11 +262,28 @@ def _point(w: Writer, L: _Labels, point, refs: RuntimeRefs, displaced, jump=None
     w.cbz(X16, L.resume)  # still not set up (no thread pointer yet): skip this hit
     w.b(L.armed)
 
-    # tracing: trace_event saves every register as the frame it reads arguments from
-    w.label(L.trace)
+    # tracing: trace_event saves every register as the frame it reads arguments from,
+    # more than a goroutine's stack may hold: in Go code only Go runs (x28 = g),
+    # trace_event_go runs it where g's stack has room, else counts the event dropped;
+    # in the runtime's assembly (x28 may be anything where C enters it) the event is
+    # dropped
+    w.label(L.trace)  # (x16 = region, x17 = the ring's offset; x0, x1 saved)
     w.str_(LR, SP, FRAME_LR)
-    w.adr(X16, L.events)
-    w.bl(refs.trace_event)
+    if point.go_code:
+        w.add_reg(X0, X16, X17)  # x0 = the ring
+        if point.called_from_go:
+            w.adr(X16, L.events)
+            w.bl(refs.trace_event_go)
+        else:
+            w.add_imm(X0, X0, region.RING_DROPPED)
+            w.label(L.dropped)
+            w.ldxr(X1, X0)
+            w.add_imm(X1, X1, 1)
+            w.stxr(X17, X1, X0)
+            w.cbnz(X17, L.dropped, wide=False)
+    else:
+        w.adr(X16, L.events)
+        w.bl(refs.trace_event)
     w.ldr(LR, SP, FRAME_LR)
     w.b(L.traced)
 
