@@ -164,12 +164,44 @@ def run_and_collect(command: List[str]) -> Tuple[int, List[Region], List[str]]:
         else _Started(command)
     _started = None if started is _started else _started
     try:
-        try:  # the reader's imports (numpy) while the command runs, not before
-            from urewrite.trampolines.region_reader import collect
+        try:  # the reader's imports while the command runs, not before
+            from urewrite.trampolines.region_reader import TableCache, collect
+            tables = TableCache()
+            _prepare_while_running(started, tables)
         finally:
             returncode = started.end()
         problems: List[str] = []
-        regions = collect(started.directory, problems)
+        regions = collect(started.directory, problems, tables)
         return exit_status(returncode), regions, problems
     finally:
         remove_region_directory(started.directory)
+
+
+def _prepare_while_running(started: _Started, tables) -> None:
+    """Until the command exits, parse the probe table of each rewrite whose region
+    appears (tables.prepare): what is left after it is reading the counts. They are
+    read only then: a region is final once no process can write it, which a reader
+    cannot tell from here (its pid may be another namespace's; a process sharing the
+    writer's memory outlives it)."""
+    try:
+        pidfd = os.pidfd_open(started.process.pid)
+    except (AttributeError, OSError):  # (Python before 3.9, Linux before 5.3)
+        return
+    import select
+    from urewrite.trampolines.region import FILE_SUFFIX
+    try:
+        done = set()
+        interval = 0.005
+        while not select.select([pidfd], [], [], interval)[0]:
+            try:
+                names = os.listdir(started.directory)
+            except OSError:
+                return
+            for name in names:
+                if name not in done and name.endswith(FILE_SUFFIX) and \
+                        tables.prepare(os.path.join(started.directory, name)):
+                    done.add(name)
+            if done:  # (a loop of thousands of runs: a listing of thousands each time)
+                interval = min(2 * interval, 0.5)
+    finally:
+        os.close(pidfd)

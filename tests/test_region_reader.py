@@ -228,3 +228,27 @@ def test_sums_are_exact_in_numpy_and_in_python(tmp_path, monkeypatch, numpy_word
     assert first.probes[2].histogram[7] == expected_bucket
     assert sum(first.probes[2].histogram) == expected_bucket
     assert max(expected_hits) > 1 << 65
+
+
+def test_tables_prepared_while_the_command_runs(tmp_path):
+    """TableCache.prepare (stat, while its command runs) parses a rewrite's table once
+    its process has set the region up (pid written), and reading after it gives what
+    reading from scratch gives; a file not set up, or no region, is left for then."""
+    d = tmp_path / "regions"
+    d.mkdir()
+    setting_up = d / "server.probed-0123abcd.9.ure"
+    _region(setting_up, pid=0)
+    junk = d / "junk.10.ure"
+    junk.write_bytes(b"not a region")
+    tables = region_reader.TableCache()
+    assert not tables.prepare(str(setting_up)) and not tables.prepare(str(junk))
+    assert not tables.prepare(str(d / "gone.11.ure"))
+    junk.unlink()
+    _region(setting_up, pid=9)
+    for pid in (12, 13):
+        _region(d / f"server.probed-0123abcd.{pid}.ure", pid=pid, counts={pid % 3: pid})
+    assert tables.prepare(str(setting_up))
+    assert len(tables._tables) == 1
+    fresh, prepared = region_reader.collect(str(d)), region_reader.collect(str(d), None, tables)
+    assert [(r.pid, [(p.name, p.hits) for p in r.probes]) for r in prepared] == \
+        [(r.pid, [(p.name, p.hits) for p in r.probes]) for r in fresh]
