@@ -84,8 +84,8 @@ def report(exit_code: int, regions, as_json: bool) -> str:
     if not totals:
         return ""
     # (one format for every row: a python3.11 of every function has 17,000 of them)
-    wo = max(6, max(len(k[0]) for k in totals))
-    wn = max(5, max(len(k[1]) for k in totals))
+    wo = max(6, max(map(len, {k[0] for k in totals})))
+    wn = max(5, max(map(len, [k[1] for k in totals])))
     row = f"%-{wo}s  %-{wn}s  %-7s %#018x %12d"  # (%: twice as fast as format here)
     lines = [f"{'OBJECT':<{wo}}  {'PROBE':<{wn}}  {'KIND':<7} {'ADDRESS':<18} {'HITS':>12}"]
     lines += [row % (obj, name, kind, address, hits)
