@@ -14,7 +14,10 @@ times), every one probed at entry and return (2N probes, N latency histograms, a
 With --python FILE (#37 names python3.11): the same three loops of R runs of
 `FILE -S -c pass`, rewritten with every function probed, at entry, then at entry
 and return (latency histograms); each loop timed ROUNDS times, interleaved, the best
-kept (other work on a shared machine only slows). The issue's 1.5x is judged on
+kept (other work on a shared machine only slows). The ratio judged is the median of
+the rounds' own (each round's stat loop over the plain loop run just before it): the
+best of each loop alone came out 1.33x to 1.73x in six runs at load 3 to 4, the plain
+loop's best now and then a lucky one. The issue's 1.5x is judged on
 every function probed at entry (`-p '*'`, what `stat` counts); with returns probed
 too, the armed loop alone is twice the plain one (the hits of 227,000 calls measured
 for latency a run), so that row is shown, not judged.
@@ -30,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -110,6 +114,7 @@ def python_loops(work: str, python: str, runs: int = RUNS, rounds: int = ROUNDS,
                              f"{proc.stderr.strip()[-300:]}")
         probes = json.loads(proc.stdout)["probes"]
         best: dict = {}
+        ratios = []  # each round's stat loop over its plain loop
         for _ in range(rounds):
             directory = region_directory()
             try:
@@ -117,8 +122,13 @@ def python_loops(work: str, python: str, runs: int = RUNS, rounds: int = ROUNDS,
             finally:
                 remove_region_directory(directory)
             best = {k: min(v, best.get(k, v)) for k, v in times.items()}
-        rows.append(_ratios(dict(best, probes_given=label, program=python,
-                                 probes=len(probes), runs=runs, rounds=rounds), runs))
+            ratios.append(times["stat_s"] / times["plain_s"])
+        row = _ratios(dict(best, probes_given=label, program=python, probes=len(probes),
+                           runs=runs, rounds=rounds), runs)
+        row["stat_ratio_best"] = row["stat_ratio"]  # (the best of each loop)
+        row["stat_ratio"] = statistics.median(ratios)
+        row["stat_ratios"] = ratios
+        rows.append(row)
     return rows
 
 
@@ -183,9 +193,11 @@ def format_collection_table(c: dict) -> str:
         f"  {r['program']} -S -c pass, every function probed ({r['probes_given']}: "
         f"{r['probes']:,} probes), loop of {r['runs']} runs, best of {r['rounds']}: plain "
         f"{r['plain_s']:.2f} s, armed {r['armed_s']:.2f} s ({r['armed_s'] / r['plain_s']:.2f}x "
-        f"plain), under stat {r['stat_s']:.2f} s ({r['stat_ratio']:.2f}x plain, "
+        f"plain), under stat {r['stat_s']:.2f} s ({r['stat_ratio_best']:.2f}x plain, "
         f"{r['stat_ratio_armed']:.2f}x armed; stat adds {r['stat_ms_per_process']:.1f} ms a "
-        f"process)" + ("" if r["probes_given"] == JUDGED_PROBES else " [not judged]")
+        f"process); stat over plain round by round: "
+        f"{', '.join(f'{x:.2f}' for x in r['stat_ratios'])}, median {r['stat_ratio']:.2f}x"
+        + ("" if r["probes_given"] == JUDGED_PROBES else " [not judged]")
         for r in c.get("python", [])])
 
 
@@ -197,6 +209,7 @@ def collection_targets(c: dict) -> list:
     return [(f"a process's counts ({c['probes']:,} probes) collected within {TARGET_MS:g} ms",
              c["ms_per_process"], c["ms_per_process"] <= TARGET_MS, " ms")] + [
             (f"stat on a loop of {r['runs']} runs of {os.path.basename(r['program'])}, every "
-             f"function probed ({r['probes_given']}), within {TARGET_RATIO}x the plain loop",
+             f"function probed ({r['probes_given']}), within {TARGET_RATIO}x the plain loop "
+             f"(median of {r['rounds']} rounds)",
              r["stat_ratio"], r["stat_ratio"] <= TARGET_RATIO, "x")
             for r in c.get("python", []) if r["probes_given"] == JUDGED_PROBES]
