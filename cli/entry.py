@@ -50,7 +50,23 @@ def run() -> None:
             try:
                 from urewrite.stat_report import run_command
                 sys.exit(run_command(stat.command, stat.as_json, stat.output))
+            except (EOFError, KeyboardInterrupt, BrokenPipeError) as e:
+                _as_click_would(e)
             finally:
                 runner.end_early()  # (run_command took it over: nothing left to do)
     from urewrite.commands import run as run_commands
     run_commands()
+
+
+def _as_click_would(e: BaseException) -> None:
+    """Ends as click's main() ends on these: Ctrl-C (once the command has exited) prints
+    'Aborted!', a closed stdout ends quietly; status 1 either way."""
+    import click
+    from click.utils import PacifyFlushWrapper
+    if isinstance(e, BrokenPipeError):
+        sys.stdout = PacifyFlushWrapper(sys.stdout)
+        sys.stderr = PacifyFlushWrapper(sys.stderr)
+    else:
+        click.echo(file=sys.stderr)
+        click.echo("Aborted!", file=sys.stderr)
+    sys.exit(1)

@@ -264,3 +264,18 @@ def test_ctrl_c_while_the_command_starts_goes_to_the_command(tmp_path):
 def test_stat_arms_with_the_variable_the_runtime_reads():
     from urewrite import runner
     assert runner.ENV_VAR == ENV_VAR == region_layout.ENV_VAR
+
+
+def test_a_closed_stdout_ends_stat_quietly(counts):
+    """A reader of the report that goes away (`| head -1`) ends stat with status 1 and no
+    traceback, as click's commands end."""
+    import subprocess
+    import sys
+    _, probed, _ = counts
+    proc = subprocess.Popen([sys.executable, "-m", "urewrite", "stat", "--", "sh", "-c",
+                             f"sleep 0.5; exec '{probed}' > /dev/null"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 1
+    assert "Traceback" not in err and "Error" not in err, err
