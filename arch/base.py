@@ -167,8 +167,8 @@ class NotAsSwept(Exception):
 class SweptCode(Sequence):
     """A function's instructions where its sweep finds them, decoded (`decode`, the quick
     form) only where they are read, CHUNK at a time. A jump table's walk reads the few
-    instructions before its jump: node's functions with an indirect jump hold 1,000,000
-    instructions, and decoding them all took 3 s. Reading one that the decoder does not
+    instructions before its jump, where a big file's functions with an indirect jump hold
+    millions. Reading one that the decoder does not
     find where the sweep does raises NotAsSwept."""
 
     CHUNK = 32
@@ -239,8 +239,8 @@ class SweepBatch:
 def value_class(cls):
     """A dataclass for the values a big file's plans make by the 100,000s (sites,
     windows, plans): with slots, and an __init__ of plain assignments. A frozen
-    dataclass sets each field through object.__setattr__: three times slower to make
-    (node's `list` makes 1.5 million), and a __dict__ each (160 bytes against 64).
+    dataclass sets each field through object.__setattr__: several times slower to make,
+    and a __dict__ each (more than twice the memory).
     Hashable and equal by their fields as frozen ones are, and treated as immutable
     as they are, without the check. Pickled as a call with its fields (the default
     for slots is several times slower: `list` sends windows between processes)."""
@@ -308,6 +308,9 @@ class CountPoint:
     # in a Go function (listed in .gopclntab, not cgo's C): there is no red zone to
     # skip, and a goroutine's stack may hold little below sp (GO_STACK_BUDGET)
     go_code: bool = False
+    # in Go code where the g register holds the goroutine at entry and at returns
+    # (ABIInternal: r14, x28): latency pairs are kept per goroutine, not per thread
+    g_register: bool = False
 
 
 @dataclass(frozen=True)
@@ -538,6 +541,24 @@ class Backend(ABC):
         for the first pair of stub addresses `stubs` (as for `pun`) takes; None if none."""
         raise NotImplementedError(f"{self.name} has no punned jumps")
 
+    # -- Go's faults ---------------------------------------------------------
+    translates_faults = False  # whether fault_hook() is there
+
+    def moved_instructions(self, address: int, window: Window, points,
+                           refs: RuntimeRefs) -> list:
+        """(address in the trampoline, original address) of each instruction of `window`
+        (decoded in detail) in the trampoline that trampoline() makes for it at
+        `address` with `points` and `refs`."""
+        raise NotImplementedError(f"{self.name} has no fault hook")
+
+    def fault_hook(self, address: int, window: Window, moved) -> bytes:
+        """The trampoline at `address` (entered at its first byte) of Go's signal
+        handler's entry `window`: a fault the kernel reports at one of the `moved`
+        instructions' trampoline addresses ((trampoline address, original address)
+        each) is set to the original address before the handler reads it, then the
+        handler's displaced instructions run (rewriter/plan/go_faults.py)."""
+        raise NotImplementedError(f"{self.name} has no fault hook")
+
     # -- can I? ------------------------------------------------------------
     @abstractmethod
     def relocation_problem(self, insn: Insn, is_last: bool, shadow_stack: bool) -> Optional[str]:
@@ -553,8 +574,7 @@ class Backend(ABC):
                                  shadow_stack: bool) -> Optional[tuple]:
         """relocation_problem() of an instruction that needs_detail(), where its decode
         without detail is enough to say it: (the problem or None,); else None. (Most
-        such windows end in a direct call: node's `list`, 60,000 windows.) (Default:
-        never enough.)"""
+        such windows end in a direct call.) (Default: never enough.)"""
         return None
 
     def moves_verbatim(self, insn: Insn) -> bool:
@@ -562,8 +582,16 @@ class Backend(ABC):
         bytes: no operand relative to where it lies, no branch to somewhere relative to
         it (a return may be one: the backend's relocator knows it by its name). A window
         of only such instructions is copied as it is, not decoded in detail to be moved
-        (most windows: node, every function, 85%). (Default: never.)"""
+        (most windows). (Default: never.)"""
         return False
+
+    def may_fault(self, insn: Insn, g_in_register: bool) -> bool:
+        """Whether `insn` (decoded without detail) may fault where it runs: it reaches
+        memory through anything but the stack pointer, its own code's constants or
+        (`g_in_register`: Go's ABIInternal) the goroutine's g, or it divides, or it
+        traps by design. Asked of Go code's windows only: a fault in a trampoline has
+        a PC that Go's traceback and recover() do not know. (Default: any may.)"""
+        return True
 
     @abstractmethod
     def flags_live_at_entry(self) -> bool:

@@ -53,6 +53,11 @@ def common_fields(spec: RuntimeSpec) -> dict:
         "HASH_MULTIPLIER": f"{region.HASH_MULTIPLIER:#x}", "SLOT_SHIFT": region.SLOT_SHIFT,
         "SLOT_MASK": region.SLOT_MASK,
         "OWNER_PROBES": region.OWNER_PROBES,
+        "OFF_GO_CALLS": region.OFF_GO_CALLS, "GO_CALL_PROBES": region.GO_CALL_PROBES,
+        "GO_CALL_SIZE": region.GO_CALL_SIZE,
+        "GO_CALL_SIZE_SHIFT": region.GO_CALL_SIZE.bit_length() - 1,
+        "GO_CALL_SHIFT": 64 - (region.GO_CALLS.bit_length() - 1),
+        "GO_CALLS_MASK": hex(region.GO_CALLS * region.GO_CALL_SIZE - 1),
     }
 
 

@@ -16,6 +16,8 @@ regions when Prometheus asks:
   (their record was busy);
 - `urewrite_returns_missed_total{object, pid}`: calls whose return address could
   not be redirected, so their returns are missing from the counts;
+- `urewrite_latency_missed_total{object, pid}`: returns of functions probed at entry
+  and return that gave no latency sample (docs/region.md, `latency_missed`);
 - `urewrite_regions`: region files read at this scrape.
 """
 
@@ -83,21 +85,27 @@ class RegionCollector:
         missed = CounterMetricFamily("urewrite_returns_missed", "Calls whose return address "
                                      "could not be redirected: their returns are not counted.",
                                      labels=["object", "pid"])
+        unsampled = CounterMetricFamily("urewrite_latency_missed", "Returns of functions "
+                                        "probed at entry and return that gave no latency "
+                                        "sample.", labels=["object", "pid"])
         for labels, value in _per_probe(snap).items():
             hits.add_metric(list(labels), value)
         for labels, counts in _histograms(snap).items():
             buckets, estimate = latency_buckets(counts)
             latency.add_metric(list(labels), buckets, estimate)
-        for labels, (n_events, n_lost, n_missed, traced) in _per_region(snap).items():
+        for labels, (n_events, n_lost, n_missed, traced, n_unsampled) in \
+                _per_region(snap).items():
             if traced:
                 events.add_metric(list(labels), n_events)
                 lost.add_metric(list(labels), n_lost)
             missed.add_metric(list(labels), n_missed)
+            unsampled.add_metric(list(labels), n_unsampled)
         yield hits
         yield latency
         yield events
         yield lost
         yield missed
+        yield unsampled
         yield GaugeMetricFamily("urewrite_regions", "Region files read at this scrape.",
                                 value=len(snap.regions))
 
@@ -127,10 +135,11 @@ def _per_region(snap: Snapshot) -> Dict[tuple, tuple]:
     out: Dict[tuple, tuple] = {}
     for r in snap.regions.values():
         labels = (r.object, str(r.pid))
-        events, lost, missed, traced = out.get(labels, (0, 0, 0, False))
+        events, lost, missed, traced, unsampled = out.get(labels, (0, 0, 0, False, 0))
         c = r.counts
         out[labels] = (events + c.ring_events, lost + c.ring_dropped,
-                       missed + c.returns_missed, traced or c.traced)
+                       missed + c.returns_missed, traced or c.traced,
+                       unsampled + c.latency_missed)
     return out
 
 

@@ -9,6 +9,7 @@ import time
 
 import click
 
+from urewrite.console import fail
 from urewrite.errors import UrewriteError
 from urewrite.live_options import arm_options
 
@@ -31,10 +32,6 @@ def _deadline(duration):
     end = None if duration is None else time.monotonic() + duration
     return lambda: end is not None and time.monotonic() >= end
 
-
-def _fail(message: str) -> None:
-    click.echo(f"urewrite: {message}", err=True)
-    sys.exit(1)
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
@@ -94,7 +91,7 @@ def top(directory, pids, all_of, interval, refreshes, once, plain, duration, com
             except KeyboardInterrupt:
                 pass
         except UrewriteError as e:
-            _fail(str(e))
+            fail(str(e))
         for problem in problems:
             click.echo(f"urewrite: warning: skipped {problem}", err=True)
         return
@@ -158,4 +155,4 @@ def export(directory, pids, all_of, listen, duration):
     try:
         serving(DirectorySource(directory), _deadline(duration))
     except UrewriteError as e:
-        _fail(str(e))
+        fail(str(e))

@@ -10,6 +10,7 @@ import time
 
 import click
 
+from urewrite.console import fail
 from urewrite.errors import UrewriteError
 from urewrite.live_options import live_options, live_or_command
 
@@ -28,10 +29,13 @@ PRINTF_RING = 1 << 16  # events a process's ring holds for printf()s
                                 "N); updates past it are dropped and counted.")
 @click.option("--interval", type=click.FloatRange(min=0.01), metavar="S",
               help="Also print the maps every S seconds while the program runs.")
+@click.option("--dir", "directory", metavar="DIR", type=click.Path(file_okay=False),
+              help="Load the program into DIR, for the processes that start with "
+                   "UREWRITE_DIR=DIR (instead of a command), until Ctrl-C or --duration.")
 @live_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(program_text, program_path, as_json, output, map_size, interval, pids, all_of, duration,
-        command):
+def run(program_text, program_path, as_json, output, map_size, interval, directory, pids, all_of,
+        duration, command):
     """Run COMMAND with a probe program in the probes of its rewritten files, then print
     the program's maps.
 
@@ -39,16 +43,23 @@ def run(program_text, program_path, as_json, output, map_size, interval, pids, a
       urewrite run -e 'uprobe:./app.probed:parse { @[arg1] = count(); }' -- ./app.probed ARGS
       urewrite run -f prog.bt -- ./app.probed ARGS
       urewrite run -f prog.bt -p 1234 --duration 10
+      urewrite run -f prog.bt --dir /dev/shm/app --duration 60
     The probes a program names must be in the files (urewrite IN -e PROGRAM -o OUT
     rewrites a file with them). The command's own output is left alone; the exit status
     is passed through. With -p or --all, the program is loaded into running processes
-    until Ctrl-C, --duration S or their exit, then unloaded, and the maps printed.
+    until Ctrl-C, --duration S or their exit, then unloaded, and the maps printed. With
+    --dir, processes started with UREWRITE_DIR=DIR while it runs run the program.
     """
     from urewrite.programs import attach, checks, evaluate, lower, output as printer, parser
 
     if (program_text is None) == (program_path is None):
         raise click.UsageError("give the program with -e PROGRAM or -f FILE")
-    armed = live_or_command(pids, all_of, duration, command)
+    if directory is not None:
+        if command or pids is not None or all_of is not None:
+            raise click.UsageError("--dir goes without a command, -p or --all")
+        armed = False
+    else:
+        armed = live_or_command(pids, all_of, duration, command)
     text = program_text
     try:
         if program_path is not None:
@@ -65,14 +76,17 @@ def run(program_text, program_path, as_json, output, map_size, interval, pids, a
                                         for b in checked.program.blocks for p in b.probes},
                               map_size)
     except UrewriteError as e:
-        _fail(str(e))
+        fail(str(e))
     state = evaluate.State(checked)
     for block in checked.program.blocks:  # BEGIN, in the tracer
         if any(p.kind == "BEGIN" for p in block.probes):
             evaluate.run_block(state, block, _tracer_hit(block))
     _print(state.printed)
     ticker = _Ticker(interval, lowered, as_json)
-    if armed:
+    if directory is not None:
+        returncode, found, lost = _run_in_directory(directory, duration, targets, lowered,
+                                                    ticker)
+    elif armed:
         returncode, found, lost = _run_armed(pids, all_of, duration, targets, lowered, ticker)
     else:
         returncode, found, lost = _run_command(command, targets, lowered, ticker)
@@ -139,9 +153,9 @@ def _run_command(command, targets, lowered, ticker):
         try:
             maps_path = attach.write_files(directory, targets, lowered, _assemble)
         except UrewriteError as e:
-            _fail(str(e))
+            fail(str(e))
         except OSError as e:
-            _fail(f"cannot write the program's files in {directory}: {e.strerror}")
+            fail(f"cannot write the program's files in {directory}: {e.strerror}")
         env = dict(os.environ, **{ENV_VAR: directory})
         if lowered.printfs:  # printf()s come back as events of the processes' rings
             env[TRACE_ENV_VAR] = str(PRINTF_RING)
@@ -166,6 +180,59 @@ def _run_command(command, targets, lowered, ticker):
     finally:
         remove_region_directory(directory)
     return exit_status(returncode), found, (dropped, maps.faults(area))
+
+
+def _run_in_directory(directory, duration, targets, lowered, ticker):
+    """Loads the program into a region directory until Ctrl-C or `duration`: every
+    process that sets up its probes there meanwhile (UREWRITE_DIR) runs it; then
+    unloads it: (0, the maps, dropped). Processes still running keep it mapped, but
+    what they add after that is not read."""
+    from urewrite.programs import attach, maps
+    from urewrite.trampolines import program_file
+    from urewrite.tracer import POLL_SECONDS
+
+    if not os.path.isdir(directory):
+        fail(f"no directory {directory}")
+    try:
+        maps_path = attach.write_files(directory, targets, lowered, _assemble)
+    except UrewriteError as e:
+        fail(str(e))
+    except FileExistsError as e:
+        fail(f"a program is loaded in {directory} already ({os.path.basename(e.filename)})")
+    except OSError as e:
+        fail(f"cannot write the program's files in {directory}: {e.strerror}")
+    click.echo(f"urewrite: the program is loaded in {directory}; Ctrl-C ends", err=True)
+    if lowered.printfs:
+        from urewrite.trampolines.region import TRACE_ENV_VAR
+        click.echo(f"urewrite: printf() shows events of processes started with "
+                   f"{TRACE_ENV_VAR}=N too (a ring of N events)", err=True)
+    readers = {}
+    end = time.monotonic() + duration if duration is not None else None
+    try:
+        try:
+            while end is None or time.monotonic() < end:
+                if lowered.printfs:
+                    _printed(directory, readers, lowered.printfs, final=False)
+                if ticker.due():
+                    ticker.show([maps_path])
+                time.sleep(POLL_SECONDS)
+        except KeyboardInterrupt:
+            pass
+        if lowered.printfs:
+            _printed(directory, readers, lowered.printfs, final=True)
+        with open(maps_path, "rb") as f:
+            area = f.read()
+        found, dropped = maps.read(area, lowered.maps)
+    finally:
+        for reader in readers.values():
+            reader.close()
+        for t in targets.values():  # (unloaded: processes that start now run none)
+            for suffix in (program_file.PROGRAM_SUFFIX, program_file.MAPS_SUFFIX):
+                try:
+                    os.unlink(os.path.join(directory, t.tag + suffix))
+                except FileNotFoundError:
+                    pass
+    return 0, found, (dropped, maps.faults(area))
 
 
 def _run_armed(pids, all_of, duration, targets, lowered, ticker):
@@ -207,7 +274,7 @@ def _run_armed(pids, all_of, duration, targets, lowered, ticker):
             dropped += lost
             faults += maps.faults(area)
     except UrewriteError as e:
-        _fail(str(e))
+        fail(str(e))
     finally:
         for reader in readers.values():
             reader.close()
@@ -274,8 +341,4 @@ def _print(lines) -> None:
         except BrokenPipeError:  # (a reader such as head went away: go on, quietly)
             sys.stdout = open(os.devnull, "w")
 
-
-def _fail(message: str) -> None:
-    click.echo(f"urewrite: {message}", err=True)
-    sys.exit(1)
 

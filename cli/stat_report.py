@@ -41,6 +41,18 @@ def finish(exit_code: int, regions, problems: List[str], as_json: bool, sink,
     sink.close()
     if not regions:
         _say(f"urewrite: no probe region in {directory}" if directory else "urewrite: no probe region was written: is the command rewritten by urewrite (and not set-user-ID)?")
+    say_missed(regions)
+    return exit_code or 0
+
+
+def report_saying_missed(exit_code: int, regions, as_json: bool) -> str:
+    """stat -p's report: report()'s, and on stderr what went uncounted, as stat of a
+    command says it."""
+    say_missed(regions)
+    return report(exit_code, regions, as_json)
+
+
+def say_missed(regions) -> None:
     from urewrite.trampolines import region as region_layout
     for who, returns_missed, latency_missed in _missed_by_object(regions):
         if returns_missed:
@@ -49,8 +61,9 @@ def finish(exit_code: int, regions, problems: List[str], as_json: bool, sink,
         if latency_missed:
             _say(f"urewrite: {who}: {latency_missed} returns of functions measured for "
                  f"latency gave no sample (more than {region_layout.LATENCY_DEPTH} calls "
-                 f"open in a thread, or entered on another thread)")
-    return exit_code or 0
+                 f"open in a thread, or entered on another thread; Go functions: more "
+                 f"calls open than the region's {region_layout.GO_CALLS} entries hold, or "
+                 f"run with no goroutine)")
 
 
 def _say(message: str) -> None:

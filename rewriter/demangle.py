@@ -44,7 +44,7 @@ def demangle_all(symbols: Iterable[str]) -> Dict[str, Demangled]:
     for symbol in symbols:
         start = symbol[:2]
         if (start == "_Z" or start == "_R") and symbol not in found:
-            # (C++ functions straight to _cxx: node has 60,000)
+            # (C++ functions straight to _cxx: most of them)
             d = _cxx(symbol) if start == "_Z" and not _may_be_rust_legacy(symbol) \
                 else demangle(symbol)
             if d is not None:

@@ -157,7 +157,7 @@ class _Walker(ValueReader):
         data, size = self.data, len(self.data)
         at = 0
         while at + 8 <= size:
-            # the usual entry, read inline (node has 76,000): a 32-bit length, and an FDE
+            # the usual entry, read inline (most of a big file's): a 32-bit length, and an FDE
             # of a CIE with GCC's and Clang's encoding, with no frame or LSDA to read
             length, cie_pointer = _LENGTH_AND_ID.unpack_from(data, at)
             end = at + 4 + length
@@ -228,8 +228,7 @@ class _Walker(ValueReader):
     def _cie_frame_at(self, cie: int, at: int, end: int):
         """The frame at the first address of the FDE whose augmentation (a one-byte
         length) starts at `at`, when it is its CIE's own (no instruction but nops before
-        the first advance), worked out already: most FDEs, read inline (node: 76,000,
-        of which 25,000 only nops); else _UNREAD (_entry_frame() knows)."""
+        the first advance), worked out already: most FDEs, read inline; else _UNREAD (_entry_frame() knows)."""
         known = self.cies.get(cie)
         if known is None or not known.augmented or at >= end or self.data[at] & 0x80:
             return _UNREAD

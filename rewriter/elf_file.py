@@ -175,8 +175,7 @@ class ElfFile:
 
     def offset_of(self, vaddr: int, size: int = 1) -> Optional[int]:
         """File offset of `vaddr` when `size` bytes there are backed by the file."""
-        seg = self._last_load  # (most reads follow one in the same segment: node's list
-        # reads 700,000 times, most of them in its code)
+        seg = self._last_load  # (most reads follow one in the same segment: its code)
         if seg is not None and seg.vaddr <= vaddr and vaddr + size <= seg.vaddr + seg.filesz:
             return seg.offset + vaddr - seg.vaddr
         for seg in self.loads:

@@ -74,8 +74,8 @@ class SymbolTable:
         return self._data[start:stop if stop >= 0 else end].decode("utf-8", "replace")
 
     def names(self, indices: np.ndarray) -> list:
-        """name(i) of each of `indices`: the same, without numpy's cost per item (node:
-        150,000 function symbols)."""
+        """name(i) of each of `indices`: the same, without numpy's cost per item (a big file
+        has 100,000s)."""
         data, strings, names = self._data, self._strings, []
         for t, at in zip(self._table[indices].tolist(), self._name_at[indices].tolist()):
             start, end = strings[t]

@@ -21,7 +21,7 @@ import numpy as np
 class Occupancy:
     """Disjoint byte ranges in use: windows, landings. Those taken at once (of(): a big
     file's windows, 100,000s) are kept apart from those taken one by one after them:
-    an insert among all of them cost more than the search (libLLVM: 1 s for 55,000)."""
+    an insert among all of them would cost more than the search."""
 
     def __init__(self):
         self._many = _Ranges()  # taken at once

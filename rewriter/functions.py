@@ -55,8 +55,8 @@ class Function:
 
 def discover(elf: ElfFile) -> List[Function]:
     """Functions sorted by address; symbols at one address merge into one function."""
-    # (with arrays: node has 150,000 function symbols, most of them twice, and 76,000
-    # FDEs; a loop of dicts over them took 0.4 s before anything else could start)
+    # (with arrays: a big file has 100,000s of function symbols, most of them twice,
+    # and as many FDEs; nothing else can start before this)
     in_code = _code_ranges(elf)
     table = symbol_table(elf)
     defined = (table.shndx != SHN_UNDEF) & (table.values != 0) & in_code(table.values)
@@ -171,7 +171,7 @@ class _Grouped:
         found = {}
         for k, start, run in zip(np.flatnonzero(runs > 1).tolist(),
                                  self.first[runs > 1].tolist(), runs[runs > 1].tolist()):
-            # (most: a name in both tables, node's 62,000 exported functions)
+            # (most: a name in both tables, an exported function)
             if run == 2 and names[order[start]] == names[order[start + 1]]:
                 continue
             group = list(dict.fromkeys(names[i] for i in order[start:start + run]))

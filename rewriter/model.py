@@ -95,8 +95,8 @@ class BinaryModel:
     def sweep_ahead(self, functions: List[Function]) -> None:
         """Start sweep_all(functions) on a thread of its own, for the caller to go on
         meanwhile (prepare() of the same list waits for it): the native sweep releases
-        the GIL while it decodes, so it takes the other core (node: 0.5 s, beside
-        making the sites of `list`). Nothing else may sweep until then. A sweep that
+        the GIL while it decodes, so it takes the other core, beside
+        making the sites of `list`. Nothing else may sweep until then. A sweep that
         fails on the thread is made again where it can be reported."""
         if self._sweeping is not None:
             return
@@ -216,8 +216,8 @@ class BinaryModel:
 
     def head(self, fn: Function, size: int) -> list:
         """The function's first instructions, decoded: those that start before `size`
-        bytes after a landing pad (endbr64, bti: 4 bytes), and one more. (It read 16
-        bytes more: node's entries decoded twice the instructions they need.)"""
+        bytes after a landing pad (endbr64, bti: 4 bytes), and one more. (No fixed
+        number of bytes: that decoded many more instructions than an entry needs.)"""
         sweep = self.sweep(fn)
         end_row = int(sweep.edges.searchsorted(fn.address + 4 + size)) + 1
         return self.rows(fn, 0, min(end_row, len(sweep)))
@@ -266,7 +266,7 @@ class BinaryModel:
         """The jump tables of a function's indirect jumps: jump address -> table. A jump
         not here is not known to be a table (jump_tables.py)."""
         if fn.address not in self.tables:
-            if fn.address in self.no_indirect_jumps:  # (node: 70,000 functions, at once)
+            if fn.address in self.no_indirect_jumps:  # (most functions: found at once)
                 self.unknown_jumps[fn.address] = None
                 self.tables[fn.address] = {}
                 return self.tables[fn.address]
@@ -304,8 +304,8 @@ class BinaryModel:
     def read_unwind_tables(self) -> None:
         """Read now what .eh_frame and the LSDAs tell (entry frames, fragments, landing
         pads), which return probes and windows of several instructions ask. (`list`
-        has it done while the other process sweeps: each process of precompute() read
-        it for itself, 1 s on node.)"""
+        has it done while the other process sweeps, not in each process of
+        precompute().)"""
         self.fragments()
         self.landing_pads()
 
@@ -443,7 +443,7 @@ class BinaryModel:
     def last_instruction(self, fn: Function) -> Optional[Insn]:
         """The last instruction of the function's sweep, decoded; None where the sweep
         stops before the function's end or the decoder sees that instruction otherwise.
-        (free_space decoded the whole function for it: 0.3 s on node.)"""
+        (Not the whole function decoded for it.)"""
         sweep = self.sweep(fn)
         if not len(sweep) or sweep.end != fn.end:
             return None
@@ -492,8 +492,8 @@ class BinaryModel:
         """Whether no immediate or displacement field of 4 bytes or more can start at
         `address` in the function's instruction holding it (it is its first byte, or
         4 bytes from it pass its end), that instruction decoding alike in detail: the
-        answer holds_constant() gives, without the detailed decode (node: 15,000 of
-        22,000 matches asked)."""
+        answer holds_constant() gives, without the detailed decode (most matches
+        asked)."""
         sweep = self.sweep(fn)
         k = sweep.index_holding(address)
         if k is None:
@@ -505,8 +505,7 @@ class BinaryModel:
     def instruction_ends(self, code: bytes) -> list:
         """Where the decoder that moves instructions ends each one in `code`, from its
         start. Kept per byte string: where instructions lie does not change their
-        lengths, and most windows hold code met before (node: 163,000 windows, 23,000
-        different)."""
+        lengths, and most windows hold code met before."""
         ends = self.lengths.get(code)
         if ends is None:
             ends = self.lengths[code] = self.backend.boundaries(code, 0)[1:]
@@ -514,8 +513,7 @@ class BinaryModel:
 
     def learn_lengths(self, codes: List[bytes]) -> None:
         """instruction_ends() of many byte strings at once, those not known yet: one
-        decode of them all, one after another (node: 27,000 different windows in each
-        process, 30 µs a decode). A string where that decode has an instruction start
+        decode of them all, one after another, not one each. A string where that decode has an instruction start
         and one end has the ends it would have alone: instructions decode from their
         first byte on. The others (an instruction across its end, a decode that stops
         before it) are decoded alone when asked."""

@@ -106,9 +106,8 @@ class ReturnProbe:
 def no_cycle_collection():
     """The cyclic garbage collector paused while a file is worked on. A big file makes
     millions of long-lived objects (sweeps, branch targets, windows), and each full
-    collection looked at all of them again: 5 s of node's `list` in each process,
-    for nothing: the work makes next to no reference cycles (node's peak memory is
-    the same either way), and reference counting frees the rest. (gc.freeze() at
+    collection would look at all of them again for nothing: the work makes next to no
+    reference cycles, and reference counting frees the rest. (gc.freeze() at
     each stage did not help: the objects a stage makes are what a collection visits.)
     It runs again on leaving, for a caller that goes on to other files (--summary)."""
     was_enabled = gc.isenabled()
@@ -194,7 +193,7 @@ def return_probes(a: Analysis, sites: List[Site]) -> Dict[int, ReturnProbe]:
         if not isinstance(o, Plan):
             found[o.site.function.address].refusal = o.reason
             continue
-        tactic = o.tactic  # (one per plan: asked once, of node's 117,000)
+        tactic = o.tactic  # (one per plan: asked once)
         for point in o.points:
             for site in point.sites:
                 probe = found[site.function.address]
@@ -288,6 +287,12 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
         raise UrewriteError(f"{elf.path}: a shared object without DT_INIT (no place to start "
                             f"the probe runtime from) is not supported yet")
     arguments_of = _ArgumentEncoder(a, backend, entry_args)
+    faults = a.planner.windows.go_faults  # (a Go program's fault hook, if any)
+
+    def g_register(site: Site) -> bool:
+        """Whether the g register (r14, x28) holds the goroutine at the entry and returns
+        of the site's function: ABIInternal (ABI0 assembly may use r14 for anything)."""
+        return arguments_of.convention(site).name == arguments.GO_REGISTERS
 
     def build(placement, progress=None):
         return segment.build(backend, plans, placement, os.path.basename(output_path),
@@ -295,7 +300,8 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
                              dt_init[1] if dt_init else None, arguments_of=arguments_of,
                              progress=progress, siteless=a.planner.exits.siteless,
                              detailed=a.planner.windows.detailed, go_program=is_go_program(elf),
-                             go_functions=go_functions(elf))
+                             go_functions=go_functions(elf), g_register=g_register,
+                             fault_hook=faults.hook, in_go_code=faults.in_go_code)
 
     # The state memory follows the code: place it after a bound on the code's size
     # (a gap there costs address space, no file bytes) and build once; should the
@@ -306,7 +312,7 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
              for stub in p.patching.stub_addresses()]
     segments = 2 + len(layout.stub_pages(stubs))
     stubs_from = a.planner.stub_floor if stubs else 0
-    bound = segment.size_bound(plans)
+    bound = segment.size_bound(plans, faults.hook is not None)
     if stubs_from:  # (a bound is only a bound: the code itself must fit below the stubs)
         bound = min(bound, layout.room_below(elf, stubs_from, backend.state_size))
     placement = layout.place(elf, bound, backend.state_size, segments, stubs_from)

@@ -130,8 +130,8 @@ class Planner:
                 self.redirected_because[returns[key].function.address] = reason
         if redirects:
             expanded = [s for s in expanded if s.probe_key not in unpatched] + redirects
-            # (the first round's plans are made again: not kept beside the second's, 24 MB
-            # of libLLVM's peak)
+            # (the first round's plans are made again: not kept beside the second's, which
+            # would raise the peak memory)
             kept = failed = None
             kept, failed = self._whole_returns(self._plan_sites(expanded))
             refused += [Refusal(returns[key], f"{unpatched.get(key, '')}; and its return "
@@ -259,14 +259,13 @@ class Planner:
                 if verdict and target.kind == KIND_RETURN:
                     at_risk[target.function.address] = target.function
             # where a return probe's exits may not all be patched, plan() asks whether its
-            # return address may be redirected instead: a walk over the whole function
-            # (libLLVM: 5,000 functions, 0.1 s in the native module where it was
-            # built, else 12 s of Capstone's detail), answered here on both cores
+            # return address may be redirected instead: a walk over the whole function,
+            # answered here on both cores
             problems = {address: self._redirect_problem(fn) for address, fn in at_risk.items()}
             return Precomputed(exits, windows, problems, retried)
 
         # (the child leaves the last 64 pieces to this process: it also sends what it
-        # found, and this process reads it, 0.5 s on node)
+        # found, which this process must read, so it stops first)
         second = parallel.Forked(lambda: work(leave=64))
         for found in (work(progress=progress), second.result()):
             self.exits.known.update(found.exits)
@@ -404,7 +403,7 @@ class Planner:
                 previous, previous_at = outcome, len(outcomes)
             outcomes.append(outcome)
         if self.backend.hop_size and {"hop", "evict", "pun"} & set(self.tactics):
-            outcomes = self.tight_sites.hop_tight_sites(outcomes)
+            outcomes = self.tight_sites.place(outcomes)
         return outcomes
 
     def _found_windows(self, groups: List[List[Site]]) -> list:

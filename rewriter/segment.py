@@ -38,9 +38,14 @@ class SegmentImage:
     histograms_left_out: int = 0  # functions probed at entry and return beyond MAX_HISTOGRAMS
 
 
-def size_bound(plans) -> int:
-    """More bytes than build() will need for `plans` (a generous estimate)."""
+def size_bound(plans, fault_hook: bool = False) -> int:
+    """More bytes than build() will need for `plans` (a generous estimate); with a
+    fault hook, whose table has 16 bytes per moved instruction."""
     bound = 64 * 1024  # program headers, runtime, and slack
+    if fault_hook:
+        bound += 4096 + 16 * sum(len(p.window.insns) + len(p.patching.moved.insns
+                                                          if p.patching.moved else ())
+                                 for p in plans)
     for plan in plans:
         sites = len(plan.sites)
         bound += 512 + 64 * len(plan.window.insns) + 512 * len(plan.points) + 256 * sites
@@ -55,12 +60,14 @@ PARALLEL_AT = 1000  # trampolines from which each half is made on a core of its 
 
 
 def _trampolines(backend: Backend, plans, start: int, refs: RuntimeRefs, count_point,
-                 detailed, progress=None) -> tuple:
-    """(code, patches, stubs) of the trampolines of `plans`, the code starting at `start`
-    (aligned): each trampoline, and the one of a window its plan moves away, at the next
-    CODE_ALIGN boundary. `detailed(plan)`: the plan with its instructions decoded in
-    detail (done here, by each process for its share)."""
-    code, patches, stubs = bytearray(), [], []
+                 detailed, progress=None, in_go_code=None) -> tuple:
+    """(code, patches, stubs, moved) of the trampolines of `plans`, the code starting at
+    `start` (aligned): each trampoline, and the one of a window its plan moves away, at
+    the next CODE_ALIGN boundary. `detailed(plan)`: the plan with its instructions
+    decoded in detail (done here, by each process for its share). `in_go_code(address)`
+    (with a fault hook): `moved` lists (trampoline address, original address) of every
+    instruction of Go code the trampolines move."""
+    code, patches, stubs, moved_insns = bytearray(), [], [], []
     for plan in map(detailed, plans):
         at = start + align_up(len(code), CODE_ALIGN)
         code += bytes(at - start - len(code))
@@ -74,12 +81,16 @@ def _trampolines(backend: Backend, plans, start: int, refs: RuntimeRefs, count_p
                 points.append(count_point(point.address, counted, point.flags_live, redirect,
                                           point.taken, point.stays_within))
             code += backend.trampoline(at, plan.window, points, refs)
+            if in_go_code is not None and in_go_code(plan.window.address):
+                moved_insns += backend.moved_instructions(at, plan.window, points, refs)
             moved_to, patching = None, plan.patching
             moved = patching.moved
             if moved:  # an evicted neighbour or successor: a trampoline of its own, no probe
                 moved_to = start + align_up(len(code), CODE_ALIGN)
                 code += bytes(moved_to - start - len(code))
                 code += backend.trampoline(moved_to, moved, (), refs)
+                if in_go_code is not None and in_go_code(moved.address):
+                    moved_insns += backend.moved_instructions(moved_to, moved, (), refs)
             patches += patching.patches(backend, plan.window, at, moved_to)
             stubs += patching.stubs(backend, at, moved_to)
         except OverflowError:
@@ -87,7 +98,7 @@ def _trampolines(backend: Backend, plans, start: int, refs: RuntimeRefs, count_p
                                 f"reach of {plan.window.address:#x}")
         if progress:
             progress(1)
-    return code, patches, stubs
+    return code, patches, stubs, moved_insns
 
 
 def _expected_size(trampolines, plans, start: int) -> int:
@@ -102,14 +113,19 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
           file_tag: str, exe_entry: Optional[int], dso_init: Optional[int],
           arguments_of=lambda site: arguments.encode(()), progress=None,
           siteless=(), detailed=lambda plan: plan, go_program=False,
-          go_functions=frozenset()) -> SegmentImage:
+          go_functions=frozenset(), g_register=lambda site: False, fault_hook=None,
+          in_go_code=None) -> SegmentImage:
     """`arguments_of(site)`: the encoded argument descriptors its events record.
     `detailed(plan)`: the plan with its windows' instructions decoded in detail
     (Planner.detailed), for the code that moves them.
     `siteless`: probes with nothing to patch (return probes of functions that never
     return), listed in the region so that they report their 0 hits.
     `go_functions`: entries of the Go functions (.gopclntab), whose trampolines keep
-    within what a goroutine's stack holds."""
+    within what a goroutine's stack holds. `g_register(site)`: whether Go's g register
+    holds the goroutine in the site's function (its latency pairs are kept per goroutine).
+    `fault_hook`: the plan at the entry of Go's signal handler that carries the fault
+    hook (rewriter/plan/go_faults.py), for the instructions `in_go_code(address)` says
+    are Go's."""
     # one probe per key: every site of a USDT probe name counts into the same one
     index_of, probes, semaphores = {}, [], []
     all_sites = [site for p in plans for site in p.sites] + list(siteless)
@@ -132,7 +148,8 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
                                            histogram_of.get(site.probe_key, -1)))
             if site.semaphore and site.semaphore not in semaphores:
                 semaphores.append(site.semaphore)
-    template, layout = region.build_template(probes, object_name, build_id, backend.elf_machine)
+    template, layout = region.build_template(probes, object_name, build_id, backend.elf_machine,
+                                             go_program=go_program)
     # the runtime enables these USDT semaphores when it arms the probes; their
     # table follows the copied part, 8-aligned
     copied = len(template)
@@ -173,17 +190,19 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
         leaves = tuple(sorted({histogram_of[s.probe_key] for s in sites
                                if s.probe_key in histogram_of}))
         go_code = all(s.function.address in go_functions for s in sites)
+        g_held = go_code and (enters or leaves) and all(g_register(s) for s in sites)
         return CountPoint(address, indexes, flags_live,
                           tuple(arguments_of(per_probe[i]) for i in indexes),
-                          enters, leaves, redirect, taken, stays_within, go_code)
+                          enters, leaves, redirect, taken, stays_within, go_code, g_held)
 
     def trampolines(part, start: int, step=None) -> tuple:
-        return _trampolines(backend, part, start, refs, count_point, detailed, step)
+        return _trampolines(backend, part, start, refs, count_point, detailed, step,
+                            in_go_code if fault_hook is not None else None)
 
     first_at = base + align_up(len(code), CODE_ALIGN)
     half = len(plans) // 2
     if half < PARALLEL_AT:
-        chunk, patches, stubs = trampolines(plans, first_at, progress)
+        chunk, patches, stubs, moved = trampolines(plans, first_at, progress)
     else:
         # The second half goes after the room the first half is expected to take,
         # and is made meanwhile on another core; where the first half takes more, it
@@ -192,7 +211,7 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
         second_at = align_up(first_at + _expected_size(trampolines, plans[:half], first_at),
                              CODE_ALIGN)
         second = parallel.Forked(lambda: trampolines(plans[half:], second_at))
-        chunk, patches, stubs = trampolines(plans[:half], first_at, progress)
+        chunk, patches, stubs, moved = trampolines(plans[:half], first_at, progress)
         rest, rest_at = second.result(), second_at
         if first_at + len(chunk) > second_at:
             rest_at = align_up(first_at + len(chunk), CODE_ALIGN)
@@ -203,8 +222,15 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
         chunk += rest[0]
         patches += rest[1]
         stubs += rest[2]
+        moved += rest[3]
     code += bytes(first_at - base - len(code))
     code += chunk
+    if fault_hook is not None:  # last: it lists where the others moved Go's instructions
+        hook = detailed(fault_hook)
+        hook_at = base + align_up(len(code), CODE_ALIGN)
+        code += bytes(hook_at - base - len(code))
+        code += backend.fault_hook(hook_at, hook.window, moved)
+        patches.append((hook.window.address, backend.site_patch(hook.window, hook_at)))
     live = live_note.build(backend.elf_machine, runtime_at, placement.state_vaddr,
                            placement.state_size, template_at + align_up(copied, 8),
                            backend.live_state, file_tag) if backend.live_state else b""

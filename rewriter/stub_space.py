@@ -97,7 +97,8 @@ class StubSpace:
         if len(pages) >= self._cap and len(stubs) > 64 and bool((stubs[1:] >= stubs[:-1]).all()):
             # no page more may be used, and the candidates are sorted (a search's): only
             # those starting on a page in use can fit, found by a binary search per page
-            # (libLLVM: most searches, the cap met early); the test on those alone
+            # (most searches of a big file, where the cap is met early); the test on
+            # those alone
             on = _runs(np.searchsorted(stubs, known), np.searchsorted(stubs, known + layout.PAGE))
             ok = np.zeros(len(stubs), dtype=bool)
             ok[on] = self._fit_each(stubs[on], source, taken, pages, known, starts)
@@ -110,7 +111,7 @@ class StubSpace:
         included; `known`: as a sorted array) and the stubs taken `starts` (sorted)."""
         size = self.size
         ok = (stubs >= self.floor) & (stubs <= source + REACH)
-        if not ok.any():  # (libLLVM: 40% of searches lie wholly below the floor)
+        if not ok.any():  # (many searches lie wholly below the floor)
             return ok
         for stub in taken:
             ok &= np.abs(stubs - stub) >= size
@@ -164,7 +165,7 @@ class StubSpace:
 
     def _arrays(self) -> tuple:
         """fit()'s arrays, up to date: the stubs taken since put in place, not the
-        arrays made again from all of them (libLLVM's `list` takes 13,000: 1.7 s)."""
+        arrays made again from all of them at each stub taken."""
         if self._later:
             later = np.sort(np.array(self._later, dtype=np.int64))
             self._starts = np.insert(self._starts, np.searchsorted(self._starts, later), later)

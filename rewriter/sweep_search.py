@@ -3,9 +3,8 @@
 Windows.inner_window tries windows around a site (exits, USDT sites, addresses) and
 skips those a nearby branch or a C++ landing pad lands inside; Windows.window takes the
 instructions at an entry; ReturnExits.exit_points goes over a function's rows for those that
-may leave it. On a big file these are most of `list`'s time (node: 117,000 exit
-windows, 78,000 entries, 78,000 functions' exits: seconds of Python per core), and
-they need only arrays. Where the backend's native module has one
+may leave it. On a big file these are most of `list`'s time (100,000s of
+windows), and they need only arrays. Where the backend's native module has one
 (Backend.sweep_search_engine: x86_64's, in Rust) and every function was swept at
 once (a SweepBatch), the planner asks it first: it reads the sweep's arrays in place
 and answers only where it finds what the Python code would (for a window, the first

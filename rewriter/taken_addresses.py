@@ -138,8 +138,7 @@ class TakenIndex:
     def scan_ahead(self) -> None:
         """Make the scans (and the far-branch table) on a thread of their own while the
         caller goes on: numpy releases the GIL while it goes over the bytes, so they
-        take the other core (node: 0.8 s, beside function discovery, of a 3 s
-        one-probe rewrite). The thread needs the GIL back between numpy's calls:
+        take the other core, beside function discovery. The thread needs the GIL back between numpy's calls:
         Python hands it over every 5 ms by default, which left the scans waiting half
         the time; every 0.5 ms while they run. Each question waits for them (wait());
         so must a fork (a child has no thread: it would make the missing scans
@@ -177,8 +176,7 @@ class TakenIndex:
         wanted = unique(wanted if isinstance(wanted, np.ndarray)
                         else np.fromiter(wanted, dtype=np.int64))
         # (most questions name no taken address: one search among every value answers
-        # them, where each table took its own; node has 38 tables, a window is asked
-        # about 100,000s of times)
+        # them, where each table would take its own, 100,000s of times)
         every = self.every_value()
         if len(wanted) and len(every):
             wanted = wanted[every[np.minimum(every.searchsorted(wanted), len(every) - 1)]
@@ -326,8 +324,7 @@ def _relr_values(elf: ElfFile, data: bytes) -> np.ndarray:
 
 def _give_back_freed_memory() -> None:
     """Return to the system what the scans' thread freed: glibc gives a thread an
-    arena of its own and keeps what is freed there (node's `list`: 90 MB more at its
-    peak, 30 MB after this). Where there is no glibc, nothing to do."""
+    arena of its own and keeps what is freed there, tens of MB on a big file. Where there is no glibc, nothing to do."""
     try:
         ctypes.CDLL(None).malloc_trim(0)
     except (AttributeError, OSError):

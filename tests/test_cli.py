@@ -120,7 +120,7 @@ def test_stripped_program(prog, counts, tmp_path):
 
 
 def test_rows_are_encoded_as_json_dumps_does():
-    from urewrite.commands import _row_encoder
+    from urewrite.listing import row_encoder as _row_encoder
     encode = _row_encoder()
     rows = [{"name": "caf\u00e9 \"q\" \\ \n", "aliases": ["a", "\u4e2d"], "address": 2**63 - 1,
              "size": 0, "split_off": False, "patchable": True, "displaced": None,

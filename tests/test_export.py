@@ -95,6 +95,9 @@ def test_metrics_page(service, tmp_path):
         assert _value(f["urewrite_ring_lost_events"], "urewrite_ring_lost_events_total",
                       pid=str(traced.pid)) == 0
         assert _value(f["urewrite_regions"], "urewrite_regions") == 2
+        for s in (traced, plain):  # every return gave a sample; the series says so
+            assert _value(f["urewrite_latency_missed"], "urewrite_latency_missed_total",
+                          pid=str(s.pid)) == 0
         traced.send("call 5")  # read at every scrape
         assert _value(exporter.families()["urewrite_probe_hits"], "urewrite_probe_hits_total",
                       probe="handle", pid=str(traced.pid)) == 1005

@@ -96,6 +96,14 @@ def rewrite_all(program: Path, out: Path, *extra) -> None:
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
 
 
+def probed_all(go_work: Path, name: str) -> Path:
+    """The build with every function probed at entry and return (made once)."""
+    probed = go_work / f"{build(go_work, name).name}.probed"
+    if not probed.exists():
+        rewrite_all(build(go_work, name), probed)
+    return probed
+
+
 def calls(stdout: str) -> int:
     return int(re.search(r"^calls: (\d+)$", stdout, re.M).group(1))
 
@@ -105,8 +113,7 @@ def test_every_function_probed_runs_as_the_original(go_work, name):
     program = build(go_work, name)
     want = execute(program)
     assert want.returncode == 0, want.stderr
-    probed = go_work / f"{program.name}.probed"
-    rewrite_all(program, probed)
+    probed = probed_all(go_work, name)
     got = execute(probed)
     assert (got.returncode, got.stdout) == (0, want.stdout), got.stderr[-3000:]
     if "arm64" in name:
@@ -121,6 +128,65 @@ def test_every_function_probed_runs_as_the_original(go_work, name):
         assert kinds[("main.work", "entry")] == n
         assert kinds[("main.work", "return")] == n
         assert kinds[("main.mayPanic", "entry")] == kinds[("main.mayPanic", "return")] == 10
+    # latency pairs kept by goroutine: every call gives a sample, the workers' (that block
+    # on channels) and the deep recursion's (20,001 calls open, its stack copied) too
+    returns = {p["name"]: p for p in armed.probes if p["kind"] == "return"}
+    for function, count in (("main.work", calls(want.stdout)), ("main.deep", 20001),
+                            ("main.mayPanic", 10), ("main.worker", 4)):
+        ret = returns[function]
+        assert ret["hits"] == count, function
+        assert sum(b["count"] for b in ret["histogram"]) == count, function
+
+
+@pytest.mark.parametrize("name", ["static", "arm64"])
+def test_fault_reads_as_in_the_original(go_work, name):
+    """A nil receiver faults at the first instruction of main.(*Box).Get, Go's nil
+    check. That instruction is moved, and the fault hook at Go's signal handler gives
+    the handler the original PC: the traceback names the frame and the line, and
+    `pc=` is the original's, recovered (the sample prints its frames) or not.
+    Arguments the traceback is unsure of (`0x...?`) are stack addresses, which vary."""
+    program, probed = build(go_work, name), probed_all(go_work, name)
+    listed = urewrite("list", program).stdout
+    get = next(l for l in listed.splitlines() if " main.(*Box).Get " in l)
+    assert " ok, " in get, get
+    hook = next(l for l in listed.splitlines() if " runtime.sigtramp.abi0 " in l)
+    assert "fault hook" in hook, hook
+    want, got = execute(program, "nil"), execute(probed, "nil")
+    unsure = re.compile(r"0x[0-9a-f]+\?")
+    assert want.returncode == 2 and "main.(*Box).Get" in want.stderr, want.stderr
+    assert (got.returncode, unsure.sub("0x?", got.stderr)) == \
+        (want.returncode, unsure.sub("0x?", want.stderr))
+
+
+def test_fault_hook_table_names_the_moved_instructions(go_work):
+    """Each entry of the fault hook's table (after the jump at runtime.sigtramp's entry)
+    pairs a trampoline address with the original address of the same instruction."""
+    import capstone
+    from urewrite.rewriter.elf_file import ElfFile
+    program, probed = build(go_work, "static"), probed_all(go_work, "static")
+    original, rewritten = ElfFile.open(str(program)), ElfFile.open(str(probed))
+    sigtramp = _symbols(program)["runtime.sigtramp.abi0"]
+    jump = rewritten.read(sigtramp, 5)
+    assert jump[0] == 0xE9
+    hook = sigtramp + 5 + struct.unpack("<i", jump[1:])[0]
+    lea = rewritten.read(hook, 7)
+    assert lea[:3] == b"\x4c\x8d\x05"  # lea r8, [rip + table]
+    table = hook + 7 + struct.unpack("<i", lea[3:])[0]
+    (count,) = struct.unpack("<Q", rewritten.read(table, 8))
+    assert count > 1000
+    pairs = struct.unpack(f"<{2 * count}q", rewritten.read(table + 8, 16 * count))
+    decoder = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+
+    def first(elf, address):
+        return next(decoder.disasm(elf.read(address, 16), address))
+    same = 0
+    for at, was in zip(pairs[::2], pairs[1::2]):
+        moved, kept = first(rewritten, table + at), first(original, table + was)
+        if "rip" not in kept.op_str and not kept.mnemonic.startswith(("j", "call", "loop")):
+            assert (moved.mnemonic, moved.op_str) == (kept.mnemonic, kept.op_str), \
+                (hex(table + at), hex(table + was))
+            same += 1
+    assert same > count // 2
 
 
 def strip(program: Path) -> Path:

@@ -32,6 +32,11 @@ def _kinds(go_code: bool) -> dict:
         "entry": CountPoint(SITE, (1,), False, args, go_code=go_code),
         "entry, latency": CountPoint(SITE, (1,), False, args, enters=True, go_code=go_code),
         "return, latency": CountPoint(SITE, (2,), False, args, leaves=(0,), go_code=go_code),
+        # (pairs kept by goroutine: Go code's ABIInternal functions)
+        "entry, latency by goroutine": CountPoint(SITE, (1,), False, args, enters=True,
+                                                  go_code=go_code, g_register=go_code),
+        "return, latency by goroutine": CountPoint(SITE, (2,), False, args, leaves=(0,),
+                                                   go_code=go_code, g_register=go_code),
         "inside, flags live": CountPoint(SITE, (1, 3), True, args * 2, go_code=go_code),
         "entry, redirected return": CountPoint(SITE, (1,), False, args, True, redirect=back,
                                                go_code=go_code),

@@ -15,7 +15,7 @@ import pytest
 import json
 
 from conftest import SAMPLES, check, rewrite, urewrite
-from urewrite.trampolines.region import LATENCY_DEPTH, read_regions
+from urewrite.trampolines.region import GO_CALLS, LATENCY_DEPTH, read_regions
 
 DEPTH, ROUNDS, THREADS = 200, 50, 4
 CALLS = DEPTH * ROUNDS * THREADS
@@ -51,13 +51,22 @@ def test_calls_beyond_the_stack_of_open_calls_are_counted(tmp_path):
     urewrite("stat", "--json", "-o", tmp_path / "stat.json", "--", probed, DEPTH, ROUNDS, THREADS)
     report = json.loads((tmp_path / "stat.json").read_text())
     assert report["latency_missed"] == CALLS - SAMPLED and report["returns_missed"] == 0
+    # and so does a live reader of a directory (stat --dir: the regions mapped)
+    regions = tmp_path / "live"
+    regions.mkdir()
+    check([probed, DEPTH, ROUNDS, THREADS], env={"UREWRITE_DIR": str(regions)})
+    live = urewrite("stat", "--dir", regions, "--duration", "0", "--json")
+    assert json.loads(live.stdout)["latency_missed"] == CALLS - SAMPLED
+    assert f"{CALLS - SAMPLED} returns of functions measured" in live.stderr
     # a loop of runs says so once, for all its processes
     loop = urewrite("stat", "--", "sh", "-c", f"for i in 1 2 3; do {probed} {DEPTH} {ROUNDS} "
                                              f"{THREADS}; done")
     missed = [line for line in loop.stderr.splitlines() if "gave no sample" in line]
     assert missed == [f"urewrite: latency_depth.probed (3 processes): {3 * (CALLS - SAMPLED)} "
                       f"returns of functions measured for latency gave no sample (more than "
-                      f"{LATENCY_DEPTH} calls open in a thread, or entered on another thread)"]
+                      f"{LATENCY_DEPTH} calls open in a thread, or entered on another thread; "
+                      f"Go functions: more calls open than the region's {GO_CALLS} entries "
+                      f"hold, or run with no goroutine)"]
 
 
 @pytest.mark.skipif(shutil.which(CROSS_CC) is None or shutil.which(QEMU) is None,

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from urewrite import commands
+from urewrite import listing
 from urewrite.rewriter import parallel, pipeline
 
 SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "samples")
@@ -18,7 +18,7 @@ PERL = "/usr/bin/perl"  # (2,234 functions, 42 of them with return probes that r
 
 @pytest.mark.skipif(not os.path.exists(PERL), reason="needs Debian's perl")
 def test_list_worked_out_ahead_is_list_function_by_function(monkeypatch):
-    ahead = commands._list_rows(PERL, None)
+    ahead = listing.list_rows(PERL, None)
     functions = ahead[0]
     assert len(functions) >= pipeline.PREPARE_AT  # (else nothing was worked out ahead)
     mechanisms = {f["return"]["mechanism"] for f in functions}
@@ -26,7 +26,7 @@ def test_list_worked_out_ahead_is_list_function_by_function(monkeypatch):
 
     monkeypatch.setattr(pipeline, "PREPARE_AT", 1 << 30)
     monkeypatch.setattr(parallel, "cores", lambda: 1)
-    assert commands._list_rows(PERL, None) == ahead
+    assert listing.list_rows(PERL, None) == ahead
 
 
 @pytest.mark.skipif(not shutil.which("g++"), reason="needs g++")

@@ -176,7 +176,7 @@ def test_list_text_keeps_its_columns_when_a_name_is_long(tmp_path):
     """A name longer than list's name column overflows its own row only: the column
     stays NAME_COLUMN wide (node has a function with 129 aliases, 33,000 characters:
     every row padded to that was 2.6 GB of text)."""
-    from urewrite.commands import NAME_COLUMN
+    from urewrite.listing import NAME_COLUMN
 
     long = "long_" + "x" * 150
     src = tmp_path / "long.c"

@@ -7,6 +7,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -173,3 +174,109 @@ def test_a_full_map_and_bad_reads_are_reported(files):
         "urewrite: 172 map updates were dropped: a map with keys holds 128 entries (--map-size N)",
         'urewrite: 300 memory reads found nothing to read (str() or a pointer read of a bad '
         'address): they gave "" or 0']
+
+
+MATRIX_PROGRAM = """
+uprobe:{path}:{work} /arg0 > 10/ {{
+    @c[arg1] = count(); @s[arg1 % 3] = sum(arg0); @h = hist(arg0); @mx = max(arg0);
+}}
+uprobe:{path}:{work} {{ @start[tid] = nsecs; }}
+uretprobe:{path}:{work} /@start[tid]/ {{
+    @r = lhist((int64)retval + 3000, 0, 6000, 1000); @took = count(); delete(@start[tid]);
+}}
+uprobe:{path}:{named} {{ @w[arg1 % 5] = count(); }}
+"""
+# build -> (compiler and flags, the arguments of the run); "shared" puts work and named
+# in a shared object, which the probes name
+MATRIX = {
+    "O0": (["gcc", "-O0"], ["3000"]),
+    "O3-static": (["gcc", "-O3", "-static", "-pthread"], ["3000"]),
+    "shared": (["gcc", "-O2"], ["3000"]),
+    "threads": (["gcc", "-O2", "-pthread"], ["3000", "4"]),
+    "cxx": (["g++", "-x", "c++", "-O2", "-pthread"], ["3000", "3"]),
+}
+
+
+def _matrix_build(work, name: str):
+    """(the command, the probed file, the rewrite's program) for a build of the sample:
+    the original in work/plain, the rewrite in work/rw under the same name."""
+    compiler, args = MATRIX[name]
+    if shutil.which(compiler[0]) is None:
+        pytest.skip(f"{compiler[0]} is not installed")
+    plain, rw = work / "plain", work / "rw"
+    plain.mkdir()
+    rw.mkdir()
+    if name == "shared":
+        subprocess.run(compiler + ["-fPIC", "-shared", "-DVALUES_LIBRARY", SAMPLE, "-o",
+                                   str(plain / "libvalues.so")], check=True)
+        subprocess.run(compiler + ["-DVALUES_MAIN", SAMPLE, "-L", str(plain), "-lvalues",
+                                   "-o", str(plain / "values")], check=True)
+        target = "libvalues.so"
+    else:
+        subprocess.run(compiler + [SAMPLE, "-o", str(plain / "values")], check=True)
+        target = "values"
+    names = {"work": '"work(long, long)"', "named": '"named(char const*, long)"'} \
+        if name == "cxx" else {"work": "work", "named": "named"}
+    proc = urewrite(str(plain / target), "-e", MATRIX_PROGRAM.format(path=rw / target, **names),
+                    "-o", str(rw / target), "-q")
+    assert proc.returncode == 0, proc.stderr
+    program = {where: MATRIX_PROGRAM.format(path=where / target, **names)
+               for where in (plain, rw)}
+    return plain, rw, target, args, program
+
+
+@pytest.mark.parametrize("name", list(MATRIX))
+def test_builds_and_threads_give_the_maps_bpftrace_gives(tmp_path, name):
+    """-O0, -O3 static, a shared object, four threads, C++ names: the same maps as
+    bpftrace with kernel uprobes on the original."""
+    plain, rw, target, args, program = _matrix_build(tmp_path, name)
+    shared = target != "values"
+    command = [str((plain if shared else rw) / "values"), *args]
+    env = dict(os.environ, LD_LIBRARY_PATH=str(rw)) if shared else None
+    ours = urewrite("run", "-e", program[rw], "--", *command, env=env)
+    assert ours.returncode == 0, ours.stderr
+    assert f"@took: {args[0]}" in ours.stdout, ours.stdout
+    if shutil.which("bpftrace") is None:
+        pytest.skip("bpftrace is not installed")
+    why = uprobes_unavailable()
+    if why:
+        pytest.skip(f"bpftrace needs kernel uprobes: {why}")
+    with kernel_tracing_alone():
+        theirs = subprocess.run(
+            ["bpftrace", "-e", program[plain], "-c", " ".join([str(plain / "values"), *args])],
+            capture_output=True, text=True, timeout=120,
+            env=dict(os.environ, LD_LIBRARY_PATH=str(plain)) if shared else None)
+    assert theirs.returncode == 0, theirs.stderr
+    assert _ties_sorted(_maps(ours.stdout)) == _ties_sorted(_maps(theirs.stdout))
+
+
+def test_loaded_into_a_region_directory(files, tmp_path):
+    """--dir: processes that start with UREWRITE_DIR=DIR while it runs run the program
+    (two, one with threads: their calls add up); at the end it is unloaded."""
+    import time
+    _, rewritten = files
+    directory = tmp_path / "regions"
+    directory.mkdir()
+    program = f"uprobe:{rewritten}:work {{ @n = count(); @k[arg1 % 2] = count(); }}"
+    loader = subprocess.Popen(
+        [sys.executable, "-m", "urewrite", "run", "-e", program, "--dir", str(directory),
+         "--duration", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        waited = time.monotonic() + 30
+        while not list(directory.glob("*.program")) and loader.poll() is None and \
+                time.monotonic() < waited:
+            time.sleep(0.05)
+        env = dict(os.environ, UREWRITE_DIR=str(directory))
+        for args in (["700"], ["700", "3"]):
+            done = subprocess.run([str(rewritten), *args], env=env, capture_output=True)
+            assert done.returncode == 0, done.stderr
+        out, err = loader.communicate(timeout=60)
+    finally:
+        loader.kill()
+    assert loader.returncode == 0, err
+    assert "@n: 1400" in out and "@k[0]: 800" in out and "@k[1]: 600" in out, out
+    assert not list(directory.glob("*.program")) and not list(directory.glob("*.maps"))
+    proc = urewrite("run", "-e", program, "--dir", str(tmp_path / "none"), "--duration", "1")
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "no directory" in proc.stderr
+    proc = urewrite("run", "-e", program, "--dir", str(directory), "--", str(rewritten))
+    assert proc.returncode == 2 and "--dir goes without a command" in proc.stderr

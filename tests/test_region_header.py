@@ -59,6 +59,8 @@ HEADER_FIELDS = {
     "ns_mult": region.OFF_NS_MULT,
     "returns_missed": region.OFF_RETURNS_MISSED,
     "latency_missed": region.OFF_LATENCY_MISSED,
+    "go_calls_offset": region.OFF_GO_CALLS,
+    "go_call_count": region.OFF_GO_CALL_COUNT,
 }
 
 

@@ -36,13 +36,14 @@ class LiveProbe:
 @dataclass
 class RegionCounts:
     """One read of a region: hits per probe (table order), latency buckets per
-    probe that has a histogram, and the ring and return-address counters."""
+    probe that has a histogram, and the ring's, return-address and latency counters."""
     hits: List[int]
     histograms: List[Optional[List[int]]]
     ring_events: int  # events the writers took a position for (the ring's head)
     ring_dropped: int  # events a writer gave up because their record was busy
     returns_missed: int
     traced: bool = False  # the process has an event ring (it runs under trace)
+    latency_missed: int = 0  # returns of measured functions that gave no latency sample
 
 
 class NotReady(Exception):
@@ -115,9 +116,11 @@ class LiveRegion:
                 events = words[(ring + R.RING_HEAD) // 8]
                 dropped = words[(ring + R.RING_DROPPED) // 8]
             returns_missed = words[R.OFF_RETURNS_MISSED // 8]
+            latency_missed = words[R.OFF_LATENCY_MISSED // 8]
         finally:
             words.release()
-        return RegionCounts(hits, histograms, events, dropped, returns_missed, bool(ring))
+        return RegionCounts(hits, histograms, events, dropped, returns_missed, bool(ring),
+                            latency_missed)
 
     def close(self) -> None:
         self._map.close()

@@ -70,6 +70,10 @@ OFF_RETURNS_MISSED = 440
 # returns of functions measured for latency that gave no sample (their entry was
 # not on the thread's stack of open calls: it was full, or another thread's)
 OFF_LATENCY_MISSED = 448
+# a Go program's open calls measured for latency, keyed by goroutine (docs/region.md,
+# "Latency histograms"): where the table starts (0: none) and its entries
+OFF_GO_CALLS = 456
+OFF_GO_CALL_COUNT = 464
 CLOCK_TSC, CLOCK_CNTVCT = 1, 2
 # x86_64: the TSC's rate, measured by the first process of a region directory, for the
 # others (docs/region.md): magic, u64 ticks per second, u64 ticks and u64 ns of a pair
@@ -83,6 +87,13 @@ CLOCK_FILE_FORMAT = struct.Struct("<8sQQQ")
 LATENCY_BUCKETS = 64
 LATENCY_DEPTH = 126
 LATENCY_STACK_SIZE = 8 + 8 + 16 * LATENCY_DEPTH  # depth, pad, entries
+# Go code: open calls in one table of the region, keyed by (g, stack.hi - sp), since a
+# goroutine moves between threads and its stack moves as it grows. Entries of
+# {u64 g (0: never used, 1: free again), u64 stack.hi - sp, u64 ticks, pad}, a call's
+# place found from a hash of its key within GO_CALL_PROBES entries.
+GO_CALLS = 1 << 16  # (a recursion 20,000 deep takes a third of them)
+GO_CALL_SIZE = 32
+GO_CALL_PROBES = 32
 KIND_MASK = 0xFF  # a probe's kind field: kind in the low byte, histogram + 1 in bits 16-31
 MAX_HISTOGRAMS = 0xFFFF  # (histogram + 1 fits in those 16 bits)
 
@@ -109,8 +120,8 @@ REC_SEQ, REC_TICKS, REC_PROBE, REC_TID, REC_NARGS, REC_ARGS = 0, 8, 16, 20, 24, 
 MAX_ARGS = 12  # (RECORD_SIZE - REC_ARGS) / 8: as many as sdt.h gives a probe
 RING_MIN, RING_MAX, RING_DEFAULT = 16, 1 << 22, 1 << 16
 
-_HEADER = struct.Struct("<8sIIQIIQQQQQiIqII32s256sQIIQQQIIQQQ")
-assert _HEADER.size == 456
+_HEADER = struct.Struct("<8sIIQIIQQQQQiIqII32s256sQIIQQQIIQQQQI")
+assert _HEADER.size == 468
 
 
 def _align(value: int, to: int) -> int:
@@ -135,6 +146,7 @@ class Layout:
     slot_stride: int
     region_size: int
     slot_count: int = SLOT_COUNT
+    go_calls_offset: int = 0  # the Go program's table of open calls, 0 when none
 
 
 def histograms(probes: List[ProbeInfo]) -> int:
@@ -149,7 +161,8 @@ def row_bytes(probe_count: int, histogram_count: int) -> int:
     return size
 
 
-def layout_for(probes: List[ProbeInfo]) -> Layout:
+def layout_for(probes: List[ProbeInfo], go_program: bool = False) -> Layout:
+    """`go_program`: a Go program measuring latency gets its table of open calls."""
     names_size = sum(len(p.name.encode()) + 1 for p in probes)
     probes_offset = HEADER_SIZE
     strings_offset = probes_offset + PROBE_ENTRY_SIZE * len(probes)
@@ -157,20 +170,25 @@ def layout_for(probes: List[ProbeInfo]) -> Layout:
     counters_offset = _align(owners_offset + OWNER_ENTRY_SIZE * SLOT_COUNT, 64)
     stride = _align(max(row_bytes(len(probes), histograms(probes)), 8), 64)
     size = _align(counters_offset + stride * (SLOT_COUNT + 1), 4096)
+    go_calls = 0
+    if go_program and histograms(probes):
+        go_calls, size = size, size + GO_CALLS * GO_CALL_SIZE
     return Layout(len(probes), probes_offset, strings_offset, owners_offset,
-                  counters_offset, stride, size)
+                  counters_offset, stride, size, go_calls_offset=go_calls)
 
 
 def build_template(probes: List[ProbeInfo], object_name: str, build_id: bytes,
-                   machine: int) -> tuple:
+                   machine: int, go_program: bool = False) -> tuple:
     """The header, probe table and names, as the runtime copies them: (bytes, Layout)."""
-    layout = layout_for(probes)
+    layout = layout_for(probes, go_program)
     name = object_name.encode()[:OBJECT_NAME_MAX].decode(errors="ignore").encode()
     header = _HEADER.pack(MAGIC, VERSION, HEADER_SIZE, layout.region_size, len(probes),
                           SLOT_COUNT, layout.probes_offset, layout.strings_offset,
                           layout.owners_offset, layout.counters_offset, layout.slot_stride,
                           0, machine, 0, len(build_id[:32]), 0, build_id[:32], name,
-                          0, 0, RECORD_SIZE, 0, 0, 0, 0, histograms(probes), 0, 0, 0)
+                          0, 0, RECORD_SIZE, 0, 0, 0, 0, histograms(probes), 0, 0, 0,
+                          layout.go_calls_offset,
+                          GO_CALLS if layout.go_calls_offset else 0)
     out = bytearray(header.ljust(HEADER_SIZE, b"\0"))
     names = bytearray()
     for probe in probes:

@@ -103,7 +103,9 @@ struct urewrite_header {
     uint64_t ns_mult;          /* ns per clock tick, 32.32 fixed point */
     uint64_t returns_missed;   /* calls whose return address could not be redirected */
     uint64_t latency_missed;   /* returns of latency-measured functions without a sample */
-    uint8_t reserved[56];      /* zero; later compatible fields go here */
+    uint64_t go_calls_offset;  /* a Go program's open calls by goroutine (runtime state); 0 none */
+    uint32_t go_call_count;    /* entries of 32 bytes there */
+    uint8_t reserved[44];      /* zero; later compatible fields go here */
 };
 
 /* Latency: in every counter row, after probe_count counters, latency_count
@@ -196,7 +198,9 @@ UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, latency_coun
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, ns_mult) == 432, "ns_mult");
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, returns_missed) == 440, "returns_missed");
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, latency_missed) == 448, "latency_missed");
-UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, reserved) == 456, "reserved");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, go_calls_offset) == 456, "go_calls_offset");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, go_call_count) == 464, "go_call_count");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_header, reserved) == 468, "reserved");
 UREWRITE_EXTENSION_ _Static_assert(sizeof(struct urewrite_ring) == 64, "ring control size");
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_record, ticks) == 8, "record ticks");
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_record, probe) == 16, "record probe");

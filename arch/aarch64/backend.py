@@ -7,8 +7,8 @@ from typing import Optional
 import capstone
 import numpy as np
 
-from urewrite.arch.aarch64 import (arguments, jump_tables, relocator, return_address, runtime,
-                                   trampoline)
+from urewrite.arch.aarch64 import (arguments, fault_hook, faults, jump_tables, relocator,
+                                   return_address, runtime, trampoline)
 from urewrite.arch.aarch64.writer import b_imm
 from urewrite.trampolines.arguments import C_CONVENTION
 from urewrite.arch.base import (BRANCH, CALL, JUMP, OTHER, PLAIN, RETURN, Backend, Insn, Runtime,
@@ -135,6 +135,18 @@ class AArch64Backend(Backend):
         if insn.mnemonic == ".word":
             return f"the word {insn.op_str} does not decode as an instruction"
         return relocator.relocation_problem(insn, is_last, shadow_stack)
+
+    translates_faults = True
+
+    def moved_instructions(self, address: int, window: Window, points,
+                           refs: RuntimeRefs) -> list:
+        return trampoline.moved_instructions(address, window, points, refs)
+
+    def fault_hook(self, address: int, window: Window, moved) -> bytes:
+        return fault_hook.build(address, window, moved)
+
+    def may_fault(self, insn: Insn, g_in_register: bool) -> bool:
+        return faults.may_fault(insn, g_in_register)
 
     def flags_live_at_entry(self) -> bool:
         return False  # and the trampoline never changes the flags anyway

@@ -810,9 +810,10 @@ av_done:
 
 // A function probed at entry and return was entered: remember when, and at which
 // stack pointer (its frame), on this thread's stack of open calls.
-// x0 = this thread's row, x16 = region, x17 = the site's sp. Preserves every
-// register but x17, and the flags.
+// x0 = this thread's row, x16 = region, x17 = the site's sp (+ 1: Go code where x28
+// holds the goroutine, lat_enter_g). Preserves every register but x17, and the flags.
 lat_enter:
+    tbnz x17, #0, lat_enter_g
     sub sp, sp, #48
     stp x9, x10, [sp]
     stp x11, x12, [sp, #16]
@@ -851,9 +852,10 @@ le_done:
 
 // The function returns: drop calls left without a return (their frames lie below
 // ours: longjmp, exceptions), and if the innermost open call is ours, add how long
-// it took to histogram x1. x0 = row, x16 = region, x17 = the site's sp.
-// Preserves every register but x17, and the flags.
+// it took to histogram x1. x0 = row, x16 = region, x17 = the site's sp (+ 1: Go code,
+// lat_exit_g). Preserves every register but x17, and the flags.
 lat_exit:
+    tbnz x17, #0, lat_exit_g
     sub sp, sp, #64
     stp x9, x10, [sp]
     stp x11, x12, [sp, #16]
@@ -914,6 +916,178 @@ lx_missed_add:
     cbnz w13, lx_missed_add
 lx_done:
     ldr x9, [sp, #48]
+    msr nzcv, x9
+    ldp x13, x14, [sp, #32]
+    ldp x11, x12, [sp, #16]
+    ldp x9, x10, [sp]
+    add sp, sp, #64
+    ret
+
+// Go code: a goroutine moves between threads mid-call and its stack is copied when
+// it grows, so its open calls are kept in the region's table (docs/region.md), keyed
+// by g (x28) and stack.hi - sp, which stays the same through both. Only the goroutine
+// of g writes entries keyed by g, and it runs on one thread at a time; a free entry
+// (0: never used, 1: used before) is claimed with an exclusive pair.
+
+// A Go function measured for latency was entered: its entry at its key, now. Entered
+// again at the same key (its prologue runs again after morestack grew the stack),
+// the call keeps the later time: one call, one pair. No free entry near its key:
+// unmeasured, and its return counts as missed. x16 = region, x17 = the site's sp + 1.
+lat_enter_g:
+    sub sp, sp, #64
+    stp x9, x10, [sp]
+    stp x11, x12, [sp, #16]
+    stp x13, x14, [sp, #32]
+    mrs x9, nzcv
+    stp x15, x9, [sp, #48]
+    mrs x13, cntvct_el0                    // the time of entry
+    sub x9, x17, #1                        // the site's sp
+    ldr x10, [x16, #{OFF_GO_CALLS}]
+    cbz x10, leg_done
+    add x10, x16, x10                      // the table
+    cbz x28, leg_done                      // no goroutine (a signal on a C thread)
+    ldp x11, x12, [x28]                    // its stack: lo, hi
+    cmp x9, x11
+    b.lo leg_done                          // not on the goroutine's stack (a signal
+    cmp x9, x12                            // handler's): no key that lasts
+    b.hs leg_done
+    sub x12, x12, x9                       // the key: stack.hi - sp
+    add x11, x28, x12
+    ldr x9, hash_k
+    mul x11, x11, x9
+    lsr x11, x11, #{GO_CALL_SHIFT}
+    lsl x11, x11, #{GO_CALL_SIZE_SHIFT}     // the key's first entry
+leg_search:                                // the first entry that is ours (entered again)
+    mov x9, x11                            // or free: one of ours past a free one is an
+    mov x15, #{GO_CALL_PROBES}             // older call's; a return finds the newer first
+leg_probe:
+    ldr x17, [x10, x9]
+    cmp x17, x28
+    b.ne leg_other
+    add x17, x10, x9
+    ldr x17, [x17, #8]
+    cmp x17, x12
+    b.eq leg_again
+    b leg_next
+leg_other:
+    cmp x17, #1
+    b.ls leg_claim                         // free: 0 never used, 1 used before
+leg_next:
+    add x9, x9, #{GO_CALL_SIZE}
+    and x9, x9, #{GO_CALLS_MASK}
+    subs x15, x15, #1
+    b.ne leg_probe
+    b leg_done                             // full near the key
+leg_claim:
+    add x14, x10, x9
+leg_exclusive:
+    ldxr x17, [x14]
+    cmp x17, #1
+    b.hi leg_lost
+    stxr w15, x28, [x14]
+    cbnz w15, leg_exclusive
+    stp x12, x13, [x14, #8]
+    b leg_done
+leg_lost:                                  // taken since: look again
+    clrex
+    b leg_search
+leg_again:
+    add x17, x10, x9
+    str x13, [x17, #16]
+leg_done:
+    ldp x15, x9, [sp, #48]
+    msr nzcv, x9
+    ldp x13, x14, [sp, #32]
+    ldp x11, x12, [sp, #16]
+    ldp x9, x10, [sp]
+    add sp, sp, #64
+    ret
+
+// A Go function measured for latency returns: its entry at its key gives the sample,
+// added to histogram x1 of row x0 (exclusive: the thread's own row, or the shared
+// row, as a goroutine's pair needs no row of its own); no entry: missed, counted.
+// x16 = region, x17 = the site's sp + 1.
+lat_exit_g:
+    sub sp, sp, #64
+    stp x9, x10, [sp]
+    stp x11, x12, [sp, #16]
+    stp x13, x14, [sp, #32]
+    mrs x9, nzcv
+    stp x15, x9, [sp, #48]
+    mrs x13, cntvct_el0                    // now
+    sub x9, x17, #1                        // the site's sp
+    ldr x10, [x16, #{OFF_GO_CALLS}]
+    cbz x10, lxg_missed
+    add x10, x16, x10                      // the table
+    cbz x28, lxg_missed                    // no goroutine (a signal on a C thread)
+    ldp x11, x12, [x28]                    // its stack: lo, hi
+    cmp x9, x11
+    b.lo lxg_missed                        // not on the goroutine's stack (a signal
+    cmp x9, x12                            // handler's): no key that lasts
+    b.hs lxg_missed
+    sub x12, x12, x9                       // the key: stack.hi - sp
+    add x11, x28, x12
+    ldr x9, hash_k
+    mul x11, x11, x9
+    lsr x11, x11, #{GO_CALL_SHIFT}
+    lsl x11, x11, #{GO_CALL_SIZE_SHIFT}     // the key's first entry
+    mov x9, x11
+    mov x15, #{GO_CALL_PROBES}
+lxg_probe:
+    ldr x17, [x10, x9]
+    cmp x17, x28
+    b.ne lxg_other
+    add x17, x10, x9
+    ldr x14, [x17, #8]
+    cmp x14, x12
+    b.eq lxg_found
+    b lxg_next
+lxg_other:
+    cbz x17, lxg_missed                    // never used: no entry lies beyond it
+lxg_next:
+    add x9, x9, #{GO_CALL_SIZE}
+    and x9, x9, #{GO_CALLS_MASK}
+    subs x15, x15, #1
+    b.ne lxg_probe
+    b lxg_missed
+lxg_found:
+    ldr x14, [x17, #16]                    // ticks at entry
+    mov x15, #1
+    str x15, [x17]                         // free again
+    sub x13, x13, x14
+    ldr x14, [x16, #{OFF_NS_MULT}]
+    mul x15, x13, x14
+    umulh x13, x13, x14
+    extr x13, x13, x15, #32                // nanoseconds
+    mov x14, #0
+    cbz x13, lxg_bucket
+    clz x14, x13
+    mov x15, #64
+    sub x14, x15, x14
+    mov x15, #{LATENCY_BUCKETS_MAX}
+    cmp x14, x15
+    csel x14, x14, x15, ls
+lxg_bucket:
+    ldr w9, [x16, #{OFF_PROBE_COUNT}]
+    lsl x9, x9, #3
+    add x9, x9, x1, lsl #{HISTOGRAM_SHIFT}
+    add x9, x9, x14, lsl #3
+    add x9, x0, x9
+lxg_add:
+    ldxr x12, [x9]
+    add x12, x12, #1
+    stxr w13, x12, [x9]
+    cbnz w13, lxg_add
+    b lxg_done
+lxg_missed:
+    add x9, x16, #{OFF_LATENCY_MISSED}
+lxg_missed_add:
+    ldxr x12, [x9]
+    add x12, x12, #1
+    stxr w13, x12, [x9]
+    cbnz w13, lxg_missed_add
+lxg_done:
+    ldp x15, x9, [sp, #48]
     msr nzcv, x9
     ldp x13, x14, [sp, #32]
     ldp x11, x12, [sp, #16]

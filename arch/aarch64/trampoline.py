@@ -17,6 +17,7 @@ routines it calls save them), so they need no saving even inside a function.
     owned:  ldxr/add/stxr on row[probe]  exclusive: a signal handler hitting the same
                                          probe mid-increment makes it retry, not lose
             [bl lat_enter | lat_exit]    a function measured for latency enters | returns
+                                         (x17 = site sp, + 1 where x28 holds g)
     counted: [a function entry whose return is redirected: x30 into the frame,
               x17 = its stub, bl shadow_push, x30 = the frame's: now the stub]
             x17 = region.ring ; cbnz x17 -> trace   (x16 = region)
@@ -27,6 +28,7 @@ routines it calls save them), so they need no saving even inside a function.
     slow:   bl slow_hit                 x0 = the thread's own row (found or claimed
             cbz  x1 -> owned             near the hashed entry), or the shared row:
             ldxr/add/stxr on row[probe] ; b counted     counted, never measured
+                                         (but by goroutine: bl lat_enter | lat_exit)
     trace:  x16 = this point's event table ; bl trace_event ; b traced
 
 Such an entry's return stub follows (docs/design.md, "Return probes"):
@@ -99,11 +101,28 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
         w.stp_pre(X16, X17, SP, -FRAME)
         _point(w, _Labels(""), point, refs, lambda: w.b(target))
         return w.bytes()
-    w.stp_pre(X16, X17, SP, -FRAME)
-    _point(w, _Labels(""), point, refs, lambda: _displaced(w, window), window.insns[0])
+    _body(w, window, point, refs, lambda: _displaced(w, window))
     if point.redirect:
         _return_stub(w, point.redirect, refs)
     return w.bytes()
+
+
+def moved_instructions(address: int, window: Window, points, refs: RuntimeRefs) -> list:
+    """(address in the trampoline build() makes, original address) of the window's
+    instruction; none for a conditional tail call's (a branch: it never faults)."""
+    (point,) = points
+    if point.taken:
+        return []
+    w, at = Writer(address), []
+    _body(w, window, point, refs, lambda: at.append(w.pc))
+    return [(at[0], window.address)]
+
+
+def _body(w: Writer, window: Window, point, refs: RuntimeRefs, displaced) -> None:
+    """The frame pushed, then the point, which runs `displaced()` where the window's
+    instruction goes."""
+    w.stp_pre(X16, X17, SP, -FRAME)
+    _point(w, _Labels(""), point, refs, displaced, window.insns[0])
 
 
 def _displaced(w: Writer, window: Window) -> None:
@@ -154,6 +173,23 @@ def _exit_check(w: Writer, L: _Labels, point, rn: int) -> None:
         w.label(f"{L.below}{k}")
 
 
+def _latency(w: Writer, point, refs: RuntimeRefs, offset: int) -> None:
+    """x0 = the row + `offset`, x16 = region. x17 = the site's sp, plus 1 where x28
+    holds the goroutine: the runtime then keys the call by goroutine, not by thread."""
+    if not (point.enters or point.leaves):
+        return
+    if offset:
+        _sub_imm(w, X0, X0, offset)  # x0 = the row
+    w.str_(LR, SP, FRAME_LR)
+    w.add_imm(X17, SP, FRAME + (1 if point.g_register else 0))  # which call this is
+    if point.enters:
+        w.bl(refs.lat_enter)
+    for histogram in point.leaves:
+        w.mov_imm(X1, histogram)
+        w.bl(refs.lat_exit)
+    w.ldr(LR, SP, FRAME_LR)
+
+
 def _point(w: Writer, L: _Labels, point, refs: RuntimeRefs, displaced, jump=None) -> None:
     """From the check on, with the frame pushed: count the point's probes, then run
     `displaced()`, then the out-of-line parts. `jump`: the point's instruction."""
@@ -179,19 +215,9 @@ def _point(w: Writer, L: _Labels, point, refs: RuntimeRefs, displaced, jump=None
     w.cbnz(X1, L.slow)
     w.label(L.owned)  # x0 = this thread's row, x16 = region
     offset = _count(w, probe_indexes, L.retry)
-    if point.enters or point.leaves:
-        # latency: in the thread's own row (found by the hash or by slow_hit); a hit
-        # in the shared row goes unmeasured
-        if offset:
-            _sub_imm(w, X0, X0, offset)  # x0 = the row
-        w.str_(LR, SP, FRAME_LR)
-        w.add_imm(X17, SP, FRAME)  # the site's sp: which call this is
-        if point.enters:
-            w.bl(refs.lat_enter)
-        for histogram in point.leaves:
-            w.mov_imm(X1, histogram)
-            w.bl(refs.lat_exit)
-        w.ldr(LR, SP, FRAME_LR)
+    # latency: in the thread's own row (found by the hash or by slow_hit); a hit
+    # in the shared row goes unmeasured, but where pairs are kept by goroutine
+    _latency(w, point, refs, offset)
     w.label(L.counted)  # x16 = region
     if point.redirect:  # a function entered here returns through its stub
         w.str_(LR, SP, FRAME_LR)
@@ -214,9 +240,11 @@ def _point(w: Writer, L: _Labels, point, refs: RuntimeRefs, displaced, jump=None
     w.bl(refs.slow_hit)
     w.ldr(LR, SP, FRAME_LR)
     w.cbz(X1, L.owned)
-    _count(w, probe_indexes, L.shared)
-    for k, _ in enumerate(point.leaves):  # a return without a latency sample: say so
-        w.add_imm(X0, X16, region.OFF_LATENCY_MISSED)
+    offset = _count(w, probe_indexes, L.shared)
+    if point.g_register:  # (x28 holds the goroutine: pairs need no row of the thread's own)
+        _latency(w, point, refs, offset)
+    for k, _ in enumerate(() if point.g_register else point.leaves):
+        w.add_imm(X0, X16, region.OFF_LATENCY_MISSED)  # a return without a sample: say so
         w.label(f"{L.missed}{k}")
         w.ldxr(X1, X0)
         w.add_imm(X1, X1, 1)

@@ -13,8 +13,8 @@ from capstone import x86
 
 from urewrite.arch.base import (BRANCH, CALL, JUMP, OTHER, PLAIN, RETURN, Backend, Insn, Runtime,
                                 RuntimeRefs, RuntimeSpec, Sweep, SweepBatch, Window)
-from urewrite.arch.x86_64 import (arguments, jump_tables, relocator, return_address, runtime,
-                                  linear_sweep, trampoline)
+from urewrite.arch.x86_64 import (arguments, fault_hook, faults, jump_tables, relocator,
+                                  return_address, runtime, linear_sweep, trampoline)
 from urewrite.arch.x86_64.writer import jmp_rel8, jmp_rel32
 from urewrite.trampolines.arguments import C_CONVENTION
 
@@ -235,8 +235,7 @@ class X86_64Backend(Backend):
     def direct_branch(self, code: bytes, address: int, target: int) -> Optional[Insn]:
         # (a plain form's mnemonic depends on its opcode alone, and Capstone writes its
         # target in hex: learnt from the first of each opcode, then made without a
-        # decode; most instructions a window reads are calls, one decode each took 2 s
-        # of node's `list`)
+        # decode; most instructions a window reads are calls)
         opcode = _branch_opcode(code)
         mnemonic = self._branch_mnemonics.get(opcode) if opcode else None
         if mnemonic is not None:
@@ -249,9 +248,9 @@ class X86_64Backend(Backend):
         return decoded[0]
 
     def computed_addresses(self, code: bytes, address: int) -> list:
-        # (iced-x86, as the sweep: node's functions with an indirect jump that is no
-        # table hold 544,000 instructions; Capstone took 2 s to decode them; the same
-        # loop in the native module where it was built, 0.4 s of CPU time less)
+        # (iced-x86 in the native module, as the sweep, where it was built: a big
+        # file's functions with an indirect jump that is no table hold 100,000s of
+        # instructions, slow to decode with Capstone)
         if linear_sweep.native_sweep is not None:
             return linear_sweep.native_sweep.computed_addresses(code, address)
         return self.python_computed_addresses(code, address)
@@ -359,7 +358,7 @@ class X86_64Backend(Backend):
     def needs_detail(self, insn: Insn) -> bool:
         # only calls, indirect branches and xbegin can be refused
         # (relocator.relocation_problem): a direct jump or branch is re-encoded to
-        # reach its target from anywhere (node: 31,000 of the 37,000 windows asked)
+        # reach its target from anywhere (most windows asked)
         mnemonic = _bare_mnemonic(insn.mnemonic)
         if mnemonic == "call" or mnemonic == "xbegin":
             return True
@@ -398,6 +397,18 @@ class X86_64Backend(Backend):
             verdict = _VERBATIM[insn.mnemonic] = relocator.verbatim_returns(insn) or bool(
                 bare) and not any(part in bare for part in ("j", "call", "ret", "loop", "xbegin"))
         return verdict
+
+    translates_faults = True
+
+    def moved_instructions(self, address: int, window: Window, points,
+                           refs: RuntimeRefs) -> list:
+        return trampoline.moved_instructions(address, window, points)
+
+    def fault_hook(self, address: int, window: Window, moved) -> bytes:
+        return fault_hook.build(address, window, moved)
+
+    def may_fault(self, insn: Insn, g_in_register: bool) -> bool:
+        return faults.may_fault(insn, g_in_register)
 
     def flags_live_at_entry(self) -> bool:
         # SysV x86_64 ABI: status flags are not preserved across calls, so no

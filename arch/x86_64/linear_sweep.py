@@ -2,9 +2,9 @@
 
 Two ways to the same arrays. The native module (native/, Rust: iced-x86's own crate
 at the version of the Python package) sweeps many functions in one call, with no
-object per instruction: node's 78,000 functions in 0.3 s, on two threads. Without it
-(an install without a Rust toolchain), a Python loop over iced-x86's instructions makes them,
-about 1 µs an instruction: 7.5 s for node. tests/test_native_sweep.py holds the two
+object per instruction, on two threads. Without it (an install without a Rust
+toolchain), a Python loop over iced-x86's instructions makes them, some twenty times
+slower (docs/benchmarks.md). tests/test_native_sweep.py holds the two
 to the same results. Where iced-x86 meets an instruction it cannot decode, both
 leave the function to `undecodable(code, address)` (Capstone's sweep decides where
 its code ends)."""

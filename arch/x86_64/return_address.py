@@ -29,7 +29,7 @@ _decoder = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
 _decoder.detail = True
 
 # Capstone's Python binding builds an instruction's detail (operands, groups) on first
-# use, slowly: libLLVM's return probes spent 17 s here. So detail is read only where it
+# use, slowly, and return probes ask it of whole functions. So detail is read only where it
 # can matter: groups once per instruction id (they depend on nothing else), operands of
 # jumps, and of instructions whose text names rsp or rbp (a memory operand based on
 # one, or rsp written, always shows it).

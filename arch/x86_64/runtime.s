@@ -1327,9 +1327,11 @@ fr_done:
 
 # A function probed at entry and return was entered: remember when, and at which
 # stack pointer (its frame), on this thread's stack of open calls.
-# rsi = this thread's row, rdx = region, rcx = the site's rsp. Preserves everything
-# but rcx and flags.
+# rsi = this thread's row, rdx = region, rcx = the site's rsp (+ 1: Go code where r14
+# holds the goroutine, lat_enter_g). Preserves everything but rcx and flags.
 lat_enter:
+    test cl, 1
+    jnz lat_enter_g
     push rax
     push rdi
     push rdx
@@ -1371,8 +1373,11 @@ le_done:
 # The function returns: drop calls left without a return (their frames lie below
 # ours: longjmp, exceptions), and if the innermost open call is ours, add how long
 # it took to histogram [rsp + 8] (pushed by the caller; taken off by the return).
-# rsi = row, rdx = region, rcx = the site's rsp. Preserves all but rcx and flags.
+# rsi = row, rdx = region, rcx = the site's rsp (+ 1: Go code, lat_exit_g). Preserves
+# all but rcx and flags.
 lat_exit:
+    test cl, 1
+    jnz lat_exit_g
     push rax
     push rdi
     push rdx
@@ -1435,6 +1440,159 @@ lx_done:
     pop rsi
     pop rdx
     pop rdi
+    pop rax
+    ret 8
+
+# Go code: a goroutine moves between threads mid-call and its stack is copied when
+# it grows, so its open calls are kept in the region's table (docs/region.md), keyed
+# by g (r14) and stack.hi - sp, which stays the same through both. Only the goroutine
+# of g writes entries keyed by g, and it runs on one thread at a time; a free entry
+# (0: never used, 1: used before) is claimed by compare-and-swap.
+# rcx = the site's rsp + 1, rdx = region -> rax = 0 when the call cannot be keyed;
+# else rdx = the table, rsi = offset of the key's first entry, r8 = stack.hi - sp.
+go_call_key:
+    xor eax, eax
+    mov r8, qword ptr [rdx + {OFF_GO_CALLS}]
+    test r8, r8
+    jz gk_done
+    add rdx, r8
+    test r14, r14
+    jz gk_done                             # no goroutine (needm; a signal on a C thread)
+    lea r8, [rcx - 1]
+    cmp r8, qword ptr [r14]
+    jb gk_done                             # not on the goroutine's stack (a signal
+    mov rsi, qword ptr [r14 + 8]           # handler's): no key that lasts
+    cmp r8, rsi
+    jae gk_done
+    sub rsi, r8
+    mov r8, rsi
+    add rsi, r14
+    movabs rax, {HASH_MULTIPLIER}
+    imul rsi, rax
+    shr rsi, {GO_CALL_SHIFT}
+    shl rsi, {GO_CALL_SIZE_SHIFT}
+gk_done:
+    ret
+
+# A Go function measured for latency was entered: its entry at its key, now. Entered
+# again at the same key (its prologue runs again after morestack grew the stack),
+# the call keeps the later time: one call, one pair. No free entry near its key:
+# unmeasured, and its return counts as missed. rcx = the site's rsp + 1, rdx = region.
+lat_enter_g:
+    push rax
+    push rdx
+    push rsi
+    push rdi
+    push r8
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    mov rdi, rax                           # the time of entry
+    mov rdx, qword ptr [rsp + 24]
+    call go_call_key
+    test rax, rax
+    jz leg_done
+    push rsi
+leg_search:                                # the first entry that is ours (entered again)
+    mov rsi, qword ptr [rsp]               # or free: one of ours past a free one is an
+    mov ecx, {GO_CALL_PROBES}              # older call's; a return finds the newer first
+leg_probe:
+    mov rax, qword ptr [rdx + rsi]
+    cmp rax, r14
+    jne leg_other
+    cmp qword ptr [rdx + rsi + 8], r8
+    je leg_again
+leg_other:
+    cmp rax, 1
+    jbe leg_claim                          # free: 0 never used, 1 used before
+    add rsi, {GO_CALL_SIZE}
+    and rsi, {GO_CALLS_MASK}
+    dec ecx
+    jnz leg_probe
+    jmp leg_popped                         # full near the key
+leg_claim:
+    lock cmpxchg qword ptr [rdx + rsi], r14
+    jne leg_search                         # taken since: look again
+    mov qword ptr [rdx + rsi + 8], r8
+    mov qword ptr [rdx + rsi + 16], rdi
+    jmp leg_popped
+leg_again:
+    mov qword ptr [rdx + rsi + 16], rdi
+leg_popped:
+    pop rsi
+leg_done:
+    pop r8
+    pop rdi
+    pop rsi
+    pop rdx
+    pop rax
+    ret
+
+# A Go function measured for latency returns: its entry at its key gives the sample,
+# added atomically to histogram [rsp + 8] of row rsi (the thread's own, or the shared
+# row: a goroutine's pair needs no row of its own); no entry: missed, counted.
+# rcx = the site's rsp + 1, rdx = region.
+lat_exit_g:
+    push rax
+    push rdx
+    push rsi
+    push rdi
+    push r8
+    rdtsc
+    shl rdx, 32
+    or rax, rdx
+    mov rdi, rax                           # now
+    mov rdx, qword ptr [rsp + 24]
+    call go_call_key
+    test rax, rax
+    jz lxg_missed
+    mov ecx, {GO_CALL_PROBES}
+lxg_probe:
+    mov rax, qword ptr [rdx + rsi]
+    cmp rax, r14
+    jne lxg_other
+    cmp qword ptr [rdx + rsi + 8], r8
+    je lxg_found
+lxg_other:
+    test rax, rax
+    jz lxg_missed                          # never used: no entry lies beyond it
+    add rsi, {GO_CALL_SIZE}
+    and rsi, {GO_CALLS_MASK}
+    dec ecx
+    jnz lxg_probe
+    jmp lxg_missed
+lxg_found:
+    sub rdi, qword ptr [rdx + rsi + 16]    # ticks since entry
+    mov qword ptr [rdx + rsi], 1           # free again
+    mov rcx, qword ptr [rsp + 24]          # region
+    mov rax, rdi
+    mul qword ptr [rcx + {OFF_NS_MULT}]
+    shrd rax, rdx, 32                      # nanoseconds
+    xor edi, edi
+    test rax, rax
+    jz lxg_bucket
+    bsr rdi, rax
+    inc edi
+    cmp edi, {LATENCY_BUCKETS_MAX}
+    jbe lxg_bucket
+    mov edi, {LATENCY_BUCKETS_MAX}
+lxg_bucket:
+    mov r8d, dword ptr [rsp + 48]          # the histogram: past 5 pushes and the return address
+    shl r8, {HISTOGRAM_SHIFT}
+    mov ecx, dword ptr [rcx + {OFF_PROBE_COUNT}]
+    lea r8, [r8 + rcx*8]
+    lea r8, [r8 + rdi*8]
+    mov rsi, qword ptr [rsp + 16]          # the row
+    lock add qword ptr [rsi + r8], 1
+    jmp lxg_done
+lxg_missed:
+    mov rax, qword ptr [rsp + 24]
+    lock inc qword ptr [rax + {OFF_LATENCY_MISSED}]
+lxg_done:
+    pop r8
+    pop rdi
+    pop rsi
+    pop rdx
     pop rax
     ret 8
 

@@ -23,7 +23,9 @@
             rcx = thread pointer (fs:[0]) ; rsi = hash(rcx) * entry size
             cmp owner[rsi].thread, rcx ; jne slow   this thread has no row of its own yet
             rsi = owner[rsi].row ; add qword [rsi + 8 * probe], 1   plain add: the row is this thread's
-            [call lat_enter | lat_exit: a function measured for latency enters | returns]
+            [call lat_enter | lat_exit: a function measured for latency enters | returns;
+             rcx = the site's rsp, + 1 where r14 holds the goroutine: paired by goroutine,
+             in the shared row too]
             [call shadow_push: the return address of a function entered here is
              redirected to its return stub, which follows the out-of-line parts]
     counted: when tracing: jmp trace (saves every register, calls trace_event per probe)
@@ -69,8 +71,7 @@ ARGUMENTS_ALIGN = 8  # of a trace path's argument descriptors
 def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
     """The displaced instructions with each point's check before its instruction; then
     the out-of-line parts of each point."""
-    gaps = {p.address: _check_size(p.flags_live, p.go_code) for p in points if not p.taken}
-    where = relocator.layout(window.insns, address, gaps)
+    where = relocator.layout(window.insns, address, _gaps(points))
     by_address = {p.address: (k, p) for k, p in enumerate(points)}
     w = Writer(address)
     falls_through = True
@@ -94,6 +95,19 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
         if point.redirect:
             _return_stub(w, _Labels(k), _Labels(f"r{k}"), point.redirect, refs)
     return w.bytes()
+
+
+def moved_instructions(address: int, window: Window, points) -> list:
+    """(address in the trampoline build() makes, original address) of each instruction."""
+    gaps = _gaps(points)  # (a point's check goes where layout() puts its instruction)
+    where = relocator.layout(window.insns, address, gaps)
+    return [(where[insn.address] + gaps.get(insn.address, 0), insn.address)
+            for insn in window.insns]
+
+
+def _gaps(points) -> dict:
+    """Bytes each point's check takes before its instruction."""
+    return {p.address: _check_size(p.flags_live, p.go_code) for p in points if not p.taken}
 
 
 def _red_zone(point) -> int:
@@ -128,18 +142,19 @@ class _Labels:
 
 def _counting(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
     """The armed path and the trace path of `point`, copied from the template of its
-    shape: points differ in little more than their probes' indexes (node, every
-    function: 78,000 points of a few shapes; writing each took most of the time)."""
+    shape: points differ in little more than their probes' indexes (a big file has
+    100,000s of points, of a few shapes)."""
     template = _counting_template(refs, len(w.code) % ARGUMENTS_ALIGN, point.flags_live,
                                   len(point.probes), point.enters, len(point.leaves),
-                                  point.redirect is not None, point.arguments, point.go_code)
+                                  point.redirect is not None, point.arguments, point.go_code,
+                                  point.g_register)
     w.splice(template, L.prefix, point.probes + point.leaves)
 
 
 @functools.lru_cache(maxsize=4096)
 def _counting_template(refs: RuntimeRefs, phase: int, flags_live: bool, probes: int,
                        enters: bool, leaves: int, redirect: bool, arguments: tuple,
-                       go_code: bool):
+                       go_code: bool, g_register: bool = False):
     """The armed and trace paths of a point of this shape, written `phase` bytes past an
     ARGUMENTS_ALIGN boundary, with holes for the indexes of its probes, then of its
     histograms."""
@@ -148,7 +163,8 @@ def _counting_template(refs: RuntimeRefs, phase: int, flags_live: bool, probes: 
     L = _Labels("@")
     shape = CountPoint(0, tuple(Hole(k) for k in range(probes)), flags_live, arguments,
                        enters, tuple(Hole(probes + k) for k in range(leaves)),
-                       CountPoint(0, (), False) if redirect else None, go_code=go_code)
+                       CountPoint(0, (), False) if redirect else None, go_code=go_code,
+                       g_register=g_register)
     _armed(w, L, shape, refs)
     _trace_path(w, L, shape.probes, refs, shape.arguments, _red_zone(shape))
     return w.template(L.prefix, phase)
@@ -253,14 +269,8 @@ def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
     for index in probe_indexes:
         w.inc_rsi_disp(8 * index)
     # latency: rsi = the thread's own row (a thread counting in the shared row has
-    # no stack of open calls and goes unmeasured), rcx = the site's rsp
-    if point.enters:
-        w.lea_rcx_rsp(site_rsp)
-        w.call(refs.lat_enter)
-    for histogram in point.leaves:  # (lat_exit takes the histogram off the stack)
-        w.push_imm32(histogram)
-        w.lea_rcx_rsp(site_rsp + 8)
-        w.call(refs.lat_exit)
+    # no stack of open calls: only calls paired by goroutine are measured there)
+    _latency(w, point, refs, site_rsp)
     w.label(L.counted)
     if point.redirect:  # armed at a function entry: its return goes through its stub
         w.lea_rcx_rsp(site_rsp)  # the slot of the return address
@@ -299,8 +309,11 @@ def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
     w.jcc("e", L.own_row)
     for index in probe_indexes:
         w.lock_inc_rsi_disp(8 * index)
-    for _ in point.leaves:  # a return without a latency sample: the region says how many
-        w.lock_inc_rdx_disp(region.OFF_LATENCY_MISSED)
+    if point.g_register:  # pairs kept by goroutine need no row of the thread's own
+        _latency(w, point, refs, site_rsp)
+    else:
+        for _ in point.leaves:  # a return without a latency sample: the region says how many
+            w.lock_inc_rdx_disp(region.OFF_LATENCY_MISSED)
     w.jmp(L.counted)
 
     if flags_live:  # first hit in this process (or in a forked child): set up, then count
@@ -320,6 +333,19 @@ def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
         w.cmp_rip_qword_imm8(refs.state, 1)
         w.jcc("a", L.armed)
         w.jmp(L.resume)
+
+
+def _latency(w: Writer, point, refs: RuntimeRefs, site_rsp: int) -> None:
+    """rsi = the row, rdx = region. rcx = the site's rsp, plus 1 where r14 holds the
+    goroutine: the runtime then keys the call by goroutine, not by thread."""
+    g = 1 if point.g_register else 0
+    if point.enters:
+        w.lea_rcx_rsp(site_rsp + g)
+        w.call(refs.lat_enter)
+    for histogram in point.leaves:  # (lat_exit takes the histogram off the stack)
+        w.push_imm32(histogram)
+        w.lea_rcx_rsp(site_rsp + 8 + g)
+        w.call(refs.lat_exit)
 
 
 def _lazy_init(point, refs: RuntimeRefs) -> int:

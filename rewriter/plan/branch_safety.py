@@ -67,8 +67,7 @@ class BranchSafety:
         at once with arrays: after the window's first byte, no address of `taken`, no
         branch target of the file (once prepare() has seen them all: the near ones and
         the cases are among them), and no landing pad nor unreadable range where
-        landing_pad_in() would look. False: ask branch_into() (node's entries: 15 µs
-        each, 78,000)."""
+        landing_pad_in() would look. False: ask branch_into() (one by one: slower)."""
         if self.model.all_targets is None or not plans:
             return [False] * len(plans)
         starts = np.fromiter((p.window.address for p in plans), np.int64, len(plans))
@@ -197,7 +196,7 @@ class BranchSafety:
         # (prepare()'s marks, for a function of one part: whether the byte scans, and
         # whether the functions' branches, may enter it past its entry from outside; a
         # function that overlaps another has both. Where one says no, that look is
-        # skipped: 5,400 of node's functions are marked, by one or the other.)
+        # skipped: few functions are marked, by one or the other.)
         by_scans = by_branches = True
         if len(parts) == 1 and self.model.entered is not None:
             if index is None:
@@ -231,9 +230,8 @@ class BranchSafety:
     def pairs_from_outside(self, parts: List[Function], interior: np.ndarray) -> bool:
         """Whether any direct branch or jump-table case of the file (prepare()'s, of every
         function) lands on one of `interior` from outside `parts`; True before prepare()
-        has them. Where none does, no near function's does (node: 6,000 functions that
-        the byte scans mark or that have parts, asked with arrays at once, not a loop
-        over their neighbours' branches)."""
+        has them. Where none does, no near function's does (asked with arrays at once,
+        not a loop over their neighbours' branches)."""
         if self.model.branch_pairs is None:
             return True
         targets, sources = self.model.branch_pairs

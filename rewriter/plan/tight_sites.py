@@ -39,13 +39,15 @@ class TightSites:
         self._symbol_starts: Optional[np.ndarray] = None  # where symbols start, sorted, when needed
         self._text_relocations: Optional[bool] = None  # the file's, when first needed
 
-    def hop_tight_sites(self, outcomes: List[Outcome]) -> List[Outcome]:
-        """Each site the plain jump refused, tried again with a hop: a window of
-        whole instructions of the hop's size, patched with a short jump to a landing
-        of the jump's size within its reach, in padding (free_space.py) or, failing
-        that, in the bytes an evicted neighbour window frees after its own jump.
-        Landings and evicted windows follow the rules of windows: whole
-        instructions, nothing targets their bytes, no overlap with another window."""
+    def place(self, outcomes: List[Outcome]) -> List[Outcome]:
+        """Each site the plain jump refused, tried again by the tactics for tight sites
+        in order, each over all the sites those before it left (so that the places each
+        takes are the same whichever ran before): a hop to a landing in padding, a hop
+        to a landing an evicted neighbour frees, a punned jump. Hops patch a window of
+        whole instructions of the hop's size with a short jump to a landing of the
+        jump's size within its reach. Landings and evicted windows follow the rules of
+        windows: whole instructions, nothing targets their bytes, no overlap with
+        another window."""
         refusals = [o for o in outcomes if isinstance(o, Refusal)]
         if not refusals:
             return outcomes
@@ -53,78 +55,87 @@ class TightSites:
         windows = [o.window for o in outcomes if isinstance(o, Plan)]
         used = Occupancy.of([c.start for c in self.model.copied] + [w.address for w in windows],
                             [c.end for c in self.model.copied] + [w.end for w in windows])
-        tried = []  # (refusals, hop window plan or the reason there is none)
+        tight = _TightSites(used, self.hop_windows(refusals))
+        for name, tactic in (("hop", self.hop_to_padding), ("evict", self.hop_over_eviction),
+                             ("pun", self.pun_each)):
+            tactic(tight, name in self.planner.tactics)
+        result = [o for o in outcomes if isinstance(o, Plan)] + tight.outcomes()
+        result.sort(key=lambda o: o.window.address if isinstance(o, Plan) else o.site.address)
+        return result
+
+    def hop_windows(self, refusals: List[Refusal]) -> list:
+        """(refusals, the window of a hop for them or why there is none) for each group
+        of refusals at one address; windows that overlap merged (merge_overlaps)."""
+        tried = []
         for group in self.planner._by_address(refusals, lambda refusal: refusal.site):
             try:
                 tried.append((group, self.planner._group_window([r.site for r in group],
                                                         self.backend.hop_size)))
             except Refused as why:
                 tried.append((group, str(why)))
-        plans = [p for _, p in tried if isinstance(p, Plan)]
+        return tried
+
+    def hop_to_padding(self, tight: "_TightSites", enabled: bool) -> None:
+        """Hops to the nearest free landing in padding. Asks first of every hop window
+        what either hop needs (nothing branches into it, no other window over it): the
+        reason is kept where it fails, tried or not."""
+        plans = [p for _, p in tight.tried if isinstance(p, Plan)]
         gaps = self.padding_gaps(plans)
         # window interiors, and every byte a landing may take
         wanted = {a for p in plans for a in range(p.window.address + 1, p.window.end)}
         wanted |= {a for start, end in gaps for a in range(start, end)}
         taken = self.model.taken_index.find(wanted)
-        tried = self.merge_overlaps(tried, taken)
-
-        hopped: Dict[int, Plan] = {}
-        reasons: Dict[int, str] = {}
-        for group, plan in tried:
+        tight.tried = self.merge_overlaps(tight.tried, taken)
+        for _, plan in tight.tried:
             if isinstance(plan, str):
                 continue
             reason = self.safety.branch_into(plan, taken)
-            if reason is None and not used.is_free(plan.window.address, plan.window.end):
+            if reason is None and not tight.used.is_free(plan.window.address, plan.window.end):
                 reason = "its window overlaps another window"
             if reason:
-                reasons[plan.window.address] = reason
+                tight.reasons[plan.window.address] = reason
                 continue
-            landing = self.landing_in_padding(plan.window, gaps, used, taken) \
-                if "hop" in self.planner.tactics else None
+            landing = self.landing_in_padding(plan.window, gaps, tight.used, taken) \
+                if enabled else None
             if landing is not None:
-                used.take(plan.window.address, plan.window.end)
-                used.take(landing, landing + self.backend.patch_size)
-                hopped[plan.window.address] = replace(plan, hop=Hop(landing))
-        # the rest: evict a neighbour window to free a landing
-        waiting = [p for _, p in tried if isinstance(p, Plan)
-                   and p.window.address not in hopped and p.window.address not in reasons]
-        candidates = {p.window.address: self.eviction_candidates(p.window, used)
-                      if "evict" in self.planner.tactics else [] for p in waiting}
+                tight.used.take(plan.window.address, plan.window.end)
+                tight.used.take(landing, landing + self.backend.patch_size)
+                tight.hopped[plan.window.address] = replace(plan, hop=Hop(landing))
+
+    def hop_over_eviction(self, tight: "_TightSites", enabled: bool) -> None:
+        """Hops to a landing that a neighbour window frees, moved to a trampoline of
+        its own, for the hop windows left."""
+        waiting = [p for _, p in tight.tried if isinstance(p, Plan)
+                   and p.window.address not in tight.hopped
+                   and p.window.address not in tight.reasons]
+        candidates = {p.window.address: self.eviction_candidates(p.window, tight.used)
+                      if enabled else [] for p in waiting}
         wanted = {a for found in candidates.values() for w in found
                   for a in range(w.address + 1, w.end)}
         taken = self.model.taken_index.find(wanted) if wanted else {}
         for plan in waiting:
-            if not used.is_free(plan.window.address, plan.window.end):
-                reasons[plan.window.address] = "its window overlaps another window"
+            if not tight.used.is_free(plan.window.address, plan.window.end):
+                tight.reasons[plan.window.address] = "its window overlaps another window"
                 continue
-            evicted = self.evict(candidates[plan.window.address], plan.window, used, taken)
+            evicted = self.evict(candidates[plan.window.address], plan.window, tight.used,
+                                 taken)
             if evicted is None:
-                reasons[plan.window.address] = (
+                tight.reasons[plan.window.address] = (
                     f"no {self.backend.patch_size} free bytes within its reach, in padding "
                     f"or after a neighbour window that could move")
                 continue
             landing = evicted.address + self.backend.patch_size
-            used.take(plan.window.address, plan.window.end)
-            used.take(evicted.address, evicted.end)
-            hopped[plan.window.address] = replace(plan, hop=Hop(landing, evicted))
+            tight.used.take(plan.window.address, plan.window.end)
+            tight.used.take(evicted.address, evicted.end)
+            tight.hopped[plan.window.address] = replace(plan, hop=Hop(landing, evicted))
 
-        result = [o for o in outcomes if isinstance(o, Plan)]
-        for group, plan in tried:
-            if isinstance(plan, Plan) and plan.window.address in hopped:
-                result.append(hopped[plan.window.address])
-                continue
-            why = plan if isinstance(plan, str) else reasons[plan.window.address]
-            punned = self.pun([r.site for r in group], used) \
-                if "pun" in self.planner.tactics and self.backend.puns else None
-            if isinstance(punned, Plan):
-                result.append(punned)
-                continue
-            for r in group:
-                tried_so = [("jump", r.reason), ("hop", why)] + ([("pun", punned)] if punned else [])
-                result.append(Refusal(r.site, r.reason if {w for _, w in tried_so} == {r.reason}
-                                      else "; ".join(f"{t}: {w}" for t, w in tried_so)))
-        result.sort(key=lambda o: o.window.address if isinstance(o, Plan) else o.site.address)
-        return result
+    def pun_each(self, tight: "_TightSites", enabled: bool) -> None:
+        """Punned jumps for the groups no hop took, in order."""
+        if not (enabled and self.backend.puns):
+            return
+        for k, (group, plan) in enumerate(tight.tried):
+            if not (isinstance(plan, Plan) and plan.window.address in tight.hopped):
+                tight.punned[k] = self.pun([r.site for r in group], tight.used)
 
     def pun(self, sites: List[Site], used: Occupancy) -> Union[Plan, str, None]:
         """A punned jump for sites no other tactic could patch: a window of just their
@@ -328,3 +339,33 @@ class TightSites:
                             for a in range(w.address + 1, w.end)):
                 return w
         return None
+
+
+class _TightSites:
+    """What the tactics for tight sites share as they run (TightSites.place)."""
+
+    def __init__(self, used: Occupancy, tried: list):
+        self.used = used  # bytes windows, landings and evicted windows take
+        self.tried = tried  # (refusals, hop window plan or why there is none)
+        self.hopped: Dict[int, Plan] = {}  # hop window -> its plan with a hop
+        self.reasons: Dict[int, str] = {}  # hop window -> why no hop
+        self.punned: Dict[int, Union[Plan, str, None]] = {}  # index in tried -> pun()
+
+    def outcomes(self) -> List[Outcome]:
+        """A plan for each group a tactic took; a refusal with each tactic's reason for
+        the others (one reason where all are the same)."""
+        result = []
+        for k, (group, plan) in enumerate(self.tried):
+            if isinstance(plan, Plan) and plan.window.address in self.hopped:
+                result.append(self.hopped[plan.window.address])
+                continue
+            why = plan if isinstance(plan, str) else self.reasons[plan.window.address]
+            punned = self.punned.get(k)
+            if isinstance(punned, Plan):
+                result.append(punned)
+                continue
+            for r in group:
+                tried_so = [("jump", r.reason), ("hop", why)] + ([("pun", punned)] if punned else [])
+                result.append(Refusal(r.site, r.reason if {w for _, w in tried_so} == {r.reason}
+                                      else "; ".join(f"{t}: {w}" for t, w in tried_so)))
+        return result

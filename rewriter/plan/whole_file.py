@@ -37,7 +37,7 @@ class WholeFile:
         whole = functions is self.functions  # (then the whole-file filters below)
         # (pieces of about 1/2048 of them, taken by each process as it goes: cost is not
         # spread evenly along a file, and fixed halves of it, even every other
-        # function, left one process waiting for the other 2 s on libLLVM)
+        # function, left one process waiting for the other)
         pieces = parallel.Shares.of(functions, 2048)
 
         def analyse(leave: int = 0, progress=None) -> List[Function]:  # (the functions it took)
@@ -93,7 +93,7 @@ class WholeFile:
     def clear_of_fragments(self) -> Set[int]:
         """The addresses of functions none of whose branch targets (direct ones, and
         their jump tables' cases) is a fragment's start, of those the batch's sweeps
-        hold: BinaryModel.parts() need not ask their branch_targets() (node: 78,000 functions, a
+        hold: BinaryModel.parts() need not ask their branch_targets() (a
         dict each, made in Python)."""
         if self.model.batch is None:
             return set()
@@ -122,8 +122,8 @@ class WholeFile:
         """(targets, sources): where each direct branch or call of the functions lands
         and where it is, and the same for each case of their jump tables (from its jump):
         every function's branch_targets(), as two arrays. The direct branches of the
-        functions swept at once (BinaryModel.sweep_all) are read from that batch's arrays in one go
-        (node: 1 s of CPU time function by function)."""
+        functions swept at once (BinaryModel.sweep_all) are read from that batch's arrays in one go,
+        not function by function."""
         targets, sources = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
         in_batch: Set[int] = set()
         if self.model.batch is not None:

@@ -19,6 +19,7 @@ from urewrite.rewriter import free_space
 from urewrite.rewriter.functions import Function
 from urewrite.rewriter.model import MAX_LOOK_BACK, BinaryModel
 from urewrite.rewriter.plan.branch_safety import BranchSafety
+from urewrite.rewriter.plan.go_faults import GoFaults
 from urewrite.rewriter.plan.results import Plan, ProbePoint, Refused
 from urewrite.rewriter.plan.return_exits import ReturnExits
 from urewrite.rewriter.selectors import Site
@@ -46,6 +47,7 @@ class Windows:
         self._verbatim: Dict[bytes, list] = {}  # code -> its instructions, or [] (moves_verbatim)
         self._padding_runs: Dict[bytes, list] = {}  # code -> padding_run()
         self._shadow_stack = model.elf.shadow_stack
+        self.go_faults = GoFaults(model, self.window)
 
     def counts_when_taken(self, site: Site) -> bool:
         """Whether the site is a conditional exit, counted on its taken edge only."""
@@ -120,7 +122,7 @@ class Windows:
         problems = [self.backend.quick_relocation_problem(insn, k == last, self._shadow_stack)
                     for k, insn in enumerate(insns) if self.backend.needs_detail(insn)]
         if None in problems:
-            problem = self.in_detail(insns)[1]
+            problem = self.in_detail(insns)[1] or self.go_faults.problem(start, end)
             if problem:
                 raise Refused(problem)
             return tuple(insns)
@@ -132,6 +134,9 @@ class Windows:
         problem = next((p for p, in problems if p), None)
         if problem:
             raise Refused(f"cannot relocate {problem}")
+        problem = self.go_faults.problem(start, end)
+        if problem:
+            raise Refused(problem)
         return tuple(insns)
 
     def read_window(self, fn: Function, first: int, last: int, read: tuple) -> list:
@@ -161,7 +166,7 @@ class Windows:
     def detailed(self, plan: Plan) -> Plan:
         """The plan with the instructions of its windows (its own, and the neighbour
         it moves away) decoded in detail, for the code that moves them. (Done when
-        the trampolines are made, on every core: node, every function: 6.7 s.)"""
+        the trampolines are made, on every core.)"""
         window = self.detailed_window(plan.window)
         hop, pun = plan.hop, plan.pun
         if hop is not None and hop.evicted is not None:
@@ -319,8 +324,7 @@ class Windows:
         windows that the compiled search finds are asked of it all at once
         (SweepSearch.inner_batch, entry_batch) and read as searched_window() and
         searched_entry() read them, their marked rows made by made_rows(); the rest
-        one by one, as before (node: 117,000 exit windows and 78,000 entries, about
-        50 µs each that way)."""
+        one by one, in Python (the reference)."""
         found: list = [None] * len(sites)
         search = self.model.compiled_search()
         inner, entries = [], []  # (index in sites, function's index, landing pad's size)
@@ -456,7 +460,7 @@ class Windows:
         of addresses are seen by the scans for taken addresses; a jump through a
         pointer to another function (a vtable's) computes no such base. A window there
         holds the site's instruction alone; hops and punned jumps keep to that."""
-        # (kept per function asked of: node's 117,000 exit windows ask 78,000 functions)
+        # (kept per function asked of: a function's exit windows all ask it)
         key = -site.function.address - 1 if site.kind == KIND_RETURN else fn.address
         if key not in self._unknown_known:
             self._unknown_known[key] = self.unknown_cases(
@@ -552,7 +556,7 @@ class Windows:
 
     def padding_run(self, code: bytes) -> list:
         """free_space.padding_ends(), kept per byte string: the gaps after functions are
-        alike (node: 43,000 windows borrow one)."""
+        alike."""
         ends = self._padding_runs.get(code)
         if ends is None:
             ends = self._padding_runs[code] = free_space.padding_ends(self.backend, code)

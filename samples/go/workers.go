@@ -17,12 +17,18 @@ import (
 
 var calls atomic.Int64
 
+// nosplit: no stack check, so no morestack restarts work's entry (entry hits = calls)
+//
 //go:noinline
+//go:nosplit
 func work(n int) int {
 	calls.Add(1)
 	s := 0
 	for i := 0; i < n%7; i++ {
 		s += i * n
+	}
+	if n%64 == 0 {
+		runtime.Gosched() // mid-call: the goroutine may resume on another thread
 	}
 	return s
 }
@@ -53,9 +59,6 @@ func main() {
 			s := 0
 			for i := 0; i < each; i++ {
 				s += work(g*each + i)
-				if i%64 == 0 {
-					runtime.Gosched() // move between threads now and then
-				}
 			}
 			sum.Add(int64(s))
 		}(g)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"sort"
 	"strconv"
 	"strings"
@@ -35,8 +36,17 @@ func (c Circle) Name() string  { return "circle" }
 
 type Counter struct{ n int64 }
 
+// Scale's first instructions touch no memory (a load would be Go's nil check, which
+// may fault: no window moves it), so its entry can be probed.
+//
 //go:noinline
-func (c *Counter) Scale(k int64) int64 { c.n *= k; return c.n }
+func (c *Counter) Scale(k int64) int64 {
+	if k == 0 {
+		return 0
+	}
+	c.n *= k
+	return c.n
+}
 
 //go:noinline
 func (c *Counter) Add(k int64) { c.n += k }
@@ -82,6 +92,32 @@ func deep(n int) int {
 		return int(pad[0])
 	}
 	return deep(n-1) + int(pad[n%64]%3)
+}
+
+type Box struct{ pad, n int64 }
+
+// Get's first instruction is its load, which is also Go's nil check: a nil Box
+// faults there, where the traceback must find it.
+//
+//go:noinline
+func (b *Box) Get() int64 { return b.n }
+
+// nilFault recovers from a fault in Get and prints the frames of main the stack
+// shows, with the lines they are at.
+func nilFault(b *Box) (v int64) {
+	defer func() {
+		if r := recover(); r != nil {
+			fmt.Println("recovered:", r)
+			lines := strings.Split(string(debug.Stack()), "\n")
+			for i, l := range lines {
+				if strings.HasPrefix(l, "main.") && i+1 < len(lines) {
+					at := strings.Fields(lines[i+1])[0]
+					fmt.Println("frame:", l[:strings.LastIndex(l, "(")], at[strings.LastIndex(at, "/")+1:])
+				}
+			}
+		}
+	}()
+	return b.Get()
 }
 
 //go:noinline
@@ -135,6 +171,10 @@ func main() {
 	rounds := 200
 	if len(os.Args) > 1 {
 		rounds, _ = strconv.Atoi(os.Args[1])
+	}
+	if len(os.Args) > 1 && os.Args[1] == "nil" { // a fault nothing recovers from
+		var b *Box
+		fmt.Println(b.Get())
 	}
 
 	// goroutines over channels
@@ -199,6 +239,8 @@ func main() {
 		c.Scale(3)
 	}
 	fmt.Println("counter:", c.n)
+	fmt.Println("box:", nilFault(&Box{n: 4}))
+	fmt.Println("box:", nilFault(nil))
 	var err error = errors.New("plain")
 	fmt.Println("twice:", cgoTwice(21))
 	fmt.Println("error:", errors.Unwrap(fmt.Errorf("wrapped: %w", err)) == err)
