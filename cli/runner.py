@@ -160,9 +160,10 @@ def run_and_collect(command: List[str]) -> Tuple[int, List[Region], List[str]]:
     file there. Ctrl-C reaches the command (same process group); we wait for it.
     """
     global _started
-    started = _started if _started is not None and _started.command == list(command) \
-        else _Started(command)
-    _started = None if started is _started else _started
+    if _started is not None and _started.command == list(command):
+        started, _started = _started, None
+    else:
+        started = _Started(command)
     try:
         try:  # the reader's imports while the command runs, not before
             from urewrite.trampolines.region_reader import TableCache, collect
@@ -201,7 +202,7 @@ def _prepare_while_running(started: _Started, tables) -> None:
                 if name not in done and name.endswith(FILE_SUFFIX) and \
                         tables.prepare(os.path.join(started.directory, name)):
                     done.add(name)
-            if done:  # (a loop of thousands of runs: a listing of thousands each time)
-                interval = min(2 * interval, 0.5)
+            # (a loop of thousands of runs: a listing of thousands each time)
+            interval = min(2 * interval, 0.5)
     finally:
         os.close(pidfd)

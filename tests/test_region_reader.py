@@ -249,6 +249,20 @@ def test_tables_prepared_while_the_command_runs(tmp_path):
         _region(d / f"server.probed-0123abcd.{pid}.ure", pid=pid, counts={pid % 3: pid})
     assert tables.prepare(str(setting_up))
     assert len(tables._tables) == 1
+    broken = d / "other.probed-89abcdef.14.ure"  # set up, its names cut short
+    probes = [region.ProbeInfo("f", region.KIND_ENTRY, 0x1000)]
+    template, layout = region.build_template(probes, "other.probed", b"", 62)
+    blob = bytearray(layout.region_size)
+    blob[:len(template)] = template
+    struct.pack_into("<i", blob, region.OFF_PID, 14)
+    struct.pack_into("<I", blob, layout.probes_offset + 12, 1 << 20)  # (name offset)
+    broken.write_bytes(bytes(blob))
+    assert tables.prepare(str(broken))  # (nothing more to do: not tried again)
+    assert sum(len(parsed) for parsed in tables._tables.values()) == 1
+    problems = []
+    region_reader.collect(str(d), problems, tables)
+    assert len(problems) == 1 and problems[0].startswith(str(broken))
+    broken.unlink()
     fresh, prepared = region_reader.collect(str(d)), region_reader.collect(str(d), None, tables)
     assert [(r.pid, [(p.name, p.hits) for p in r.probes]) for r in prepared] == \
         [(r.pid, [(p.name, p.hits) for p in r.probes]) for r in fresh]

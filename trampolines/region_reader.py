@@ -208,8 +208,9 @@ class TableCache:
     def prepare(self, path: str) -> bool:
         """Parses the probe table of `path` now if its rewrite has none parsed yet
         (while its command still runs: a python3.11 of every function takes 4 ms).
-        False while the file is not set up yet, or cannot be read: the reading after
-        the run says why."""
+        False while the file may still be being set up (try again later); True once
+        there is nothing more to do now, its table known or not readable (the reading
+        after the run says why)."""
         try:
             fd = open_region_file(path)
         except (OSError, R.RegionError):
@@ -218,13 +219,17 @@ class TableCache:
             header = read_header(fd, path, os.fstat(fd).st_size)
             if header.pid == 0:  # (the runtime sets it once the table is in)
                 return False
+        except (OSError, R.RegionError):
+            os.close(fd)
+            return False
+        try:
             if header.template_key not in self._tables:
                 self.table(fd, header, path)
-            return True
         except (OSError, R.RegionError):
-            return False
+            pass  # (a table read in vain is not read again: it may be 256 MB)
         finally:
             os.close(fd)
+        return True
 
     def table(self, fd: int, header: Header, path: str) -> ProbeTable:
         blob = _pread_exact(fd, header.owners_off - header.probes_off, header.probes_off, path)
