@@ -40,7 +40,9 @@ def finish(exit_code: int, regions, problems: List[str], as_json: bool, sink,
     sink.write(text)
     sink.close()
     if not regions:
-        _say(f"urewrite: no probe region in {directory}" if directory else "urewrite: no probe region was written: is the command rewritten by urewrite (and not set-user-ID)?")
+        _say(f"urewrite: no probe region in {directory}" if directory else
+             "urewrite: no probe region was written: is the command rewritten by urewrite "
+             "(and not set-user-ID)?")
     say_missed(regions)
     return exit_code or 0
 
