@@ -1,3 +1,3 @@
-from urewrite.commands import run
+from urewrite.entry import run
 
 run()

@@ -205,7 +205,7 @@ def stat(as_json, output, interval, directory, pids, all_of, duration, command):
       urewrite stat --dir /dev/shm/app --interval 1 --duration 10
     The command's own output is left alone; the exit status is passed through.
     """
-    from urewrite.runner import run_and_collect
+    from urewrite import stat_report
     from urewrite.sink import Sink
 
     if pids is not None or all_of is not None:
@@ -213,71 +213,28 @@ def stat(as_json, output, interval, directory, pids, all_of, duration, command):
             raise click.UsageError("-p and --all go without --dir")
         live_or_command(pids, all_of, duration, command)
         from urewrite.live_report import stat_intervals, stat_live as stat_armed
-        sys.exit(stat_armed(pids, all_of, duration, as_json, output, _report_saying_missed)
+        sys.exit(stat_armed(pids, all_of, duration, as_json, output,
+                            stat_report.report_saying_missed)
                  if interval is None else
                  stat_intervals(pids, all_of, duration, interval, as_json, output,
-                                _report_saying_missed))
+                                stat_report.report_saying_missed))
     if bool(command) == (directory is not None):
         raise click.UsageError("give a command (after --) or --dir DIR, not both"
                                if command else "give a command (after --), -p PID or --dir DIR")
     if duration is not None and directory is None:
         raise click.UsageError("--duration goes with --dir, -p or --all")
+    if interval is None and directory is None:
+        sys.exit(stat_report.run_command(list(command), as_json, output))
+    from urewrite.live_view import stat_live
     sink = Sink(output, sys.stdout)
     try:
-        if interval is None and directory is None:
-            exit_code, regions, problems = run_and_collect(list(command))
-        else:
-            from urewrite.live_view import stat_live
-            exit_code, regions, problems = stat_live(list(command), directory, interval,
-                                                     duration, as_json, sink)
+        exit_code, regions, problems = stat_live(list(command), directory, interval,
+                                                 duration, as_json, sink)
     except UrewriteError as e:
         click.echo(f"urewrite: {e}", err=True)
         sys.exit(127 if command else EXIT_ERROR)
-    for problem in problems:
-        click.echo(f"urewrite: warning: skipped {problem}", err=True)
-    report = _stat_report(exit_code, regions, as_json)
-    if as_json and interval is not None:  # every line one JSON object
-        report = json.dumps(json.loads(report)) + "\n"
-    sink.write(report)
-    sink.close()
-    if not regions:
-        click.echo(f"urewrite: no probe region in {directory}" if directory else "urewrite: no probe region was written: is the command rewritten by urewrite (and not set-user-ID)?", err=True)
-    _say_missed(regions)
-    sys.exit(exit_code or 0)
-
-
-def _report_saying_missed(exit_code: int, regions, as_json: bool) -> str:
-    """stat -p's report: _stat_report's, and on stderr what went uncounted, as stat of
-    a command says it."""
-    _say_missed(regions)
-    return _stat_report(exit_code, regions, as_json)
-
-
-def _say_missed(regions) -> None:
-    from urewrite.trampolines import region as region_layout
-    for who, returns_missed, latency_missed in _missed_by_object(regions):
-        if returns_missed:
-            click.echo(f"urewrite: {who}: {returns_missed} calls could not redirect their "
-                       f"return address: their returns are not counted", err=True)
-        if latency_missed:
-            click.echo(f"urewrite: {who}: {latency_missed} returns of functions measured for "
-                       f"latency gave no sample (more than {region_layout.LATENCY_DEPTH} calls "
-                       f"open in a thread, or entered on another thread; Go functions: more "
-                       f"calls open than the region's {region_layout.GO_CALLS} entries hold, or "
-                       f"run with no goroutine)", err=True)
-
-
-def _missed_by_object(regions):
-    """(who, returns missed, latency samples missed) per object, over its processes: one
-    line for a loop of short runs, not one per process."""
-    by_object = {}
-    for region in regions:
-        pids, returns, latency = by_object.get(region.object, ([], 0, 0))
-        by_object[region.object] = (pids + [region.pid], returns + region.returns_missed,
-                                    latency + region.latency_missed)
-    for name, (pids, returns, latency) in by_object.items():
-        who = f"{name} (pid {pids[0]})" if len(pids) == 1 else f"{name} ({len(pids)} processes)"
-        yield who, returns, latency
+    sys.exit(stat_report.finish(exit_code, regions, problems, as_json, sink,
+                                every_line=interval is not None, directory=directory))
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
@@ -432,64 +389,6 @@ def bench(as_json, threads, no_kernel, iterations, repeat, redis, redis_requests
         click.echo(json.dumps(result, indent=2))
     else:
         click.echo(bench_module.format_report(result), nl=False)
-
-
-def _bucket_range(k: int) -> tuple:
-    """Latency bucket k holds [lo, hi) ns: 0 is under 1 ns, k is [2^(k-1), 2^k)."""
-    return (0, 1) if k == 0 else (1 << (k - 1), 1 << k)
-
-
-def _stat_report(exit_code: int, regions, as_json: bool) -> str:
-    totals, histograms = {}, {}
-    for region in regions:
-        for p in region.probes:
-            key = (region.object, p.name, p.kind, p.address)
-            totals[key] = totals.get(key, 0) + p.hits
-            if p.histogram is not None:
-                old = histograms.get(key, [0] * len(p.histogram))
-                histograms[key] = [a + b for a, b in zip(old, p.histogram)]
-    probes = []
-    for k, hits in totals.items():
-        probe = {"object": k[0], "name": k[1], "kind": k[2], "address": k[3], "hits": hits}
-        if k in histograms:
-            counts = histograms[k]
-            used = [i for i, c in enumerate(counts) if c]
-            probe["histogram"] = [
-                {"lo_ns": _bucket_range(i)[0], "hi_ns": _bucket_range(i)[1], "count": counts[i]}
-                for i in (range(used[0], used[-1] + 1) if used else ())]
-        probes.append(probe)
-    if as_json:
-        # calls whose return was not seen, and returns that gave no latency sample:
-        # never dropped silently (stderr says so too)
-        return json.dumps({"exit_code": exit_code, "processes": len({r.pid for r in regions}),
-                           "probes": probes,
-                           "returns_missed": sum(r.returns_missed for r in regions),
-                           "latency_missed": sum(r.latency_missed for r in regions)},
-                          indent=2) + "\n"
-    if not probes:
-        return ""
-    wo = max(len(p["object"]) for p in probes + [{"object": "OBJECT"}])
-    wn = max(len(p["name"]) for p in probes + [{"name": "PROBE"}])
-    lines = [f"{'OBJECT':<{wo}}  {'PROBE':<{wn}}  {'KIND':<7} {'ADDRESS':<18} {'HITS':>12}"]
-    for p in probes:
-        lines.append(f"{p['object']:<{wo}}  {p['name']:<{wn}}  {p['kind']:<7} "
-                     f"{p['address']:#018x} {p['hits']:>12}")
-    for p in probes:
-        if p.get("histogram"):
-            lines += ["", f"{p['object']}: {p['name']}: latency from entry to return"]
-            lines += _histogram_lines(p["histogram"])
-    return "\n".join(lines) + "\n"
-
-
-def _histogram_lines(buckets, width: int = 40) -> list:
-    """A log2 histogram drawn as bcc's funclatency does."""
-    top = max(b["count"] for b in buckets)
-    lines = [f"{'nsecs':>22} : {'count':<10} distribution"]
-    for b in buckets:
-        bar = "*" * round(width * b["count"] / top) if top else ""
-        lines.append(f"{b['lo_ns']:>10} -> {b['hi_ns'] - 1:<10} : {b['count']:<10} "
-                     f"|{bar:<{width}}|")
-    return lines
 
 
 def _add_live_commands() -> None:

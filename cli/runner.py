@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import signal
 import stat
 import subprocess
 import tempfile
 from contextlib import contextmanager
-from typing import List, Tuple
+from typing import TYPE_CHECKING, List, Tuple
 
 from urewrite.errors import UrewriteError
-from urewrite.trampolines.region import ENV_VAR, Region
+
+if TYPE_CHECKING:
+    from urewrite.trampolines.region import Region
+
+# region.ENV_VAR, which the runtime reads (tests/test_stat.py checks): region.py loads
+# dataclasses, 8 ms before `stat -- COMMAND` could start the command
+ENV_VAR = "UREWRITE_DIR"
 
 
 def exit_status(returncode: int) -> int:
@@ -63,7 +68,7 @@ def region_directory(prefix: str = HOLDER_PREFIX) -> str:
     The reader (trampolines/region_reader.py) trusts nothing in it.
     """
     holder = tempfile.mkdtemp(prefix=prefix, dir=region_base())  # 0700, ours
-    directory = os.path.join(holder, secrets.token_hex(16))
+    directory = os.path.join(holder, os.urandom(16).hex())  # (secrets.token_hex)
     os.mkdir(directory, 0o700)
     if os.geteuid() == 0:
         os.chmod(directory, 0o1733)
@@ -94,8 +99,58 @@ def remove_region_directory(directory: str) -> None:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+class _Started:
+    """A command started with a fresh region directory, until it is waited for."""
+
+    def __init__(self, command: List[str]):
+        self.command = list(command)
+        self.directory = region_directory()
+        self._interrupts = interrupts_to(self.command,
+                                         dict(os.environ, **{ENV_VAR: self.directory}))
+        try:
+            self.process = self._interrupts.__enter__()
+        except BaseException:
+            remove_region_directory(self.directory)
+            raise
+
+    def end(self) -> int:
+        """Wait for the command; its exit status (the caller removes the directory)."""
+        try:
+            return self.process.wait()
+        finally:
+            self._interrupts.__exit__(None, None, None)
+
+
+_started = None  # the command start_early started, until run_and_collect takes it over
+
+
+def start_early(command: List[str]) -> bool:
+    """Start `command` now, as run_and_collect(command) will want it (entry.py: before
+    the imports of what reads and reports). False, and nothing started, when it cannot
+    be: run_and_collect then tries again and says why."""
+    global _started
+    try:
+        _started = _Started(command)
+    except UrewriteError:
+        return False
+    return True
+
+
+def end_early() -> None:
+    """A command started early that nothing took over: wait for it and remove its
+    directory."""
+    global _started
+    started, _started = _started, None
+    if started is not None:
+        try:
+            started.end()
+        finally:
+            remove_region_directory(started.directory)
+
+
 def run_and_collect(command: List[str]) -> Tuple[int, List[Region], List[str]]:
-    """Run `command` with a fresh region directory.
+    """Run `command` with a fresh region directory (or take it over, started by
+    start_early).
 
     Returns its exit status, the regions (those of one rewrite with their counts
     added up in the first, see `region_reader.collect`), and a line for each region
@@ -104,15 +159,50 @@ def run_and_collect(command: List[str]) -> Tuple[int, List[Region], List[str]]:
     Every rewritten object in every process of the command writes one region
     file there. Ctrl-C reaches the command (same process group); we wait for it.
     """
-    directory = region_directory()
+    global _started
+    if _started is not None and _started.command == list(command):
+        started, _started = _started, None
+    else:
+        started = _Started(command)
     try:
-        with interrupts_to(command, dict(os.environ, **{ENV_VAR: directory})) as process:
-            try:  # the reader's imports (numpy) while the command runs, not before
-                from urewrite.trampolines.region_reader import collect
-            finally:
-                returncode = process.wait()
+        try:  # the reader's imports while the command runs, not before
+            from urewrite.trampolines.region_reader import TableCache, collect
+            tables = TableCache()
+            _prepare_while_running(started, tables)
+        finally:
+            returncode = started.end()
         problems: List[str] = []
-        regions = collect(directory, problems)
+        regions = collect(started.directory, problems, tables)
         return exit_status(returncode), regions, problems
     finally:
-        remove_region_directory(directory)
+        remove_region_directory(started.directory)
+
+
+def _prepare_while_running(started: _Started, tables) -> None:
+    """Until the command exits, parse the probe table of each rewrite whose region
+    appears (tables.prepare): what is left after it is reading the counts. They are
+    read only then: a region is final once no process can write it, which a reader
+    cannot tell from here (its pid may be another namespace's; a process sharing the
+    writer's memory outlives it)."""
+    try:
+        pidfd = os.pidfd_open(started.process.pid)
+    except (AttributeError, OSError):  # (Python before 3.9, Linux before 5.3)
+        return
+    import select
+    from urewrite.trampolines.region import FILE_SUFFIX
+    try:
+        done = set()
+        interval = 0.005
+        while not select.select([pidfd], [], [], interval)[0]:
+            try:
+                names = os.listdir(started.directory)
+            except OSError:
+                return
+            for name in names:
+                if name not in done and name.endswith(FILE_SUFFIX) and \
+                        tables.prepare(os.path.join(started.directory, name)):
+                    done.add(name)
+            # (a loop of thousands of runs: a listing of thousands each time)
+            interval = min(2 * interval, 0.5)
+    finally:
+        os.close(pidfd)

@@ -131,3 +131,153 @@ def test_collect_adds_up_processes_of_one_rewrite(tmp_path):
     assert [(r.pid, r.object, r.threads) for r in collected] == \
         [(r.pid, r.object, r.threads) for r in plain]
     assert [len(r.probes) for r in collected] == [1, len(PROBES), 0, 0]
+
+
+def _table_one_by_one(blob, header):
+    """The probe table read a probe at a time, as the reader once did: what the
+    reader's table must equal, and the same first error."""
+    names_block = blob[header.strings_off - header.probes_off:]
+    out = []
+    for i in range(header.count):
+        address, kind, name_off = struct.unpack_from("<QII", blob, 16 * i)
+        end = names_block.find(b"\0", name_off)
+        if end < 0 or name_off > len(names_block):
+            return "truncated or inconsistent region"
+        name = names_block[name_off:end].decode(errors="replace")
+        if (kind >> 16) > header.latency_count:
+            return f"probe {name} names a missing histogram"
+        out.append((name, region.KIND_NAMES.get(kind & region.KIND_MASK, str(kind & 0xFF)),
+                    address, (kind >> 16) - 1))
+    return out
+
+
+@pytest.mark.parametrize("case", ["ascii", "utf8", "invalid utf8", "shared suffix",
+                                  "past the end", "unterminated", "missing histogram",
+                                  "odd kind", "no names"])
+def test_probe_tables_read_as_one_name_at_a_time(case):
+    """parse_table looks names up at C speed; each of these tables reads as it would a
+    probe at a time: names (non-ASCII, invalid UTF-8, an offset inside another name),
+    kinds, histograms, and the first probe that is wrong."""
+    names = [f"f{i}".encode() for i in range(50)]
+    if case == "utf8":
+        names[3] = "späť".encode()
+    if case == "invalid utf8":
+        names[4] = b"bad\xe2\x82"
+        names[5] = b"\xff\xfe"
+    block = b"".join(n + b"\0" for n in names)
+    offsets = [sum(len(n) + 1 for n in names[:i]) for i in range(len(names))]
+    kinds = [region.KIND_ENTRY if i % 2 else region.KIND_RETURN | (1 + i // 2) << 16
+             for i in range(len(names))]
+    if case == "shared suffix":
+        offsets[7] = offsets[12] + 1  # "12" inside "f12"
+    if case == "past the end":
+        offsets[9] = len(block) + 5
+    if case == "unterminated":
+        block += b"tail"
+        offsets[10] = len(block) - 4
+    if case == "missing histogram":
+        kinds[20] = region.KIND_RETURN | 99 << 16
+        offsets[30] = len(block) + 1  # (later: the histogram is the first error)
+    if case == "odd kind":
+        kinds[2] = 77
+    if case == "no names":
+        block, offsets = b"abc", [0] * len(names)
+    table = b"".join(struct.pack("<QII", 0x1000 + 16 * i, kinds[i], offsets[i])
+                     for i in range(len(names)))
+    blob = table + block
+    header = region_reader.Header(len(names), 0, 512, 512 + len(table), 0, 0, 0, 1, 62, 0,
+                                  "", "x", 25, 0, 0, ())
+    expected = _table_one_by_one(blob, header)
+    if isinstance(expected, str):
+        with pytest.raises(region.RegionError, match=expected):
+            region_reader.parse_table(blob, header, "x.ure")
+        return
+    t = region_reader.parse_table(blob, header, "x.ure")
+    assert list(zip(t.names, t.kinds, t.addresses, t.histograms)) == expected
+
+
+@pytest.mark.parametrize("numpy_words", [0, 1 << 30])
+def test_sums_are_exact_in_numpy_and_in_python(tmp_path, monkeypatch, numpy_words):
+    """Long rows are added up by numpy, short ones in Python (region_reader.NUMPY_WORDS):
+    either way the totals are exact, past 2^64 too (a word of several processes or
+    rows may hold anything), latency histograms included."""
+    monkeypatch.setattr(region_reader, "NUMPY_WORDS", numpy_words)
+    probes = PROBES[:2] + [region.ProbeInfo("send_reply", region.KIND_RETURN, 0x4011a0, 0)]
+    template, layout = region.build_template(probes, "server.probed", b"", 62)
+    d = tmp_path / "regions"
+    d.mkdir()
+    big = (1 << 64) - 3
+    expected_hits, expected_bucket = [0, 0, 0], 0
+    for pid in (21, 22, 23):
+        blob = bytearray(layout.region_size)
+        blob[:len(template)] = template
+        struct.pack_into("<i", blob, region.OFF_PID, pid)
+        for row in (5, layout.slot_count):
+            if row < layout.slot_count:
+                struct.pack_into("<Q", blob, layout.owners_offset + row * region.OWNER_ENTRY_SIZE,
+                                 0x7F0000001000)
+            at = layout.counters_offset + row * layout.slot_stride
+            for i, value in enumerate((big, pid, big - pid)):
+                struct.pack_into("<Q", blob, at + 8 * i, value)
+                expected_hits[i] += value
+            struct.pack_into("<Q", blob, at + 8 * (3 + 7), big)  # histogram bucket 7
+            expected_bucket += big
+        (d / f"server.probed-0123abcd.{pid}.ure").write_bytes(bytes(blob))
+    (first, *_) = region_reader.collect(str(d))
+    assert [p.hits for p in first.probes] == expected_hits
+    assert first.probes[2].histogram[7] == expected_bucket
+    assert sum(first.probes[2].histogram) == expected_bucket
+    assert max(expected_hits) > 1 << 65
+
+
+def test_tables_prepared_while_the_command_runs(tmp_path):
+    """TableCache.prepare (stat, while its command runs) parses a rewrite's table once
+    its process has set the region up (pid written), and reading after it gives what
+    reading from scratch gives; a file not set up, or no region, is left for then."""
+    d = tmp_path / "regions"
+    d.mkdir()
+    setting_up = d / "server.probed-0123abcd.9.ure"
+    _region(setting_up, pid=0)
+    junk = d / "junk.10.ure"
+    junk.write_bytes(b"not a region")
+    tables = region_reader.TableCache()
+    assert not tables.prepare(str(setting_up)) and not tables.prepare(str(junk))
+    assert not tables.prepare(str(d / "gone.11.ure"))
+    junk.unlink()
+    _region(setting_up, pid=9)
+    for pid in (12, 13):
+        _region(d / f"server.probed-0123abcd.{pid}.ure", pid=pid, counts={pid % 3: pid})
+    assert tables.prepare(str(setting_up))
+    assert len(tables._tables) == 1
+    broken = d / "other.probed-89abcdef.14.ure"  # set up, its names cut short
+    probes = [region.ProbeInfo("f", region.KIND_ENTRY, 0x1000)]
+    template, layout = region.build_template(probes, "other.probed", b"", 62)
+    blob = bytearray(layout.region_size)
+    blob[:len(template)] = template
+    struct.pack_into("<i", blob, region.OFF_PID, 14)
+    struct.pack_into("<I", blob, layout.probes_offset + 12, 1 << 20)  # (name offset)
+    broken.write_bytes(bytes(blob))
+    assert tables.prepare(str(broken))  # (nothing more to do: not tried again)
+    assert sum(len(parsed) for parsed in tables._tables.values()) == 1
+    problems = []
+    region_reader.collect(str(d), problems, tables)
+    assert len(problems) == 1 and problems[0].startswith(str(broken))
+    broken.unlink()
+    fresh, prepared = region_reader.collect(str(d)), region_reader.collect(str(d), None, tables)
+    assert [(r.pid, [(p.name, p.hits) for p in r.probes]) for r in prepared] == \
+        [(r.pid, [(p.name, p.hits) for p in r.probes]) for r in fresh]
+
+
+@pytest.mark.parametrize("packed_rows", [1, 2, 255])
+def test_python_sums_of_packed_and_word_by_word_rows(packed_rows, monkeypatch):
+    """ListSums adds rows of words under 2^56 as one integer, PACKED_ROWS at a time,
+    other rows word by word: mixed, at offsets, the totals are exact."""
+    monkeypatch.setattr(region_reader.ListSums, "PACKED_ROWS", packed_rows)
+    sums, expected = region_reader.ListSums(9), [0] * 9
+    rows = [(0, [1, 2, 3]), (2, [(1 << 56) - 1] * 7), (4, [1 << 56, 5]),
+            (0, [0] * 9), (1, [(1 << 64) - 1] * 8), (6, [7, 8, 9])] * 3
+    for first, words in rows:
+        sums.add_bytes(first, memoryview(struct.pack(f"<{len(words)}Q", *words)))
+        for i, w in enumerate(words):
+            expected[first + i] += w
+    assert sums.values() == expected

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import ENV_VAR, rewrite, run, stat, urewrite
 from variants import COUNTS_EXPECTED
+from urewrite.trampolines import region as region_layout
 
 
 @pytest.fixture(scope="module")
@@ -212,3 +213,69 @@ def test_regions_go_to_tmpfs_where_there_is_one(counts, tmp_path):
     directory = result.proc.stdout.splitlines()[0]
     assert directory.startswith("/dev/shm/urewrite-"), directory
     assert not os.path.exists(directory)  # removed afterwards
+
+
+@pytest.mark.parametrize("args", [
+    ["--", "ls", "-l"], ["-o", "f", "--", "ls"], ["--json", "-o", "f", "--", "a", "--", "b"],
+    ["--output=f", "--json", "--", "x"], ["--output", "f", "--", "x"], ["--", "--json"],
+    ["-o", "f", "-o", "g", "--", "x"], ["ls"], ["--"], ["-o", "--", "--", "x"],
+    ["--interval", "1", "--", "x"], ["-p", "1"], ["--js", "--", "x"], ["-ofile", "--", "x"],
+    ["--output=", "--", "x"], ["--dir", "d", "--", "x"], ["--all", "--", "x"],
+])
+def test_a_command_started_early_is_the_one_the_command_line_runs(args):
+    """`stat ... -- COMMAND` runs and reports without click (urewrite/entry.py): only
+    for a command line that click parses into running that very COMMAND, with the
+    same --json and -o."""
+    import click
+    from urewrite.commands import stat as stat_command
+    from urewrite.entry import stat_command as early
+    started = early(["stat", *args])
+    if started is None:
+        return
+    params = stat_command.make_context("stat", list(args)).params
+    assert (params["interval"], params["directory"], params["pids"], params["all_of"],
+            params["duration"]) == (None,) * 5
+    assert (list(params["command"]), params["as_json"], params["output"]) == tuple(started)
+    assert isinstance(stat_command, click.Command)
+
+
+def test_ctrl_c_while_the_command_starts_goes_to_the_command(tmp_path):
+    """Ctrl-C reaches the command, and stat waits for it and reports, also while stat is
+    still loading (the command was started first)."""
+    import signal
+    import subprocess
+    import sys
+    report = tmp_path / "report.json"
+    proc = subprocess.Popen([sys.executable, "-m", "urewrite", "stat", "--json", "-o",
+                             str(report), "--", "sh", "-c", "echo ready; exec sleep 30"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        os.killpg(proc.pid, signal.SIGINT)  # (the terminal sends it to the whole group)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert "Traceback" not in err
+    assert json.loads(report.read_text())["exit_code"] == 128 + signal.SIGINT
+
+
+def test_stat_arms_with_the_variable_the_runtime_reads():
+    from urewrite import runner
+    assert runner.ENV_VAR == ENV_VAR == region_layout.ENV_VAR
+
+
+def test_a_closed_stdout_ends_stat_quietly(counts):
+    """A reader of the report that goes away (`| head -1`) ends stat with status 1 and no
+    traceback, as click's commands end."""
+    import subprocess
+    import sys
+    _, probed, _ = counts
+    proc = subprocess.Popen([sys.executable, "-m", "urewrite", "stat", "--", "sh", "-c",
+                             f"sleep 0.5; exec '{probed}' > /dev/null"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 1
+    assert "Traceback" not in err and "Error" not in err, err

@@ -9,9 +9,12 @@ truncates its file under a mapping would kill the reader with SIGBUS.
 
 Speed: a region of every function of python3.11 has 17,000 probes and 257 counter rows
 of 4.5 MB, nearly all holes. Only the rows in use are read, and of those only the
-pages that hold data (SEEK_DATA); the sums are numpy's. The probe table and names are
-the same for every process of one rewrite: they are parsed once per run (`TableCache`)
-and compared byte for byte for each further file.
+pages that hold data (SEEK_DATA). The probe table and names are the same for every
+process of one rewrite: they are parsed once per run (`TableCache`) and compared byte
+for byte for each further file. Rows of latency histograms (megabytes) are added up
+by numpy; short rows (counters only) in Python (`ListSums`): loading numpy takes 0.1 s
+of CPU, a quarter of a loop of 40 short runs of python3.11, whose 40 rows of 10,000
+counters Python adds up in a few ms.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from __future__ import annotations
 import os
 import stat
 import struct
-from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
-
-import numpy as np
+import sys
+from array import array
+from itertools import accumulate, repeat
+from operator import add
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from urewrite.trampolines import region as R
 
@@ -33,6 +37,19 @@ MAX_TABLE_BYTES = 1 << 28  # probe table and names (a big C++ library: tens of M
 MAX_SLOTS = 1 << 12
 
 _NOT_REGION = "not a urewrite region (or one still being set up)"
+
+# Rows of at least this many words are added up by numpy (loaded then), shorter ones in
+# Python (0.05 us a word word by word, less packed: ListSums), against numpy's load of 0.1 s.
+NUMPY_WORDS = 1 << 16
+
+
+def _little_endian(typecode: str, data) -> array:
+    """The little-endian words of `data` (whose length is a multiple of their size)."""
+    words = array(typecode)
+    words.frombytes(data)  # (array(typecode, data) reads a memoryview as ints, byte by byte)
+    if sys.byteorder != "little":
+        words.byteswap()
+    return words
 
 
 def open_region_file(path: str) -> int:
@@ -58,9 +75,9 @@ def _pread_exact(fd: int, size: int, offset: int, path: str) -> bytes:
     return data
 
 
-@dataclass(frozen=True)
-class Header:
-    """The header fields a reader needs, checked against the file's size."""
+class Header(NamedTuple):
+    """The header fields a reader needs, checked against the file's size. (NamedTuples
+    here, not dataclasses: made at import, 3 dataclasses took 7 ms of stat's CPU.)"""
     count: int
     slots: int
     probes_off: int
@@ -113,8 +130,7 @@ def read_header(fd: int, path: str, file_size: int) -> Header:
                   returns_missed, latency_missed, key)
 
 
-@dataclass(frozen=True)
-class ProbeTable:
+class ProbeTable(NamedTuple):
     """The probes of one rewrite, as its template lists them."""
     names: Tuple[str, ...]
     kinds: Tuple[str, ...]
@@ -122,26 +138,54 @@ class ProbeTable:
     histograms: Tuple[int, ...]  # index of each probe's latency histogram, -1 when none
 
 
+def _name_at(block: bytes, offset: int) -> Optional[str]:
+    """The NUL-terminated name at `offset` of the names block; None when it runs off
+    the end (or starts past it)."""
+    end = block.find(b"\0", offset)
+    if end < 0 or offset > len(block):
+        return None
+    return block[offset:end].decode(errors="replace")
+
+
+def _names(block: bytes, offsets: List[int]) -> list:
+    """The names at `offsets` (None for one that runs off the end). The rewriter lays
+    them out one after the other: split at the NULs once and look each offset up (a
+    python3.11 of every function: 17,000 names, 20 ms one by one); an offset inside a
+    name (a shared suffix) is read on its own."""
+    pieces = block.split(b"\0")[:-1]  # (the last piece has no NUL after it)
+    text = block.decode(errors="replace").split("\0")[:-1] if block.isascii() else \
+        [p.decode(errors="replace") for p in pieces]
+    index = {start: i for i, start in enumerate(accumulate((len(p) + 1 for p in pieces[:-1]),
+                                                           initial=0))} if pieces else {}
+    return [text[index[o]] if o in index else _name_at(block, o) for o in offsets]
+
+
 def parse_table(blob: bytes, header: Header, path: str) -> ProbeTable:
     """The probe table and names (`blob`: the file from probes_off to owners_off)."""
     count = header.count
-    entries = np.frombuffer(blob, dtype=np.dtype([("address", "<u8"), ("kind", "<u4"),
-                                                  ("name", "<u4")]), count=count)
-    names_start = header.strings_off - header.probes_off
-    names_block = blob[names_start:]
-    kinds, histograms, names = [], [], []
-    for address, kind, name_off in entries.tolist():
-        end = names_block.find(b"\0", name_off)
-        if end < 0 or name_off > len(names_block):
-            raise R.RegionError(f"{path}: truncated or inconsistent region")
-        name = names_block[name_off:end].decode(errors="replace")
-        if (kind >> 16) > header.latency_count:
-            raise R.RegionError(f"{path}: probe {name} names a missing histogram")
-        names.append(name)
-        histograms.append((kind >> 16) - 1)
+    table = blob[:count * R.PROBE_ENTRY_SIZE]
+    halves = _little_endian("I", table)  # {u64 address, u32 kind, u32 name} each
+    kind_fields, name_offsets = halves[2::4], halves[3::4]
+    names = _names(blob[header.strings_off - header.probes_off:], name_offsets.tolist())
+    histograms = [(kind >> 16) - 1 for kind in kind_fields]
+    # the first probe with a name that runs off the end, or a histogram past the last
+    bad_name = names.index(None) if None in names else count
+    bad_histogram = next((i for i, h in enumerate(histograms) if h >= header.latency_count),
+                         count) if histograms and max(histograms) >= header.latency_count \
+        else count
+    if bad_name < bad_histogram:
+        raise R.RegionError(f"{path}: truncated or inconsistent region")
+    if bad_histogram < count:
+        raise R.RegionError(f"{path}: probe {names[bad_histogram]} names a missing histogram")
+    kind_names = {}
+    kinds = []
+    for kind in kind_fields:
         kind &= R.KIND_MASK
-        kinds.append(R.KIND_NAMES.get(kind, str(kind)))
-    return ProbeTable(tuple(names), tuple(kinds), tuple(entries["address"].tolist()),
+        name = kind_names.get(kind)
+        if name is None:
+            name = kind_names[kind] = R.KIND_NAMES.get(kind, str(kind))
+        kinds.append(name)
+    return ProbeTable(tuple(names), tuple(kinds), tuple(_little_endian("Q", table)[0::2]),
                       tuple(histograms))
 
 
@@ -160,6 +204,32 @@ class TableCache:
         if key not in self._derived:
             self._derived[key] = make()
         return self._derived[key]
+
+    def prepare(self, path: str) -> bool:
+        """Parses the probe table of `path` now if its rewrite has none parsed yet
+        (while its command still runs: a python3.11 of every function takes 4 ms).
+        False while the file may still be being set up (try again later); True once
+        there is nothing more to do now, its table known or not readable (the reading
+        after the run says why)."""
+        try:
+            fd = open_region_file(path)
+        except (OSError, R.RegionError):
+            return False
+        try:
+            header = read_header(fd, path, os.fstat(fd).st_size)
+            if header.pid == 0:  # (the runtime sets it once the table is in)
+                return False
+        except (OSError, R.RegionError):
+            os.close(fd)
+            return False
+        try:
+            if header.template_key not in self._tables:
+                self.table(fd, header, path)
+        except (OSError, R.RegionError):
+            pass  # (a table read in vain is not read again: it may be 256 MB)
+        finally:
+            os.close(fd)
+        return True
 
     def table(self, fd: int, header: Header, path: str) -> ProbeTable:
         blob = _pread_exact(fd, header.owners_off - header.probes_off, header.probes_off, path)
@@ -193,11 +263,15 @@ class Sums:
     the times each word wrapped (rows of other users' files may hold anything)."""
 
     def __init__(self, words: int):
+        import numpy as np  # (loaded for long rows only: see NUMPY_WORDS)
+        self._np = np
         self.low = np.zeros(words, dtype=np.uint64)
-        self.wraps: Optional[np.ndarray] = None
+        self.wraps = None  # (a numpy array once a word wrapped)
         self.bound = 0  # above every word of `low` (as long as no word wrapped)
 
-    def add(self, first: int, values: np.ndarray) -> None:
+    def add(self, first: int, values) -> None:
+        """Adds `values` (a numpy array of u64) to the words from `first` on."""
+        np = self._np
         top = int(values.max()) if len(values) else 0
         part = self.low[first:first + len(values)]
         np.add(part, values, out=part)
@@ -212,12 +286,58 @@ class Sums:
                 self.wraps = np.zeros(len(self.low), dtype=np.uint64)
             self.wraps[first:first + len(values)] += wrapped
 
+    def add_bytes(self, first: int, data: memoryview) -> None:
+        """Adds the little-endian u64 words of `data`."""
+        self.add(first, self._np.frombuffer(data, dtype="<u8"))
+
     def values(self) -> List[int]:
         out = self.low.tolist()
         if self.wraps is not None:
-            for i in np.flatnonzero(self.wraps).tolist():
+            for i in self._np.flatnonzero(self.wraps).tolist():
                 out[i] += int(self.wraps[i]) << 64
         return out
+
+
+class ListSums:
+    """Sums as Python integers (exact, never wrap): for rows too short to be worth
+    loading numpy.
+
+    A row whose words are all below 2^56 (a real process's counts) is added as one
+    integer, base 2^64, at C speed: 255 of them cannot carry from a word into the next
+    (255 x 2^56 < 2^64); then that integer is split into the list. Other rows are
+    added word by word."""
+
+    PACKED_ROWS = 255
+
+    def __init__(self, words: int):
+        self.low = [0] * words
+        self._packed, self._rows = 0, 0
+
+    def add_bytes(self, first: int, data: memoryview) -> None:
+        if bytes(data[7::8]).count(0) == len(data) // 8:  # (each word's top byte is 0)
+            self._packed += int.from_bytes(data, "little") << (64 * first)
+            self._rows += 1
+            if self._rows == self.PACKED_ROWS:
+                self._unpack()
+            return
+        values = _little_endian("Q", data)
+        end = first + len(values)
+        self.low[first:end] = map(add, self.low[first:end], values)
+
+    def _unpack(self) -> None:
+        if self._rows:
+            words = _little_endian("Q", self._packed.to_bytes(8 * len(self.low), "little"))
+            self.low = list(map(add, self.low, words))
+            self._packed, self._rows = 0, 0
+
+    def values(self) -> List[int]:
+        self._unpack()
+        return list(self.low)
+
+
+def sums_for(words: int):
+    """Sums for rows of `words` words: numpy's for long rows, else Python's."""
+    return Sums(words) if words >= NUMPY_WORDS else ListSums(words)
 
 
 class Scratch:
@@ -225,21 +345,21 @@ class Scratch:
     fresh memory would fault in every page of it each time."""
 
     def __init__(self):
-        self._buffer = np.empty(0, dtype=np.uint8)
+        self._buffer = memoryview(bytearray())
 
-    def get(self, size: int) -> np.ndarray:
+    def get(self, size: int) -> memoryview:
         if len(self._buffer) < size:
-            self._buffer = np.empty(size, dtype=np.uint8)
+            self._buffer = memoryview(bytearray(size))
         return self._buffer[:size]
 
 
 def read_counts(fd: int, header: Header, path: str, scratch: Scratch) -> Tuple[list, int]:
     """The data of the counter rows in use and of the shared row, as (first word,
-    values) runs (valid until `scratch` is used again); and the number of per-thread
+    bytes) runs (valid until `scratch` is used again); and the number of per-thread
     rows in use (docs/region.md: a free slot's row was never written)."""
-    owners = np.frombuffer(_pread_exact(fd, header.slots * R.OWNER_ENTRY_SIZE,
-                                        header.owners_off, path), dtype="<u8")
-    claimed = np.flatnonzero(owners[::R.OWNER_ENTRY_SIZE // 8]).tolist()
+    owners = _little_endian("Q", _pread_exact(fd, header.slots * R.OWNER_ENTRY_SIZE,
+                                              header.owners_off, path))
+    claimed = [slot for slot, owner in enumerate(owners[::R.OWNER_ENTRY_SIZE // 8]) if owner]
     row_bytes = 8 * header.row_words
     wanted = []  # (row's first byte, from, to)
     for slot in claimed + [header.slots]:
@@ -251,23 +371,22 @@ def read_counts(fd: int, header: Header, path: str, scratch: Scratch) -> Tuple[l
         part = buffer[at:at + end - start]
         if os.preadv(fd, [part], start) != end - start:
             raise R.RegionError(f"{path}: truncated or inconsistent region")
-        runs.append(((start - row) // 8, part.view("<u8")))
+        runs.append(((start - row) // 8, part))
         at += end - start
     return runs, len(claimed)
 
 
-@dataclass
-class RegionCounts:
+class RegionCounts(NamedTuple):
     """One region file read: its header, probe table and summed counters."""
     path: str
     header: Header
     table: ProbeTable
-    sums: Sums
+    sums: object  # Sums or ListSums
     threads: int
 
 
 def read_counts_of(path: str, tables: TableCache,
-                   shared: Optional[Dict[int, Sums]] = None) -> RegionCounts:
+                   shared: Optional[Dict[int, object]] = None) -> RegionCounts:
     """Reads a region. With `shared` (id of a probe table -> sums), its counters are
     added to the sums of the regions of the same probe table read before it, once the
     whole file has been read; the first such region's sums are put there."""
@@ -283,11 +402,11 @@ def read_counts_of(path: str, tables: TableCache,
         os.close(fd)
     sums = None if shared is None else shared.get(id(table))
     if sums is None:
-        sums = Sums(header.row_words)
+        sums = sums_for(header.row_words)
         if shared is not None:
             shared[id(table)] = sums
-    for first, values in runs:
-        sums.add(first, values)
+    for first, data in runs:
+        sums.add_bytes(first, data)
     return RegionCounts(path, header, table, sums, threads)
 
 
@@ -300,15 +419,12 @@ def to_region(counts: RegionCounts, with_probes: bool = True) -> R.Region:
         return region
     values = counts.sums.values()
     buckets = R.LATENCY_BUCKETS
-    probes = region.probes
-    for i, (name, kind, address, histogram) in enumerate(zip(
-            table.names, table.kinds, table.addresses, table.histograms)):
-        if histogram >= 0:
-            base = h.count + buckets * histogram
-            probes.append(R.ProbeCount(name, kind, address, values[i],
-                                       values[base:base + buckets]))
-        else:
-            probes.append(R.ProbeCount(name, kind, address, values[i]))
+    first = h.count  # (histogram k: the words from first + buckets * k on)
+    histograms = [None if k < 0 else values[first + buckets * k:first + buckets * (k + 1)]
+                  for k in table.histograms] if h.latency_count else repeat(None)
+    # (map, not a loop: 10,000 probes of a process each time stat reports)
+    region.probes = list(map(R.ProbeCount, table.names, table.kinds, table.addresses,
+                             values[:h.count], histograms))
     return region
 
 
@@ -317,19 +433,22 @@ def region_paths(directory: str) -> List[str]:
             if n.endswith(R.FILE_SUFFIX)]
 
 
-def collect(directory: str, problems: Optional[List[str]] = None) -> List[R.Region]:
-    return collect_paths(region_paths(directory), problems)
+def collect(directory: str, problems: Optional[List[str]] = None,
+            tables: Optional[TableCache] = None) -> List[R.Region]:
+    return collect_paths(region_paths(directory), problems, tables)
 
 
-def collect_paths(paths: List[str], problems: Optional[List[str]] = None) -> List[R.Region]:
+def collect_paths(paths: List[str], problems: Optional[List[str]] = None,
+                  tables: Optional[TableCache] = None) -> List[R.Region]:
     """The regions of these files as `read_regions` gives them, except that the hits
     (and histograms) of regions with the same probe table are added up in the first of
     them; the others keep their pid, object, threads and returns_missed, with no
     probes. Totals per probe are `read_regions`' in the same order, for the cost of
-    reading each further process's counts."""
-    tables = TableCache()
+    reading each further process's counts. `tables`: probe tables parsed already
+    (`TableCache.prepare`)."""
+    tables = tables or TableCache()
     read: List[Tuple[RegionCounts, bool]] = []  # (region, whether it shows the sums)
-    shared: Dict[int, Sums] = {}
+    shared: Dict[int, object] = {}
     shown = set()  # ids of the probe tables whose sums a region shows already
     for path in paths:
         try:

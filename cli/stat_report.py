@@ -1,0 +1,161 @@
+"""What `stat` prints: the table (or JSON) of hits per probe, latency histograms, and
+the lines on stderr. No click here unless there is something to say on stderr:
+`stat -- COMMAND` (entry.py) runs and reports without loading the command line."""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+from urewrite.errors import UrewriteError
+
+
+def run_command(command: List[str], as_json: bool, output: Optional[str]) -> int:
+    """`stat [--json] [-o FILE] -- COMMAND`: run it (or take it over, started early),
+    read its regions, report; the exit status."""
+    import gc
+    from urewrite.runner import run_and_collect
+    from urewrite.sink import Sink
+    # tens of thousands of rows made and dropped, no cycles: 2 ms of collections saved
+    gc.disable()
+    sink = Sink(output, sys.stdout)
+    try:
+        exit_code, regions, problems = run_and_collect(command)
+    except UrewriteError as e:
+        _say(f"urewrite: {e}")
+        return 127
+    return finish(exit_code, regions, problems, as_json, sink)
+
+
+def finish(exit_code: int, regions, problems: List[str], as_json: bool, sink,
+           every_line: bool = False, directory: Optional[str] = None) -> int:
+    """The report to `sink` (each JSON object on one line with `every_line`), what was
+    skipped or missed on stderr; the exit status."""
+    for problem in problems:
+        _say(f"urewrite: warning: skipped {problem}")
+    text = report(exit_code, regions, as_json)
+    if as_json and every_line:
+        import json
+        text = json.dumps(json.loads(text)) + "\n"
+    sink.write(text)
+    sink.close()
+    if not regions:
+        _say(f"urewrite: no probe region in {directory}" if directory else
+             "urewrite: no probe region was written: is the command rewritten by urewrite "
+             "(and not set-user-ID)?")
+    say_missed(regions)
+    return exit_code or 0
+
+
+def report_saying_missed(exit_code: int, regions, as_json: bool) -> str:
+    """stat -p's report: report()'s, and on stderr what went uncounted, as stat of a
+    command says it."""
+    say_missed(regions)
+    return report(exit_code, regions, as_json)
+
+
+def say_missed(regions) -> None:
+    from urewrite.trampolines import region as region_layout
+    for who, returns_missed, latency_missed in _missed_by_object(regions):
+        if returns_missed:
+            _say(f"urewrite: {who}: {returns_missed} calls could not redirect their "
+                 f"return address: their returns are not counted")
+        if latency_missed:
+            _say(f"urewrite: {who}: {latency_missed} returns of functions measured for "
+                 f"latency gave no sample (more than {region_layout.LATENCY_DEPTH} calls "
+                 f"open in a thread, or entered on another thread; Go functions: more "
+                 f"calls open than the region's {region_layout.GO_CALLS} entries hold, or "
+                 f"run with no goroutine)")
+
+
+def _say(message: str) -> None:
+    import click  # (only when there is something to say)
+    click.echo(message, err=True)
+
+
+def _bucket_range(k: int) -> tuple:
+    """Latency bucket k holds [lo, hi) ns: 0 is under 1 ns, k is [2^(k-1), 2^k)."""
+    return (0, 1) if k == 0 else (1 << (k - 1), 1 << k)
+
+
+def report(exit_code: int, regions, as_json: bool) -> str:
+    """The report of these regions' hits: a table with histograms, or JSON."""
+    totals, histograms = _stat_totals(regions)
+    if as_json:
+        import json  # (loaded for JSON only: 2 ms of a table report)
+        probes = []
+        for k, hits in totals.items():
+            probe = {"object": k[0], "name": k[1], "kind": k[2], "address": k[3],
+                     "hits": hits}
+            if k in histograms:
+                probe["histogram"] = _histogram_buckets(histograms[k])
+            probes.append(probe)
+        # calls whose return was not seen, and returns that gave no latency sample:
+        # never dropped silently (stderr says so too)
+        return json.dumps({"exit_code": exit_code, "processes": len({r.pid for r in regions}),
+                           "probes": probes,
+                           "returns_missed": sum(r.returns_missed for r in regions),
+                           "latency_missed": sum(r.latency_missed for r in regions)},
+                          indent=2) + "\n"
+    if not totals:
+        return ""
+    # (one format for every row: a python3.11 of every function has 17,000 of them)
+    wo = max(6, max(map(len, {k[0] for k in totals})))
+    wn = max(5, max(map(len, [k[1] for k in totals])))
+    row = f"%-{wo}s  %-{wn}s  %-7s %#018x %12d"  # (%: twice as fast as format here)
+    lines = [f"{'OBJECT':<{wo}}  {'PROBE':<{wn}}  {'KIND':<7} {'ADDRESS':<18} {'HITS':>12}"]
+    lines += [row % (obj, name, kind, address, hits)
+              for (obj, name, kind, address), hits in totals.items()]
+    for k in totals if histograms else ():  # (in the rows' order)
+        buckets = _histogram_buckets(histograms[k]) if k in histograms else None
+        if buckets:
+            lines += ["", f"{k[0]}: {k[1]}: latency from entry to return"]
+            lines += _histogram_lines(buckets)
+    return "\n".join(lines) + "\n"
+
+
+def _stat_totals(regions):
+    """Hits per probe (object, name, kind, address) over the regions, in the order
+    they first appear, and the latency histograms of those that have one."""
+    totals, histograms = {}, {}
+    for region in regions:
+        obj = region.object
+        for p in region.probes:
+            key = (obj, p.name, p.kind, p.address)
+            totals[key] = totals.get(key, 0) + p.hits
+            if p.histogram is not None:
+                old = histograms.get(key)
+                histograms[key] = list(p.histogram) if old is None else \
+                    [a + b for a, b in zip(old, p.histogram)]
+    return totals, histograms
+
+
+def _histogram_buckets(counts) -> list:
+    """The buckets from the first that holds samples to the last (none without any)."""
+    used = [i for i, c in enumerate(counts) if c]
+    return [{"lo_ns": _bucket_range(i)[0], "hi_ns": _bucket_range(i)[1], "count": counts[i]}
+            for i in (range(used[0], used[-1] + 1) if used else ())]
+
+
+def _histogram_lines(buckets, width: int = 40) -> list:
+    """A log2 histogram drawn as bcc's funclatency does."""
+    top = max(b["count"] for b in buckets)
+    lines = [f"{'nsecs':>22} : {'count':<10} distribution"]
+    for b in buckets:
+        bar = "*" * round(width * b["count"] / top) if top else ""
+        lines.append(f"{b['lo_ns']:>10} -> {b['hi_ns'] - 1:<10} : {b['count']:<10} "
+                     f"|{bar:<{width}}|")
+    return lines
+
+
+def _missed_by_object(regions):
+    """(who, returns missed, latency samples missed) per object, over its processes: one
+    line for a loop of short runs, not one per process."""
+    by_object = {}
+    for region in regions:
+        pids, returns, latency = by_object.get(region.object, ([], 0, 0))
+        by_object[region.object] = (pids + [region.pid], returns + region.returns_missed,
+                                    latency + region.latency_missed)
+    for name, (pids, returns, latency) in by_object.items():
+        who = f"{name} (pid {pids[0]})" if len(pids) == 1 else f"{name} ({len(pids)} processes)"
+        yield who, returns, latency
