@@ -320,7 +320,15 @@ def _bare_windows(elf, backend):
     windows.elf = model.elf = elf
     windows.backend = model.backend = backend
     windows.model, windows._shadow_stack, model.lengths = model, False, {}
+    windows.go_faults = _NoGoCode()
     return windows
+
+
+class _NoGoCode:
+    """GoFaults of a file with no Go code: no window has a problem with it."""
+
+    def problem(self, start: int, end: int):
+        return None
 
 
 class _Bytes:
