@@ -142,7 +142,7 @@ class _Ticker:
 
 def _run_command(command, targets, lowered, ticker):
     """Runs the command with the program in its probes: (exit status, maps, dropped)."""
-    from urewrite.programs import attach, maps
+    from urewrite.programs import maps
     from urewrite.runner import exit_status, interrupts_to, region_directory, \
         remove_region_directory
     from urewrite.trampolines.region import ENV_VAR, TRACE_ENV_VAR
@@ -150,12 +150,7 @@ def _run_command(command, targets, lowered, ticker):
 
     directory = region_directory()
     try:
-        try:
-            maps_path = attach.write_files(directory, targets, lowered, _assemble)
-        except UrewriteError as e:
-            fail(str(e))
-        except OSError as e:
-            fail(f"cannot write the program's files in {directory}: {e.strerror}")
+        maps_path = _write_program(directory, targets, lowered)
         env = dict(os.environ, **{ENV_VAR: directory})
         if lowered.printfs:  # printf()s come back as events of the processes' rings
             env[TRACE_ENV_VAR] = str(PRINTF_RING)
@@ -187,20 +182,13 @@ def _run_in_directory(directory, duration, targets, lowered, ticker):
     process that sets up its probes there meanwhile (UREWRITE_DIR) runs it; then
     unloads it: (0, the maps, dropped). Processes still running keep it mapped, but
     what they add after that is not read."""
-    from urewrite.programs import attach, maps
+    from urewrite.programs import maps
     from urewrite.trampolines import program_file
     from urewrite.tracer import POLL_SECONDS
 
     if not os.path.isdir(directory):
         fail(f"no directory {directory}")
-    try:
-        maps_path = attach.write_files(directory, targets, lowered, _assemble)
-    except UrewriteError as e:
-        fail(str(e))
-    except FileExistsError as e:
-        fail(f"a program is loaded in {directory} already ({os.path.basename(e.filename)})")
-    except OSError as e:
-        fail(f"cannot write the program's files in {directory}: {e.strerror}")
+    maps_path = _write_program(directory, targets, lowered)
     click.echo(f"urewrite: the program is loaded in {directory}; Ctrl-C ends", err=True)
     if lowered.printfs:
         from urewrite.trampolines.region import TRACE_ENV_VAR
@@ -233,6 +221,20 @@ def _run_in_directory(directory, duration, targets, lowered, ticker):
                 except FileNotFoundError:
                     pass
     return 0, found, (dropped, maps.faults(area))
+
+
+def _write_program(directory, targets, lowered) -> str:
+    """The program's files in `directory` (attach.write_files): its maps file; a bad
+    program or directory ends the command with one line."""
+    from urewrite.programs import attach
+    try:
+        return attach.write_files(directory, targets, lowered, _assemble)
+    except UrewriteError as e:
+        fail(str(e))
+    except FileExistsError as e:  # (another run's program, in a directory of --dir)
+        fail(f"a program is loaded in {directory} already ({os.path.basename(e.filename)})")
+    except OSError as e:
+        fail(f"cannot write the program's files in {directory}: {e.strerror}")
 
 
 def _run_armed(pids, all_of, duration, targets, lowered, ticker):

@@ -50,6 +50,19 @@ def files(tmp_path_factory):
     return plain, rewritten
 
 
+def _bpftrace(program: str, command: str, env=None) -> subprocess.CompletedProcess:
+    """bpftrace with kernel uprobes running `program` over `command`; the test skips
+    where there is neither."""
+    if shutil.which("bpftrace") is None:
+        pytest.skip("bpftrace is not installed")
+    why = uprobes_unavailable()
+    if why:
+        pytest.skip(f"bpftrace needs kernel uprobes: {why}")
+    with kernel_tracing_alone():
+        return subprocess.run(["bpftrace", "-e", program, "-c", command], capture_output=True,
+                              text=True, timeout=120, env=env)
+
+
 def _maps(stdout: str) -> str:
     """What follows the command's own output: the maps."""
     return stdout.split("\n\n\n", 1)[1]
@@ -60,14 +73,7 @@ def test_the_probes_run_the_program_as_bpftrace_does(files):
     ours = urewrite("run", "-e", PROGRAM.format(path=rewritten), "--", str(rewritten), "1000")
     assert ours.returncode == 0, ours.stderr
     assert ours.stdout.startswith("0\n")  # the command's own output, left alone
-    if shutil.which("bpftrace") is None:
-        pytest.skip("bpftrace is not installed")
-    why = uprobes_unavailable()
-    if why:
-        pytest.skip(f"bpftrace needs kernel uprobes: {why}")
-    with kernel_tracing_alone():
-        theirs = subprocess.run(["bpftrace", "-e", PROGRAM.format(path=plain), "-c",
-                                 f"{plain} 1000"], capture_output=True, text=True, timeout=120)
+    theirs = _bpftrace(PROGRAM.format(path=plain), f"{plain} 1000")
     assert theirs.returncode == 0, theirs.stderr
     assert _ties_sorted(_maps(ours.stdout)) == _ties_sorted(_maps(theirs.stdout))
     printed = ours.stdout.split("\n\n\n", 1)[0].splitlines()
@@ -236,16 +242,8 @@ def test_builds_and_threads_give_the_maps_bpftrace_gives(tmp_path, name):
     ours = urewrite("run", "-e", program[rw], "--", *command, env=env)
     assert ours.returncode == 0, ours.stderr
     assert f"@took: {args[0]}" in ours.stdout, ours.stdout
-    if shutil.which("bpftrace") is None:
-        pytest.skip("bpftrace is not installed")
-    why = uprobes_unavailable()
-    if why:
-        pytest.skip(f"bpftrace needs kernel uprobes: {why}")
-    with kernel_tracing_alone():
-        theirs = subprocess.run(
-            ["bpftrace", "-e", program[plain], "-c", " ".join([str(plain / "values"), *args])],
-            capture_output=True, text=True, timeout=120,
-            env=dict(os.environ, LD_LIBRARY_PATH=str(plain)) if shared else None)
+    theirs = _bpftrace(program[plain], " ".join([str(plain / "values"), *args]),
+                       env=dict(os.environ, LD_LIBRARY_PATH=str(plain)) if shared else None)
     assert theirs.returncode == 0, theirs.stderr
     assert _ties_sorted(_maps(ours.stdout)) == _ties_sorted(_maps(theirs.stdout))
 

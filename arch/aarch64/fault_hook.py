@@ -11,14 +11,13 @@ entry of Go's signal handler, x0 = signal, x1 = siginfo, x2 = ucontext; x9-x15 a
 from __future__ import annotations
 
 import struct
-from typing import List, Sequence, Tuple
+from typing import Sequence, Tuple
 
 from urewrite.arch.aarch64 import relocator
 from urewrite.arch.aarch64.writer import b_imm
 from urewrite.arch.base import Window
+from urewrite.arch.fault_table import FAULT_SIGNALS, SI_CODE, encode
 
-FAULT_SIGNALS = (11, 7, 8, 4, 5)  # SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP
-SI_CODE = 8  # siginfo_t.si_code
 # ucontext: uc_flags, uc_link, uc_stack, uc_sigmask and its padding to 1024 bits (176),
 # then sigcontext: fault_address, regs[31], sp, pc
 UC_PC = 176 + 8 + 31 * 8 + 8
@@ -79,8 +78,5 @@ def build(address: int, window: Window, moved: Sequence[Tuple[int, int]]) -> byt
         displaced += struct.pack("<I", b_imm(at + len(displaced), window.end))
     end = at + len(displaced)
     table_at = end + (-end % 8)
-    pairs: List[Tuple[int, int]] = sorted((t - table_at, original - table_at)
-                                          for t, original in moved)
-    table = struct.pack(f"<Q{2 * len(pairs)}q", len(pairs), *(v for p in pairs for v in p))
     return (struct.pack("<I", _adr(TABLE_REGISTER, table_at - address)) + body + displaced +
-            bytes(table_at - end) + table)
+            bytes(table_at - end) + encode(table_at, moved))

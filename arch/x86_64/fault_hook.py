@@ -20,15 +20,13 @@ as is any PC outside the table. It runs only when a signal arrives, never on a h
 
 from __future__ import annotations
 
-import struct
-from typing import List, Sequence, Tuple
+from typing import Sequence, Tuple
 
 from urewrite.arch.base import Window
+from urewrite.arch.fault_table import FAULT_SIGNALS, SI_CODE, encode
 from urewrite.arch.x86_64 import relocator
 from urewrite.arch.x86_64.writer import Writer
 
-FAULT_SIGNALS = (11, 7, 8, 4, 5)  # SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP
-SI_CODE = 8  # siginfo_t.si_code
 UC_RIP = 168  # ucontext_t: uc_flags, uc_link, uc_stack (40), then gregs[REG_RIP = 16]
 LEA_SIZE = 7  # lea r8, [rip + disp32]: the first instruction
 
@@ -87,7 +85,5 @@ def build(address: int, window: Window, moved: Sequence[Tuple[int, int]]) -> byt
     table_at = address + size + len(displaced) + (-(size + len(displaced)) % 8)
     hook = code(table_at - (address + LEA_SIZE))
     assert len(hook) == size and hook[:3] == b"\x4c\x8d\x05", "lea r8, [rip + disp32] first"
-    pairs: List[Tuple[int, int]] = sorted((at - table_at, original - table_at)
-                                          for at, original in moved)
-    table = struct.pack(f"<Q{2 * len(pairs)}q", len(pairs), *(v for p in pairs for v in p))
-    return hook + displaced + bytes(table_at - address - size - len(displaced)) + table
+    return (hook + displaced + bytes(table_at - address - size - len(displaced)) +
+            encode(table_at, moved))
