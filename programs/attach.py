@@ -18,8 +18,9 @@ from urewrite.programs.probes import spec_of
 from urewrite.programs.syntax import Probe
 from urewrite.trampolines import program_file
 from urewrite.trampolines.region import (KIND_ADDRESS, KIND_ENTRY, KIND_RETURN, KIND_USDT,
-                                         template_probes)
+                                         template_probe_arguments, template_probes)
 
+MAX_ENTRY_ARGUMENTS = 6  # (the rewrite's --args)
 _KIND = {"uprobe": KIND_ENTRY, "uretprobe": KIND_RETURN, "usdt": KIND_USDT}
 
 
@@ -30,6 +31,8 @@ class Target:
     tag: str  # its region files' tag
     machine: int
     probes: List[tuple]  # (name, kind, address) by probe number
+    arguments: List[int] = field(default_factory=list)  # values each one's events carry (-1:
+    # not said)
     runs: Dict[int, str] = field(default_factory=dict)  # probe number -> program probe text
 
 
@@ -44,15 +47,15 @@ def target(path: str) -> Target:
         raise ProgramError(f"{path}: {e}")
     section = elf.section_named(".urewrite.rodata")
     note = live_note.read(path)
-    probes = template_probes(elf.data[section.offset:section.offset + section.size]) \
-        if section is not None else []
+    template = elf.data[section.offset:section.offset + section.size] if section else b""
+    probes = template_probes(template)
     if not probes or note is None:
         raise ProgramError(f"{path} is not rewritten by urewrite: rewrite it with the probes "
                            f"the program names (urewrite FILE -e PROGRAM -o OUT)")
     from urewrite.rewriter.go_runtime import is_go_program
     if is_go_program(elf):  # a goroutine's stack may leave 200 bytes; a program takes more
         raise ProgramError(f"{path} is a Go program: probe programs do not run in Go code yet")
-    return Target(path, note.tag, elf.machine, probes)
+    return Target(path, note.tag, elf.machine, probes, template_probe_arguments(template))
 
 
 def resolve(probe: Probe, command: List[str]) -> Optional[str]:
@@ -118,12 +121,39 @@ def _numbers(target: Target, probe: Probe) -> List[int]:
     return out
 
 
+def check_arguments(targets: Dict[str, Target], lowered: L.Lowered) -> None:
+    """A ProgramError where a probe's code reads an argument its file's probe does not
+    record (it would read 0), with the rewrite that records it."""
+    for t in targets.values():
+        for number, text in sorted(t.runs.items()):
+            read = max((op[1] + 1 for op in lowered.code.get(text, ()) if op[0] == "arg"),
+                       default=0)
+            carried = t.arguments[number] if number < len(t.arguments) else -1
+            if carried < 0 or read <= carried:
+                continue
+            name, kind, _ = t.probes[number]
+            if kind == KIND_RETURN:
+                raise ProgramError(f"{text}: {t.path} records no return value for {name} "
+                                   f"(its returns are tail calls)")
+            if kind == KIND_USDT:
+                raise ProgramError(f"{text}: usdt probe {name} has {carried} argument"
+                                   f"{'' if carried == 1 else 's'}, the program reads "
+                                   f"arg{read - 1}")
+            how = f"rewrite the original with --args {read} (or urewrite ORIGINAL -e " \
+                  f"PROGRAM -o {t.path})" if read <= MAX_ENTRY_ARGUMENTS else \
+                  f"a rewrite records at most {MAX_ENTRY_ARGUMENTS} of a function's arguments"
+            raise ProgramError(f"{text}: {t.path} records {carried} argument"
+                               f"{'' if carried == 1 else 's'} at {name}, the program reads "
+                               f"arg{read - 1}: {how}")
+
+
 def write_files(directory: str, targets: Dict[str, Target], lowered: L.Lowered,
                 assemble) -> str:
     """TAG.program and TAG.maps of every target in `directory` (one maps file, linked
     under each tag: the program's maps are one for all files and processes); the
     maps file's path. `assemble(machine, lowered, offsets)` gives the code and each
     probe text's function offset."""
+    check_arguments(targets, lowered)
     offsets, _ = M.layout(lowered.maps)
     run = int.from_bytes(os.urandom(8), "little") | 1
     maps_path = None
@@ -132,7 +162,8 @@ def write_files(directory: str, targets: Dict[str, Target], lowered: L.Lowered,
         only = dataclasses.replace(lowered, code={k: v for k, v in lowered.code.items() if k in texts})
         code, functions = assemble(t.machine, only, offsets)
         entries = {number: functions[text] for number, text in t.runs.items()}
-        blob = program_file.build(len(t.probes), code, entries, run, lowered.uses)
+        blob = program_file.build(len(t.probes), code, entries, run, lowered.uses,
+                                  lowered.arguments)
         _create(os.path.join(directory, t.tag + program_file.PROGRAM_SUFFIX), blob, 0o644)
         maps = os.path.join(directory, t.tag + program_file.MAPS_SUFFIX)
         if maps_path is None:

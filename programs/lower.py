@@ -73,6 +73,12 @@ class Lowered:
         return (USES_NSECS * (CTX_NSECS in read) | USES_TID * (CTX_TID in read)
                 | USES_COMM * (CTX_COMM in read))
 
+    @property
+    def arguments(self) -> int:
+        """How many of the context's arguments the code reads (arg0 .. the highest)."""
+        return max((op[1] + 1 for ops in self.code.values() for op in ops if op[0] == "arg"),
+                   default=0)
+
 
 def lower(checked: Checked, probe_names: Dict[str, Tuple[str, str]] = None,
           map_size: int = map_layout.KEYED_CAPACITY) -> Lowered:

@@ -143,11 +143,16 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
             else:
                 left_out.add(site.probe_key)
     measured = {key[1] for key in histogram_of}  # their entry probes' keys
+    carried = {}  # the values a probe's events carry: the most of its sites' (a tail call's
+    for site in all_sites:  # return value is not known there)
+        count = arguments.count(arguments_of(site))
+        carried[site.probe_key] = max(count, carried.get(site.probe_key, 0))
     for site in all_sites:
         if site.probe_key not in index_of:
             index_of[site.probe_key] = len(probes)
             probes.append(region.ProbeInfo(site.name, site.kind, site.probe_address,
-                                           histogram_of.get(site.probe_key, -1)))
+                                           histogram_of.get(site.probe_key, -1),
+                                           carried[site.probe_key]))
             if site.semaphore and site.semaphore not in semaphores:
                 semaphores.append(site.semaphore)
     template, layout = region.build_template(probes, object_name, build_id, backend.elf_machine,

@@ -175,3 +175,29 @@ def test_a_bad_program_writes_nothing(values, tmp_path):
     script.write_text("uprobe:values:work { @ = count(); }\n")
     proc = urewrite(str(values), "-f", str(script), "-o", str(out), "-q")
     assert proc.returncode == 0 and out.exists()
+
+
+def test_a_program_reads_only_the_arguments_the_file_records(values, tmp_path):
+    from urewrite.rewriter.elf_file import ElfFile
+    from urewrite.trampolines.region import template_probe_arguments, template_probes
+    out = tmp_path / "values.one"
+    proc = urewrite(str(values), "-p", "work", "-r", "work", "-p", "named", "--args", "1",
+                    "-o", str(out), "-q")
+    assert proc.returncode == 0, proc.stderr
+    elf = ElfFile.open(str(out))
+    section = elf.section_named(".urewrite.rodata")
+    template = elf.data[section.offset:section.offset + section.size]
+    carried = {(name, kind): n for (name, kind, _), n in
+               zip(template_probes(template), template_probe_arguments(template))}
+    assert carried == {("work", 1): 1, ("work", 2): 1, ("named", 1): 1}  # (a return: its value)
+    # arg1 would read 0 where the program expects the call's: refused, with the rewrite
+    proc = urewrite("run", "-e", f"uprobe:{out}:work {{ @[arg1] = count(); }}", "--", str(out), "70")
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert f"{out} records 1 argument at work, the program reads arg1: rewrite the original " \
+           "with --args 2" in proc.stderr
+    proc = urewrite("run", "-e", f"uprobe:{out}:work {{ @[arg0 % 2] = count(); }} "
+                    f"uretprobe:{out}:work /(int64)retval < 0/ {{ @negative = count(); }}", "--",
+                    str(out), "70")
+    assert proc.returncode == 0, proc.stderr
+    # work(i, i % 7) = 3i - 500 (i % 7): negative for 60 of the 70 calls (bpftrace: the same)
+    assert "@[0]: 35\n@[1]: 35\n" in proc.stdout and "@negative: 60\n" in proc.stdout, proc.stdout

@@ -78,6 +78,11 @@ def encode(specs: Sequence[ArgSpec]) -> bytes:
     return out
 
 
+def count(encoded: bytes) -> int:
+    """How many arguments `encode` packed."""
+    return struct.unpack_from("<Q", encoded)[0]
+
+
 def check(a: ArgSpec) -> ArgSpec:
     """`a` when the runtime can evaluate it as written; else ValueError (the parsers
     never make such a one: a last guard before its bytes are packed)."""

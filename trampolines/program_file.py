@@ -7,7 +7,9 @@ runtime to map: the code of a probe program, and the maps it updates.
         u64 code offset (page-aligned), u64 code bytes, u64 run (a number of the
         run's, also the maps' second word: a hit runs the code only on the maps of
         its run, whatever a live re-arm is replacing), u64 what the code reads of
-        its context beyond the arguments (USES_*: the rest is not filled in), 1 word 0,
+        its context beyond the arguments (USES_*: the rest is not filled in), u64 1 +
+        the arguments it reads (arg0 .. the highest; the others are not evaluated and
+        read 0; 0: all of them),
         table: u64 per probe: 1 + the offset of its function in the code, or 0
     TAG.maps     (mapped shared, read and write: programs/maps.py's area: u64 magic,
                   u64 run, ...)
@@ -51,14 +53,15 @@ PRINTF_PROBE = 0x7FFF0000  # a printf() event's probe number: this plus the prin
 
 
 def build(probe_count: int, code: bytes, entries: Dict[int, int], run: int,
-          uses: int = USES_NSECS | USES_TID | USES_COMM) -> bytes:
+          uses: int = USES_NSECS | USES_TID | USES_COMM, arguments: int = ARGUMENTS) -> bytes:
     """The .program file: `entries` maps a probe's number to its function's offset."""
     table_offset = HEADER.size
     code_offset = _page(table_offset + 8 * probe_count)
     table = [0] * probe_count
     for probe, offset in entries.items():
         table[probe] = offset + 1
-    head = HEADER.pack(MAGIC, probe_count, table_offset, code_offset, len(code), run, uses, 0)
+    head = HEADER.pack(MAGIC, probe_count, table_offset, code_offset, len(code), run, uses,
+                       1 + arguments)
     body = head + struct.pack(f"<{probe_count}Q", *table)
     return body.ljust(code_offset, b"\0") + code
 

@@ -94,7 +94,8 @@ LATENCY_STACK_SIZE = 8 + 8 + 16 * LATENCY_DEPTH  # depth, pad, entries
 GO_CALLS = 1 << 16  # (a recursion 20,000 deep takes a third of them)
 GO_CALL_SIZE = 32
 GO_CALL_PROBES = 32
-KIND_MASK = 0xFF  # a probe's kind field: kind in the low byte, histogram + 1 in bits 16-31
+KIND_MASK = 0xFF  # a probe's kind field: kind in the low byte, histogram + 1 in bits 16-31,
+ARGUMENTS_SHIFT = 8  # and 1 + the values its events carry in bits 8-15 (0: not said)
 MAX_HISTOGRAMS = 0xFFFF  # (histogram + 1 fits in those 16 bits)
 
 # owner entry: thread pointer, counter row address, kernel thread id
@@ -134,6 +135,7 @@ class ProbeInfo:
     kind: int
     address: int
     histogram: int = -1  # a return probe's latency histogram, -1 when none
+    arguments: int = -1  # the values its events carry (a return probe's: 1), -1: not said
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,8 @@ def build_template(probes: List[ProbeInfo], object_name: str, build_id: bytes,
     names = bytearray()
     for probe in probes:
         kind = probe.kind | ((probe.histogram + 1) << 16 if probe.histogram >= 0 else 0)
+        if probe.arguments >= 0:
+            kind |= (probe.arguments + 1) << ARGUMENTS_SHIFT
         out += struct.pack("<QII", probe.address, kind, len(names))
         names += probe.name.encode() + b"\0"
     out += names
@@ -237,6 +241,21 @@ def template_probe_names(template: bytes) -> List[str]:
     """The probe names of a region template, the header, probe table and names a
     rewritten file carries (its .urewrite.rodata section); [] if it is not one."""
     return [name for name, _, _ in template_probes(template)]
+
+
+def template_probe_arguments(template: bytes) -> List[int]:
+    """The values each probe's events carry, by probe number (-1: the file does not
+    say: a rewrite of an earlier urewrite); [] if it is not a template."""
+    try:
+        if template[:8] != MAGIC:
+            return []
+        count, = struct.unpack_from("<I", template, OFF_PROBE_COUNT)
+        probes_off, = struct.unpack_from("<Q", template, OFF_PROBES)
+        kinds = [struct.unpack_from("<I", template, probes_off + i * PROBE_ENTRY_SIZE + 8)[0]
+                 for i in range(count)]
+        return [((kind >> ARGUMENTS_SHIFT) & 0xFF) - 1 for kind in kinds]
+    except struct.error:
+        return []
 
 
 def template_probes(template: bytes) -> List[tuple]:

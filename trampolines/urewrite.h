@@ -111,7 +111,8 @@ struct urewrite_header {
 /* Latency: in every counter row, after probe_count counters, latency_count
  * histograms of UREWRITE_LATENCY_BUCKETS uint64_t (bucket 0: under 1 ns; bucket k:
  * [2^(k-1), 2^k) ns), then the owner thread's stack of open calls. A return
- * probe with a histogram has (histogram index + 1) in bits 16-31 of its kind. */
+ * probe with a histogram has (histogram index + 1) in bits 16-31 of its kind.
+ * Bits 8-15 hold 1 + the values the probe's events carry (0: not said). */
 #define UREWRITE_LATENCY_BUCKETS 64
 #define UREWRITE_KIND_MASK 0xff
 
@@ -142,7 +143,8 @@ struct urewrite_record {
 
 struct urewrite_probe {
     uint64_t address;     /* link-time address; add load_bias for the run-time one */
-    uint32_t kind;        /* UREWRITE_KIND_* in the low byte; bits 16-31: histogram + 1 */
+    uint32_t kind;        /* UREWRITE_KIND_* in the low byte; bits 8-15: 1 + its
+                             events' values (0: not said); bits 16-31: histogram + 1 */
     uint32_t name_offset; /* from strings_offset */
 };
 

@@ -17,7 +17,10 @@ from urewrite.programs import lower as L
 from urewrite.programs import maps as M
 from urewrite.trampolines import program_file as P
 
-_SAVED = ("rbx", "rbp", "r12", "r13", "r14", "r15")
+_SAVED = ("rbx", "rbp", "r12", "r13", "r14", "r15")  # SysV's: those the code uses are saved
+_ALWAYS_SAVED = ("rbx", "rbp", "r12")  # the context, the frame, the maps
+_NEGATED = {"e": "ne", "ne": "e", "l": "ge", "ge": "l", "g": "le", "le": "g",
+            "b": "ae", "ae": "b", "a": "be", "be": "a"}
 _SIGNED_CC = {"eq": "e", "ne": "ne", "lt": "l", "gt": "g", "le": "le", "ge": "ge"}
 _UNSIGNED_CC = {"eq": "e", "ne": "ne", "lt": "b", "gt": "a", "le": "be", "ge": "ae"}
 SYS_PROCESS_VM_READV = 310
@@ -72,15 +75,59 @@ class _Frame:
 
 
 def _function(label: str, ops, frame: _Frame, lowered: L.Lowered) -> List[str]:
-    out = [f"{label}:"] + [f"push {r}" for r in _SAVED] + [
+    body = []
+    k = 0
+    while k < len(ops):
+        lines, taken = _fused(label, ops[k:k + 3])
+        if not taken:
+            lines, taken = _operation(label, ops[k], frame, lowered), 1
+        body += lines
+        k += taken
+    body = _without_stack_moves(body)
+    saved = [r for r in _SAVED if r in _ALWAYS_SAVED or any(r in line for line in body)]
+    if len(saved) % 2:  # (an even count keeps rsp 16-aligned below)
+        saved.append(next(r for r in _SAVED if r not in saved))
+    return [f"{label}:"] + [f"push {r}" for r in saved] + [
         "mov rbx, rdi",
         f"mov r12, qword ptr [rbx + {P.CTX_MAPS}]",
-        f"sub rsp, {frame.size + 8}",  # (+8: rsp 16-aligned, after 6 pushes and the return)
-        "mov rbp, rsp"]
-    for op in ops:
-        out += _operation(label, op, frame, lowered)
-    out += [f"{label}_return:", f"add rsp, {frame.size + 8}"] + \
-        [f"pop {r}" for r in reversed(_SAVED)] + ["ret"]
+        f"sub rsp, {frame.size + 8}",  # (+8: rsp 16-aligned, after the pushes and the return)
+        "mov rbp, rsp"] + body + [
+        f"{label}_return:", f"add rsp, {frame.size + 8}"] + \
+        [f"pop {r}" for r in reversed(saved)] + ["ret"]
+
+
+def _fused(fn: str, ops) -> Tuple[List[str], int]:
+    """The first operations as one where that saves the stack a trip (a constant as
+    the right-hand side of an operation, a comparison that only decides a jump), and
+    how many it took: 0 for none."""
+    constant = len(ops) > 1 and ops[0][0] == "const" and ops[1][0] in ("binary", "compare")
+    operands = ["pop rax", f"mov rcx, {ops[0][1]:#x}"] if constant else ["pop rcx", "pop rax"]
+    rest = ops[1:] if constant else ops
+    names = [op[0] for op in rest]
+    if names[:2] == ["compare", "jump_zero"]:
+        cc = (_SIGNED_CC if rest[0][2] else _UNSIGNED_CC)[rest[0][1]]
+        return operands + ["cmp rax, rcx", f"j{_NEGATED[cc]} {fn}_{rest[1][1]}"], constant + 2
+    if not constant:
+        return [], 0
+    if names[0] == "binary":
+        return operands + _binary(fn, *rest[0][1:]) + ["push rax"], 2
+    cc = (_SIGNED_CC if rest[0][2] else _UNSIGNED_CC)[rest[0][1]]
+    return operands + ["xor edx, edx", "cmp rax, rcx", f"set{cc} dl", "push rdx"], 2
+
+
+def _without_stack_moves(lines: List[str]) -> List[str]:
+    """`push X` then `pop Y` as one move (none where X is Y; kept where both are
+    memory, or either names rsp, whose value the pair changes in between)."""
+    out: List[str] = []
+    for line in lines:
+        if out and line.startswith("pop ") and out[-1].startswith("push "):
+            source, target = out[-1][5:], line[4:]
+            if "rsp" not in source + target and not ("[" in source and "[" in target):
+                out.pop()
+                if source != target:
+                    out.append(f"mov {target}, {source}")
+                continue
+        out.append(line)
     return out
 
 

@@ -70,6 +70,7 @@ def build(spec: RuntimeSpec) -> Runtime:
             "CTX_MAPS": program_file.CTX_MAPS, "CTX_COMM": program_file.CTX_COMM,
             "CTX_EVENT": program_file.CTX_EVENT, "PRINTF_PROBE": hex(program_file.PRINTF_PROBE),
             "USES_TID": program_file.USES_TID, "USES_NSECS": program_file.USES_NSECS,
+            "USES_COMM": program_file.USES_COMM,
             # a Go program runs no probe program: its code's stack frames would not fit
             # below a goroutine's stack pointer (docs/design.md, "Go's stacks")
             "NO_PROGRAMS": "    ret" if spec.go_program else "",

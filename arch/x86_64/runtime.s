@@ -944,31 +944,40 @@ run_program:
     add rax, r9                            # the function
     sub rsp, {CTX_SIZE} + 8                # the context, and the function's address
     mov qword ptr [rsp + {CTX_SIZE}], rax
-    mov rdi, rsp                           # the context, cleared
-    xor eax, eax
-    mov ecx, {CTX_SIZE} / 8
-    rep stosq
     mov qword ptr [rsp + {CTX_MAPS}], r11
-    mov rcx, qword ptr [r14]               # the arguments, as trace_event's
-    cmp rcx, {CTX_ARGUMENTS}
-    jbe rp_count
-    mov ecx, {CTX_ARGUMENTS}
-rp_count:
+    mov rdx, qword ptr [r9 + 56]           # the arguments the code reads: 1 + how many
+    dec rdx                                # (0: all)
+    cmp rdx, {CTX_ARGUMENTS}
+    jbe rp_read
+    mov edx, {CTX_ARGUMENTS}
+rp_read:
+    mov rcx, qword ptr [r14]               # of them, those the probe has, as trace_event's
+    cmp rcx, rdx
+    cmova rcx, rdx
+    lea rdx, [rsp + {CTX_ARGS} + rdx * 8]  # (the end of those read)
     lea rsi, [r14 + 8]
     lea rdi, [rsp + {CTX_ARGS}]
 rp_arg:
     test rcx, rcx
-    jz rp_args_done
+    jz rp_args_zero
     push rcx
+    push rdx
     push rdi
     call argument_value
     pop rdi
+    pop rdx
     pop rcx
     mov qword ptr [rdi], rax
     add rdi, 8
     add rsi, 16
     dec rcx
     jmp rp_arg
+rp_args_zero:                              # the probe lacks the rest: they read 0
+    cmp rdi, rdx
+    jae rp_args_done
+    mov qword ptr [rdi], 0
+    add rdi, 8
+    jmp rp_args_zero
 rp_args_done:
     mov eax, dword ptr [r8 + {OFF_PID}]
     mov qword ptr [rsp + {CTX_PID}], rax
@@ -985,7 +994,7 @@ rp_args_done:
     mov dword ptr [rdi + {OWNER_TID}], eax
 rp_tid:
     mov qword ptr [rsp + {CTX_TID}], rsi
-rp_no_tid:
+rp_no_tid:                                 # (nor anything it does not read)
     test byte ptr [r9 + 48], {USES_NSECS}
     jz rp_no_nsecs
     rdtsc                                  # nsecs: the region's clock pair, then ticks
@@ -997,10 +1006,20 @@ rp_no_tid:
     add rax, qword ptr [r8 + {OFF_CLOCK_REF_NS}]
     mov qword ptr [rsp + {CTX_NSECS}], rax
 rp_no_nsecs:
+    test byte ptr [r9 + 48], {USES_COMM}
+    jz rp_no_comm
     mov rax, qword ptr [rbx + {PS_COMM}]
     mov qword ptr [rsp + {CTX_COMM}], rax
     mov rax, qword ptr [rbx + {PS_COMM} + 8]
     mov qword ptr [rsp + {CTX_COMM} + 8], rax
+    xor eax, eax                           # (the name is at most 15 bytes and a NUL)
+    mov qword ptr [rsp + {CTX_COMM} + 16], rax
+    mov qword ptr [rsp + {CTX_COMM} + 24], rax
+    mov qword ptr [rsp + {CTX_COMM} + 32], rax
+    mov qword ptr [rsp + {CTX_COMM} + 40], rax
+    mov qword ptr [rsp + {CTX_COMM} + 48], rax
+    mov qword ptr [rsp + {CTX_COMM} + 56], rax
+rp_no_comm:
     lea rax, [rip + program_event]
     mov qword ptr [rsp + {CTX_EVENT}], rax
     mov rdi, rsp
