@@ -126,12 +126,11 @@ class _Ticker:
 
     def show(self, maps_files) -> None:
         """Print the maps the files hold now (several: added up)."""
-        from urewrite.programs import maps, output as printer
+        from urewrite.programs import attach, maps, output as printer
         contents = []
         for path in maps_files:
             try:
-                with open(path, "rb") as f:
-                    contents.append(maps.read(f.read(), self.lowered.maps)[0])
+                contents.append(attach.read_maps(path, self.lowered.maps)[0])
             except (OSError, ValueError):
                 continue
         shown = maps.merge(contents)
@@ -142,7 +141,7 @@ class _Ticker:
 
 def _run_command(command, targets, lowered, ticker):
     """Runs the command with the program in its probes: (exit status, maps, dropped)."""
-    from urewrite.programs import maps
+    from urewrite.programs import attach
     from urewrite.runner import exit_status, interrupts_to, region_directory, \
         remove_region_directory
     from urewrite.trampolines.region import ENV_VAR, TRACE_ENV_VAR
@@ -169,12 +168,10 @@ def _run_command(command, targets, lowered, ticker):
         finally:
             for reader in readers.values():
                 reader.close()
-        with open(maps_path, "rb") as f:
-            area = f.read()
-        found, dropped = maps.read(area, lowered.maps)
+        found, dropped, faults = attach.read_maps(maps_path, lowered.maps)
     finally:
         remove_region_directory(directory)
-    return exit_status(returncode), found, (dropped, maps.faults(area))
+    return exit_status(returncode), found, (dropped, faults)
 
 
 def _run_in_directory(directory, duration, targets, lowered, ticker):
@@ -182,7 +179,7 @@ def _run_in_directory(directory, duration, targets, lowered, ticker):
     process that sets up its probes there meanwhile (UREWRITE_DIR) runs it; then
     unloads it: (0, the maps, dropped). Processes still running keep it mapped, but
     what they add after that is not read."""
-    from urewrite.programs import maps
+    from urewrite.programs import attach
     from urewrite.trampolines import program_file
     from urewrite.tracer import POLL_SECONDS
 
@@ -208,19 +205,18 @@ def _run_in_directory(directory, duration, targets, lowered, ticker):
             pass
         if lowered.printfs:
             _printed(directory, readers, lowered.printfs, final=True)
-        with open(maps_path, "rb") as f:
-            area = f.read()
-        found, dropped = maps.read(area, lowered.maps)
+        found, dropped, faults = attach.read_maps(maps_path, lowered.maps)
     finally:
         for reader in readers.values():
             reader.close()
+        attach.remove_own_maps(maps_path)
         for t in targets.values():  # (unloaded: processes that start now run none)
             for suffix in (program_file.PROGRAM_SUFFIX, program_file.MAPS_SUFFIX):
                 try:
                     os.unlink(os.path.join(directory, t.tag + suffix))
                 except FileNotFoundError:
                     pass
-    return 0, found, (dropped, maps.faults(area))
+    return 0, found, (dropped, faults)
 
 
 def _write_program(directory, targets, lowered) -> str:
@@ -269,12 +265,10 @@ def _run_armed(pids, all_of, duration, targets, lowered, ticker):
         for p in session.processes:
             if lowered.printfs:
                 _printed(p.directory, readers, lowered.printfs, final=True)
-            with open(maps_files[p.directory], "rb") as f:
-                area = f.read()
-            found, lost = maps.read(area, lowered.maps)
+            found, lost, faulted = attach.read_maps(maps_files[p.directory], lowered.maps)
             contents.append(found)
             dropped += lost
-            faults += maps.faults(area)
+            faults += faulted
     except UrewriteError as e:
         fail(str(e))
     finally:

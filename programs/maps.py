@@ -32,6 +32,7 @@ MAGIC = MAPS_MAGIC
 HEAD_WORDS = 4  # of the area, before the tables' offsets
 FAULTS = 16  # the area's count of memory reads that found nothing to read
 HEADER_WORDS = 8  # of a table
+TABLE_DROPPED = 32  # a table's count of the updates it could not take
 ENTRY_HEAD = 2  # state, present
 STRING_WORDS = 8
 AGGREGATIONS = ("count", "sum", "min", "max", "avg", "stats", "hist", "lhist")
@@ -106,17 +107,32 @@ def initial_area(maps: List[MapShape], run: int = 0) -> bytearray:
     return area
 
 
+def head_bytes(maps: List[MapShape]) -> int:
+    """The area's head: what a maps file needs written beyond zeros for the code (the
+    tables' headers are the tracer's: read() goes by the shapes)."""
+    return 8 * (HEAD_WORDS + len(maps))
+
+
+def run_of(area) -> int:
+    return struct.unpack_from("<Q", area, 8)[0]
+
+
 def read(area, maps: List[MapShape]) -> Tuple[List[MapData], int]:
     """The maps' contents, as the printer takes them, and the updates full tables
-    dropped."""
+    dropped. The layout is the shapes': only magic, count and offsets are read from the
+    area, and must be theirs (a user's own maps file is not the tracer's to trust)."""
     view = memoryview(area)
-    magic, _, _, count = struct.unpack_from("<4Q", view, 0)
-    if magic != MAGIC or count != len(maps):
+    offsets, size = layout(maps)
+    if len(view) < size:
         raise ValueError("not this program's maps")
-    offsets = struct.unpack_from(f"<{count}Q", view, 8 * HEAD_WORDS)
+    magic, _, _, count = struct.unpack_from("<4Q", view, 0)
+    if magic != MAGIC or count != len(maps) or \
+            list(struct.unpack_from(f"<{count}Q", view, 8 * HEAD_WORDS)) != offsets:
+        raise ValueError("not this program's maps")
     out, dropped = [], 0
     for shape, offset in zip(maps, offsets):
-        capacity, _, _, entry_words, lost = struct.unpack_from("<5Q", view, offset)
+        capacity, entry_words = shape.capacity, shape.entry_words
+        lost, = struct.unpack_from("<Q", view, offset + TABLE_DROPPED)
         dropped += lost
         data = MapData(shape.name, shape.kind, lhist=shape.lhist, keyed=bool(shape.key_types))
         words = struct.unpack_from(f"<{capacity * entry_words}Q", view, offset + 8 * HEADER_WORDS)

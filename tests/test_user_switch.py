@@ -213,3 +213,38 @@ def test_stat_pid_counts_workers_forked_while_armed(programs):
             if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_a_program_runs_in_workers_that_switched_user(programs, tmp_path):
+    """Under `urewrite run`, the workers (nobody from their first hit on) cannot open
+    the tracer's maps: the first of them makes nobody's own (0600, nobody's), the
+    others open it, and the tracer adds it to the root parent's: every call, once."""
+    script = """
+        "$@" > /dev/null || exit 9
+        cd "$UREWRITE_DIR" || exit 9
+        stat -c '%a %U %n' *.maps maps.*
+    """
+    program = (f"uprobe:{programs / 'server-late.probed'}:handle_request "
+               "{ @calls[tid] = count(); @all = count(); }")
+    proc = urewrite("run", "-e", program, "--", "sh", "-c", script, "sh",
+                    *map(str, _server(programs, "server-late.probed")))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    files = [line.split() for line in proc.stdout.splitlines() if line.startswith("600 ")]
+    uid = _nobody_ids()[0]
+    assert sorted((mode, user) for mode, user, _ in files) == [("600", "nobody"), ("600", "root")]
+    assert [name.split(".")[0] + "." + name.split(".")[-1] for _, user, name in files
+            if user == "nobody"] == [f"maps.{uid}"]  # (no worker's own name left)
+    assert f"@all: {SERVED}\n" in proc.stdout
+    calls = sorted(int(line.split(": ")[1]) for line in proc.stdout.splitlines()
+                   if line.startswith("@calls["))
+    assert calls == sorted([2 * REQUESTS] + [REQUESTS + i for i in range(WORKERS)])
+
+
+def test_a_program_runs_in_a_command_of_another_user(programs):
+    uid, gid = _nobody_ids()
+    proc = urewrite("run", "-e", f"uprobe:{programs / 'server-late.probed'}:handle_request "
+                    "{ @all = count(); }", "--", "setpriv", f"--reuid={uid}", f"--regid={gid}",
+                    "--clear-groups", *map(str, _server(programs, "server-late.probed")))
+    # (the server, already nobody, fails to drop privileges in its workers: it handles
+    # its own requests only, and exits 1)
+    assert f"@all: {2 * REQUESTS}\n" in proc.stdout, proc.stdout + proc.stderr

@@ -9,10 +9,18 @@ runtime to map: the code of a probe program, and the maps it updates.
         its run, whatever a live re-arm is replacing), u64 what the code reads of
         its context beyond the arguments (USES_*: the rest is not filled in), u64 1 +
         the arguments it reads (arg0 .. the highest; the others are not evaluated and
-        read 0; 0: all of them),
-        table: u64 per probe: 1 + the offset of its function in the code, or 0
+        read 0; 0: all of them), u64 the maps area's bytes (a smaller maps file is
+        not mapped), u64 offset and u64 bytes of the area's head (below), 1 word 0,
+        table: u64 per probe: 1 + the offset of its function in the code, or 0,
+        the area's head: its first words, as programs/maps.py's initial area has them
     TAG.maps     (mapped shared, read and write: programs/maps.py's area: u64 magic,
-                  u64 run, ...)
+                  u64 run, ...), a regular file of the tracer's user
+    maps.RUN.UID (the same, for the processes of user UID that cannot open TAG.maps:
+                  a process that changed its user. The first of them makes it, 0600,
+                  under a name of its own (maps.RUN.UID.PID: the area's size, its head
+                  written), then links it into place; the others open it. RUN is the
+                  run's number in decimal, UID the user's. The tracer adds them up
+                  with TAG.maps.)
 
 TAG is the object's region file tag (the .urewrite.rodata template's, as in
 TAG.PID.ure). When both are mapped, every hit of the object takes the trace path,
@@ -33,9 +41,10 @@ from typing import Dict
 
 PROGRAM_SUFFIX = ".program"
 MAPS_SUFFIX = ".maps"
-MAGIC = 0x3147_4f52_5057_5255  # "URWPROG1", little-endian
+MAGIC = 0x3247_4f52_5057_5255  # "URWPROG2", little-endian
 MAPS_MAGIC = 0x3153_5041_4d57_5255  # "URWMAPS1": the first word of the maps area
-HEADER = struct.Struct("<8Q")
+OWN_MAPS_PREFIX = "maps."  # maps.RUN.UID: a user's own maps (above)
+HEADER = struct.Struct("<12Q")
 PAGE = 4096
 
 ARGUMENTS = 12
@@ -53,17 +62,25 @@ PRINTF_PROBE = 0x7FFF0000  # a printf() event's probe number: this plus the prin
 
 
 def build(probe_count: int, code: bytes, entries: Dict[int, int], run: int,
-          uses: int = USES_NSECS | USES_TID | USES_COMM, arguments: int = ARGUMENTS) -> bytes:
-    """The .program file: `entries` maps a probe's number to its function's offset."""
+          uses: int = USES_NSECS | USES_TID | USES_COMM, arguments: int = ARGUMENTS,
+          maps_head: bytes = b"", maps_bytes: int = 0) -> bytes:
+    """The .program file: `entries` maps a probe's number to its function's offset;
+    `maps_head`: the first bytes of the maps area (magic, run, ...), of `maps_bytes`."""
     table_offset = HEADER.size
-    code_offset = _page(table_offset + 8 * probe_count)
+    head_offset = table_offset + 8 * probe_count
+    code_offset = _page(head_offset + len(maps_head))
     table = [0] * probe_count
     for probe, offset in entries.items():
         table[probe] = offset + 1
     head = HEADER.pack(MAGIC, probe_count, table_offset, code_offset, len(code), run, uses,
-                       1 + arguments)
-    body = head + struct.pack(f"<{probe_count}Q", *table)
+                       1 + arguments, maps_bytes, head_offset, len(maps_head), 0)
+    body = head + struct.pack(f"<{probe_count}Q", *table) + maps_head
     return body.ljust(code_offset, b"\0") + code
+
+
+def own_maps_name(run: int, uid: int) -> str:
+    """The maps file of user `uid`'s processes of run `run` (above)."""
+    return f"{OWN_MAPS_PREFIX}{run}.{uid}"
 
 
 def _page(n: int) -> int:

@@ -419,6 +419,6 @@ def _lookup(index: int, shape: M.MapShape, offset: int) -> List[str]:
     out += ["mov qword ptr [r9], rdx", "mov rax, r9", "ret",  # published: x86 keeps store order
             f"{fn}_next:", "inc r10", f"and r10, {shape.capacity - 1}", "dec r11d",
             f"jnz {fn}_slot", "test esi, esi", f"jz {fn}_missing",
-            "lock inc qword ptr [r8 + 32]",  # dropped
+            f"lock inc qword ptr [r8 + {M.TABLE_DROPPED}]",
             f"{fn}_missing:", "xor eax, eax", "ret"]
     return out

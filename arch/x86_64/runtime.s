@@ -24,6 +24,7 @@ lt_rsize:    .quad 0          # region size
 file_tag:    .byte {TAG_BYTES}
 program_suffix: .asciz "{PROGRAM_SUFFIX}"
 maps_suffix: .asciz "{MAPS_SUFFIX}"
+own_maps_prefix: .asciz "/{OWN_MAPS_PREFIX}"
 var_name:    .ascii "{ENV_VAR}="
 trace_var_name: .ascii "{TRACE_VAR}="
 proc_environ: .ascii "/proc/self/environ"
@@ -1129,16 +1130,27 @@ program_setup:
     jc ps_unmap
     cmp rax, qword ptr [rsp + 144]
     ja ps_unmap
+    mov rax, qword ptr [r12 + 72]          # and the maps' head
+    add rax, qword ptr [r12 + 80]
+    jc ps_unmap
+    cmp rax, qword ptr [rsp + 144]
+    ja ps_unmap
+    mov rax, qword ptr [r12 + 80]
+    cmp rax, qword ptr [r12 + 64]
+    ja ps_unmap
     lea rsi, [rip + maps_suffix]
     mov edx, 0xa0002                       # O_RDWR | O_NOFOLLOW | O_CLOEXEC
     call program_open
     test rax, rax
-    js ps_unmap
+    js ps_own_maps
     mov r13, rax
     call program_file_size
     mov r14, rax
     test rax, rax
-    jle ps_close_unmap
+    jle ps_own_maps_close
+ps_map_maps:
+    cmp r14, qword ptr [r12 + 64]          # smaller than the area the code writes
+    jb ps_close_unmap
     xor edi, edi
     mov rsi, r14
     mov edx, 3                             # PROT_READ | PROT_WRITE
@@ -1164,6 +1176,85 @@ program_setup:
     mov qword ptr [rbx + 16], 1            # the trace path
     mov eax, 1
     jmp ps_done
+ps_own_maps_close:
+    mov rdi, r13
+    mov eax, 3                             # close
+    syscall
+ps_own_maps:
+    # The tracer's maps are not this user's to write (a process that changed its user:
+    # setpriv, runuser, a server's workers): the maps of this user's processes,
+    # DIR/maps.RUN.UID, made whole by the first of them under a name of its own
+    # (DIR/maps.RUN.UID.PID), then linked into place.
+    lea rdi, [rbx + {PS_ENVBUF}]
+    call own_maps_name
+    lea rdi, [rbx + {PS_ENVBUF}]
+    call own_maps_open
+    cmp rax, -2                            # ENOENT: none yet
+    jne ps_own_opened
+    lea rdi, [rbx + {PS_ENVBUF} + 4096]
+    call own_maps_name
+    mov byte ptr [rdi - 1], 0x2e
+    mov eax, 39                            # getpid
+    syscall
+    push rax
+    call append_decimal
+    add rsp, 8
+    mov byte ptr [rdi], 0
+    lea rdi, [rbx + {PS_ENVBUF} + 4096]
+    mov esi, 0xa00c2                       # O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC
+    mov edx, 0x180                         # 0600
+    mov eax, 2                             # open
+    syscall
+    test rax, rax
+    js ps_unmap
+    mov r13, rax
+    mov rdi, r13
+    mov rsi, qword ptr [r12 + 64]          # the area (its tables start zeroed)
+    mov eax, 77                            # ftruncate
+    syscall
+    test rax, rax
+    jnz ps_own_drop
+    mov rdi, r13
+    mov rsi, qword ptr [r12 + 72]
+    add rsi, r12                           # then its head, from the program file
+    mov rdx, qword ptr [r12 + 80]
+    xor r10d, r10d
+    mov eax, 18                            # pwrite64
+    syscall
+    cmp rax, qword ptr [r12 + 80]
+    jne ps_own_drop
+    lea rdi, [rbx + {PS_ENVBUF} + 4096]
+    lea rsi, [rbx + {PS_ENVBUF}]
+    mov eax, 86                            # link: into place, unless another was first
+    syscall
+    mov r14, rax
+    lea rdi, [rbx + {PS_ENVBUF} + 4096]
+    mov eax, 87                            # unlink (its own name)
+    syscall
+    test r14, r14
+    jnz ps_own_other
+    mov r14, qword ptr [r12 + 64]
+    jmp ps_map_maps
+ps_own_other:                              # the other's, then
+    mov rdi, r13
+    mov eax, 3                             # close
+    syscall
+    lea rdi, [rbx + {PS_ENVBUF}]
+    call own_maps_open
+ps_own_opened:
+    test rax, rax
+    js ps_unmap
+    mov r13, rax
+    call program_file_size
+    mov r14, rax
+    test rax, rax
+    jle ps_close_unmap
+    jmp ps_map_maps
+ps_own_drop:
+    lea rdi, [rbx + {PS_ENVBUF} + 4096]
+    mov eax, 87                            # unlink
+    syscall
+    jmp ps_close_unmap
 ps_unmap_maps:
     mov rdi, rax
     mov rsi, r14
@@ -1192,6 +1283,35 @@ ps_done:
     pop r13
     pop r12
     pop r10
+    ret
+
+# rdi = a buffer, r12 = the program -> DIR "/maps." RUN "." UID there, NUL-terminated;
+# rdi past the NUL. Clobbers rax, rcx, rdx, rsi, r11.
+own_maps_name:
+    lea rsi, [rbx + {PS_DIR}]
+    call append_str
+    lea rsi, [rip + own_maps_prefix]
+    call append_str
+    push qword ptr [r12 + 40]              # the run
+    call append_decimal
+    add rsp, 8
+    mov byte ptr [rdi], 0x2e
+    inc rdi
+    mov eax, 102                           # getuid
+    syscall
+    push rax
+    call append_decimal
+    add rsp, 8
+    mov byte ptr [rdi], 0
+    inc rdi
+    ret
+
+# rdi = a path -> rax = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC): fd or -errno.
+own_maps_open:
+    mov esi, 0xa0002
+    xor edx, edx
+    mov eax, 2                             # open
+    syscall
     ret
 
 # open(DIR "/" TAG SUFFIX, flags), the path built in PS_ENVBUF (free once the
