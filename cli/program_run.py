@@ -74,7 +74,7 @@ def run(program_text, program_path, as_json, output, map_size, interval, directo
         attach.attach(targets, checked.program.blocks, list(command))
         lowered = lower.lower(checked, {p.text: (p.text, p.function or p.name or "")
                                         for b in checked.program.blocks for p in b.probes},
-                              map_size)
+                              map_size, attach.expansions(targets, checked.program.blocks))
     except UrewriteError as e:
         fail(str(e))
     state = evaluate.State(checked)

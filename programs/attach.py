@@ -33,7 +33,17 @@ class Target:
     probes: List[tuple]  # (name, kind, address) by probe number
     arguments: List[int] = field(default_factory=list)  # values each one's events carry (-1:
     # not said)
-    runs: Dict[int, str] = field(default_factory=dict)  # probe number -> program probe text
+    # probe number -> the program's probes that run there (their texts, in the program's
+    # order: a file probe two of them match runs both)
+    runs: Dict[int, List[str]] = field(default_factory=dict)
+    keys: Dict[tuple, str] = field(default_factory=dict)  # (number, text) -> its code's key,
+    # where it has code of its own there (lower.lower's expansions)
+
+    def code_keys(self, number: int, code: Dict[str, list]) -> List[str]:
+        """The keys of the code that runs at probe `number`, in order: each text's, or
+        its own there where it has one (lower.lower's expansions)."""
+        keys = [self.keys.get((number, text)) for text in self.runs[number]]
+        return [key if key in code else text for key, text in zip(keys, self.runs[number])]
 
 
 def target(path: str) -> Target:
@@ -90,7 +100,9 @@ def attach(targets: Dict[str, Target], blocks, command: List[str]) -> None:
             if not found:
                 missing.setdefault(path, []).append(probe)
             for number in found:
-                targets[key].runs.setdefault(number, probe.text)
+                texts = targets[key].runs.setdefault(number, [])
+                if probe.text not in texts:
+                    texts.append(probe.text)
     for path, probes in missing.items():
         entries = " ".join(f"-p '{spec_of(p)}'" for p in probes if p.kind != "uretprobe")
         returns = " ".join(f"-r '{spec_of(p)}'" for p in probes if p.kind == "uretprobe")
@@ -121,11 +133,34 @@ def _numbers(target: Target, probe: Probe) -> List[int]:
     return out
 
 
+def expansions(targets: Dict[str, Target], blocks) -> Dict[str, Dict[str, tuple]]:
+    """What `probe` and `func` read at each probe a program's probe matched, as bpftrace
+    has them (the path as the program gives it, the function or USDT name matched), by
+    program probe text and a key (lower.lower's `expansions`; Target.keys)."""
+    probes = {p.text: p for block in blocks for p in block.probes}
+    out: Dict[str, Dict[str, tuple]] = {}
+    for t in targets.values():
+        for number, texts in t.runs.items():
+            name = t.probes[number][0]
+            for text in texts:
+                probe = probes[text]
+                if probe.kind == "usdt":
+                    values = (f"usdt:{probe.path}:{name}", name.partition(":")[2])
+                elif probe.address is None and not probe.offset:
+                    values = (f"{probe.kind}:{probe.path}:{name}", name)
+                else:  # (an address: the probe as given)
+                    continue
+                key = f"{text}\0{values[0]}"
+                out.setdefault(text, {})[key] = values
+                t.keys[(number, text)] = key
+    return out
+
+
 def check_arguments(targets: Dict[str, Target], lowered: L.Lowered) -> None:
     """A ProgramError where a probe's code reads an argument its file's probe does not
     record (it would read 0), with the rewrite that records it."""
     for t in targets.values():
-        for number, text in sorted(t.runs.items()):
+        for number, text in sorted((n, x) for n, texts in t.runs.items() for x in texts):
             read = max((op[1] + 1 for op in lowered.code.get(text, ()) if op[0] == "arg"),
                        default=0)
             carried = t.arguments[number] if number < len(t.arguments) else -1
@@ -159,10 +194,11 @@ def write_files(directory: str, targets: Dict[str, Target], lowered: L.Lowered,
     area = bytes(M.initial_area(lowered.maps, run))
     maps_path = None
     for t in targets.values():
-        texts = set(t.runs.values())
-        only = dataclasses.replace(lowered, code={k: v for k, v in lowered.code.items() if k in texts})
+        runs = {number: _code_of(t.code_keys(number, lowered.code), lowered.code)
+                for number in t.runs}
+        only = dataclasses.replace(lowered, code=dict(runs.values()))
         code, functions = assemble(t.machine, only, offsets)
-        entries = {number: functions[text] for number, text in t.runs.items()}
+        entries = {number: functions[key] for number, (key, _) in runs.items()}
         blob = program_file.build(len(t.probes), code, entries, run, lowered.uses,
                                   lowered.arguments, area[:M.head_bytes(lowered.maps)], size)
         _create(os.path.join(directory, t.tag + program_file.PROGRAM_SUFFIX), blob, 0o644)
@@ -173,6 +209,14 @@ def write_files(directory: str, targets: Dict[str, Target], lowered: L.Lowered,
         else:
             os.link(maps_path, maps)
     return maps_path
+
+
+def _code_of(keys: List[str], code: Dict[str, list]) -> tuple:
+    """(key, operations) of the code that runs the code of each key in turn."""
+    if len(keys) == 1:
+        return keys[0], code[keys[0]]
+    ops = [op for key in keys for op in code[key][:-1]]  # (each ends with its return)
+    return "\1".join(keys), ops + [("return",)]
 
 
 def _create(path: str, data: bytes, mode: int) -> None:

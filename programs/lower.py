@@ -81,18 +81,29 @@ class Lowered:
 
 
 def lower(checked: Checked, probe_names: Dict[str, Tuple[str, str]] = None,
-          map_size: int = map_layout.KEYED_CAPACITY) -> Lowered:
+          map_size: int = map_layout.KEYED_CAPACITY,
+          expansions: Dict[str, Dict[str, Tuple[str, str]]] = None) -> Lowered:
     """`probe_names`: probe text -> (the `probe` builtin's value, the `func` one's);
-    `map_size`: the entries a map with keys holds."""
+    `map_size`: the entries a map with keys holds; `expansions`: probe text -> the
+    values of each probe of a file it stands for (a glob's matches), by a key of
+    theirs: the code of a text that reads `probe` or `func` is made once per key too
+    (code[key]), with its values."""
     shapes = map_layout.shapes(checked, map_size)
-    lowering = _Lowering(checked, {s.name: i for i, s in enumerate(shapes)}, probe_names or {})
+    lowering = _Lowering(checked, {s.name: i for i, s in enumerate(shapes)},
+                         dict(probe_names or {}))
     code: Dict[str, List[tuple]] = {}
-    for block in checked.program.blocks:
-        for probe in block.probes:
-            if probe.kind in ("BEGIN", "END"):
-                continue
-            ops = code.setdefault(probe.text, [])
-            lowering.block(block, probe.text, ops)
+    blocks = [(block, probe.text) for block in checked.program.blocks for probe in block.probes
+              if probe.kind not in ("BEGIN", "END")]
+    for block, text in blocks:
+        lowering.block(block, text, code.setdefault(text, []))
+    for text, keys in (expansions or {}).items():
+        if text not in lowering.named:
+            continue
+        for key, names in keys.items():
+            lowering.probe_names[key] = names
+            for block, of in blocks:
+                if of == text:
+                    lowering.block(block, key, code.setdefault(key, []))
     for ops in code.values():
         ops.append(("return",))
     return Lowered(code, lowering.strings, max(len(lowering.locals), 1),
@@ -105,6 +116,7 @@ class _Lowering:
         self.checked = checked
         self.map_index = map_index
         self.probe_names = probe_names
+        self.named = set()  # the probe texts whose code reads `probe` or `func`
         self.strings: List[str] = []
         self.printfs: List[Tuple[str, Tuple[str, ...]]] = []  # format, value kinds
         self.locals: Dict[str, int] = {}
@@ -305,6 +317,7 @@ class _Lowering:
         elif name == "comm":
             ops.append(("ctx_address", CTX_COMM))
         else:  # probe, func: constants of the probe this code runs for
+            self.named.add(self.probe)
             probe, function = self.probe_names.get(self.probe, (self.probe, ""))
             ops.append(("string_at", self.string(probe if name == "probe" else function)))
 

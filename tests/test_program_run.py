@@ -8,6 +8,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -97,6 +98,31 @@ def test_json_begin_end_and_the_exit_status(files, tmp_path):
     assert lines[0] == {"type": "map", "data": {"@k": {str(k): sum(range(k, 70, 7))
                                                        for k in sorted(range(7), key=lambda k: sum(range(k, 70, 7)))}}}
     assert lines[1] == {"type": "map", "data": {"@n": 70}}
+
+
+def test_globs_name_each_probe_they_match_and_a_probe_runs_every_block(files):
+    """`probe` and `func` under a glob are the matched probe's, as bpftrace has them; a
+    function two of the program's probes match (a glob and its name) runs both blocks."""
+    plain, _ = files
+    short = tempfile.mkdtemp(prefix="urw")  # (a probe's name is a string: 63 bytes at most)
+    try:
+        out = os.path.join(short, "values")
+        proc = urewrite(str(plain), "-p", "w*", "-p", "named", "--args", "1", "-o", out, "-q")
+        assert proc.returncode == 0, proc.stderr
+        ours = urewrite("run", "-e", f"uprobe:{out}:w*, uprobe:{out}:named {{ @[probe, func] = "
+                        f"count(); }} uprobe:{out}:work /arg0 > 4/ {{ @n = count(); }} "
+                        f"uprobe:{out}:w* {{ @m = count(); }}", "--", out, "10")
+        assert ours.returncode == 0, ours.stderr
+        assert _maps(ours.stdout) == (f"@[uprobe:{out}:named, named]: 10\n"
+                                      f"@[uprobe:{out}:work, work]: 10\n@m: 10\n@n: 5\n")
+        program = "uprobe:{path}:w*, uprobe:{path}:named { @[probe] = count(); }"
+        ours = urewrite("run", "-e", program.replace("{path}", out), "--", out, "10")
+    finally:
+        shutil.rmtree(short)
+    theirs = _bpftrace(program.replace("{path}", str(plain)), f"{plain} 10")
+    assert theirs.returncode == 0, theirs.stderr
+    assert _maps(ours.stdout).replace(out, "PATH") == \
+        _maps(theirs.stdout).replace(str(plain), "PATH")
 
 
 def test_a_probe_the_file_lacks_is_named_with_the_rewrite_that_adds_it(files):
