@@ -164,6 +164,67 @@ def test_loaded_into_a_running_process_and_unloaded(files):
         process.wait()
 
 
+def test_programs_loaded_replaced_and_unloaded_in_a_running_threaded_process(tmp_path):
+    """One program, then another, each loaded into the same running process (four and
+    three threads calling) and unloaded: each one's maps hold exactly the calls made
+    while it was loaded; the process never restarts, and calls between the windows
+    are in no program's maps."""
+    import signal
+    from live_service import LineReader
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    plain = tmp_path / "served"
+    subprocess.run(["gcc", "-O2", "-pthread", os.path.join(ROOT, "samples", "programs",
+                                                             "served.c"), "-o", str(plain)],
+                   check=True)
+    rewritten = tmp_path / "served.probed"
+    proc = urewrite(str(plain), "-p", "work", "--args", "2", "-o", str(rewritten), "-q")
+    assert proc.returncode == 0, proc.stderr
+    process = subprocess.Popen([str(rewritten)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True)
+    lines = LineReader(process.stdout)
+
+    def send(command):
+        process.stdin.write(command + "\n")
+        process.stdin.flush()
+        assert lines.next_line() == f"ok {command}"
+
+    def loaded(program, commands):
+        tracer = subprocess.Popen([sys.executable, "-m", "urewrite", "run", "-e", program,
+                                   "-p", str(process.pid)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        try:
+            errors = LineReader(tracer.stderr)
+            while f"armed pid {process.pid}" not in errors.next_line():
+                pass
+            for command in commands:
+                send(command)
+        finally:
+            tracer.send_signal(signal.SIGINT)
+            out, rest = tracer.communicate(timeout=60)
+        assert tracer.returncode == 0, rest
+        return dict(line.split(": ") for line in out.strip().splitlines())
+
+    try:
+        assert lines.next_line() == "ready"
+        send("calls 2 1000")  # before any program
+        first = loaded(f"uprobe:{rewritten}:work {{ @n = count(); @t[arg1] = count(); }}",
+                       ["calls 4 5000", "calls 1 7"])
+        send("calls 3 1000")  # between the two
+        second = loaded(f"uprobe:{rewritten}:work /arg0 % 2 == 0/ {{ @even = count(); "
+                        f"@sum = sum(arg0); }}", ["calls 3 2000"])
+        send("calls 2 10")
+        assert first == {"@n": "20007", "@t[1]": "5000", "@t[2]": "5000", "@t[3]": "5000",
+                         "@t[0]": "5007"}
+        assert second == {"@even": "3000", "@sum": str(3 * sum(range(0, 2000, 2)))}
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def test_usdt_arguments_and_addresses_in_a_program(tmp_path):
     """A USDT probe's arguments are its note's; an address probe runs too."""
     if shutil.which("gcc") is None:
