@@ -143,10 +143,10 @@ class _Ticker:
 def _run_command(command, targets, lowered, ticker):
     """Runs the command with the program in its probes: (exit status, maps, dropped)."""
     from urewrite.programs import maps
-    from urewrite.runner import exit_status, interrupts_to, region_directory, \
-        remove_region_directory
+    from urewrite.reader.command_run import exit_status, interrupts_to
+    from urewrite.reader.directories import region_directory, remove_region_directory
+    from urewrite.reader.tracing import POLL_SECONDS
     from urewrite.trampolines.region import ENV_VAR, TRACE_ENV_VAR
-    from urewrite.tracer import POLL_SECONDS
 
     directory = region_directory()
     try:
@@ -183,8 +183,8 @@ def _run_in_directory(directory, duration, targets, lowered, ticker):
     unloads it: (0, the maps, dropped). Processes still running keep it mapped, but
     what they add after that is not read."""
     from urewrite.programs import maps
+    from urewrite.reader.tracing import POLL_SECONDS
     from urewrite.trampolines import program_file
-    from urewrite.tracer import POLL_SECONDS
 
     if not os.path.isdir(directory):
         fail(f"no directory {directory}")
@@ -240,10 +240,10 @@ def _write_program(directory, targets, lowered) -> str:
 def _run_armed(pids, all_of, duration, targets, lowered, ticker):
     """Loads the program into running processes until the session ends:
     (0, the maps of all of them, dropped)."""
-    from urewrite import live
     from urewrite.live_report import announce
     from urewrite.programs import attach, maps
-    from urewrite.tracer import POLL_SECONDS
+    from urewrite.reader import arming
+    from urewrite.reader.tracing import POLL_SECONDS
 
     maps_files = {}  # directory -> its maps file
 
@@ -254,7 +254,7 @@ def _run_armed(pids, all_of, duration, targets, lowered, ticker):
             raise UrewriteError(f"cannot write the program's files in {directory}: {e.strerror}")
     session, readers = None, {}
     try:
-        with live.armed(pids, all_of, duration, PRINTF_RING if lowered.printfs else 0,
+        with arming.armed(pids, all_of, duration, PRINTF_RING if lowered.printfs else 0,
                         prepare) as session:
             if not session.interrupted:
                 announce(session.processes)
@@ -281,7 +281,7 @@ def _run_armed(pids, all_of, duration, targets, lowered, ticker):
         for reader in readers.values():
             reader.close()
         if session is not None:
-            live.remove(session.processes)
+            arming.remove(session.processes)
     for problem in session.problems:
         click.echo(f"urewrite: warning: {problem}", err=True)
     return 0, maps.merge(contents), (dropped, faults)
@@ -290,7 +290,7 @@ def _run_armed(pids, all_of, duration, targets, lowered, ticker):
 def _printed(directory, readers, printfs, final: bool) -> None:
     """Print the printf()s the processes' rings hold, in time order."""
     from urewrite.programs.evaluate import printf_text
-    from urewrite.tracer import sweep_rings
+    from urewrite.reader.tracing import sweep_rings
     from urewrite.trampolines.program_file import PRINTF_PROBE
 
     def show(events):

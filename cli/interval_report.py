@@ -5,7 +5,8 @@ and prints a table every S seconds. With `--dir DIR` it reads the regions that
 processes started with UREWRITE_DIR=DIR write there, without touching them,
 until Ctrl-C or `--duration`; the final report gives the hits the regions hold
 (each process counts from its start). Interval lines give what happened in each
-interval, like `perf stat -I`.
+interval, like `perf stat -I`. The snapshots and their schedule are the reading
+side's (reader/ticker.py); this module prints them.
 """
 
 from __future__ import annotations
@@ -14,66 +15,16 @@ import json
 import os
 import signal
 import time
-from typing import Callable, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
-from urewrite.region_source import DirectorySource, ProbeChange, Snapshot, Watcher, changes
-from urewrite.runner import exit_status, interrupts_to, region_directory, remove_region_directory
-from urewrite.sink import Sink  # (live_report takes it from here)
+from urewrite.reader.command_run import exit_status, interrupts_to
+from urewrite.reader.directories import region_directory, remove_region_directory
+from urewrite.reader.snapshots import ProbeChange, Snapshot, Watcher, changes
+from urewrite.reader.sources import DirectorySource
+from urewrite.reader.ticker import Ticker
+from urewrite.sink import Sink
 from urewrite.trampolines.region import ENV_VAR, Region
 from urewrite.trampolines.region_reader import collect
-
-POLL_SECONDS = 0.05  # how often the end (the command's exit, the deadline) is checked
-
-
-class Ticker:
-    """Takes a snapshot every `interval` seconds (or none, when interval is None)
-    until `done()`, and hands each interval to `on_interval(before, after)`."""
-
-    def __init__(self, watcher: Watcher, interval: Optional[float],
-                 on_interval: Callable[[Snapshot, Snapshot], None],
-                 from_zero: bool = False):
-        """from_zero: every region of the source is new since it began (processes
-        armed just now, whose regions may already count), so the first interval
-        counts them from zero rather than from a first read."""
-        self.watcher, self.interval, self.on_interval = watcher, interval, on_interval
-        self.last = Snapshot(time.monotonic()) if from_zero else watcher.snapshot()
-        self.start = self.last.time
-
-    def run(self, done: Callable[[], bool], wake: Optional[Callable[[float], bool]] = None,
-            limit: Optional[int] = None) -> int:
-        """Until done() (or `limit` intervals); `wake(seconds)` may wait instead of
-        sleeping and return True to stop. Returns the intervals handed on."""
-        ticks = 0
-        next_tick = self.start + self.interval if self.interval else None
-        while not done() and (limit is None or ticks < limit):
-            now = time.monotonic()
-            if next_tick is not None and now >= next_tick:
-                self.tick()
-                ticks += 1
-                # keep to the schedule, but never catch up with a burst of ticks
-                next_tick = max(next_tick + self.interval, time.monotonic())
-                continue
-            pause = POLL_SECONDS if next_tick is None else min(POLL_SECONDS, next_tick - now)
-            if wake is not None and wake(pause):
-                break
-            if wake is None:
-                time.sleep(pause)
-        return ticks
-
-    def tick(self) -> None:
-        after = self.watcher.snapshot()
-        self.on_interval(self.last, after)
-        self.last = after
-
-    def finish(self) -> Snapshot:
-        """A last snapshot; the part of an interval since the last tick is printed
-        when it saw hits or lasted a tenth of an interval."""
-        after = self.watcher.snapshot()
-        if self.interval and (after.time - self.last.time >= self.interval / 10
-                              or any(c.hits for c in changes(self.last, after))):
-            self.on_interval(self.last, after)
-        self.last = after
-        return after
 
 
 class IntervalPrinter:
