@@ -69,6 +69,12 @@ def test_a_layer_imports_only_the_layers_below_it(folder):
     assert wrong_imports(folder) == []
 
 
+def test_the_package_root_imports_nothing():
+    """Importing any urewrite.X runs cli/__init__.py (the package root) first: it must
+    not bring the command line with it."""
+    assert list(imports(ROOT / "cli" / "__init__.py")) == []
+
+
 @pytest.mark.parametrize("folder", sorted(ALLOWED))
 def test_each_folder_is_installed_under_its_own_name(folder):
     """urewrite.FOLDER is the folder FOLDER, installed or not."""
