@@ -5,26 +5,19 @@ and prints a table every S seconds. With `--dir DIR` it reads the regions that
 processes started with UREWRITE_DIR=DIR write there, without touching them,
 until Ctrl-C or `--duration`; the final report gives the hits the regions hold
 (each process counts from its start). Interval lines give what happened in each
-interval, like `perf stat -I`. The snapshots and their schedule are the reading
-side's (reader/ticker.py); this module prints them.
+interval, like `perf stat -I`. The watch is the reading side's (reader/watch.py);
+this module prints it.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import time
 from typing import List, Optional, Tuple
 
-from urewrite.reader.command_run import exit_status, interrupts_to
-from urewrite.reader.directories import region_directory, remove_region_directory
-from urewrite.reader.snapshots import ProbeChange, Snapshot, Watcher, changes
-from urewrite.reader.sources import DirectorySource
-from urewrite.reader.ticker import Ticker
+from urewrite.reader.snapshots import ProbeChange, Snapshot, changes
+from urewrite.reader.watch import watch_command, watch_directory
 from urewrite.sink import Sink
-from urewrite.trampolines.region import ENV_VAR, Region
-from urewrite.trampolines.region_reader import collect
+from urewrite.trampolines.region import Region
 
 
 class IntervalPrinter:
@@ -69,47 +62,8 @@ def stat_live(command: List[str], directory: Optional[str], interval: Optional[f
     """Run `command` or watch `directory`, printing intervals to `sink`. Returns the
     exit status (None for a directory), the regions at the end, and a line per
     region file that could not be read."""
+    def printer(start: float) -> IntervalPrinter:
+        return IntervalPrinter(sink, as_json, start)
     if directory is not None:
-        return (None,) + _watch_directory(directory, interval, duration, as_json, sink)
-    return _watch_command(command, interval, as_json, sink)
-
-
-def _watch_directory(directory: str, interval: Optional[float], duration: Optional[float],
-                     as_json: bool, sink: Sink) -> Tuple[List[Region], List[str]]:
-    problems: List[str] = []
-    watcher = Watcher(DirectorySource(directory), problems.append)
-    try:
-        ticker = Ticker(watcher, interval, lambda b, a: printer(b, a))
-        printer = IntervalPrinter(sink, as_json, ticker.start)
-        deadline = None if duration is None else ticker.start + duration
-        # Ctrl-C ends the watch between two ticks, never inside one (an interval printed
-        # but not yet taken as the last would be counted again by the report)
-        stop = []
-        previous = signal.signal(signal.SIGINT, lambda *_: stop.append(True))
-        try:
-            ticker.run(lambda: bool(stop) or
-                       (deadline is not None and time.monotonic() >= deadline))
-        finally:
-            signal.signal(signal.SIGINT, previous)
-        return ticker.finish().as_regions(), problems
-    finally:
-        watcher.close()
-
-
-def _watch_command(command: List[str], interval: Optional[float], as_json: bool,
-                   sink: Sink) -> Tuple[int, List[Region], List[str]]:
-    directory = region_directory()
-    watcher = Watcher(DirectorySource(directory))
-    try:
-        ticker = Ticker(watcher, interval, lambda b, a: printer(b, a))
-        printer = IntervalPrinter(sink, as_json, ticker.start)
-        with interrupts_to(command, dict(os.environ, **{ENV_VAR: directory})) as process:
-            ticker.run(lambda: process.poll() is not None)
-            returncode = process.wait()
-        ticker.finish()
-        # the report reads the files as plain stat does: exact now that all are closed
-        problems: List[str] = []
-        return exit_status(returncode), collect(directory, problems), problems
-    finally:
-        watcher.close()
-        remove_region_directory(directory)
+        return (None,) + watch_directory(directory, interval, duration, printer)
+    return watch_command(command, interval, printer)

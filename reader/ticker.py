@@ -1,5 +1,5 @@
 """A snapshot of a source's regions every interval, each interval handed on: what
-`stat --interval`, `top` and `export`'s views are made of."""
+`stat --interval` and `top` show (export takes one snapshot per scrape instead)."""
 
 from __future__ import annotations
 
