@@ -21,7 +21,7 @@ ALLOWED: Dict[str, Set[str]] = {
     "arch": {"errors", "trampolines", "programs"},
     "rewriter": {"errors", "trampolines", "arch"},
     "programs": {"errors", "trampolines", "rewriter"},
-    "reader": {"errors", "trampolines"},
+    "reader": {"errors", "trampolines", "programs"},
 }
 LAYERS = set(ALLOWED)  # every other urewrite.X is the package root's: the command line
 COMMAND_LINE_ONLY = {"click"}  # what only cli/ imports
