@@ -225,7 +225,7 @@ def stat(as_json, output, interval, directory, pids, all_of, duration, command):
         raise click.UsageError("--duration goes with --dir, -p or --all")
     if interval is None and directory is None:
         sys.exit(stat_report.run_command(list(command), as_json, output))
-    from urewrite.live_view import stat_live
+    from urewrite.interval_report import stat_live
     sink = Sink(output, sys.stdout)
     try:
         exit_code, regions, problems = stat_live(list(command), directory, interval,
@@ -261,7 +261,7 @@ def trace(as_json, fmt, output, ring_entries, pids, all_of, duration, command):
     Events a full ring could not hold are counted and reported at the end. The
     command's own output is left alone; its exit status is passed through.
     """
-    from urewrite.tracer import loss_message, run_and_trace
+    from urewrite.reader.tracing import run_and_trace
 
     if as_json and fmt not in (None, "json"):
         raise click.UsageError(f"--json and --format {fmt} disagree")
@@ -274,7 +274,7 @@ def trace(as_json, fmt, output, ring_entries, pids, all_of, duration, command):
     start = []
     perfetto = None
     if fmt == "perfetto":
-        from urewrite.perfetto import PerfettoWriter
+        from urewrite.reader.perfetto import PerfettoWriter
         perfetto = PerfettoWriter(out)
 
     def write(events) -> None:
@@ -311,6 +311,14 @@ def trace(as_json, fmt, output, ring_entries, pids, all_of, duration, command):
         click.echo("urewrite: no probe region was written: is the command rewritten by "
                    "urewrite (and not set-user-ID)?", err=True)
     sys.exit(exit_code)
+
+
+def loss_message(ring) -> str:
+    """The warning for a ring (tracing.RingSummary) that lost events."""
+    why = ("the ring was full; try a larger --ring" if ring.full else
+           "their threads stopped while writing them (killed, or the process exited)")
+    return f"urewrite: {ring.object} (pid {ring.pid}): {ring.lost} of {ring.events} " \
+           f"events lost: {why}"
 
 
 @main.command()

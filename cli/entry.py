@@ -45,15 +45,15 @@ def stat_command(args: List[str]) -> Optional[StatCommand]:
 def run() -> None:
     stat = stat_command(sys.argv[1:])
     if stat:
-        from urewrite import runner
-        if runner.start_early(stat.command):
+        from urewrite.reader import command_run
+        if command_run.start_early(stat.command):
             try:
                 from urewrite.stat_report import run_command
                 sys.exit(run_command(stat.command, stat.as_json, stat.output))
             except (EOFError, KeyboardInterrupt, BrokenPipeError) as e:
                 _as_click_would(e)
             finally:
-                runner.end_early()  # (run_command took it over: nothing left to do)
+                command_run.end_early()  # (run_command took it over: nothing left to do)
     from urewrite.commands import run as run_commands
     run_commands()
 

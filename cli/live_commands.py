@@ -1,11 +1,13 @@
 """The click commands `urewrite top` and `urewrite export`; `commands.py` adds them
-to the group. The work is in top.py, export.py and region_source.py."""
+to the group. The screen is top.py's; the reading is the reading side's (reader/:
+sources.py, ticker.py, prometheus.py, arming.py)."""
 
 from __future__ import annotations
 
 import os
 import sys
 import time
+from typing import Tuple
 
 import click
 
@@ -25,6 +27,16 @@ def _armed(pids, all_of) -> bool:
     if pids is not None and all_of is not None:
         raise click.UsageError("-p and --all exclude each other")
     return pids is not None or all_of is not None
+
+
+def parse_listen(text: str) -> Tuple[str, int]:
+    """'127.0.0.1:9464', ':9464' (every IPv4 address), '[::1]:9464' -> (host, port)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{text!r}: expected ADDR:PORT, such as 127.0.0.1:9464")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host or "0.0.0.0", int(port)
 
 
 def _deadline(duration):
@@ -59,10 +71,11 @@ def top(directory, pids, all_of, interval, refreshes, once, plain, duration, com
     q or Ctrl-C quits (-p, --all: and disarms; so does the processes' exit). With a
     command, its exit status is passed through.
     """
-    from urewrite.live_view import Ticker
-    from urewrite.region_source import DirectorySource, Watcher
-    from urewrite.runner import exit_status, interrupts_to, region_directory, \
-        remove_region_directory
+    from urewrite.reader.command_run import exit_status, interrupts_to
+    from urewrite.reader.directories import region_directory, remove_region_directory
+    from urewrite.reader.snapshots import Watcher
+    from urewrite.reader.sources import DirectorySource
+    from urewrite.reader.ticker import Ticker
     from urewrite.top import run_top
     from urewrite.trampolines.region import ENV_VAR
 
@@ -127,8 +140,8 @@ def export(directory, pids, all_of, listen, duration):
     A counter per probe (urewrite_probe_hits_total), a histogram per function probed
     at entry and return (urewrite_probe_latency_seconds), the event ring's counters.
     """
-    from urewrite.export import parse_listen, serve
-    from urewrite.region_source import DirectorySource
+    from urewrite.reader.prometheus import serve
+    from urewrite.reader.sources import DirectorySource
 
     armed = _armed(pids, all_of)
     if (directory is not None) == armed:

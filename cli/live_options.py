@@ -1,4 +1,4 @@
-"""The options of `stat` and `trace` that arm running processes (urewrite/live.py)."""
+"""The options of `stat` and `trace` that arm running processes (reader/arming.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import click
 
 
 def live_options(f):
-    """-p PID, --all [FILE], --duration S: arm running processes (urewrite/live.py)."""
+    """-p PID, --all [FILE], --duration S: arm running processes (reader/arming.py)."""
     f = click.option("--duration", type=click.FloatRange(min=0), metavar="S",
                      help="With -p or --all: disarm after S seconds [default: at Ctrl-C, or "
                           "when the processes exit]. With --dir: stop after S seconds (0: "

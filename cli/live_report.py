@@ -1,25 +1,24 @@
-"""`stat -p`, `trace -p`, `top -p` and `export -p`: a live session (urewrite/live.py)
-with the usual reports, or a live view (region_source.py) of the armed processes."""
+"""`stat -p`, `trace -p`, `top -p` and `export -p`: a live session (reader/arming.py)
+with the usual reports, or a live view (reader/snapshots.py) of the armed processes."""
 
 from __future__ import annotations
 
 import json
 import signal
 import sys
-from typing import Callable, Dict, List, Optional
+from typing import Callable, List, Optional
 
 import click
 
-from urewrite import live
 from urewrite.errors import UrewriteError
-from urewrite.region_source import ArmedSource, Watcher
-from urewrite.trampolines.ring import RingReader
-from urewrite.tracer import RingSummary, sweep_rings
+from urewrite.reader import arming
+from urewrite.reader.snapshots import Watcher
+from urewrite.reader.sources import ArmedSource
 
 EXIT_ERROR = 1
 
 
-def announce(processes: List[live.LiveProcess]) -> None:
+def announce(processes: List[arming.LiveProcess]) -> None:
     """One line on stderr once every process is armed (scripts wait for it)."""
     what = ", ".join(f"{p.pid} ({', '.join(a.obj.name for a in p.objects)})" for p in processes)
     click.echo(f"urewrite: armed pid {what}; Ctrl-C to disarm", err=True)
@@ -38,7 +37,7 @@ def view_armed(pids, all_of, duration,
     disarms them, then calls after(watcher) on what they hold. Returns the exit status."""
     session, watcher, problems = None, None, []
     try:
-        with live.armed(pids, all_of, duration) as session:
+        with arming.armed(pids, all_of, duration) as session:
             watcher = Watcher(ArmedSource(session.processes), problems.append)
             if not session.interrupted:
                 announce(session.processes)
@@ -52,7 +51,7 @@ def view_armed(pids, all_of, duration,
         if watcher is not None:
             watcher.close()
         if session is not None:
-            live.remove(session.processes)
+            arming.remove(session.processes)
     _warn(session.problems + [f"skipped {p}" for p in problems])
     return 0
 
@@ -61,7 +60,9 @@ def stat_intervals(pids, all_of, duration, interval: float, as_json: bool, outpu
                    report: Callable) -> int:
     """`stat -p --interval`: a table every S seconds while armed, then the report of
     the last snapshot, taken after disarming: the intervals add up to it."""
-    from urewrite.live_view import IntervalPrinter, Sink, Ticker
+    from urewrite.interval_report import IntervalPrinter
+    from urewrite.reader.ticker import Ticker
+    from urewrite.sink import Sink
 
     sink = Sink(output, sys.stdout)
     ticker = None
@@ -99,15 +100,15 @@ def stat_live(pids, all_of, duration, as_json: bool, output, report: Callable) -
     those of children they forked meanwhile). Returns the exit status."""
     session = None
     try:
-        session = live.run(pids, all_of, duration, 0, announce, lambda *_: None)
+        session = arming.run(pids, all_of, duration, 0, announce, lambda *_: None)
         problems: List[str] = []
-        regions = live.regions_of(session.processes, problems)
+        regions = arming.regions_of(session.processes, problems)
     except UrewriteError as e:
         click.echo(f"urewrite: {e}", err=True)
         return EXIT_ERROR
     finally:
         if session is not None:
-            live.remove(session.processes)
+            arming.remove(session.processes)
     _warn(session.problems + [f"skipped {p}" for p in problems])
     text = report(0, regions, as_json)
     if output:
@@ -122,22 +123,6 @@ def stat_live(pids, all_of, duration, as_json: bool, output, report: Callable) -
 
 
 def trace_live(pids, all_of, duration):
-    """A stand-in for tracer.run_and_trace that traces running processes."""
-    def run_and_trace(_command, ring_entries: int, on_events):
-        readers: Dict[str, RingReader] = {}
-
-        def sweep(processes, final: bool) -> None:
-            sweep_rings([p.directory for p in processes], readers, on_events, final)
-
-        session = None
-        try:
-            session = live.run(pids, all_of, duration, ring_entries, announce, sweep)
-            sweep(session.processes, True)
-            _warn(session.problems)
-            return 0, [RingSummary.of(r) for r in readers.values()]
-        finally:
-            for reader in readers.values():
-                reader.close()
-            if session is not None:
-                live.remove(session.processes)
-    return run_and_trace
+    """A stand-in for tracing.run_and_trace that traces running processes."""
+    from urewrite.reader.tracing import trace_armed
+    return trace_armed(pids, all_of, duration, announce, _warn)

@@ -124,16 +124,21 @@ class _Ticker:
     def due(self) -> bool:
         return self.next is not None and time.monotonic() >= self.next
 
+    def each_poll(self):
+        """What the runs call every poll (None without --interval): the maps, when due."""
+        if self.next is None:
+            return None
+
+        def poll(maps_files) -> None:
+            if self.due():
+                self.show(maps_files)
+        return poll
+
     def show(self, maps_files) -> None:
         """Print the maps the files hold now (several: added up)."""
-        from urewrite.programs import attach, maps, output as printer
-        contents = []
-        for path in maps_files:
-            try:
-                contents.append(attach.read_maps(path, self.lowered.maps)[0])
-            except (OSError, ValueError):
-                continue
-        shown = maps.merge(contents)
+        from urewrite.programs import output as printer
+        from urewrite.reader.probe_programs import current_maps
+        shown = current_maps(maps_files, self.lowered.maps)
         _print(["\n".join(printer.json_lines(shown)) + "\n" if self.as_json else
                 printer.text(shown) + "\n"])
         self.next += self.interval
@@ -141,47 +146,18 @@ class _Ticker:
 
 def _run_command(command, targets, lowered, ticker):
     """Runs the command with the program in its probes: (exit status, maps, dropped)."""
-    from urewrite.programs import attach
-    from urewrite.runner import exit_status, interrupts_to, region_directory, \
-        remove_region_directory
-    from urewrite.trampolines.region import ENV_VAR, TRACE_ENV_VAR
-    from urewrite.tracer import POLL_SECONDS
+    from urewrite.reader.probe_programs import run_command
 
-    directory = region_directory()
-    try:
-        maps_path = _write_program(directory, targets, lowered)
-        env = dict(os.environ, **{ENV_VAR: directory})
-        if lowered.printfs:  # printf()s come back as events of the processes' rings
-            env[TRACE_ENV_VAR] = str(PRINTF_RING)
-        readers = {}
-        try:
-            with interrupts_to(list(command), env) as process:
-                while (lowered.printfs or ticker.next) and process.poll() is None:
-                    if lowered.printfs:
-                        _printed(directory, readers, lowered.printfs, final=False)
-                    if ticker.due():
-                        ticker.show([maps_path])
-                    time.sleep(POLL_SECONDS)
-                returncode = process.wait()
-            if lowered.printfs:
-                _printed(directory, readers, lowered.printfs, final=True)
-        finally:
-            for reader in readers.values():
-                reader.close()
-        found, dropped, faults = attach.read_maps(maps_path, lowered.maps)
-    finally:
-        remove_region_directory(directory)
-    return exit_status(returncode), found, (dropped, faults)
+    return run_command(command, lambda directory: _write_program(directory, targets, lowered),
+                       PRINTF_RING if lowered.printfs else 0, _printed(lowered.printfs),
+                       ticker.each_poll(), lowered.maps)
 
 
 def _run_in_directory(directory, duration, targets, lowered, ticker):
-    """Loads the program into a region directory until Ctrl-C or `duration`: every
-    process that sets up its probes there meanwhile (UREWRITE_DIR) runs it; then
-    unloads it: (0, the maps, dropped). Processes still running keep it mapped, but
-    what they add after that is not read."""
-    from urewrite.programs import attach
-    from urewrite.trampolines import program_file
-    from urewrite.tracer import POLL_SECONDS
+    """Loads the program into a region directory until Ctrl-C or `duration` (the
+    processes that set up their probes there meanwhile run it), then unloads it:
+    (0, the maps, dropped)."""
+    from urewrite.reader.probe_programs import run_in_directory
 
     if not os.path.isdir(directory):
         fail(f"no directory {directory}")
@@ -191,32 +167,8 @@ def _run_in_directory(directory, duration, targets, lowered, ticker):
         from urewrite.trampolines.region import TRACE_ENV_VAR
         click.echo(f"urewrite: printf() shows events of processes started with "
                    f"{TRACE_ENV_VAR}=N too (a ring of N events)", err=True)
-    readers = {}
-    end = time.monotonic() + duration if duration is not None else None
-    try:
-        try:
-            while end is None or time.monotonic() < end:
-                if lowered.printfs:
-                    _printed(directory, readers, lowered.printfs, final=False)
-                if ticker.due():
-                    ticker.show([maps_path])
-                time.sleep(POLL_SECONDS)
-        except KeyboardInterrupt:
-            pass
-        if lowered.printfs:
-            _printed(directory, readers, lowered.printfs, final=True)
-        found, dropped, faults = attach.read_maps(maps_path, lowered.maps)
-    finally:
-        for reader in readers.values():
-            reader.close()
-        attach.remove_own_maps(maps_path)
-        for t in targets.values():  # (unloaded: processes that start now run none)
-            for suffix in (program_file.PROGRAM_SUFFIX, program_file.MAPS_SUFFIX):
-                try:
-                    os.unlink(os.path.join(directory, t.tag + suffix))
-                except FileNotFoundError:
-                    pass
-    return 0, found, (dropped, faults)
+    return run_in_directory(directory, maps_path, [t.tag for t in targets.values()], duration,
+                            _printed(lowered.printfs), ticker.each_poll(), lowered.maps)
 
 
 def _write_program(directory, targets, lowered) -> str:
@@ -236,55 +188,33 @@ def _write_program(directory, targets, lowered) -> str:
 def _run_armed(pids, all_of, duration, targets, lowered, ticker):
     """Loads the program into running processes until the session ends:
     (0, the maps of all of them, dropped)."""
-    from urewrite import live
     from urewrite.live_report import announce
-    from urewrite.programs import attach, maps
-    from urewrite.tracer import POLL_SECONDS
+    from urewrite.programs import attach
+    from urewrite.reader.probe_programs import run_armed
 
-    maps_files = {}  # directory -> its maps file
-
-    def prepare(directory):
+    def write_files(directory):
         try:
-            maps_files[directory] = attach.write_files(directory, targets, lowered, _assemble)
+            return attach.write_files(directory, targets, lowered, _assemble)
         except OSError as e:
             raise UrewriteError(f"cannot write the program's files in {directory}: {e.strerror}")
-    session, readers = None, {}
     try:
-        with live.armed(pids, all_of, duration, PRINTF_RING if lowered.printfs else 0,
-                        prepare) as session:
-            if not session.interrupted:
-                announce(session.processes)
-            while not session.over():
-                for p in session.processes:
-                    if lowered.printfs:
-                        _printed(p.directory, readers, lowered.printfs, final=False)
-                if ticker.due():
-                    ticker.show([maps_files[p.directory] for p in session.processes])
-                time.sleep(POLL_SECONDS)
-        contents, dropped, faults = [], 0, 0
-        for p in session.processes:
-            if lowered.printfs:
-                _printed(p.directory, readers, lowered.printfs, final=True)
-            found, lost, faulted = attach.read_maps(maps_files[p.directory], lowered.maps)
-            contents.append(found)
-            dropped += lost
-            faults += faulted
+        problems, found, lost = run_armed(pids, all_of, duration,
+                                          PRINTF_RING if lowered.printfs else 0, write_files,
+                                          announce, _printed(lowered.printfs),
+                                          ticker.each_poll(), lowered.maps)
     except UrewriteError as e:
         fail(str(e))
-    finally:
-        for reader in readers.values():
-            reader.close()
-        if session is not None:
-            live.remove(session.processes)
-    for problem in session.problems:
+    for problem in problems:
         click.echo(f"urewrite: warning: {problem}", err=True)
-    return 0, maps.merge(contents), (dropped, faults)
+    return 0, found, lost
 
 
-def _printed(directory, readers, printfs, final: bool) -> None:
-    """Print the printf()s the processes' rings hold, in time order."""
+def _printed(printfs):
+    """What prints the printf()s of the events the processes' rings hold, in time order
+    (None when the program has none)."""
+    if not printfs:
+        return None
     from urewrite.programs.evaluate import printf_text
-    from urewrite.tracer import sweep_rings
     from urewrite.trampolines.program_file import PRINTF_PROBE
 
     def show(events):
@@ -295,7 +225,7 @@ def _printed(directory, readers, printfs, final: bool) -> None:
                 text, kinds = printfs[index]
                 lines.append(printf_text(text, _values(kinds, event.args)))
         _print(lines)
-    sweep_rings([directory], readers, show, final)
+    return show
 
 
 def _values(kinds, words):

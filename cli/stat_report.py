@@ -8,13 +8,14 @@ import sys
 from typing import List, Optional
 
 from urewrite.errors import UrewriteError
+from urewrite.reader.counts import histogram_buckets, probe_totals
 
 
 def run_command(command: List[str], as_json: bool, output: Optional[str]) -> int:
     """`stat [--json] [-o FILE] -- COMMAND`: run it (or take it over, started early),
     read its regions, report; the exit status."""
     import gc
-    from urewrite.runner import run_and_collect
+    from urewrite.reader.command_run import run_and_collect
     from urewrite.sink import Sink
     # tens of thousands of rows made and dropped, no cycles: 2 ms of collections saved
     gc.disable()
@@ -73,14 +74,9 @@ def _say(message: str) -> None:
     click.echo(message, err=True)
 
 
-def _bucket_range(k: int) -> tuple:
-    """Latency bucket k holds [lo, hi) ns: 0 is under 1 ns, k is [2^(k-1), 2^k)."""
-    return (0, 1) if k == 0 else (1 << (k - 1), 1 << k)
-
-
 def report(exit_code: int, regions, as_json: bool) -> str:
     """The report of these regions' hits: a table with histograms, or JSON."""
-    totals, histograms = _stat_totals(regions)
+    totals, histograms = probe_totals(regions)
     if as_json:
         import json  # (loaded for JSON only: 2 ms of a table report)
         probes = []
@@ -88,7 +84,7 @@ def report(exit_code: int, regions, as_json: bool) -> str:
             probe = {"object": k[0], "name": k[1], "kind": k[2], "address": k[3],
                      "hits": hits}
             if k in histograms:
-                probe["histogram"] = _histogram_buckets(histograms[k])
+                probe["histogram"] = histogram_buckets(histograms[k])
             probes.append(probe)
         # calls whose return was not seen, and returns that gave no latency sample:
         # never dropped silently (stderr says so too)
@@ -107,34 +103,11 @@ def report(exit_code: int, regions, as_json: bool) -> str:
     lines += [row % (obj, name, kind, address, hits)
               for (obj, name, kind, address), hits in totals.items()]
     for k in totals if histograms else ():  # (in the rows' order)
-        buckets = _histogram_buckets(histograms[k]) if k in histograms else None
+        buckets = histogram_buckets(histograms[k]) if k in histograms else None
         if buckets:
             lines += ["", f"{k[0]}: {k[1]}: latency from entry to return"]
             lines += _histogram_lines(buckets)
     return "\n".join(lines) + "\n"
-
-
-def _stat_totals(regions):
-    """Hits per probe (object, name, kind, address) over the regions, in the order
-    they first appear, and the latency histograms of those that have one."""
-    totals, histograms = {}, {}
-    for region in regions:
-        obj = region.object
-        for p in region.probes:
-            key = (obj, p.name, p.kind, p.address)
-            totals[key] = totals.get(key, 0) + p.hits
-            if p.histogram is not None:
-                old = histograms.get(key)
-                histograms[key] = list(p.histogram) if old is None else \
-                    [a + b for a, b in zip(old, p.histogram)]
-    return totals, histograms
-
-
-def _histogram_buckets(counts) -> list:
-    """The buckets from the first that holds samples to the last (none without any)."""
-    used = [i for i, c in enumerate(counts) if c]
-    return [{"lo_ns": _bucket_range(i)[0], "hi_ns": _bucket_range(i)[1], "count": counts[i]}
-            for i in (range(used[0], used[-1] + 1) if used else ())]
 
 
 def _histogram_lines(buckets, width: int = 40) -> list:

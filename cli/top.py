@@ -20,7 +20,7 @@ import tty
 from contextlib import contextmanager
 from typing import Callable, List, Optional, TextIO
 
-from urewrite.region_source import ProbeChange, Snapshot, changes, percentile_ns
+from urewrite.reader.snapshots import ProbeChange, Snapshot, changes, percentile_ns
 
 
 def format_ns(ns: Optional[int]) -> str:

@@ -9,7 +9,7 @@ import fnmatch
 import os
 import shutil
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 from urewrite.programs import lower as L
 from urewrite.programs import maps as M
@@ -224,49 +224,3 @@ def _create(path: str, data: bytes, mode: int) -> None:
     os.fchmod(fd, mode)  # (whatever the umask)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
-
-
-def read_maps(maps_path: str, shapes: List[M.MapShape]) -> Tuple[List, int, int]:
-    """What the processes of a run put in the maps of `maps_path` and in their users'
-    own beside it (program_file.py, maps.RUN.UID), added up: (the maps, updates
-    dropped, memory reads that faulted). A user's file that is not this run's maps is
-    left out: its processes ran no program."""
-    with open(maps_path, "rb") as f:
-        area = f.read()
-    found, dropped = M.read(area, shapes)
-    contents, faults = [found], M.faults(area)
-    directory = os.path.dirname(maps_path)
-    run = M.run_of(area)
-    for name in sorted(os.listdir(directory)):
-        if not _is_own_maps(name, run):
-            continue
-        try:
-            with open(os.path.join(directory, name), "rb") as f:
-                theirs = f.read()
-            maps, lost = M.read(theirs, shapes)
-        except (OSError, ValueError):
-            continue
-        if M.run_of(theirs) != run:
-            continue
-        contents.append(maps)
-        dropped += lost
-        faults += M.faults(theirs)
-    return M.merge(contents) if len(contents) > 1 else found, dropped, faults
-
-
-def _is_own_maps(name: str, run: int) -> bool:
-    prefix = program_file.own_maps_name(run, 0)[:-1]
-    return name.startswith(prefix) and name[len(prefix):].isdigit()
-
-
-def remove_own_maps(maps_path: str) -> None:
-    """The users' own maps of the run of `maps_path` (a directory that outlives it)."""
-    with open(maps_path, "rb") as f:
-        run = M.run_of(f.read(16))
-    directory = os.path.dirname(maps_path)
-    for name in os.listdir(directory):
-        if _is_own_maps(name, run):
-            try:
-                os.unlink(os.path.join(directory, name))
-            except FileNotFoundError:
-                pass

@@ -1,4 +1,4 @@
-"""Arming running processes: `stat -p PID`, `trace -p PID`, `--all FILE` (cli/live.py).
+"""Arming running processes: `stat -p PID`, `trace -p PID`, `--all FILE` (reader/arming.py).
 
 samples/live_server.c runs without UREWRITE_DIR and does work only when told on its
 stdin, so the window a tracer is armed for holds exactly the requests sent in it;
@@ -109,7 +109,7 @@ def python_for(user, d: Path):
         for p in [site, *site.rglob("*")]:
             os.chmod(p, 0o755)
     for python in (sys.executable, "/usr/bin/python3"):
-        probe = subprocess.run(as_user(user, [python, "-c", "import urewrite.live_view"]),
+        probe = subprocess.run(as_user(user, [python, "-c", "import urewrite.interval_report"]),
                                capture_output=True, env=clean_env({"PYTHONPATH": str(site)}))
         if probe.returncode == 0:
             return python, str(site)

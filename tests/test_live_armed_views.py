@@ -174,8 +174,9 @@ def test_a_ticker_from_zero_counts_what_the_regions_held_before_its_first_read(s
     """What keeps the test above exact however soon the armed process hits: regions
     that counted before the views' first read are counted from zero (from_zero)."""
     from live_service import Service, stop_all
-    from urewrite.live_view import Ticker
-    from urewrite.region_source import DirectorySource, Watcher, changes
+    from urewrite.reader.snapshots import Watcher, changes
+    from urewrite.reader.sources import DirectorySource
+    from urewrite.reader.ticker import Ticker
 
     regions = tmp_path / "regions"
     regions.mkdir()

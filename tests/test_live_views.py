@@ -19,7 +19,7 @@ import pytest
 from conftest import SAMPLES, check, clean_env, urewrite
 from live_service import (NAP_NS, PROBES, RETURNS, LineReader, Service, build_service,
                           region_bytes, stop_all, wait_for)
-from urewrite.region_source import percentile_ns
+from urewrite.reader.snapshots import percentile_ns
 from urewrite.top import format_ns
 
 

@@ -150,7 +150,7 @@ def _events(spec):
 
 
 def _write(spec):
-    from urewrite.perfetto import PerfettoWriter
+    from urewrite.reader.perfetto import PerfettoWriter
     out = io.StringIO()
     writer = PerfettoWriter(out)
     writer.write(_events(spec))
@@ -232,7 +232,7 @@ def test_a_loss_ends_the_open_calls_of_its_object_in_its_process():
             (7, 200, "entry", 0x20, "g", [], True),
             (8, 300, "entry", 0x20, "g", [], True),
             (7, 400, "return", 0x20, "g", [1], True)]
-    from urewrite.perfetto import PerfettoWriter
+    from urewrite.reader.perfetto import PerfettoWriter
     events = _events(spec)
     events[-1].after_loss = True  # (g's return on thread 7 came after lost events)
     out = io.StringIO()

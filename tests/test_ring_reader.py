@@ -157,7 +157,8 @@ def test_a_reader_opened_while_the_region_is_set_up_waits_for_its_ring(tmp_path,
 
 
 def test_why_events_were_lost_is_told_apart(tmp_path):
-    from urewrite.tracer import RingSummary, loss_message
+    from urewrite.commands import loss_message
+    from urewrite.reader.tracing import RingSummary
     # never finished (its thread stopped in the middle): no lap took the ring over
     _, _, ring = ring_with_a_gap(tmp_path)
     ring.poll(final=True)

@@ -262,8 +262,8 @@ def test_ctrl_c_while_the_command_starts_goes_to_the_command(tmp_path):
 
 
 def test_stat_arms_with_the_variable_the_runtime_reads():
-    from urewrite import runner
-    assert runner.ENV_VAR == ENV_VAR == region_layout.ENV_VAR
+    from urewrite.reader import command_run
+    assert command_run.ENV_VAR == ENV_VAR == region_layout.ENV_VAR
 
 
 def test_a_closed_stdout_ends_stat_quietly(counts):

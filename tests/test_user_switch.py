@@ -1,4 +1,4 @@
-"""Processes that change their user still count (cli/runner.py, region_directory).
+"""Processes that change their user still count (reader/directories.py, region_directory).
 
 Run by root, `stat`, `trace` and `stat --interval` give the command a region
 directory any user can create files in but not list, inside a holder others

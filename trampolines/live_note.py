@@ -1,7 +1,7 @@
 """The `.urewrite.live` section: where a rewritten object keeps its process state.
 
 A live tracer (`urewrite stat -p PID`) arms a running process by writing into
-the state memory of each rewritten object it maps (cli/live.py). The rewriter
+the state memory of each rewritten object it maps (reader/arming.py). The rewriter
 writes this small descriptor into every output as a non-allocated section, so
 the tracer can find that memory from the file alone: link-time addresses (plus
 the load bias it reads from /proc/PID/maps) and the offsets of the fields it

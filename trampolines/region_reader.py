@@ -1,7 +1,7 @@
 """Reads region files once their writers are done: fast, and safe on files of other users.
 
 Under `urewrite stat` run as root, processes that switched to another user write their
-regions into a directory that any user may write to (cli/runner.py), so a file there
+regions into a directory that any user may write to (reader/directories.py), so a file there
 is not trusted: it is opened without following a symlink and without blocking (a
 FIFO), must be a regular file, and every size in its header is checked against the
 file before anything is read. Files are read with pread, not mapped: a writer that

@@ -102,7 +102,7 @@ def _ratios(times: dict, runs: int) -> dict:
 def python_loops(work: str, python: str, runs: int = RUNS, rounds: int = ROUNDS,
                  probe_sets: dict = PYTHON_PROBES) -> list:
     """A row per probe set: `python -S -c pass` rewritten with it, looped."""
-    from urewrite.runner import region_directory, remove_region_directory
+    from urewrite.reader.directories import region_directory, remove_region_directory
     rows = []
     for label, args in probe_sets.items():
         probed = os.path.join(work, f"python-{len(rows)}.probed")
@@ -134,7 +134,7 @@ def python_loops(work: str, python: str, runs: int = RUNS, rounds: int = ROUNDS,
 
 def collection_bench(work: str, functions: int = 10000, runs: int = RUNS,
                      python: Optional[str] = None) -> dict:
-    from urewrite.runner import region_directory, remove_region_directory
+    from urewrite.reader.directories import region_directory, remove_region_directory
     from urewrite.trampolines import region_reader
     work = os.path.join(work, "collection")
     os.makedirs(work, exist_ok=True)

@@ -17,7 +17,7 @@ def live_row(binary: str, trigger: str, iterations: int, threads: int):
     row = Row(name, "urewrite", "entry", trigger, threads, iterations)
 
     def measure() -> float:
-        from urewrite import live
+        from urewrite.reader import arming
         from urewrite.trampolines.region import read_regions
         proc = subprocess.Popen([binary, trigger, str(iterations), str(threads)],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -28,14 +28,14 @@ def live_row(binary: str, trigger: str, iterations: int, threads: int):
             if proc.stdout.readline().strip() != "ready":
                 raise BenchError(f"{name}: the trigger did not start")
             try:
-                armed = live.arm(proc.pid)
-            except live.LiveError as e:
+                armed = arming.arm(proc.pid)
+            except arming.LiveError as e:
                 raise BenchError(f"{name}: {e}")
             out, err = proc.communicate("go\n", timeout=RUN_TIMEOUT)
             if proc.returncode != 0:
                 raise BenchError(f"{name}: the trigger exited with {proc.returncode}: "
                                  f"{err.strip()}")
-            live.disarm(armed)  # it has exited: this only lets go of it
+            arming.disarm(armed)  # it has exited: this only lets go of it
             counted = sum(p.hits for r in read_regions(armed.directory) for p in r.probes
                           if (p.name, p.kind) == (f"trigger_{trigger}", "entry"))
             _check_hits(name, counted, iterations * threads)
@@ -45,6 +45,6 @@ def live_row(binary: str, trigger: str, iterations: int, threads: int):
                 proc.kill()
                 proc.wait()
             if armed is not None:
-                live.remove([armed])
+                arming.remove([armed])
     row.measure = measure
     return row

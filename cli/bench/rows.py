@@ -63,7 +63,7 @@ def urewrite_row(binary: str, trigger: str, kind: str, iterations: int, threads:
     row = Row(name, "urewrite", kind, trigger, threads, iterations)
 
     def measure() -> float:
-        from urewrite.runner import region_directory, remove_region_directory
+        from urewrite.reader.directories import region_directory, remove_region_directory
         from urewrite.trampolines.region import read_regions
         regions = region_directory()
         try:

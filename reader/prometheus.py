@@ -1,4 +1,4 @@
-"""`urewrite export`: the regions as Prometheus metrics, read at every scrape.
+"""The regions as Prometheus metrics, read at every scrape (`urewrite export`).
 
 The official client (`prometheus_client`) writes the exposition format; this
 module only says what the metrics are, in a custom collector that reads the
@@ -28,20 +28,10 @@ from contextlib import contextmanager
 from typing import Callable, Dict, Iterator, List, Tuple
 
 from urewrite.errors import UrewriteError
-from urewrite.region_source import Snapshot, Watcher
+from urewrite.reader.snapshots import Snapshot, Watcher
 
 # le bounds: (2^k - 1) ns for k = 1 .. LAST_BUCKET (2^36 ns is about 69 s), then +Inf
 LAST_BUCKET = 36
-
-
-def parse_listen(text: str) -> Tuple[str, int]:
-    """'127.0.0.1:9464', ':9464' (every IPv4 address), '[::1]:9464' -> (host, port)."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ValueError(f"{text!r}: expected ADDR:PORT, such as 127.0.0.1:9464")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    return host or "0.0.0.0", int(port)
 
 
 def latency_buckets(counts: List[int]) -> Tuple[List[Tuple[str, float]], float]:
@@ -146,7 +136,7 @@ def _per_region(snap: Snapshot) -> Dict[tuple, tuple]:
 @contextmanager
 def serve(source, host: str, port: int,
           on_problem: Callable[[str], None]) -> Iterator[str]:
-    """Serve /metrics for the regions of `source` (region_source.py) while the block
+    """Serve /metrics for the regions of `source` (sources.py) while the block
     runs; yields the URL."""
     try:
         from prometheus_client import CollectorRegistry, start_http_server

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional
 
 from urewrite.errors import UrewriteError
-from urewrite.runner import made_here, region_directory, remove_region_directory
+from urewrite.reader.directories import made_here, region_directory, remove_region_directory
 from urewrite.trampolines import live_note
 from urewrite.trampolines.region import FILE_SUFFIX, read_region
 from urewrite.trampolines.region_reader import collect_paths, region_paths
@@ -246,7 +246,7 @@ class LiveProcess:
 def _region_directory(pid: int) -> str:
     """A fresh directory for one process's regions, that the process can write (when we
     are root, whatever user it is or becomes, as for `stat` of a command: see
-    runner.region_directory), in a holder named after it."""
+    directories.region_directory), in a holder named after it."""
     return region_directory(f"{DIR_PREFIX}{pid}-")
 
 
@@ -511,7 +511,7 @@ def armed(pids_text: Optional[str], all_of: Optional[str], duration: Optional[fl
           ) -> Iterator[Session]:
     """Arms the processes for the block, then disarms them, however it ends. Ctrl-C
     in the block ends it as `session.over()` does; the regions stay for the caller to
-    read (live.remove deletes them) unless the block failed. A process we cannot arm
+    read (arming.remove deletes them) unless the block failed. A process we cannot arm
     is an error (after disarming the others) for -p; --all skips processes we may not
     inspect. Every reader of armed processes (stat, trace, top, export) runs here."""
     pids, only = _targets(pids_text, all_of)

@@ -1,4 +1,5 @@
-"""Runs a command with event tracing on, and streams its probes' events."""
+"""Runs a command with event tracing on (or arms running processes with a ring), and
+streams its probes' events."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Tuple
 
-from urewrite.runner import exit_status, interrupts_to, region_directory, remove_region_directory
+from urewrite.reader import arming
+from urewrite.reader.command_run import exit_status, interrupts_to
+from urewrite.reader.directories import region_directory, remove_region_directory
 from urewrite.trampolines.region import ENV_VAR, FILE_SUFFIX, TRACE_ENV_VAR
 from urewrite.trampolines.ring import Event, RingReader, open_ring
 
@@ -26,14 +29,6 @@ class RingSummary:
     def of(cls, reader: RingReader) -> "RingSummary":
         return cls(reader.info.object, reader.info.pid, reader.head(), reader.lost(),
                    reader.was_full())
-
-
-def loss_message(ring: RingSummary) -> str:
-    """The warning for a ring that lost events."""
-    why = ("the ring was full; try a larger --ring" if ring.full else
-           "their threads stopped while writing them (killed, or the process exited)")
-    return f"urewrite: {ring.object} (pid {ring.pid}): {ring.lost} of {ring.events} " \
-           f"events lost: {why}"
 
 
 def sweep_rings(directories: List[str], readers: Dict[str, RingReader],
@@ -77,3 +72,26 @@ def run_and_trace(command: List[str], ring_entries: int,
         for reader in readers.values():
             reader.close()
         remove_region_directory(directory)
+
+
+def trace_armed(pids, all_of, duration, on_armed: Callable, on_problems: Callable):
+    """A stand-in for run_and_trace that traces running processes (-p, --all):
+    on_armed(processes) once they are armed, on_problems(lines) after the last sweep."""
+    def run_and_trace(_command, ring_entries: int, on_events):
+        readers: Dict[str, RingReader] = {}
+
+        def sweep(processes, final: bool) -> None:
+            sweep_rings([p.directory for p in processes], readers, on_events, final)
+
+        session = None
+        try:
+            session = arming.run(pids, all_of, duration, ring_entries, on_armed, sweep)
+            sweep(session.processes, True)
+            on_problems(session.problems)
+            return 0, [RingSummary.of(r) for r in readers.values()]
+        finally:
+            for reader in readers.values():
+                reader.close()
+            if session is not None:
+                arming.remove(session.processes)
+    return run_and_trace

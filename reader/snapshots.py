@@ -1,15 +1,10 @@
-"""Where live views find regions, and what they read from them over time.
+"""What live views read from regions over time.
 
-A *source* names region files: a directory that processes started with
-UREWRITE_DIR write into (`DirectorySource`), or the directories of processes
-armed while they run (`ArmedSource`, for -p and --all). `stat --interval`, `top`
-and `export` only ever see a `Watcher` over a source.
-
-A `Watcher` keeps each file mapped read-only (`LiveRegion`) and takes
-`Snapshot`s: every probe's hits and latency buckets per region, at one time.
-Two snapshots give what happened between them (`changes`): hits, hits/s and
-latency samples per probe, with regions that appeared in between counted
-from zero and regions that went away left out.
+A `Watcher` over a source (sources.py) keeps each file mapped read-only
+(`LiveRegion`) and takes `Snapshot`s: every probe's hits and latency buckets per
+region, at one time. Two snapshots give what happened between them (`changes`):
+hits, hits/s and latency samples per probe, with regions that appeared in between
+counted from zero and regions that went away left out.
 """
 
 from __future__ import annotations
@@ -21,43 +16,9 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple
 
-from urewrite.errors import UrewriteError
 from urewrite.trampolines import region as R
 from urewrite.trampolines.live_region import LiveProbe, LiveRegion, RegionCounts, open_live
 from urewrite.trampolines.region_reader import TableCache
-
-
-class DirectorySource:
-    """The region files in one directory (UREWRITE_DIR of the processes that write them)."""
-
-    def __init__(self, directory: str):
-        if not os.path.isdir(directory):
-            raise UrewriteError(f"{directory}: no such directory")
-        self.directory = directory
-        self.label = directory
-
-    def paths(self) -> List[str]:
-        return region_files(self.directory)
-
-
-def region_files(directory: str) -> List[str]:
-    try:
-        names = os.listdir(directory)
-    except OSError as e:
-        raise UrewriteError(f"{directory}: {e.strerror}")
-    return [os.path.join(directory, n) for n in sorted(names) if n.endswith(R.FILE_SUFFIX)]
-
-
-class ArmedSource:
-    """The region files of processes armed while they run (cli/live.py, `live.armed`):
-    each has a directory of its own, which its forked children write into too."""
-
-    def __init__(self, processes):
-        self.processes = processes
-        self.label = "pid " + ",".join(str(p.pid) for p in processes)
-
-    def paths(self) -> List[str]:
-        return [path for p in self.processes for path in region_files(p.directory)]
 
 
 class ProbeKey(NamedTuple):
