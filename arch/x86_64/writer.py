@@ -64,8 +64,8 @@ def jmp_rel8(source: int, target: int) -> bytes:
 
 
 class Hole:
-    """An immediate or a displacement a template leaves open (see `Template`): the value at `slot` of
-    what each use gives, times `scale`."""
+    """An immediate or a displacement a template leaves open (see `Template`): the
+    value at `slot` of what each use gives, times `scale`."""
 
     __slots__ = ("slot", "scale")
 
@@ -154,7 +154,7 @@ class Writer:
         return bytes(self.code)
 
     def _imm(self, fmt: str, value) -> None:
-        """An immediate: a value, or a Hole while writing a template."""
+        """An immediate or a displacement: a value, or a Hole while writing a template."""
         if isinstance(value, Hole):
             self._holes.append((len(self.code), fmt, value))
             value = 0
