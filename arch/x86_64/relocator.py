@@ -21,7 +21,7 @@ from typing import Optional
 from capstone import x86_const as X
 
 from urewrite.arch.base import Insn
-from urewrite.arch.x86_64.writer import Writer, rel32
+from urewrite.arch.x86_64.writer import RAX, RSP, Mem, Rip, Writer, rel32
 
 _JCC = {
     X.X86_INS_JO: "o", X.X86_INS_JNO: "no", X.X86_INS_JB: "b", X.X86_INS_JAE: "ae",
@@ -174,11 +174,11 @@ def _emit(w: Writer, insn: Insn, layout: dict) -> bool:
     target = direct_target(insn)
     if _is_call(insn):
         # push the original return address, then jump: the callee returns to the original code
-        w.lea_rsp(-8)
-        w.push("rax")
-        w.lea_reg_rip("rax", insn.end)
-        w.mov_rsp_disp_rax(8)
-        w.pop("rax")
+        w.lea(RSP, Mem(RSP, disp=-8))
+        w.push(RAX)
+        w.lea(RAX, Rip(insn.end))
+        w.mov(Mem(RSP, disp=8), RAX)
+        w.pop(RAX)
         if target is not None:
             w.jmp(_mapped(target, layout))
         else:

@@ -55,7 +55,8 @@ import functools
 from urewrite.arch.base import CountPoint, RuntimeRefs, Window
 from urewrite.arch.x86_64 import relocator
 from urewrite.arch.x86_64.arguments import TRACE_PUSHES
-from urewrite.arch.x86_64.writer import Hole, Writer
+from urewrite.arch.x86_64.writer import (AL, ESI, GPR64, RAX, RCX, RDI, RDX, RSI, RSP, Hole, Mem,
+                                         Rip, Writer)
 from urewrite.trampolines import region
 from urewrite.trampolines.arguments import encode
 
@@ -123,10 +124,10 @@ def _return_stub(w: Writer, entry: _Labels, L: _Labels, point, refs: RuntimeRefs
     probe counts as at a `ret` of the function (flags carry nothing there); then
     that `ret`. Every register the caller sees is as the function left it."""
     w.label(entry.stub)
-    w.lea_rsp(-8)
+    w.lea(RSP, Mem(RSP, disp=-8))
     w.call(refs.shadow_pop)
     _check(w, L, point, refs, flags_live=False)
-    w.raw(b"\xc3")  # ret
+    w.ret()
     _counting(w, L, point, refs)
 
 
@@ -184,18 +185,18 @@ def _check(w: Writer, L: _Labels, point, refs: RuntimeRefs, flags_live: bool = N
     red = _red_zone(point)
     if flags_live:
         if red:
-            w.lea_rsp(-red)
-        w.push("rcx")
-        w.mov_reg_rip("rcx", refs.state)
-        w.lea_rcx_rcx(-1)
-        w.jrcxz_short(5)  # over the jmp below
+            w.lea(RSP, Mem(RSP, disp=-red))
+        w.push(RCX)
+        w.mov(RCX, Rip(refs.state))
+        w.lea(RCX, Mem(RCX, disp=-1))
+        w.jrcxz(5)  # over the jmp below
         w.jmp(L.exit_check if point.stays_within else L.armed)
         w.label(L.resume)
-        w.pop("rcx")
+        w.pop(RCX)
         if red:
-            w.lea_rsp(red)
+            w.lea(RSP, Mem(RSP, disp=red))
     else:
-        w.cmp_rip_qword_imm8(refs.state, 1)
+        w.cmp(Rip(refs.state), 1)
         w.jcc("e", L.resume)
         w.jcc("b", L.set_up_first)
         w.jmp(L.armed)
@@ -209,19 +210,19 @@ def _exit_check(w: Writer, L: _Labels, point, window: Window) -> None:
     the target is read as the jump reads it, every register and flag as at the jump."""
     jump = next(i for i in window.insns if i.address == point.address)
     w.label(L.exit_check)
-    w.push("rcx")  # state - 1, for the armed path
-    w.mov_rcx_rsp_disp(8)  # the site's rcx
-    w.push("rdx")
+    w.push(RCX)  # state - 1, for the armed path
+    w.mov(RCX, Mem(RSP, disp=8))  # the site's rcx
+    w.push(RDX)
     w.raw(relocator.load_jump_target(jump, w.pc, _red_zone(point) + 3 * 8))  # rdx = the target
-    w.push("rax")  # then the flags into rax (lahf and seto: pushfq/popfq cost ~10 ns)
-    w.seto_al()
+    w.push(RAX)  # then the flags into rax (lahf and seto: pushfq/popfq cost ~10 ns)
+    w.setcc("o", AL)
     w.lahf()
     for start, end in point.stays_within:
-        w.lea_reg_rip("rcx", start)
-        w.sub_rdx_rcx()
-        w.cmp_rdx_imm32(end - start)
+        w.lea(RCX, Rip(start))
+        w.sub(RDX, RCX)
+        w.cmp(RDX, end - start, imm32=True)
         w.jcc("b", L.stays)  # unsigned: start <= target < end
-        w.add_rdx_rcx()
+        w.add(RDX, RCX)
     _restore_after_exit_check(w)
     w.jmp(L.armed)  # it leaves: count
     w.label(L.stays)
@@ -230,11 +231,11 @@ def _exit_check(w: Writer, L: _Labels, point, window: Window) -> None:
 
 
 def _restore_after_exit_check(w: Writer) -> None:
-    w.add_al_7f()
+    w.add(AL, 0x7F)  # OF set exactly when al (seto's) is 1
     w.sahf()
-    w.pop("rax")
-    w.pop("rdx")
-    w.pop("rcx")  # state - 1 again
+    w.pop(RAX)
+    w.pop(RDX)
+    w.pop(RCX)  # state - 1 again
 
 
 def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
@@ -242,61 +243,63 @@ def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
     site_rsp = 8 * SAVED + red  # from rsp, once the trampoline saved its registers
     w.label(L.armed)
     if flags_live:
-        w.push("rax")
-        w.seto_al()
+        w.push(RAX)
+        w.setcc("o", AL)
         w.lahf()
-        w.push("rdx")
-        w.push("rsi")
-        w.lea_rdx_rcx(1)  # rcx held state - 1
-        w.test_rdx_rdx()
+        w.push(RDX)
+        w.push(RSI)
+        w.lea(RDX, Mem(RCX, disp=1))  # rcx held state - 1
+        w.test(RDX, RDX)
         w.jcc("e", L.set_up)
     else:
         if red:
-            w.lea_rsp(-red)
-        for reg in ("rcx", "rax", "rdx", "rsi"):
+            w.lea(RSP, Mem(RSP, disp=-red))
+        for reg in (RCX, RAX, RDX, RSI):
             w.push(reg)
-        w.mov_reg_rip("rdx", refs.state)
+        w.mov(RDX, Rip(refs.state))
         # read again since the check: a live tracer may have disarmed (1) or re-armed (0)
         # the probes in between; this hit then goes uncounted (flags carry nothing here)
-        w.cmp_rdx_imm8(1)
+        w.cmp(RDX, 1)
         w.jcc("be", L.traced)
     w.label(L.count)
     _owner_entry(w, L, refs)
-    w.cmp_rdx_rsi_disp_rcx(refs.owners_offset)
+    w.cmp(Mem(RDX, RSI, disp=refs.owners_offset), RCX)
     w.jcc("ne", L.slow)
-    w.mov_rsi_rdx_rsi_disp(refs.owners_offset + 8)
+    w.mov(RSI, Mem(RDX, RSI, disp=refs.owners_offset + 8))
     w.label(L.own_row)
-    for index in probe_indexes:
-        w.inc_rsi_disp(8 * index)
+    for index in probe_indexes:  # (disp32: the size of a template's hole, for any index)
+        w.add(Mem(RSI, disp=8 * index, disp32=True), 1)
     # latency: rsi = the thread's own row (a thread counting in the shared row has
     # no stack of open calls: only calls paired by goroutine are measured there)
     _latency(w, point, refs, site_rsp)
     w.label(L.counted)
     if point.redirect:  # armed at a function entry: its return goes through its stub
-        w.lea_rcx_rsp(site_rsp)  # the slot of the return address
-        w.lea_reg_rip("rsi", L.stub)
+        # (rsp-relative leas take a disp32 even where a byte would do: the bytes
+        # trampolines have always had)
+        w.lea(RCX, Mem(RSP, disp=site_rsp, disp32=True))  # the slot of the return address
+        w.lea(RSI, Rip(L.stub))
         w.call(refs.shadow_push)
-    w.cmp_rip_byte_imm8(refs.state + TRACING, 0)
+    w.cmp(Rip(refs.state + TRACING, bits=8), 0)
     w.jcc("ne", L.trace)
     w.label(L.traced)
-    w.pop("rsi")
-    w.pop("rdx")
+    w.pop(RSI)
+    w.pop(RDX)
     if flags_live:
-        w.add_al_7f()
+        w.add(AL, 0x7F)
         w.sahf()
-        w.pop("rax")
+        w.pop(RAX)
     else:
-        w.pop("rax")
-        w.pop("rcx")
+        w.pop(RAX)
+        w.pop(RCX)
         if red:
-            w.lea_rsp(red)
+            w.lea(RSP, Mem(RSP, disp=red))
     w.jmp(L.resume)
 
     w.label(L.fs_base)
-    w.cmp_rip_byte_imm8(refs.state + FSBASE_USABLE, 0)
+    w.cmp(Rip(refs.state + FSBASE_USABLE, bits=8), 0)
     w.jcc("e", L.slow)  # rcx = 0: slow_hit gives the shared row
-    w.rdfsbase_rcx()
-    w.test_rcx_rcx()
+    w.rdfsbase(RCX)
+    w.test(RCX, RCX)
     w.jcc("ne", L.identified)
     w.jmp(L.slow)
 
@@ -308,29 +311,29 @@ def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
     w.call(refs.slow_hit)
     w.jcc("e", L.own_row)
     for index in probe_indexes:
-        w.lock_inc_rsi_disp(8 * index)
+        w.add(Mem(RSI, disp=8 * index, disp32=True), 1, lock=True)
     if point.g_register:  # pairs kept by goroutine need no row of the thread's own
         _latency(w, point, refs, site_rsp)
     else:
         for _ in point.leaves:  # a return without a latency sample: the region says how many
-            w.lock_inc_rdx_disp(region.OFF_LATENCY_MISSED)
+            w.add(Mem(RDX, disp=region.OFF_LATENCY_MISSED), 1, lock=True)
     w.jmp(L.counted)
 
     if flags_live:  # first hit in this process (or in a forked child): set up, then count
         w.label(L.set_up)
         w.call(_lazy_init(point, refs))
-        w.mov_reg_rip("rdx", refs.state)
-        w.cmp_rdx_imm8(1)
+        w.mov(RDX, Rip(refs.state))
+        w.cmp(RDX, 1)
         w.jcc("a", L.count)
         w.jmp(L.traced)  # still not armed: this hit goes uncounted
     else:
         w.label(L.set_up_first)
         if red:
-            w.lea_rsp(-red)
+            w.lea(RSP, Mem(RSP, disp=-red))
         w.call(_lazy_init(point, refs))
         if red:
-            w.lea_rsp(red)
-        w.cmp_rip_qword_imm8(refs.state, 1)
+            w.lea(RSP, Mem(RSP, disp=red))
+        w.cmp(Rip(refs.state), 1)
         w.jcc("a", L.armed)
         w.jmp(L.resume)
 
@@ -340,11 +343,11 @@ def _latency(w: Writer, point, refs: RuntimeRefs, site_rsp: int) -> None:
     goroutine: the runtime then keys the call by goroutine, not by thread."""
     g = 1 if point.g_register else 0
     if point.enters:
-        w.lea_rcx_rsp(site_rsp + g)
+        w.lea(RCX, Mem(RSP, disp=site_rsp + g, disp32=True))
         w.call(refs.lat_enter)
     for histogram in point.leaves:  # (lat_exit takes the histogram off the stack)
-        w.push_imm32(histogram)
-        w.lea_rcx_rsp(site_rsp + 8 + g)
+        w.push(histogram, imm32=True)  # (a template's hole, or the same size without)
+        w.lea(RCX, Mem(RSP, disp=site_rsp + 8 + g, disp32=True))
         w.call(refs.lat_exit)
 
 
@@ -360,14 +363,14 @@ def _owner_entry(w: Writer, L: _Labels, refs: RuntimeRefs) -> None:
     that word is 0 (Go points fs at its own per-thread data), the fs base itself,
     read with rdfsbase where the kernel allows it (out of line); else none, and
     slow_hit counts in the shared row: a free entry's 0 must never match."""
-    w.mov_rcx_fs0()
-    w.test_rcx_rcx()
+    w.mov(RCX, Mem(seg="fs"))  # fs:[0]
+    w.test(RCX, RCX)
     w.jcc("e", L.fs_base)
     w.label(L.identified)
-    w.movabs_rsi(region.HASH_MULTIPLIER)
-    w.imul_rsi_rcx()
-    w.shr_rsi(region.SLOT_SHIFT)
-    w.and_esi(region.SLOT_MASK)
+    w.movabs(RSI, region.HASH_MULTIPLIER)
+    w.imul(RSI, RCX)
+    w.shr(RSI, region.SLOT_SHIFT)
+    w.and_(ESI, region.SLOT_MASK)
 
 
 def _trace_path(w: Writer, L: _Labels, probe_indexes, refs: RuntimeRefs, arguments,
@@ -376,16 +379,16 @@ def _trace_path(w: Writer, L: _Labels, probe_indexes, refs: RuntimeRefs, argumen
     per probe at this point."""
     w.label(L.trace)
     for n in TRACE_PUSHES:
-        w.push_r(n)
+        w.push(GPR64[n])
     site_rsp = 8 * (len(TRACE_PUSHES) + SAVED) + red
     for k, index in enumerate(probe_indexes):
-        w.mov_rdi_rsp()
-        w.lea_rcx_rsp(site_rsp)
-        w.mov_esi_imm(index)
-        w.lea_reg_rip("rdx", f"{L.arguments}{k}")
+        w.mov(RDI, RSP)
+        w.lea(RCX, Mem(RSP, disp=site_rsp, disp32=True))
+        w.mov(ESI, index)
+        w.lea(RDX, Rip(f"{L.arguments}{k}"))
         w.call(refs.trace_event)
     for n in reversed(TRACE_PUSHES):
-        w.pop_r(n)
+        w.pop(GPR64[n])
     w.jmp(L.traced)
     w.align(ARGUMENTS_ALIGN)
     for k, _ in enumerate(probe_indexes):
