@@ -344,7 +344,7 @@ def loss_message(ring) -> str:
               help="Functions in the generated program of --rewrite-scaling and --collection.")
 @click.option("--no-trigger", is_flag=True,
               help="Skip the trigger bench (with --redis, --rewrite-scaling, --big, "
-                   "--collection or --programs).")
+                   "--collection, --programs or --postgres).")
 @click.option("--plot", metavar="FILE", help="Draw M hits/s per row into FILE (PNG; needs "
                                              "matplotlib).")
 @click.option("--big", "big_files", multiple=True, metavar="FILE",
@@ -360,9 +360,15 @@ def loss_message(ring) -> str:
 @click.option("--programs", is_flag=True,
               help="Also time probe programs (urewrite run) against the same programs "
                    "under bpftrace (--iterations calls each).")
+@click.option("--postgres", is_flag=True,
+              help="Also run pgbench against Debian's PostgreSQL 15: the original, the "
+                   "rewrite with every USDT probe counting (stat) and keyed by probe "
+                   "(run), and bpftrace's usdt probes on the original (root only).")
+@click.option("--postgres-seconds", type=click.IntRange(1), default=10, metavar="S",
+              show_default=True, help="Seconds of each pgbench run of --postgres.")
 def bench(as_json, threads, no_kernel, iterations, repeat, redis, redis_requests,
           rewrite_scaling, functions, no_trigger, plot, big_files, collection, python,
-          programs):
+          programs, postgres, postgres_seconds):
     """Measure what a probe costs here: urewrite against kernel uprobes.
 
     \b
@@ -385,7 +391,8 @@ def bench(as_json, threads, no_kernel, iterations, repeat, redis, redis_requests
     try:
         result = bench_module.run(iterations, repeat, thread_counts, not no_kernel, redis,
                                   redis_requests, rewrite_scaling, functions, not no_trigger,
-                                  big_files, collection, python, programs)
+                                  big_files, collection, python, programs, postgres,
+                                  postgres_seconds)
         if plot:
             bench_module.plot(result, plot)
     except UrewriteError as e:

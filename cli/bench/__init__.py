@@ -2,7 +2,8 @@
 
     urewrite bench [--json] [--threads 1,2] [--no-kernel] [--iterations N] [--repeat R]
                    [--redis [--redis-requests N]] [--rewrite-scaling [--functions N]]
-                   [--no-trigger] [--plot FILE]
+                   [--big FILE] [--collection [--python FILE]] [--programs]
+                   [--postgres [--postgres-seconds S]] [--no-trigger] [--plot FILE]
 
 1. Trigger bench: a target built now from the trigger source shipped in the
    package (share/bench/trigger.c: `nop; ret`, `push %rbp ...`, a bare `ret`,
@@ -23,6 +24,11 @@
    function of a generated program probed at entry and return), and what `stat`
    adds to a loop of short runs of it; with --python FILE, loops of `FILE -S -c pass`
    with every function probed.
+7. Probe programs (--programs): what a program adds to a hit, against the same
+   program under bpftrace.
+8. PostgreSQL (--postgres): pgbench against Debian's PostgreSQL 15, the original,
+   the rewrite with every USDT probe counting and with a program keyed by probe,
+   and bpftrace's usdt probes on the original; transactions per second.
 
 Kernel rows need root and tracefs; every uprobe event made here lives in a
 group of its own (urwbench_<pid>) and is removed on exit, on error and on
@@ -41,6 +47,8 @@ One module per job:
     big_files.py     list and rewrite time and memory on a given big file
     collection.py    reading a process's counts; stat over a loop of short runs
     redis.py         redis-server under redis-benchmark
+    programs.py      probe programs against bpftrace
+    postgres.py      PostgreSQL under pgbench
     report.py        the text tables
     chart.py         the --plot chart
 """
@@ -62,6 +70,7 @@ from urewrite.bench.kernel import (TRACEFS_DIRS, KernelEvents, bpftrace_probe,
                                    run_bpftrace, tracefs_write)
 from urewrite.bench.program import (TRIGGER_SOURCE, TRIGGERS, build_target, rewrite_targets,
                                     run_trigger, site_offsets)
+from urewrite.bench.postgres import postgres_bench
 from urewrite.bench.redis import (REDIS_FUNCTIONS, REDIS_TESTS, RedisServer, free_port,
                                   redis_bench, redis_benchmark, redis_server, redis_unavailable)
 from urewrite.bench.report import (format_redis_table, format_report, format_rewrite_table,
@@ -106,7 +115,8 @@ def run(iterations: int = 100_000_000, repeat: int = 5, threads: Sequence[int] =
         kernel: bool = True, redis: bool = False, redis_requests: int = 100000,
         rewrite: bool = False, functions: int = 10000, trigger: bool = True,
         big_files: Sequence[str] = (), collection: bool = False,
-        python: Optional[str] = None, programs: bool = False) -> dict:
+        python: Optional[str] = None, programs: bool = False, postgres: bool = False,
+        postgres_seconds: int = 10) -> dict:
     """Everything `urewrite bench` measures, as one JSON-able dict."""
     result = {"machine": machine()}
     with _sigterm_as_interrupt():
@@ -124,6 +134,8 @@ def run(iterations: int = 100_000_000, repeat: int = 5, threads: Sequence[int] =
             if programs:
                 result["programs"] = programs_bench(work, min(iterations, 10_000_000),
                                                     repeat, kernel)
+            if postgres:
+                result["postgres"] = postgres_bench(postgres_seconds, repeat, kernel=kernel)
     result["machine"]["loadavg_end"] = loadavg()
     result["targets"] = targets(result)
     return result

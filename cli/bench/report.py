@@ -158,6 +158,9 @@ def format_report(result: dict) -> str:
     if "programs" in result:
         from urewrite.bench.programs import format_programs_table
         parts.append(format_programs_table(result["programs"]))
+    if "postgres" in result:
+        from urewrite.bench.postgres import format_postgres_table
+        parts.append(format_postgres_table(result["postgres"]))
     if result.get("targets"):
         parts.append(format_targets(result["targets"]))
     return "\n\n".join(parts) + "\n"

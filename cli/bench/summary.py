@@ -88,6 +88,12 @@ def targets(result: dict) -> List[dict]:
         ratio = redis.get("urewrite_rps_ratio")
         add("redis RPS with urewrite probes >= 98% of no probe",
             None if ratio is None else 100 * ratio, None if ratio is None else ratio >= 0.98, "%")
+    postgres = result.get("postgres")
+    if postgres and not postgres.get("skipped"):
+        for config in ("urewrite stat", "urewrite run"):
+            ratio = postgres["ratio"].get(config)
+            add(f"postgres TPS under {config} >= 98% of the original", 100 * ratio,
+                ratio >= 0.98, "%")
     scaling = result.get("rewrite_scaling")
     if scaling and not scaling.get("skipped"):
         by_probes = {r["probes"]: r for r in scaling["rows"]}
