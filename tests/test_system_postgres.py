@@ -210,3 +210,19 @@ def test_server_under_stat_answers_as_the_original_with_the_kernels_counts(
     for f in FUNCTIONS:
         returns = [p for p in run.probes if p["name"] == f and p["kind"] == "return"]
         assert returns and sum(p["hits"] for p in returns) == expected[f]
+
+
+def test_bench_postgres_runs_every_configuration():
+    """`bench --postgres`'s part, briefly: every configuration runs pgbench, and the
+    probes of each counted its transactions."""
+    from urewrite.bench.postgres import format_postgres_table, postgres_bench
+    _user_ids()
+    result = postgres_bench(seconds=1, repeat=1)
+    assert not result.get("skipped"), result
+    configs = {"original", "urewrite stat", "urewrite run"} | \
+        ({"bpftrace"} if not result["kernel_skipped"] else set())
+    assert set(result["median_tps"]) == configs
+    assert all(tps > 0 for tps in result["median_tps"].values())
+    for config in configs - {"original"}:
+        assert result["transactions_counted"][config] > 100, (config, result)
+    assert "urewrite run" in format_postgres_table(result)
