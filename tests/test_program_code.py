@@ -11,6 +11,7 @@ import ctypes
 import mmap
 import os
 import platform
+import random
 import struct
 import threading
 
@@ -107,6 +108,12 @@ PROGRAMS = {
             @neg8[(int8)(arg0 * 3) < 0] = count(); @logic[arg1 > 2 && arg0 % 3 == 0 || !arg1] = count();
             @bits = sum(~arg0 ^ (arg0 | 3) & 0xff); @m[-(int64)arg0 % 9] = count();
         }""",
+    "by_constants": """
+        uprobe:./v:work { @d7 = sum(arg0 / 7); @m7 = sum(arg0 % 7); @k[arg0 % 1000] = count();
+            @d1000 = sum(arg0 / 1000); @p = sum(arg0 / 64 + arg0 % 64 + arg0 / 1 + arg0 % 1);
+            @big = sum(arg0 / 0x8000000000000001 + arg0 % 0xfffffffffffffffd);
+            @odd = sum(arg0 / 1000003 + arg0 % 641 + arg0 / -7 + arg0 % -1000);
+            @s = sum((int64)arg0 / 7 + (int64)arg0 % 1000); }""",
     "reads_maps": """
         uprobe:./v:work { @seen[arg1] = count(); @last[arg1] = arg0; @acc += arg0;
             @mean = avg(arg0); @r[arg1] = @seen[arg1] * 100 + @mean; }
@@ -126,6 +133,11 @@ PROGRAMS = {
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_compiled_maps_are_the_evaluators(name):
     hits = WORK
+    if name == "by_constants":  # dividends across the whole 64 bits
+        rng = random.Random(7)
+        hits = [("uprobe:./v:work", {"args": (a,)}) for a in
+                [0, 1, 2**63, 2**63 - 1, 2**64 - 1, 2**64 - 2, 2**32 + 5] +
+                [rng.randrange(2**64) for _ in range(400)] + [rng.randrange(5000) for _ in range(400)]]
     if name == "latency":  # entry and return alternate, each thread its own
         hits = []
         for i in range(300):

@@ -110,9 +110,34 @@ def _fused(fn: str, ops) -> Tuple[List[str], int]:
     if not constant:
         return [], 0
     if names[0] == "binary":
+        by = _by_constant(*rest[0][1:], ops[0][1])
+        if by is not None:
+            return ["pop rax"] + by + ["push rax"], 2
         return operands + _binary(fn, *rest[0][1:]) + ["push rax"], 2
     cc = (_SIGNED_CC if rest[0][2] else _UNSIGNED_CC)[rest[0][1]]
     return operands + ["xor edx, edx", "cmp rax, rcx", f"set{cc} dl", "push rdx"], 2
+
+
+def _by_constant(op: str, signed: bool, value: int):
+    """rax = rax / value or rax % value, unsigned, without a divide: a shift or a mask
+    for a power of two, else a multiply by the reciprocal (Granlund and Montgomery's
+    round-up method: exact for every 64-bit dividend). None where a divide it is
+    (signed, or by 0)."""
+    d = value & (2**64 - 1)
+    if signed or op not in ("div", "mod") or d == 0:
+        return None
+    if d & (d - 1) == 0:
+        if op == "div":
+            return [f"shr rax, {d.bit_length() - 1}"] if d > 1 else []
+        return [f"mov rcx, {d - 1:#x}", "and rax, rcx"]
+    shift = (d - 1).bit_length()
+    multiplier = (2**64 * ((1 << shift) - d)) // d + 1
+    out = ["mov r8, rax", f"mov rcx, {multiplier:#x}", "mul rcx",  # rdx: the high half
+           "mov rax, r8", "sub rax, rdx", "shr rax, 1", "add rax, rdx"]
+    out += [f"shr rax, {shift - 1}"] if shift > 1 else []
+    if op == "mod":
+        out += [f"mov rcx, {d:#x}", "imul rax, rcx", "sub r8, rax", "mov rax, r8"]
+    return out
 
 
 def _without_stack_moves(lines: List[str]) -> List[str]:
