@@ -65,7 +65,12 @@ def target(path: str) -> Target:
     from urewrite.rewriter.go_runtime import is_go_program
     if is_go_program(elf):  # a goroutine's stack may leave 200 bytes; a program takes more
         raise ProgramError(f"{path} is a Go program: probe programs do not run in Go code yet")
-    return Target(path, note.tag, elf.machine, probes, template_probe_arguments(template))
+    carried = template_probe_arguments(template)
+    if carried and all(n < 0 for n in carried):  # (a probe table that says nothing of
+        # its arguments: a runtime of before this program file's format, which maps none)
+        raise ProgramError(f"{path} was rewritten by an earlier urewrite, whose probes run "
+                           f"no program of this one: rewrite it again")
+    return Target(path, note.tag, elf.machine, probes, carried)
 
 
 def resolve(probe: Probe, command: List[str]) -> Optional[str]:

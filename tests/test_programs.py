@@ -201,3 +201,26 @@ def test_a_program_reads_only_the_arguments_the_file_records(values, tmp_path):
     assert proc.returncode == 0, proc.stderr
     # work(i, i % 7) = 3i - 500 (i % 7): negative for 60 of the 70 calls (bpftrace: the same)
     assert "@[0]: 35\n@[1]: 35\n" in proc.stdout and "@negative: 60\n" in proc.stdout, proc.stdout
+
+
+def test_a_file_of_an_earlier_rewrite_is_refused_not_silently_left_out(values, tmp_path):
+    """A probe table that does not say what its probes carry is an earlier urewrite's,
+    whose runtime maps no program of this one: run says so instead of counting 0."""
+    import struct
+    from urewrite.rewriter.elf_file import ElfFile
+    from urewrite.trampolines import region
+    out = tmp_path / "values.earlier"
+    assert urewrite(str(values), "-p", "work", "-o", str(out), "-q").returncode == 0
+    section = ElfFile.open(str(out)).section_named(".urewrite.rodata")
+    data = bytearray(out.read_bytes())
+    template = section.offset
+    count, = struct.unpack_from("<I", data, template + region.OFF_PROBE_COUNT)
+    probes, = struct.unpack_from("<Q", data, template + region.OFF_PROBES)
+    for i in range(count):  # (as an earlier rewrite wrote them: bits 8-15 clear)
+        at = template + probes + i * region.PROBE_ENTRY_SIZE + 8
+        kind, = struct.unpack_from("<I", data, at)
+        struct.pack_into("<I", data, at, kind & ~(0xFF << region.ARGUMENTS_SHIFT))
+    out.write_bytes(bytes(data))
+    proc = urewrite("run", "-e", f"uprobe:{out}:work {{ @ = count(); }}", "--", str(out), "5")
+    assert proc.returncode == 1 and "was rewritten by an earlier urewrite" in proc.stderr, \
+        proc.stderr
