@@ -62,6 +62,10 @@ def common_fields(spec: RuntimeSpec) -> dict:
 
 
 ATTEMPTS = 4
+# the link table (each runtime's first label): its address at link time, then the
+# state memory's, the template's (from it), the template's and the region's sizes,
+# and a program built into the probes (from it; 0: none), which the rewrite writes
+LINK_PROGRAM = 40
 COMMENT = {"KS_ARCH_X86": "#", "KS_ARCH_ARM64": "//"}
 
 
@@ -148,7 +152,7 @@ def assemble(package: str, filename: str, ks_arch: str, ks_mode: str, spec: Runt
             jump = encode_jump(entry[tail], target)
             at = entry[tail] - spec.base
             code[at:at + len(jump)] = jump
-    link = spec.base  # link_table is the first label
+    link = spec.base  # link_table is the first label (LINK_PROGRAM: its sixth word)
     struct.pack_into("<5q", code, 0, link, spec.state - link, spec.template - link,
                      spec.template_size, spec.region_size)
     return Runtime(bytes(code), entry["exe_start"], entry["dso_start"], entry["slow_hit"],

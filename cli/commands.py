@@ -95,7 +95,8 @@ def main():
 @click.option("-e", "program_text", metavar="PROGRAM",
               help="Probe what a probe program (bpftrace's language) names in IN: its "
                    "uprobe, uretprobe and usdt probes whose path is IN, OUT, their basename "
-                   "or '*'.")
+                   "or '*'; and build the program in (x86_64): it runs whenever the probes "
+                   "are armed (stat, UREWRITE_DIR), and stat shows its maps.")
 @click.option("-f", "program_file", metavar="FILE", type=click.Path(dir_okay=False),
               help="The same, with the program read from FILE.")
 def rewrite(input_file, probes, returns, output, arg_count, keep_going, as_json, quiet, tactics,
@@ -111,10 +112,12 @@ def rewrite(input_file, probes, returns, output, arg_count, keep_going, as_json,
     if output == "":
         raise click.BadParameter("must name a file", param_hint="-o")
     output = output if output is not None else input_file + ".probed"
+    built_in = None
     if program_text is not None or program_file is not None:
-        probes, returns, used = _program_probes(program_text, program_file, input_file, output,
-                                                probes, returns, quiet)
+        probes, returns, used, checked = _program_probes(program_text, program_file, input_file,
+                                                         output, probes, returns, quiet)
         arg_count = max(arg_count, min(used, 6))  # what the program reads, recorded
+        built_in = _built_in(checked, [input_file, output], quiet)
     if not probes and not returns:
         raise click.UsageError("give at least one probe with -p or -r")
     with no_cycle_collection():  # (the file's analysis lives until the report is written)
@@ -123,7 +126,8 @@ def rewrite(input_file, probes, returns, output, arg_count, keep_going, as_json,
             result = run_rewrite(input_file, output, list(probes), keep_going=keep_going,
                                  entry_args=arg_count, return_specs=list(returns),
                                  progress=None if quiet else progress_bar,
-                                 tactics=tactics, exclude=list(excludes), kept=kept)
+                                 tactics=tactics, exclude=list(excludes), kept=kept,
+                                 built_in=built_in)
         except UrewriteError as e:
             fail(str(e))
         _report_rewrite(result, output, as_json, quiet)
@@ -144,7 +148,7 @@ def _program_probes(text, path, input_file, output, probes, returns, quiet):
             fail(f"cannot read the program {path}: {getattr(e, 'strerror', None) or e}")
     try:
         program = parser.parse(text)
-        checks.check(program)
+        checked = checks.check(program)
         specs = program_probes.rewrite_specs(program, [input_file, output])
     except UrewriteError as e:
         fail(str(e))
@@ -153,7 +157,28 @@ def _program_probes(text, path, input_file, output, probes, returns, quiet):
                    f"{', '.join(specs.elsewhere)}", err=True)
     return (list(probes) + [p for p in specs.entries if p not in probes],
             list(returns) + [r for r in specs.returns if r not in returns],
-            program_probes.arguments_used(program))
+            program_probes.arguments_used(program), checked)
+
+
+def _built_in(checked, paths, quiet: bool):
+    """The rewrite's `built_in`: the program's file for the output's probes (x86_64;
+    a program with printf() is not built in: its events would go nowhere)."""
+    from urewrite.arch import EM_X86_64
+    from urewrite.program_run import _assemble
+    from urewrite.programs import attach
+    from urewrite.programs.probes import prints
+
+    def built_in(probes, machine):
+        printing = prints(checked.program)
+        if machine != EM_X86_64 or printing:
+            if not quiet:
+                why = "it has printf()" if printing else "x86_64 files only for now"
+                click.echo(f"urewrite: note: the program is not built in ({why}): load it "
+                           f"with urewrite run", err=True)
+            return None
+        return attach.built_in(checked, paths, [(p.name, p.kind, p.address, p.arguments)
+                                                for p in probes], machine, _assemble)
+    return built_in
 
 
 def _report_rewrite(result, output: str, as_json: bool, quiet: bool) -> None:

@@ -21,20 +21,26 @@ def run_command(command: List[str], as_json: bool, output: Optional[str]) -> int
     gc.disable()
     sink = Sink(output, sys.stdout)
     try:
-        exit_code, regions, problems = run_and_collect(command)
+        exit_code, regions, problems, programs = run_and_collect(command)
     except UrewriteError as e:
         _say(f"urewrite: {e}")
         return 127
-    return finish(exit_code, regions, problems, as_json, sink)
+    return finish(exit_code, regions, problems, as_json, sink, programs=programs)
 
 
 def finish(exit_code: int, regions, problems: List[str], as_json: bool, sink,
-           every_line: bool = False, directory: Optional[str] = None) -> int:
+           every_line: bool = False, directory: Optional[str] = None,
+           programs: Optional[list] = None) -> int:
     """The report to `sink` (each JSON object on one line with `every_line`), what was
-    skipped or missed on stderr; the exit status."""
+    skipped or missed on stderr; the exit status. `programs`: the maps of programs
+    built into the probes (reader/probe_programs.built_in_maps), else read from
+    `directory`."""
     for problem in problems:
         _say(f"urewrite: warning: skipped {problem}")
-    text = report(exit_code, regions, as_json)
+    if programs is None and directory is not None:
+        from urewrite.reader.command_run import built_in_maps_in
+        programs = built_in_maps_in(directory)
+    text = report(exit_code, regions, as_json, programs or [])
     if as_json and every_line:
         import json
         text = json.dumps(json.loads(text)) + "\n"
@@ -74,8 +80,9 @@ def _say(message: str) -> None:
     click.echo(message, err=True)
 
 
-def report(exit_code: int, regions, as_json: bool) -> str:
-    """The report of these regions' hits: a table with histograms, or JSON."""
+def report(exit_code: int, regions, as_json: bool, programs=()) -> str:
+    """The report of these regions' hits: a table with histograms, or JSON; then the
+    maps of the programs built into the probes, as `urewrite run` prints them."""
     totals, histograms = probe_totals(regions)
     if as_json:
         import json  # (loaded for JSON only: 2 ms of a table report)
@@ -88,11 +95,16 @@ def report(exit_code: int, regions, as_json: bool) -> str:
             probes.append(probe)
         # calls whose return was not seen, and returns that gave no latency sample:
         # never dropped silently (stderr says so too)
-        return json.dumps({"exit_code": exit_code, "processes": len({r.pid for r in regions}),
-                           "probes": probes,
-                           "returns_missed": sum(r.returns_missed for r in regions),
-                           "latency_missed": sum(r.latency_missed for r in regions)},
-                          indent=2) + "\n"
+        shown = {"exit_code": exit_code, "processes": len({r.pid for r in regions}),
+                 "probes": probes,
+                 "returns_missed": sum(r.returns_missed for r in regions),
+                 "latency_missed": sum(r.latency_missed for r in regions)}
+        if programs:
+            from urewrite.programs.output import json_lines
+            shown["programs"] = [{"maps": [json.loads(line) for line in json_lines(maps)],
+                                  "dropped": dropped, "faults": faults}
+                                 for maps, dropped, faults in programs]
+        return json.dumps(shown, indent=2) + "\n"
     if not totals:
         return ""
     # (one format for every row: a python3.11 of every function has 17,000 of them)
@@ -107,6 +119,13 @@ def report(exit_code: int, regions, as_json: bool) -> str:
         if buckets:
             lines += ["", f"{k[0]}: {k[1]}: latency from entry to return"]
             lines += _histogram_lines(buckets)
+    for maps, dropped, faults in programs:
+        from urewrite.programs.output import text as maps_text
+        lines += ["", "the program built into the probes:", "", maps_text(maps).rstrip("\n")]
+        if dropped:
+            lines.append(f"({dropped} map updates were dropped: a map with keys was full)")
+        if faults:
+            lines.append(f"({faults} memory reads found nothing to read: they gave \"\" or 0)")
     return "\n".join(lines) + "\n"
 
 

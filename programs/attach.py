@@ -194,26 +194,56 @@ def write_files(directory: str, targets: Dict[str, Target], lowered: L.Lowered,
     maps file's path. `assemble(machine, lowered, offsets)` gives the code and each
     probe text's function offset."""
     check_arguments(targets, lowered)
-    offsets, size = M.layout(lowered.maps)
     run = int.from_bytes(os.urandom(8), "little") | 1
-    area = bytes(M.initial_area(lowered.maps, run))
     maps_path = None
     for t in targets.values():
-        runs = {number: _code_of(t.code_keys(number, lowered.code), lowered.code)
-                for number in t.runs}
-        only = dataclasses.replace(lowered, code=dict(runs.values()))
-        code, functions = assemble(t.machine, only, offsets)
-        entries = {number: functions[key] for number, (key, _) in runs.items()}
-        blob = program_file.build(len(t.probes), code, entries, run, lowered.uses,
-                                  lowered.arguments, area[:M.head_bytes(lowered.maps)], size)
+        blob = program_blob(t, lowered, run, assemble)
         _create(os.path.join(directory, t.tag + program_file.PROGRAM_SUFFIX), blob, 0o644)
         maps = os.path.join(directory, t.tag + program_file.MAPS_SUFFIX)
         if maps_path is None:
-            _create(maps, area, 0o600)
+            _create(maps, bytes(M.initial_area(lowered.maps, run)), 0o600)
             maps_path = maps
         else:
             os.link(maps_path, maps)
     return maps_path
+
+
+def program_blob(t: Target, lowered: L.Lowered, run: int, assemble) -> bytes:
+    """The program file of target `t` (trampolines/program_file.py) for run `run`."""
+    offsets, size = M.layout(lowered.maps)
+    runs = {number: _code_of(t.code_keys(number, lowered.code), lowered.code)
+            for number in t.runs}
+    only = dataclasses.replace(lowered, code=dict(runs.values()))
+    code, functions = assemble(t.machine, only, offsets)
+    entries = {number: functions[key] for number, (key, _) in runs.items()}
+    head = bytes(M.initial_area(lowered.maps, run)[:M.head_bytes(lowered.maps)])
+    return program_file.build(len(t.probes), code, entries, run, lowered.uses,
+                              lowered.arguments, head, size)
+
+
+def built_in(checked, paths: List[str], probes: List[tuple], machine: int, assemble,
+             map_size: int = M.KEYED_CAPACITY) -> Optional[bytes]:
+    """The program file of a program built into a rewrite's probes (pipeline.rewrite's
+    `built_in`), for the probes it names in the file (`paths`: the names it goes by),
+    given the output's probe table: (name, kind, address, arguments) by number; None
+    when it names none of them."""
+    from urewrite.programs.probes import names_file
+    t = Target(paths[-1], "", machine, [p[:3] for p in probes], [p[3] for p in probes])
+    blocks = checked.program.blocks
+    for block in blocks:
+        for probe in block.probes:
+            if probe.kind not in ("BEGIN", "END") and names_file(probe, paths):
+                for number in _numbers(t, probe):
+                    texts = t.runs.setdefault(number, [])
+                    if probe.text not in texts:
+                        texts.append(probe.text)
+    if not t.runs:
+        return None
+    lowered = L.lower(checked, {p.text: (p.text, p.function or p.name or "")
+                                for b in blocks for p in b.probes},
+                      map_size, expansions({"": t}, blocks))
+    check_arguments({"": t}, lowered)
+    return program_blob(t, lowered, int.from_bytes(os.urandom(8), "little") | 1, assemble)
 
 
 def _code_of(keys: List[str], code: Dict[str, list]) -> tuple:

@@ -3,7 +3,9 @@ and the tracer reads (docs/programs.md, "Maps").
 
     area:  u64 magic, u64 run (trampolines/program_file.py), u64 faults (memory reads
            that found nothing to read: str() and pointer reads of bad addresses),
-           u64 maps, u64 offset of each map's table
+           u64 maps, u64 offset of each map's table, u64 bytes of the maps'
+           description, the description: the shapes as JSON (a reader that has only
+           the file, as `stat` of a program built into the probes, reads it by them)
     table: u64 capacity (a power of two), key words, value words, entry words,
            u64 dropped (updates a full table could not take), 3 words 0,
            then `capacity` entries
@@ -20,6 +22,7 @@ start from the largest and the smallest value, written when the entry is claimed
 
 from __future__ import annotations
 
+import json
 import struct
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
@@ -87,9 +90,38 @@ def shapes(checked: Checked, capacity: int = KEYED_CAPACITY) -> List[MapShape]:
     return out
 
 
+def describe(maps: List[MapShape]) -> bytes:
+    """The maps' shapes, as the area's head carries them (JSON, padded to 8 bytes)."""
+    text = json.dumps([{"name": m.name, "kind": m.kind, "keys": list(m.key_types),
+                        "value_words": m.value_words, "capacity": m.capacity,
+                        "signed": m.signed, "lhist": m.lhist} for m in maps],
+                      separators=(",", ":")).encode()
+    return text + b" " * (-len(text) % 8)
+
+
+def shapes_of(area) -> List[MapShape]:
+    """The shapes an area's head describes; ValueError if it is not a maps area."""
+    try:
+        magic, _, _, count = struct.unpack_from("<4Q", area, 0)
+        at = 8 * (HEAD_WORDS + count)
+        size, = struct.unpack_from("<Q", area, at)
+        if magic != MAGIC or count > 4096 or size > len(area):
+            raise ValueError("not a maps area")
+        found = [MapShape(d["name"], d["kind"], tuple(d["keys"]), int(d["value_words"]),
+                          int(d["capacity"]), bool(d["signed"]),
+                          tuple(d["lhist"]) if d["lhist"] else None)
+                 for d in json.loads(bytes(area[at + 8:at + 8 + size]))]
+    except (struct.error, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise ValueError(f"not a maps area: {e}")
+    if len(found) != count or any(m.kind not in AGGREGATIONS + ("value",) or
+                                  m.capacity & (m.capacity - 1) for m in found):
+        raise ValueError("not a maps area")
+    return found
+
+
 def layout(maps: List[MapShape]) -> Tuple[List[int], int]:
     """Each table's offset in the area, and the area's size."""
-    offset = _align(8 * (HEAD_WORDS + len(maps)))
+    offset = _align(head_bytes(maps))
     offsets = []
     for shape in maps:
         offsets.append(offset)
@@ -101,6 +133,10 @@ def initial_area(maps: List[MapShape], run: int = 0) -> bytearray:
     offsets, size = layout(maps)
     area = bytearray(size)
     struct.pack_into(f"<4Q{len(maps)}Q", area, 0, MAGIC, run, 0, len(maps), *offsets)
+    description = describe(maps)
+    at = 8 * (HEAD_WORDS + len(maps))
+    struct.pack_into("<Q", area, at, len(description))
+    area[at + 8:at + 8 + len(description)] = description
     for shape, offset in zip(maps, offsets):
         struct.pack_into("<4Q", area, offset, shape.capacity, shape.key_words,
                          shape.value_words, shape.entry_words)
@@ -110,7 +146,7 @@ def initial_area(maps: List[MapShape], run: int = 0) -> bytearray:
 def head_bytes(maps: List[MapShape]) -> int:
     """The area's head: what a maps file needs written beyond zeros for the code (the
     tables' headers are the tracer's: read() goes by the shapes)."""
-    return 8 * (HEAD_WORDS + len(maps))
+    return 8 * (HEAD_WORDS + len(maps) + 1) + len(describe(maps))
 
 
 def run_of(area) -> int:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import List
 
 from urewrite.programs.parser import ProgramError
-from urewrite.programs.syntax import Builtin, Probe, Program
+from urewrite.programs.syntax import Builtin, Call, Probe, Program
 
 
 @dataclass
@@ -73,6 +73,12 @@ def arguments_used(program: Program) -> int:
     used = [int(node.name[3:]) + 1 for node in _nodes(program.blocks)
             if isinstance(node, Builtin) and re.fullmatch(r"arg\d+", node.name)]
     return max(used, default=0)
+
+
+def prints(program: Program) -> bool:
+    """Whether a probe of the program (not BEGIN or END) calls printf()."""
+    blocks = [b for b in program.blocks if any(p.kind not in ("BEGIN", "END") for p in b.probes)]
+    return any(isinstance(node, Call) and node.function == "printf" for node in _nodes(blocks))
 
 
 def _nodes(node):

@@ -90,13 +90,14 @@ def end_early() -> None:
             remove_region_directory(started.directory)
 
 
-def run_and_collect(command: List[str]) -> Tuple[int, List[Region], List[str]]:
+def run_and_collect(command: List[str]) -> Tuple[int, List[Region], List[str], list]:
     """Run `command` with a fresh region directory (or take it over, started by
     start_early).
 
     Returns its exit status, the regions (those of one rewrite with their counts
-    added up in the first, see `region_reader.collect`), and a line for each region
-    file that could not be read.
+    added up in the first, see `region_reader.collect`), a line for each region
+    file that could not be read, and the maps of programs built into the probes
+    (probe_programs.built_in_maps).
 
     Every rewritten object in every process of the command writes one region
     file there. Ctrl-C reaches the command (same process group); we wait for it.
@@ -115,7 +116,7 @@ def run_and_collect(command: List[str]) -> Tuple[int, List[Region], List[str]]:
             returncode = started.end()
         problems: List[str] = []
         regions = collect(started.directory, problems, tables)
-        return exit_status(returncode), regions, problems
+        return exit_status(returncode), regions, problems, built_in_maps_in(started.directory)
     finally:
         remove_region_directory(started.directory)
 
@@ -148,3 +149,15 @@ def _prepare_while_running(started: _Started, tables) -> None:
             interval = min(2 * interval, 0.5)
     finally:
         os.close(pidfd)
+
+
+def built_in_maps_in(directory: str) -> list:
+    """The built-in programs' maps, loading their readers only where there are some."""
+    from urewrite.trampolines.program_file import OWN_MAPS_PREFIX
+    try:
+        if not any(n.startswith(OWN_MAPS_PREFIX) for n in os.listdir(directory)):
+            return []
+    except OSError:
+        return []
+    from urewrite.reader.probe_programs import built_in_maps
+    return built_in_maps(directory)

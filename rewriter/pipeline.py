@@ -237,23 +237,24 @@ def _dt_init(elf: ElfFile) -> Optional[tuple]:
 def rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bool = False,
             entry_args: int = 0, return_specs: List[str] = (), progress: Progress = None,
             tactics: Optional[tuple] = None, exclude: List[str] = (),
-            kept: Optional[list] = None) -> RewriteResult:
+            kept: Optional[list] = None, built_in=None) -> RewriteResult:
     """Write `output_path`: the input with probes at the sites `specs` and
     `return_specs` select. `kept`: a list to put the file's analysis in, for a caller
     that ends without freeing it (the command line: freeing a big file's takes a
-    second)."""
+    second). `built_in(probes, machine)`: the program file (trampolines/program_file.py)
+    to build into the probes, given the output's probe table, or None."""
     if _same_file(input_path, output_path) if os.path.exists(output_path) else \
             os.path.realpath(input_path) == os.path.realpath(output_path):
         raise UrewriteError("the output must not be the input file")
     with no_cycle_collection():
         return _rewrite(input_path, output_path, specs, keep_going, entry_args, return_specs,
-                        progress, tactics, exclude, kept)
+                        progress, tactics, exclude, kept, built_in)
 
 
 def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bool,
              entry_args: int, return_specs: List[str], progress: Progress,
              tactics: Optional[tuple], exclude: List[str],
-             kept: Optional[list]) -> RewriteResult:
+             kept: Optional[list], built_in=None) -> RewriteResult:
     a = analyse(input_path, tactics)
     if kept is not None:
         kept.append(a)
@@ -305,7 +306,8 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
                              detailed=a.planner.windows.detailed, go_program=is_go_program(elf),
                              go_functions=go_functions(elf), g_register=g_register,
                              called_from_go=called_from_go,
-                             fault_hook=faults.hook, in_go_code=faults.in_go_code)
+                             fault_hook=faults.hook, in_go_code=faults.in_go_code,
+                             built_in=built_in)
 
     # The state memory follows the code: place it after a bound on the code's size
     # (a gap there costs address space, no file bytes) and build once; should the

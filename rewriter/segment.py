@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 from urewrite.arch.base import Backend, CountPoint, RuntimeRefs, RuntimeSpec
+from urewrite.arch.runtime_asm import LINK_PROGRAM
 from urewrite.errors import UrewriteError
 from urewrite.rewriter import parallel
 from urewrite.rewriter.layout import Placement, align_up
@@ -114,12 +115,15 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
           arguments_of=lambda site: arguments.encode(()), progress=None,
           siteless=(), detailed=lambda plan: plan, go_program=False,
           go_functions=frozenset(), g_register=lambda site: False,
-          called_from_go=lambda site: False, fault_hook=None, in_go_code=None) -> SegmentImage:
+          called_from_go=lambda site: False, fault_hook=None, in_go_code=None,
+          built_in=None) -> SegmentImage:
     """`arguments_of(site)`: the encoded argument descriptors its events record.
     `detailed(plan)`: the plan with its windows' instructions decoded in detail
     (Planner.detailed), for the code that moves them.
     `siteless`: probes with nothing to patch (return probes of functions that never
     return), listed in the region so that they report their 0 hits.
+    `built_in(probes, machine)`: a program file to build in (pipeline.rewrite), last in
+    the segment, where the runtime's link table points (runtime_asm.LINK_PROGRAM).
     `go_functions`: entries of the Go functions (.gopclntab), whose trampolines keep
     within what a goroutine's stack holds. `g_register(site)`: whether Go's g register
     holds the goroutine in the site's function (its latency pairs are kept per goroutine).
@@ -241,6 +245,11 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
         code += bytes(hook_at - base - len(code))
         code += backend.fault_hook(hook_at, hook.window, moved)
         patches.append((hook.window.address, backend.site_patch(hook.window, hook_at)))
+    program = built_in(probes, backend.elf_machine) if built_in is not None else None
+    if program:
+        program_at = base + align_up(len(code), CODE_ALIGN)
+        code += bytes(program_at - base - len(code)) + program
+        struct.pack_into("<q", code, runtime_at - base + LINK_PROGRAM, program_at - runtime_at)
     live = live_note.build(backend.elf_machine, runtime_at, placement.state_vaddr,
                            placement.state_size, template_at + align_up(copied, 8),
                            backend.live_state, file_tag) if backend.live_state else b""

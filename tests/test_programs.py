@@ -224,3 +224,48 @@ def test_a_file_of_an_earlier_rewrite_is_refused_not_silently_left_out(values, t
     proc = urewrite("run", "-e", f"uprobe:{out}:work {{ @ = count(); }}", "--", str(out), "5")
     assert proc.returncode == 1 and "was rewritten by an earlier urewrite" in proc.stderr, \
         proc.stderr
+
+
+BUILT_IN = ("uprobe:values:work /arg0 > 10/ {{ @c[arg1] = count(); @h = hist(arg0); }} "
+            "uretprobe:values:work {{ @r = sum((int64)retval); @big[retval > {limit}] = count(); }}")
+
+
+def test_a_program_built_in_runs_whenever_the_probes_are_armed(values, tmp_path):
+    """`urewrite IN -e PROGRAM` builds the program into the probes: under `stat` (and
+    in processes of a --dir directory) it runs, and stat shows its maps, the ones
+    `urewrite run` gathers with the same program."""
+    program = BUILT_IN.format(limit=1000)
+    out = tmp_path / "values"
+    proc = urewrite(str(values), "-e", program, "-o", str(out), "-q")
+    assert proc.returncode == 0, proc.stderr
+    report = tmp_path / "report.json"
+    stat = urewrite("stat", "--json", "-o", str(report), "--", str(out), "300")
+    assert stat.returncode == 0, stat.stderr
+    (built_in,) = json.loads(report.read_text())["programs"]
+    ran = urewrite("run", "--json", "-e", program, "--", str(out), "300")
+    assert ran.returncode == 0, ran.stderr
+    loaded = [json.loads(line) for line in ran.stdout.splitlines() if line.startswith("{")]
+    assert built_in == {"maps": loaded, "dropped": 0, "faults": 0}
+    assert {"type": "map", "data": {"@r": sum(3 * i - 500 * (i % 7) for i in range(300))}} \
+        in loaded
+    # two processes of a directory: their maps added up
+    directory = tmp_path / "dir"
+    directory.mkdir()
+    for _ in range(2):
+        subprocess.run([str(out), "300"], check=True, capture_output=True,
+                       env=dict(os.environ, UREWRITE_DIR=str(directory)))
+    watched = urewrite("stat", "--dir", str(directory), "--duration", "0.1")
+    assert watched.returncode == 0, watched.stderr
+    assert "the program built into the probes:" in watched.stdout
+    assert f"@r: {2 * sum(3 * i - 500 * (i % 7) for i in range(300))}\n" in watched.stdout
+
+
+def test_a_program_that_prints_is_not_built_in(values, tmp_path):
+    out = tmp_path / "values"
+    proc = urewrite(str(values), "-e", 'uprobe:values:work { printf("%d\\n", arg0); }',
+                    "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "the program is not built in (it has printf()): load it with urewrite run" \
+        in proc.stderr
+    stat = urewrite("stat", "--json", "-o", str(tmp_path / "r.json"), "--", str(out), "3")
+    assert stat.returncode == 0 and "programs" not in json.loads((tmp_path / "r.json").read_text())

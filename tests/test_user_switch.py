@@ -248,3 +248,25 @@ def test_a_program_runs_in_a_command_of_another_user(programs):
     # (the server, already nobody, fails to drop privileges in its workers: it handles
     # its own requests only, and exits 1)
     assert f"@all: {2 * REQUESTS}\n" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_built_in_program_counts_in_workers_that_switched_user(programs, tmp_path):
+    """A program built into the server's probes, under `stat`: the root parent and
+    the nobody workers each make their user's maps; stat adds them up."""
+    built = tmp_path / "server-built-in"
+    proc = urewrite(str(programs / "server"), "-e", "uprobe:server:handle_request "
+                    "{ @all = count(); @calls[tid] = count(); }", "-o", str(built), "-q")
+    assert proc.returncode == 0, proc.stderr
+    os.chmod(tmp_path, 0o755)
+    os.chmod(built, 0o755)
+    report = tmp_path / "report.json"
+    uid, gid = _nobody_ids()
+    run = urewrite("stat", "--json", "-o", str(report), "--", str(built), str(uid), str(gid),
+                   str(WORKERS), str(REQUESTS))
+    assert run.returncode == 0, run.stderr
+    (program,) = json.loads(report.read_text())["programs"]
+    maps = {m["data"] and next(iter(m["data"])): next(iter(m["data"].values()))
+            for m in program["maps"]}
+    assert maps["@all"] == SERVED
+    assert sorted(maps["@calls"].values()) == \
+        sorted([2 * REQUESTS] + [REQUESTS + i for i in range(WORKERS)])

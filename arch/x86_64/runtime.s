@@ -21,6 +21,7 @@ lt_state:    .quad 0          # state memory - link_table
 lt_template: .quad 0          # region template - link_table
 lt_tsize:    .quad 0          # template size
 lt_rsize:    .quad 0          # region size
+lt_program:  .quad 0          # a program built into the probes - link_table, or 0
 file_tag:    .byte {TAG_BYTES}
 program_suffix: .asciz "{PROGRAM_SUFFIX}"
 maps_suffix: .asciz "{MAPS_SUFFIX}"
@@ -1093,7 +1094,7 @@ program_setup:
     mov edx, 0xa0000                       # O_RDONLY | O_NOFOLLOW | O_CLOEXEC
     call program_open
     test rax, rax
-    js ps_fail
+    js ps_built_in
     mov r13, rax
     call program_file_size
     test rax, rax
@@ -1176,6 +1177,17 @@ ps_map_maps:
     mov qword ptr [rbx + 16], 1            # the trace path
     mov eax, 1
     jmp ps_done
+ps_built_in:
+    # No tracer's program: the one built into the probes at rewrite time, if any,
+    # with the maps of this user's processes (its file is part of this object: it
+    # is neither mapped nor checked)
+    mov rax, qword ptr [rip + lt_program]
+    test rax, rax
+    jz ps_fail
+    lea r12, [rip + link_table]
+    add r12, rax
+    mov qword ptr [rsp + 144], 0           # (not mapped: nothing to unmap)
+    jmp ps_own_maps
 ps_own_maps_close:
     mov rdi, r13
     mov eax, 3                             # close
@@ -1265,8 +1277,10 @@ ps_close_unmap:
     mov eax, 3                             # close
     syscall
 ps_unmap:
-    mov rdi, r12
     mov rsi, qword ptr [rsp + 144]
+    test rsi, rsi
+    jz ps_fail                             # (the built-in program)
+    mov rdi, r12
     mov eax, 11                            # munmap
     syscall
     jmp ps_fail
