@@ -8,7 +8,8 @@ run with `urewrite run -e PROGRAM -- qemu-aarch64 ... ./prog`:
   predicate, hist, lhist, sum, avg, stats, min, max, $variables, if/else, printf,
   hist(retval) and the per-thread latency idiom with delete): the maps the evaluator
   builds from values.c's calls, line for line, and printf()'s lines; four threads
-  making the calls (test_program_run's program for threads), -O0 and a static build;
+  making the calls (test_program_run's program for threads), -O0 and a static build,
+  and the probes in a shared library;
 - str() keys, and the x86_64 file's maps for the same program where the host runs it;
 - samples/programs/pointers.c: str() and pointer reads of NULL, an unmapped page,
   freed memory and a guard page give "" and 0 and are counted, never a fault; a
@@ -195,3 +196,22 @@ def test_bad_pointers_give_nothing_and_are_counted(tmp_path):
     assert f"@w[5]: 0\n" in maps
     # the original prints the same
     assert check(emulate(tmp_path / "plain" / "pointers") + [str(rounds)]).stdout == printed + "\n"
+
+
+def test_a_shared_object(tmp_path):
+    """The probes in a shared library the program loads: its runtime maps the program."""
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "rw").mkdir()
+    library, rewritten = tmp_path / "plain" / "libvalues.so", tmp_path / "rw" / "libvalues.so"
+    check([CC, "-O2", "-fPIC", "-shared", "-DVALUES_LIBRARY", str(VALUES), "-o", str(library)])
+    main = tmp_path / "plain" / "values"
+    check([CC, "-O2", "-pthread", "-DVALUES_MAIN", str(VALUES), "-L", str(tmp_path / "plain"),
+           "-lvalues", "-o", str(main)])
+    program = MATRIX_PROGRAM.format(path=rewritten, work="work", named="named")
+    proc = urewrite(str(library), "-e", program, "-o", str(rewritten), "-q")
+    assert proc.returncode == 0, proc.stderr
+    ran = urewrite("run", "-e", program, "--", *emulate(main, tmp_path / "rw"), "900", "3")
+    assert ran.returncode == 0, ran.stderr
+    expected, _ = _evaluated(program, 900, threads=3)
+    assert _ties_sorted(_maps(ran.stdout)) == _ties_sorted(expected)
+    assert "@took: 900" in ran.stdout
