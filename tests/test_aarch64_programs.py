@@ -9,7 +9,8 @@ run with `urewrite run -e PROGRAM -- qemu-aarch64 ... ./prog`:
   hist(retval) and the per-thread latency idiom with delete): the maps the evaluator
   builds from values.c's calls, line for line, and printf()'s lines; four threads
   making the calls (test_program_run's program for threads), -O0 and a static build,
-  and the probes in a shared library;
+  and the probes in a shared library; loaded into a running process (run -p) and
+  unloaded;
 - str() keys, and the x86_64 file's maps for the same program where the host runs it;
 - samples/programs/pointers.c: str() and pointer reads of NULL, an unmapped page,
   freed memory and a guard page give "" and 0 and are counted, never a fault; a
@@ -215,3 +216,24 @@ def test_a_shared_object(tmp_path):
     expected, _ = _evaluated(program, 900, threads=3)
     assert _ties_sorted(_maps(ran.stdout)) == _ties_sorted(expected)
     assert "@took: 900" in ran.stdout
+
+
+def test_loaded_into_a_running_process(values):
+    """run -p: loaded into a process running under qemu, then unloaded: it runs on."""
+    import time
+    process = subprocess.Popen([*emulate(values), "4000000000"], stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(1)  # (its runtime started)
+        program = f"uprobe:{values}:work {{ @n = count(); @parity[arg0 % 2] = count(); }}"
+        proc = urewrite("run", "-e", program, "-p", str(process.pid), "--duration", "1")
+        assert proc.returncode == 0, proc.stderr
+        assert f"armed pid {process.pid}" in proc.stderr
+        counts = dict(line.split(": ") for line in proc.stdout.strip().splitlines())
+        total = int(counts["@n"])
+        assert total > 1000 and int(counts["@parity[0]"]) + int(counts["@parity[1]"]) == total
+        assert abs(int(counts["@parity[0]"]) - int(counts["@parity[1]"])) <= 1
+        time.sleep(0.2)
+        assert process.poll() is None
+    finally:
+        process.kill()
+        process.wait()
