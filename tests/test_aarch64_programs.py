@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from test_aarch64 import CC, QEMU, check, emulate, urewrite
+from test_aarch64 import BP, CC, LIB_INIT, LIB_INIT_C, QEMU, check, emulate, urewrite
 from test_program_output import _ties_sorted
 from test_program_run import MATRIX_PROGRAM, PROGRAM, _maps
 from urewrite.programs import output
@@ -200,22 +200,31 @@ def test_bad_pointers_give_nothing_and_are_counted(tmp_path):
 
 
 def test_a_shared_object(tmp_path):
-    """The probes in a shared library the program loads: its runtime maps the program."""
+    """The probes in a shared library the program loads: its runtime maps the program.
+    The library is BTI-guarded (qemu maps its pages so): printf()'s routine, which the
+    program's code calls through a register, lands on a landing pad."""
     (tmp_path / "plain").mkdir()
     (tmp_path / "rw").mkdir()
     library, rewritten = tmp_path / "plain" / "libvalues.so", tmp_path / "rw" / "libvalues.so"
-    check([CC, "-O2", "-fPIC", "-shared", "-DVALUES_LIBRARY", str(VALUES), "-o", str(library)])
+    (tmp_path / "init.c").write_text(LIB_INIT_C)
+    check([CC, "-O2", BP, "-fPIC", "-shared", "-nostartfiles", f"-Wl,-init,{LIB_INIT}",
+           "-DVALUES_LIBRARY", str(VALUES), str(tmp_path / "init.c"), "-o", str(library)])
     main = tmp_path / "plain" / "values"
     check([CC, "-O2", "-pthread", "-DVALUES_MAIN", str(VALUES), "-L", str(tmp_path / "plain"),
            "-lvalues", "-o", str(main)])
-    program = MATRIX_PROGRAM.format(path=rewritten, work="work", named="named")
+    program = MATRIX_PROGRAM.format(path=rewritten, work="work", named="named") + \
+        f'uprobe:{rewritten}:work /arg0 % 100 == 0/ {{ printf("w %d %d\\n", arg0, arg1); }}'
     proc = urewrite(str(library), "-e", program, "-o", str(rewritten), "-q")
     assert proc.returncode == 0, proc.stderr
     ran = urewrite("run", "-e", program, "--", *emulate(main, tmp_path / "rw"), "900", "3")
     assert ran.returncode == 0, ran.stderr
-    expected, _ = _evaluated(program, 900, threads=3)
-    assert _ties_sorted(_maps(ran.stdout)) == _ties_sorted(expected)
-    assert "@took: 900" in ran.stdout
+    expected, lines = _evaluated(program, 900, threads=3)
+    printed, maps = ran.stdout.split("\n\n\n", 1)
+    assert _ties_sorted(maps) == _ties_sorted(expected)
+    assert "@took: 900" in maps
+    total = sum(3 * i - 500 * (i % 7) for i in range(900))  # the command's own output
+    assert sorted(printed.splitlines()) == sorted("".join(lines).splitlines() + [str(total)])
+    assert "w 300 6" in printed.splitlines()
 
 
 def test_loaded_into_a_running_process(values):

@@ -991,7 +991,9 @@ tt_done:
 // A probe program's printf(): an event of probe number {PRINTF_PROBE} + w0 in this
 // process's ring, with x2 words from x1 (at most {CTX_ARGUMENTS}), the tracer holding
 // the format. Called by the program's code, as an AAPCS64 function: keeps x19-x29.
+// (Called through a register: a landing pad, for files whose pages are BTI-guarded.)
 program_event:
+    hint #34                               // bti c
     stp x19, x20, [sp, #-48]!
     stp x24, x30, [sp, #16]
     stp x21, x22, [sp, #32]
