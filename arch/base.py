@@ -636,3 +636,9 @@ class Backend(ABC):
     @abstractmethod
     def runtime(self, spec: RuntimeSpec) -> Runtime:
         """The one-time set-up code and the slow paths, assembled at `spec.base`."""
+
+    @abstractmethod
+    def program_code(self, lowered, offsets) -> tuple:
+        """(code, {probe text: its function's offset in the code}): a lowered probe
+        program (programs/lower.py) as this machine's functions `void code(context *)`
+        (trampolines/program_file.py), the maps' tables at `offsets` in their area."""

@@ -14,7 +14,6 @@ from urewrite.console import fail
 from urewrite.errors import UrewriteError
 from urewrite.live_options import live_options, live_or_command
 
-EM_X86_64 = 62
 PRINTF_RING = 1 << 16  # events a process's ring holds for printf()s
 
 
@@ -243,10 +242,11 @@ def _values(kinds, words):
 
 
 def _assemble(machine, lowered, offsets):
-    if machine != EM_X86_64:
-        raise UrewriteError("probe programs run in x86_64 files only for now")
-    from urewrite.arch.x86_64 import program_code
-    return program_code.assemble(lowered, offsets)
+    from urewrite.arch import backend_for, machine_name
+    backend = backend_for(machine)
+    if backend is None:
+        raise UrewriteError(f"probe programs do not run in {machine_name(machine)} files")
+    return backend.program_code(lowered, offsets)
 
 
 def _tracer_hit(block):

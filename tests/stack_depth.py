@@ -164,7 +164,11 @@ class Code:
             return [("return", 0)]
         if m in ("brk", "udf"):
             return []
-        if m == "br" or m == "blr":
+        if m == "blr":
+            # a probe program's code (run_program), which never runs in Go code
+            # (NO_PROGRAMS): the call itself takes no stack
+            return [("next", (nxt, offset, aside))]
+        if m == "br":
             return self._leave(insn.address, offset, aside)
         if m == "b":
             target = int(ops.lstrip("#"), 16)

@@ -124,3 +124,18 @@ def test_set_up_in_go_code_runs_on_its_own_stack(arch):
     # and C code calls lazy_init itself (another thread setting up makes it wait)
     c_code, _ = _made(arch, _kinds(False)["entry"])
     assert c_code.depth(TRAMPOLINE)[0] >= needs
+
+
+def test_arm64_probe_programs_run_in_c_code_only():
+    """A Go program's runtime runs no probe program (NO_PROGRAMS: run_program returns
+    at once), so its trace_event keeps within TRACE_ROOM; elsewhere run_program puts
+    the program's context below trace_event's frame."""
+    from urewrite.trampolines import program_file
+    depths = {}
+    for go in (True, False):
+        spec = RuntimeSpec(RUNTIME, STATE, 0x200000, 0x480000, 4096, 1 << 20, 64, b"t", SITE,
+                           None, go_program=go)
+        rt = AArch64Backend().runtime(spec)
+        depths[go] = Code("aarch64", [(RUNTIME, rt.code)]).depth(rt.trace_event)[0]
+    assert depths[True] <= arm64_runtime.TRACE_ROOM
+    assert depths[False] >= depths[True] + program_file.CTX_SIZE

@@ -167,6 +167,10 @@ class AArch64Backend(Backend):
     def runtime(self, spec: RuntimeSpec) -> Runtime:
         return runtime.build(spec)
 
+    def program_code(self, lowered, offsets) -> tuple:
+        from urewrite.arch.aarch64 import program_code
+        return program_code.assemble(lowered, offsets)
+
 
 def _signed(value: int, bits: int) -> int:
     return value - (1 << bits) if value >> (bits - 1) else value

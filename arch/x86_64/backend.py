@@ -432,6 +432,10 @@ class X86_64Backend(Backend):
     def runtime(self, spec: RuntimeSpec) -> Runtime:
         return runtime.build(spec)
 
+    def program_code(self, lowered, offsets) -> tuple:
+        from urewrite.arch.x86_64 import program_code
+        return program_code.assemble(lowered, offsets)
+
 
 def _ip_relative(detail) -> bool:
     return any(op.type == x86.X86_OP_MEM and op.mem.base in (x86.X86_REG_RIP, x86.X86_REG_EIP)
