@@ -156,6 +156,13 @@ def text(maps: List[MapData]) -> str:
     return "".join(line + "\n" for line in lines)
 
 
+def entries(data: MapData) -> List[Tuple[str, object]]:
+    """Each entry of a map: its key as text (its parts comma-separated, "" for a map
+    without keys) and its value as `-f json` writes it, in the printed order."""
+    return [(_key_text(key, ",") if data.keyed else "", _json_value(data, value))
+            for key, value in _ordered(data)]
+
+
 def json_lines(maps: List[MapData]) -> List[str]:
     """Every map as a line of bpftrace's `-f json` output."""
     out = []

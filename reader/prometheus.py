@@ -18,7 +18,13 @@ regions when Prometheus asks:
   not be redirected, so their returns are missing from the counts;
 - `urewrite_latency_missed_total{object, pid}`: returns of functions probed at entry
   and return that gave no latency sample (docs/region.md, `latency_missed`);
-- `urewrite_regions`: region files read at this scrape.
+- `urewrite_regions`: region files read at this scrape;
+- `urewrite_program_map{map, key, field}` and `urewrite_program_map_bucket{map, key,
+  low, high}`: the maps of programs built into the probes (docs/programs.md) that the
+  processes of a watched directory keep: a map's key is one label (its parts as
+  `urewrite run` prints them, comma-separated; "" for a map without keys), `field`
+  says which of stats()'s values a series is ("" for the others), and a histogram's
+  buckets are series of their own, by their bounds.
 """
 
 from __future__ import annotations
@@ -98,6 +104,39 @@ class RegionCollector:
         yield unsampled
         yield GaugeMetricFamily("urewrite_regions", "Region files read at this scrape.",
                                 value=len(snap.regions))
+        directory = getattr(self.watcher.source, "directory", None)
+        if directory is not None:
+            yield from program_maps(directory)
+
+
+def program_maps(directory: str):
+    """The metric families of the built-in programs' maps in `directory`."""
+    from prometheus_client.core import GaugeMetricFamily
+    from urewrite.programs.output import entries
+    from urewrite.reader.probe_programs import built_in_maps
+
+    values = GaugeMetricFamily("urewrite_program_map", "A value of a map of a program "
+                               "built into the probes.", labels=["map", "key", "field"])
+    buckets = GaugeMetricFamily("urewrite_program_map_bucket", "A histogram bucket of a map "
+                                "of a program built into the probes.",
+                                labels=["map", "key", "low", "high"])
+    for maps, _, _ in built_in_maps(directory):
+        for data in maps:
+            for key, value in entries(data):
+                _add_map_value(values, buckets, f"@{data.name}", key, value)
+    return [values, buckets]
+
+
+def _add_map_value(values, buckets, name: str, key: str, value) -> None:
+    if isinstance(value, list):  # a histogram: its buckets
+        for b in value:
+            buckets.add_metric([name, key, str(b.get("min", "")), str(b.get("max", ""))],
+                               b["count"])
+    elif isinstance(value, dict):  # stats(): count, average, total
+        for field, number in value.items():
+            values.add_metric([name, key, field], number)
+    else:
+        values.add_metric([name, key, ""], value)
 
 
 def _per_probe(snap: Snapshot) -> Dict[tuple, int]:

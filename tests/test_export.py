@@ -108,6 +108,41 @@ def test_metrics_page(service, tmp_path):
         stop_all(traced, plain)
 
 
+def test_the_maps_of_a_built_in_program_are_series(service, tmp_path):
+    """A program built into the probes (urewrite IN -e PROGRAM): its maps, kept by the
+    processes of the directory, are series with the map's key as a label, read again
+    at every scrape."""
+    from conftest import urewrite
+    built = tmp_path / "service.built"
+    original = service.parent / "service"
+    proc = urewrite(str(original), "-e", "uprobe:service:handle { @n = count(); "
+                    "@odd[arg0 % 2] = count(); @st = stats(arg0); @h = hist(arg0); }",
+                    "-o", str(built), "-q")
+    assert proc.returncode == 0, proc.stderr
+    regions = tmp_path / "regions"
+    regions.mkdir()
+    s = Service(built, regions)
+    exporter = None
+    try:
+        s.send("call 100")
+        exporter = Exporter(regions)
+        f = exporter.families()
+        values, buckets = f["urewrite_program_map"], f["urewrite_program_map_bucket"]
+        assert _value(values, "urewrite_program_map", map="@n", key="", field="") == 100
+        assert _value(values, "urewrite_program_map", map="@odd", key="1", field="") == 50
+        assert _value(values, "urewrite_program_map", map="@st", field="total") == sum(range(100))
+        assert _value(buckets, "urewrite_program_map_bucket", map="@h", low="64",
+                      high="127") == 36
+        s.send("call 10")
+        assert _value(exporter.families()["urewrite_program_map"], "urewrite_program_map",
+                      map="@n", key="", field="") == 110
+        assert exporter.stop() == 0
+    finally:
+        if exporter:
+            exporter.proc.kill()
+        stop_all(s)
+
+
 def test_export_errors(tmp_path):
     bad = urewrite("export", "--dir", str(tmp_path), "--listen", "nowhere")
     assert bad.returncode == 2 and "ADDR:PORT" in bad.stderr
