@@ -54,6 +54,19 @@ def table(rows: List[ProbeChange], rates: bool = True) -> List[str]:
     return lines
 
 
+def built_in_maps(directory: Optional[str]) -> List[str]:
+    """The lines of the maps of programs built into the probes, kept in `directory`
+    (docs/programs.md), as `urewrite run` prints them: their values so far."""
+    if directory is None:
+        return []
+    from urewrite.reader.command_run import built_in_maps_in
+    lines = []
+    for maps, _, _ in built_in_maps_in(directory):
+        from urewrite.programs.output import text
+        lines += ["", "the program built into the probes:", ""] + text(maps).rstrip("\n").split("\n")
+    return lines
+
+
 def title(label: str, snap: Snapshot, interval: float) -> str:
     processes = len({r.pid for r in snap.regions.values()})
     return (f"urewrite top - {label} - {processes} process{'es' if processes != 1 else ''}, "
@@ -116,8 +129,11 @@ def run_top(ticker, label: str, interval: float, done: Callable[[], bool],
     table after the full screen is gone."""
     frames: List[List[str]] = []
 
+    directory = getattr(ticker.watcher.source, "directory", None)
+
     def show(before: Snapshot, after: Snapshot) -> None:
-        frames.append([title(label, after, interval), ""] + table(changes(before, after)))
+        frames.append([title(label, after, interval), ""] + table(changes(before, after))
+                      + built_in_maps(directory))
         screen.show(frames[-1])
 
     ticker.on_interval = show

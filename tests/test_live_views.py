@@ -371,3 +371,23 @@ def test_stat_dir_and_top_read_an_arm64_process(tmp_path):
         assert s.quit() == 0
     finally:
         stop_all(s)
+
+
+def test_top_shows_the_maps_of_a_built_in_program(service, tmp_path):
+    """Under the table, the maps of a program built into the probes (urewrite IN -e
+    PROGRAM), as `urewrite run` prints them, at each refresh."""
+    built = tmp_path / "service.built"
+    proc = urewrite(str(service.parent / "service"), "-e", "uprobe:service:handle "
+                    "{ @n = count(); @odd[arg0 % 2] = count(); }", "-o", str(built), "-q")
+    assert proc.returncode == 0, proc.stderr
+    regions = tmp_path / "regions"
+    regions.mkdir()
+    s = Service(built, regions)
+    try:
+        s.send("call 301")
+        proc = urewrite("top", "--dir", str(regions), "--interval", "0.2", "-n", "1")
+    finally:
+        stop_all(s)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.endswith("the program built into the probes:\n\n"
+                                "@n: 301\n@odd[1]: 150\n@odd[0]: 151\n"), proc.stdout
