@@ -103,6 +103,8 @@ def stat_live(pids, all_of, duration, as_json: bool, output, report: Callable) -
         session = arming.run(pids, all_of, duration, 0, announce, lambda *_: None)
         problems: List[str] = []
         regions = arming.regions_of(session.processes, problems)
+        from urewrite.reader.command_run import built_in_maps_in
+        programs = built_in_maps_in(*sorted({p.directory for p in session.processes}))
     except UrewriteError as e:
         click.echo(f"urewrite: {e}", err=True)
         return EXIT_ERROR
@@ -110,7 +112,7 @@ def stat_live(pids, all_of, duration, as_json: bool, output, report: Callable) -
         if session is not None:
             arming.remove(session.processes)
     _warn(session.problems + [f"skipped {p}" for p in problems])
-    text = report(0, regions, as_json)
+    text = report(0, regions, as_json, programs)
     if output:
         with open(output, "w") as f:
             f.write(text)

@@ -54,11 +54,11 @@ def finish(exit_code: int, regions, problems: List[str], as_json: bool, sink,
     return exit_code or 0
 
 
-def report_saying_missed(exit_code: int, regions, as_json: bool) -> str:
+def report_saying_missed(exit_code: int, regions, as_json: bool, programs=()) -> str:
     """stat -p's report: report()'s, and on stderr what went uncounted, as stat of a
     command says it."""
     say_missed(regions)
-    return report(exit_code, regions, as_json)
+    return report(exit_code, regions, as_json, programs)
 
 
 def say_missed(regions) -> None:

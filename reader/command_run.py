@@ -151,13 +151,17 @@ def _prepare_while_running(started: _Started, tables) -> None:
         os.close(pidfd)
 
 
-def built_in_maps_in(directory: str) -> list:
+def built_in_maps_in(*directories: str) -> list:
     """The built-in programs' maps, loading their readers only where there are some."""
     from urewrite.trampolines.program_file import OWN_MAPS_PREFIX
-    try:
-        if not any(n.startswith(OWN_MAPS_PREFIX) for n in os.listdir(directory)):
-            return []
-    except OSError:
+    found = []
+    for directory in directories:
+        try:
+            if any(n.startswith(OWN_MAPS_PREFIX) for n in os.listdir(directory)):
+                found.append(directory)
+        except OSError:
+            continue
+    if not found:
         return []
     from urewrite.reader.probe_programs import built_in_maps
-    return built_in_maps(directory)
+    return built_in_maps(*found)

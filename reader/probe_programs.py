@@ -63,31 +63,32 @@ def _own_maps(path: str, run: int) -> List[str]:
             if name.startswith(prefix) and name[len(prefix):].isdigit()]
 
 
-def built_in_maps(directory: str) -> List[tuple]:
+def built_in_maps(*directories: str) -> List[tuple]:
     """The maps of the programs built into the probes (pipeline.rewrite's `built_in`)
-    that processes left in `directory`: the files the maps' head describes, each run's
+    that processes left in `directories`: the files the maps' head describes, each run's
     added up: [(its maps, updates dropped, reads that faulted)]. A file that is not a
     maps area is left out (any user may create files in a shared directory)."""
-    try:
-        names = sorted(n for n in os.listdir(directory) if n.startswith(
-            program_file.OWN_MAPS_PREFIX))
-    except OSError:
-        return []
     by_run: Dict[int, list] = {}
-    for name in names:
-        parts = name[len(program_file.OWN_MAPS_PREFIX):].split(".")
-        if len(parts) != 2 or not all(p.isdigit() for p in parts):
-            continue
+    for directory in directories:
         try:
-            with open(os.path.join(directory, name), "rb") as f:
-                area = f.read()
-            shapes = maps.shapes_of(area)
-            found, dropped = maps.read(area, shapes)
-        except (OSError, ValueError):
+            names = sorted(n for n in os.listdir(directory)
+                           if n.startswith(program_file.OWN_MAPS_PREFIX))
+        except OSError:
             continue
-        if maps.run_of(area) != int(parts[0]):
-            continue
-        by_run.setdefault(int(parts[0]), []).append((found, dropped, maps.faults(area)))
+        for name in names:
+            parts = name[len(program_file.OWN_MAPS_PREFIX):].split(".")
+            if len(parts) != 2 or not all(p.isdigit() for p in parts):
+                continue
+            try:
+                with open(os.path.join(directory, name), "rb") as f:
+                    area = f.read()
+                shapes = maps.shapes_of(area)
+                found, dropped = maps.read(area, shapes)
+            except (OSError, ValueError):
+                continue
+            if maps.run_of(area) == int(parts[0]):
+                by_run.setdefault(int(parts[0]), []).append((found, dropped,
+                                                             maps.faults(area)))
     return [(maps.merge([m for m, _, _ in parts]), sum(d for _, d, _ in parts),
              sum(f for _, _, f in parts)) for _, parts in sorted(by_run.items())]
 

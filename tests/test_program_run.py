@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -169,7 +170,6 @@ def test_programs_loaded_replaced_and_unloaded_in_a_running_threaded_process(tmp
     three threads calling) and unloaded: each one's maps hold exactly the calls made
     while it was loaded; the process never restarts, and calls between the windows
     are in no program's maps."""
-    import signal
     from live_service import LineReader
     if shutil.which("gcc") is None:
         pytest.skip("gcc is not installed")
@@ -365,3 +365,44 @@ def test_loaded_into_a_region_directory(files, tmp_path):
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "no directory" in proc.stderr
     proc = urewrite("run", "-e", program, "--dir", str(directory), "--", str(rewritten))
     assert proc.returncode == 2 and "--dir goes without a command" in proc.stderr
+
+
+def test_stat_of_a_running_process_shows_its_built_in_program(tmp_path):
+    """`stat -p PID` of a process whose probes have a program built in: armed, the
+    program runs, and the report shows its maps for the calls made while armed."""
+    from live_service import LineReader
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    plain = tmp_path / "served"
+    subprocess.run(["gcc", "-O2", "-pthread", os.path.join(ROOT, "samples", "programs",
+                                                             "served.c"), "-o", str(plain)],
+                   check=True)
+    built = tmp_path / "served.built"
+    proc = urewrite(str(plain), "-e", "uprobe:served:work { @n = count(); @t[arg1] = count(); }",
+                    "-o", str(built), "-q")
+    assert proc.returncode == 0, proc.stderr
+    process = subprocess.Popen([str(built)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True)
+    lines = LineReader(process.stdout)
+    try:
+        assert lines.next_line() == "ready"
+        process.stdin.write("calls 2 500\n")  # before: not armed, not counted
+        process.stdin.flush()
+        assert lines.next_line() == "ok calls 2 500"
+        tracer = subprocess.Popen([sys.executable, "-m", "urewrite", "stat", "-p",
+                                   str(process.pid), "--duration", "30"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        errors = LineReader(tracer.stderr)
+        while f"armed pid {process.pid}" not in errors.next_line():
+            pass
+        process.stdin.write("calls 3 1000\n")
+        process.stdin.flush()
+        assert lines.next_line() == "ok calls 3 1000"
+        tracer.send_signal(signal.SIGINT)
+        out, rest = tracer.communicate(timeout=60)
+        assert tracer.returncode == 0, rest
+        assert out.endswith("the program built into the probes:\n\n"
+                            "@n: 3000\n@t[0]: 1000\n@t[1]: 1000\n@t[2]: 1000\n"), out
+    finally:
+        process.kill()
+        process.wait()
