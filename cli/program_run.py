@@ -49,7 +49,7 @@ def run(program_text, program_path, as_json, output, map_size, interval, directo
     until Ctrl-C, --duration S or their exit, then unloaded, and the maps printed. With
     --dir, processes started with UREWRITE_DIR=DIR while it runs run the program.
     """
-    from urewrite.programs import attach, checks, evaluate, lower, output as printer, parser
+    from urewrite.programs import attach, checks, evaluate, output as printer, parser
 
     if (program_text is None) == (program_path is None):
         raise click.UsageError("give the program with -e PROGRAM or -f FILE")
@@ -71,9 +71,7 @@ def run(program_text, program_path, as_json, output, map_size, interval, directo
         checked = checks.check(parser.parse(text))
         targets = {}
         attach.attach(targets, checked.program.blocks, list(command))
-        lowered = lower.lower(checked, {p.text: (p.text, p.function or p.name or "")
-                                        for b in checked.program.blocks for p in b.probes},
-                              map_size, attach.expansions(targets, checked.program.blocks))
+        lowered = attach.lower(checked, targets, map_size)
     except UrewriteError as e:
         fail(str(e))
     state = evaluate.State(checked)

@@ -39,6 +39,11 @@ class Target:
     keys: Dict[tuple, str] = field(default_factory=dict)  # (number, text) -> its code's key,
     # where it has code of its own there (lower.lower's expansions)
 
+    def add_run(self, number: int, text: str) -> None:
+        texts = self.runs.setdefault(number, [])
+        if text not in texts:
+            texts.append(text)
+
     def code_keys(self, number: int, code: Dict[str, list]) -> List[str]:
         """The keys of the code that runs at probe `number`, in order: each text's, or
         its own there where it has one (lower.lower's expansions)."""
@@ -105,9 +110,7 @@ def attach(targets: Dict[str, Target], blocks, command: List[str]) -> None:
             if not found:
                 missing.setdefault(path, []).append(probe)
             for number in found:
-                texts = targets[key].runs.setdefault(number, [])
-                if probe.text not in texts:
-                    texts.append(probe.text)
+                targets[key].add_run(number, probe.text)
     for path, probes in missing.items():
         entries = " ".join(f"-p '{spec_of(p)}'" for p in probes if p.kind != "uretprobe")
         returns = " ".join(f"-r '{spec_of(p)}'" for p in probes if p.kind == "uretprobe")
@@ -159,6 +162,15 @@ def expansions(targets: Dict[str, Target], blocks) -> Dict[str, Dict[str, tuple]
                 out.setdefault(text, {})[key] = values
                 t.keys[(number, text)] = key
     return out
+
+
+def lower(checked, targets: Dict[str, Target], map_size: int = M.KEYED_CAPACITY) -> L.Lowered:
+    """The program's code for the probes it attached to in `targets` (`probe` and
+    `func` as each matched probe has them: `expansions`)."""
+    blocks = checked.program.blocks
+    return L.lower(checked, {p.text: (p.text, p.function or p.name or "")
+                             for b in blocks for p in b.probes},
+                   map_size, expansions(targets, blocks))
 
 
 def check_arguments(targets: Dict[str, Target], lowered: L.Lowered) -> None:
@@ -234,14 +246,10 @@ def built_in(checked, paths: List[str], probes: List[tuple], machine: int, assem
         for probe in block.probes:
             if probe.kind not in ("BEGIN", "END") and names_file(probe, paths):
                 for number in _numbers(t, probe):
-                    texts = t.runs.setdefault(number, [])
-                    if probe.text not in texts:
-                        texts.append(probe.text)
+                    t.add_run(number, probe.text)
     if not t.runs:
         return None
-    lowered = L.lower(checked, {p.text: (p.text, p.function or p.name or "")
-                                for b in blocks for p in b.probes},
-                      map_size, expansions({"": t}, blocks))
+    lowered = lower(checked, {"": t}, map_size)
     check_arguments({"": t}, lowered)
     return program_blob(t, lowered, int.from_bytes(os.urandom(8), "little") | 1, assemble)
 
