@@ -355,3 +355,30 @@ def _variables(body) -> List[str]:
                 if name not in found:
                     found.append(name)
     return found
+
+
+class Frame:
+    """The places a probe's function keeps below its frame pointer, the same on every
+    architecture: locals, then the key buffer, a printf's values, then the string
+    buffers (each STRING bytes); `size` rounded up to 16."""
+
+    def __init__(self, lowered: Lowered):
+        self.key = 8 * lowered.locals
+        self.event = self.key + 8 * max(lowered.key_words, 1)
+        self.scratch = self.event + 8 * ARGUMENTS
+        size = self.scratch + STRING * lowered.scratch
+        self.size = (size + 15) & ~15
+
+    def local(self, n: int) -> int:
+        return 8 * n
+
+
+def string_data(lowered: Lowered) -> List[str]:
+    """The program's string constants as assembly (`string_N:` then STRING bytes each),
+    in the syntax both backends' assemblers take."""
+    lines = []
+    for n, text in enumerate(lowered.strings):
+        data = text.encode().ljust(STRING, b"\0")
+        lines.append(f"string_{n}:")
+        lines += [".byte " + ", ".join(str(b) for b in data[i:i + 16]) for i in range(0, STRING, 16)]
+    return lines

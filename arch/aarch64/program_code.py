@@ -54,7 +54,7 @@ def assemble(lowered: L.Lowered, offsets: List[int]) -> Tuple[bytes, Dict[str, i
 
 def source(lowered: L.Lowered, offsets: List[int]) -> Tuple[str, Dict[str, str]]:
     """The assembly text, and each probe's function label."""
-    frame = _Frame(lowered)
+    frame = L.Frame(lowered)
     lines: List[str] = []
     entries = {}
     labels = _Labels()
@@ -66,26 +66,8 @@ def source(lowered: L.Lowered, offsets: List[int]) -> Tuple[str, Dict[str, str]]
         lines += _lookup(index, shape, offsets[index])
     lines += _read_memory()
     lines.append(".p2align 4")
-    for n, text in enumerate(lowered.strings):
-        data = text.encode().ljust(L.STRING, b"\0")
-        lines.append(f"string_{n}:")
-        lines += [".byte " + ", ".join(str(b) for b in data[i:i + 16]) for i in range(0, L.STRING, 16)]
+    lines += L.string_data(lowered)
     return "".join(line + "\n" for line in lines), entries
-
-
-class _Frame:
-    """x29-relative places: locals, then the key buffer, a printf's values, then the
-    string buffers (the x86_64 code's layout)."""
-
-    def __init__(self, lowered: L.Lowered):
-        self.key = 8 * lowered.locals
-        self.event = self.key + 8 * max(lowered.key_words, 1)
-        self.scratch = self.event + 8 * P.ARGUMENTS
-        size = self.scratch + L.STRING * lowered.scratch
-        self.size = (size + 15) & ~15
-
-    def local(self, n: int) -> int:
-        return 8 * n
 
 
 class _Labels:
@@ -139,7 +121,7 @@ def _fault(fn: str, labels: _Labels) -> List[str]:
     return ["add x15, x20, #%d" % M.FAULTS] + _increment("x15", "#1", fn, labels)
 
 
-def _function(label: str, ops, frame: _Frame, lowered: L.Lowered, labels: _Labels) -> List[str]:
+def _function(label: str, ops, frame: L.Frame, lowered: L.Lowered, labels: _Labels) -> List[str]:
     body: List[str] = []
     k = 0
     while k < len(ops):
@@ -198,7 +180,7 @@ def _without_stack_moves(lines: List[str]) -> List[str]:
     return out
 
 
-def _operation(fn: str, op: tuple, frame: _Frame, lowered: L.Lowered, labels: _Labels) -> List[str]:
+def _operation(fn: str, op: tuple, frame: L.Frame, lowered: L.Lowered, labels: _Labels) -> List[str]:
     name, args = op[0], op[1:]
     if name == "const":
         return _mov("x0", args[0]) + [_PUSH]
@@ -358,7 +340,7 @@ def _string_equal(fn: str, labels: _Labels) -> List[str]:
     return out + ["mov x0, #1", f"b {done}", f"{differ}:", "mov x0, xzr", f"{done}:", _PUSH]
 
 
-def _printf(frame: _Frame, index: int, kinds) -> List[str]:
+def _printf(frame: L.Frame, index: int, kinds) -> List[str]:
     """The values, popped last first into the event buffer, then the runtime's routine
     (an AAPCS64 function: w0 = printf N, x1 = the words, x2 = how many)."""
     at, word = [], 0

@@ -43,7 +43,7 @@ def assemble(lowered: L.Lowered, offsets: List[int]) -> Tuple[bytes, Dict[str, i
 
 def source(lowered: L.Lowered, offsets: List[int]) -> Tuple[str, Dict[str, str]]:
     """The assembly text, and each probe's function label."""
-    frame = _Frame(lowered)
+    frame = L.Frame(lowered)
     lines: List[str] = []
     entries = {}
     for k, (probe, ops) in enumerate(lowered.code.items()):
@@ -53,28 +53,11 @@ def source(lowered: L.Lowered, offsets: List[int]) -> Tuple[str, Dict[str, str]]
     for index, shape in enumerate(lowered.maps):
         lines += _lookup(index, shape, offsets[index])
     lines.append(".align 64")
-    for n, text in enumerate(lowered.strings):
-        data = text.encode().ljust(L.STRING, b"\0")
-        lines.append(f"string_{n}:")
-        lines += [".byte " + ", ".join(str(b) for b in data[i:i + 16]) for i in range(0, L.STRING, 16)]
+    lines += L.string_data(lowered)
     return "".join(line + "\n" for line in lines), entries
 
 
-class _Frame:
-    """rbp-relative places: locals, then the key buffer, then the string buffers."""
-
-    def __init__(self, lowered: L.Lowered):
-        self.key = 8 * lowered.locals
-        self.event = self.key + 8 * max(lowered.key_words, 1)  # a printf's values
-        self.scratch = self.event + 8 * P.ARGUMENTS
-        size = self.scratch + L.STRING * lowered.scratch
-        self.size = (size + 15) & ~15
-
-    def local(self, n: int) -> int:
-        return 8 * n
-
-
-def _function(label: str, ops, frame: _Frame, lowered: L.Lowered) -> List[str]:
+def _function(label: str, ops, frame: L.Frame, lowered: L.Lowered) -> List[str]:
     body = []
     k = 0
     while k < len(ops):
@@ -156,7 +139,7 @@ def _without_stack_moves(lines: List[str]) -> List[str]:
     return out
 
 
-def _operation(fn: str, op: tuple, frame: _Frame, lowered: L.Lowered) -> List[str]:
+def _operation(fn: str, op: tuple, frame: L.Frame, lowered: L.Lowered) -> List[str]:
     name, args = op[0], op[1:]
     if name == "const":
         return [f"mov rax, {args[0]:#x}", "push rax"]
@@ -317,7 +300,7 @@ def _string_equal(fn: str) -> List[str]:
     return out + ["push 1", f"jmp {done}", f"{differ}:", "push 0", f"{done}:"]
 
 
-def _printf(frame: _Frame, index: int, kinds) -> List[str]:
+def _printf(frame: L.Frame, index: int, kinds) -> List[str]:
     """The values, popped last first into the event buffer, then the runtime's routine."""
     at = []
     word = 0
