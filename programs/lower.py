@@ -36,7 +36,7 @@ Operations (each a tuple, its name first):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from urewrite.programs import maps as map_layout
 from urewrite.programs.checks import BUILTINS, STR, BlockChecker, Checked, cast_size
@@ -382,3 +382,25 @@ def string_data(lowered: Lowered) -> List[str]:
         lines.append(f"string_{n}:")
         lines += [".byte " + ", ".join(str(b) for b in data[i:i + 16]) for i in range(0, STRING, 16)]
     return lines
+
+
+@dataclass(frozen=True)
+class Fused:
+    """The first operations of a list that a backend writes as one (`fused`), saving
+    the stack a trip: `operation` (a ("binary", op, signed) or ("compare", cc, signed)
+    operation) with its right-hand side `constant` (None: from the stack), and for a
+    comparison that only decides a jump, the label jumped to when it is false."""
+    taken: int  # operations
+    operation: tuple
+    constant: Optional[int] = None
+    jump_if_false: Optional[str] = None
+
+
+def fused(ops: List[tuple]) -> Optional[Fused]:
+    """What the first of `ops` do as one, or None."""
+    constant = len(ops) > 1 and ops[0][0] == "const" and ops[1][0] in ("binary", "compare")
+    rest = ops[1:] if constant else ops
+    value = ops[0][1] if constant else None
+    if len(rest) > 1 and rest[0][0] == "compare" and rest[1][0] == "jump_zero":
+        return Fused(constant + 2, rest[0], value, rest[1][1])
+    return Fused(2, rest[0], value) if constant else None

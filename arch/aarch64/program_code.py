@@ -148,22 +148,21 @@ def _sub_sp(size: int) -> List[str]:
 
 
 def _fused(fn: str, ops) -> Tuple[List[str], int]:
-    """The first operations as one where that saves the stack a trip (a constant as
-    the right-hand side, a comparison that only decides a jump), and how many it
-    took: 0 for none."""
-    constant = len(ops) > 1 and ops[0][0] == "const" and ops[1][0] in ("binary", "compare")
-    operands = [_pop("x0")] + _mov("x1", ops[0][1]) if constant else [_pop("x1"), _pop("x0")]
-    rest = ops[1:] if constant else ops
-    names = [op[0] for op in rest]
-    if names[:2] == ["compare", "jump_zero"]:
-        cc = (_SIGNED_CC if rest[0][2] else _UNSIGNED_CC)[rest[0][1]]
-        return operands + ["cmp x0, x1", f"b.{_NEGATED[cc]} {fn}_{rest[1][1]}"], constant + 2
-    if not constant:
+    """The first operations as one where lower.fused says so, and how many it took:
+    0 for none."""
+    f = L.fused(ops)
+    if f is None:
         return [], 0
-    if names[0] == "binary":
-        return operands + _binary(*rest[0][1:]) + [_PUSH], 2
-    cc = (_SIGNED_CC if rest[0][2] else _UNSIGNED_CC)[rest[0][1]]
-    return operands + ["cmp x0, x1", f"cset x0, {cc}", _PUSH], 2
+    name, *args = f.operation
+    operands = [_pop("x0")] + _mov("x1", f.constant) if f.constant is not None \
+        else [_pop("x1"), _pop("x0")]
+    if f.jump_if_false is not None:
+        cc = (_SIGNED_CC if args[1] else _UNSIGNED_CC)[args[0]]
+        return operands + ["cmp x0, x1", f"b.{_NEGATED[cc]} {fn}_{f.jump_if_false}"], f.taken
+    if name == "binary":
+        return operands + _binary(*args) + [_PUSH], f.taken
+    cc = (_SIGNED_CC if args[1] else _UNSIGNED_CC)[args[0]]
+    return operands + ["cmp x0, x1", f"cset x0, {cc}", _PUSH], f.taken
 
 
 def _without_stack_moves(lines: List[str]) -> List[str]:

@@ -80,25 +80,24 @@ def _function(label: str, ops, frame: L.Frame, lowered: L.Lowered) -> List[str]:
 
 
 def _fused(fn: str, ops) -> Tuple[List[str], int]:
-    """The first operations as one where that saves the stack a trip (a constant as
-    the right-hand side of an operation, a comparison that only decides a jump), and
-    how many it took: 0 for none."""
-    constant = len(ops) > 1 and ops[0][0] == "const" and ops[1][0] in ("binary", "compare")
-    operands = ["pop rax", f"mov rcx, {ops[0][1]:#x}"] if constant else ["pop rcx", "pop rax"]
-    rest = ops[1:] if constant else ops
-    names = [op[0] for op in rest]
-    if names[:2] == ["compare", "jump_zero"]:
-        cc = (_SIGNED_CC if rest[0][2] else _UNSIGNED_CC)[rest[0][1]]
-        return operands + ["cmp rax, rcx", f"j{_NEGATED[cc]} {fn}_{rest[1][1]}"], constant + 2
-    if not constant:
+    """The first operations as one where lower.fused says so, and how many it took:
+    0 for none."""
+    f = L.fused(ops)
+    if f is None:
         return [], 0
-    if names[0] == "binary":
-        by = _by_constant(*rest[0][1:], ops[0][1])
+    name, *args = f.operation
+    operands = ["pop rax", f"mov rcx, {f.constant:#x}"] if f.constant is not None \
+        else ["pop rcx", "pop rax"]
+    if f.jump_if_false is not None:
+        cc = (_SIGNED_CC if args[1] else _UNSIGNED_CC)[args[0]]
+        return operands + ["cmp rax, rcx", f"j{_NEGATED[cc]} {fn}_{f.jump_if_false}"], f.taken
+    if name == "binary":
+        by = _by_constant(*args, f.constant)
         if by is not None:
-            return ["pop rax"] + by + ["push rax"], 2
-        return operands + _binary(fn, *rest[0][1:]) + ["push rax"], 2
-    cc = (_SIGNED_CC if rest[0][2] else _UNSIGNED_CC)[rest[0][1]]
-    return operands + ["xor edx, edx", "cmp rax, rcx", f"set{cc} dl", "push rdx"], 2
+            return ["pop rax"] + by + ["push rax"], f.taken
+        return operands + _binary(fn, *args) + ["push rax"], f.taken
+    cc = (_SIGNED_CC if args[1] else _UNSIGNED_CC)[args[0]]
+    return operands + ["xor edx, edx", "cmp rax, rcx", f"set{cc} dl", "push rdx"], f.taken
 
 
 def _by_constant(op: str, signed: bool, value: int):
