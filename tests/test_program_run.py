@@ -165,18 +165,25 @@ def test_loaded_into_a_running_process_and_unloaded(files):
         process.wait()
 
 
-def test_programs_loaded_replaced_and_unloaded_in_a_running_threaded_process(tmp_path):
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """samples/programs/served.c, built: a threaded process driven by lines on stdin."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    plain = tmp_path_factory.mktemp("served") / "served"
+    subprocess.run(["gcc", "-O2", "-pthread", os.path.join(ROOT, "samples", "programs",
+                                                             "served.c"), "-o", str(plain)],
+                   check=True)
+    return plain
+
+
+def test_programs_loaded_replaced_and_unloaded_in_a_running_threaded_process(served, tmp_path):
     """One program, then another, each loaded into the same running process (four and
     three threads calling) and unloaded: each one's maps hold exactly the calls made
     while it was loaded; the process never restarts, and calls between the windows
     are in no program's maps."""
     from live_service import LineReader
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is not installed")
-    plain = tmp_path / "served"
-    subprocess.run(["gcc", "-O2", "-pthread", os.path.join(ROOT, "samples", "programs",
-                                                             "served.c"), "-o", str(plain)],
-                   check=True)
+    plain = served
     rewritten = tmp_path / "served.probed"
     proc = urewrite(str(plain), "-p", "work", "--args", "2", "-o", str(rewritten), "-q")
     assert proc.returncode == 0, proc.stderr
@@ -367,16 +374,11 @@ def test_loaded_into_a_region_directory(files, tmp_path):
     assert proc.returncode == 2 and "--dir goes without a command" in proc.stderr
 
 
-def test_stat_of_a_running_process_shows_its_built_in_program(tmp_path):
+def test_stat_of_a_running_process_shows_its_built_in_program(served, tmp_path):
     """`stat -p PID` of a process whose probes have a program built in: armed, the
     program runs, and the report shows its maps for the calls made while armed."""
     from live_service import LineReader
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc is not installed")
-    plain = tmp_path / "served"
-    subprocess.run(["gcc", "-O2", "-pthread", os.path.join(ROOT, "samples", "programs",
-                                                             "served.c"), "-o", str(plain)],
-                   check=True)
+    plain = served
     built = tmp_path / "served.built"
     proc = urewrite(str(plain), "-e", "uprobe:served:work { @n = count(); @t[arg1] = count(); }",
                     "-o", str(built), "-q")
