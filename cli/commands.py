@@ -253,13 +253,14 @@ def stat(as_json, output, interval, directory, pids, all_of, duration, command):
     from urewrite.interval_report import stat_live
     sink = Sink(output, sys.stdout)
     try:
-        exit_code, regions, problems = stat_live(list(command), directory, interval,
-                                                 duration, as_json, sink)
+        exit_code, regions, problems, programs = stat_live(list(command), directory, interval,
+                                                           duration, as_json, sink)
     except UrewriteError as e:
         click.echo(f"urewrite: {e}", err=True)
         sys.exit(127 if command else EXIT_ERROR)
     sys.exit(stat_report.finish(exit_code, regions, problems, as_json, sink,
-                                every_line=interval is not None, directory=directory))
+                                every_line=interval is not None, directory=directory,
+                                programs=programs))
 
 
 @main.command(context_settings={"ignore_unknown_options": True})

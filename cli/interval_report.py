@@ -58,12 +58,13 @@ class IntervalPrinter:
 
 def stat_live(command: List[str], directory: Optional[str], interval: Optional[float],
               duration: Optional[float], as_json: bool, sink: Sink
-              ) -> Tuple[Optional[int], List[Region], List[str]]:
+              ) -> Tuple[Optional[int], List[Region], List[str], Optional[list]]:
     """Run `command` or watch `directory`, printing intervals to `sink`. Returns the
-    exit status (None for a directory), the regions at the end, and a line per
-    region file that could not be read."""
+    exit status (None for a directory), the regions at the end, a line per region
+    file that could not be read, and the maps of programs built into a command's
+    probes (None for a directory: the report reads them there)."""
     def printer(start: float) -> IntervalPrinter:
         return IntervalPrinter(sink, as_json, start)
     if directory is not None:
-        return (None,) + watch_directory(directory, interval, duration, printer)
+        return (None,) + watch_directory(directory, interval, duration, printer) + (None,)
     return watch_command(command, interval, printer)

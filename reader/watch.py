@@ -10,7 +10,7 @@ import signal
 import time
 from typing import Callable, List, Optional, Tuple
 
-from urewrite.reader.command_run import exit_status, interrupts_to
+from urewrite.reader.command_run import built_in_maps_in, exit_status, interrupts_to
 from urewrite.reader.directories import region_directory, remove_region_directory
 from urewrite.reader.snapshots import Snapshot, Watcher
 from urewrite.reader.sources import DirectorySource
@@ -48,9 +48,10 @@ def watch_directory(directory: str, interval: Optional[float], duration: Optiona
 
 
 def watch_command(command: List[str], interval: Optional[float],
-                  on_interval_from: OnIntervalFrom) -> Tuple[int, List[Region], List[str]]:
-    """Until the command exits: its exit status, the regions it left, and a line per
-    region file that could not be read."""
+                  on_interval_from: OnIntervalFrom) -> Tuple[int, List[Region], List[str], list]:
+    """Until the command exits: its exit status, the regions it left, a line per region
+    file that could not be read, and the maps of programs built into the probes
+    (probe_programs.built_in_maps)."""
     directory = region_directory()
     watcher = Watcher(DirectorySource(directory))
     try:
@@ -62,7 +63,8 @@ def watch_command(command: List[str], interval: Optional[float],
         ticker.finish()
         # the report reads the files as plain stat does: exact now that all are closed
         problems: List[str] = []
-        return exit_status(returncode), collect(directory, problems), problems
+        return exit_status(returncode), collect(directory, problems), problems, \
+            built_in_maps_in(directory)
     finally:
         watcher.close()
         remove_region_directory(directory)

@@ -248,6 +248,9 @@ def test_a_program_built_in_runs_whenever_the_probes_are_armed(values, tmp_path)
     assert built_in == {"maps": loaded, "dropped": 0, "faults": 0}
     assert {"type": "map", "data": {"@r": sum(3 * i - 500 * (i % 7) for i in range(300))}} \
         in loaded
+    interval = urewrite("stat", "--interval", "0.2", "--", str(out), "300")
+    assert interval.returncode == 0, interval.stderr
+    assert f"@r: {sum(3 * i - 500 * (i % 7) for i in range(300))}\n" in interval.stdout
     # two processes of a directory: their maps added up
     directory = tmp_path / "dir"
     directory.mkdir()
