@@ -307,7 +307,7 @@ class Planner:
                                         self.windows.counts_when_taken(site),
                                         site.stays_within),)), reason
 
-    def _by_address(self, items, site_of=lambda site: site) -> list:
+    def by_address(self, items, site_of=lambda site: site) -> list:
         """Sites (or items holding one) grouped by the point they share, in address
         order (a conditional exit counts on its taken edge only, an indirect jump's
         when it leaves: they share no point)."""
@@ -318,8 +318,8 @@ class Planner:
             groups.setdefault(key, []).append(item)
         return [groups[key] for key in sorted(groups)]
 
-    def _group_window(self, group: List[Site], size: Optional[int] = None,
-                      avoid_taken: bool = False) -> Plan:
+    def group_window(self, group: List[Site], size: Optional[int] = None,
+                     avoid_taken: bool = False) -> Plan:
         """One window for the sites at one point, all counted there."""
         return self._group_plan(group, size, avoid_taken)[0]
 
@@ -331,7 +331,7 @@ class Planner:
 
     def _group_plan(self, group: List[Site], size: Optional[int] = None,
                     avoid_taken: bool = False, found=None) -> tuple:
-        """(_group_window(), what may branch into it when precompute found out: None or
+        """(group_window(), what may branch into it when precompute found out: None or
         why, or UNKNOWN: a Verdict). `found`: that for the primary site already, or why it has
         no window (_plan_sites: _found_windows())."""
         primary = self._primary(group)
@@ -358,7 +358,7 @@ class Planner:
                                 functools.partial(layout.stub_page_cap, self.elf),
                                 self.backend.stub_places_engine)
         tentative, verdicts = [], {}  # (verdicts: id(plan) -> its Verdict, where known)
-        groups = self._by_address(sites)
+        groups = self.by_address(sites)
         found = []  # (_group_plan()'s `found`, for each group: a few thousand at a time)
         for k, group in enumerate(groups):
             if k % 4096 == 0 and "jump" in self.tactics:  # (progress goes on meanwhile)
@@ -392,7 +392,7 @@ class Planner:
                     if retried:
                         outcome, reason = retried, None
                 if reason is None and previous and outcome.window.address < previous.window.end:
-                    merged = self._merge(previous, outcome, taken)
+                    merged = self.merge(previous, outcome, taken)
                     if merged:
                         outcomes[previous_at] = previous = merged
                         continue
@@ -442,12 +442,12 @@ class Planner:
         """(the group's window clear of taken addresses, what may still branch into it:
         None or why), or (None, None) if there is none."""
         try:
-            retried = self._group_window(sites, avoid_taken=True)
+            retried = self.group_window(sites, avoid_taken=True)
         except Refused:
             return None, None
         return retried, self.safety.branch_into(retried, self.safety.taken_in_windows([retried]))
 
-    def _merge(self, a: Plan, b: Plan, taken: Dict[int, list]) -> Optional[Plan]:
+    def merge(self, a: Plan, b: Plan, taken: Dict[int, list]) -> Optional[Plan]:
         """One window for two overlapping ones (an entry and a return probe of a short
         function), when the union is whole instructions and nothing branches into it."""
         if b.window.end <= a.window.end:

@@ -67,9 +67,9 @@ class TightSites:
         """(refusals, the window of a hop for them or why there is none) for each group
         of refusals at one address; windows that overlap merged (merge_overlaps)."""
         tried = []
-        for group in self.planner._by_address(refusals, lambda refusal: refusal.site):
+        for group in self.planner.by_address(refusals, lambda refusal: refusal.site):
             try:
-                tried.append((group, self.planner._group_window([r.site for r in group],
+                tried.append((group, self.planner.group_window([r.site for r in group],
                                                         self.backend.hop_size)))
             except Refused as why:
                 tried.append((group, str(why)))
@@ -144,7 +144,7 @@ class TightSites:
         stub where those bytes make it go must be free, above the new code and state,
         and within the stub's reach of the trampoline. The plan, or why not."""
         try:
-            plan = self.planner._group_window(sites, 1)
+            plan = self.planner.group_window(sites, 1)
         except Refused as why:
             return str(why)
         window, size = plan.window, self.backend.patch_size
@@ -248,7 +248,7 @@ class TightSites:
                 before = next((k for k in range(len(merged) - 1, -1, -1)
                                if isinstance(merged[k][1], Plan)), None)
                 if before is not None and plan.window.address < merged[before][1].window.end:
-                    union = self.planner._merge(merged[before][1], plan, taken)
+                    union = self.planner.merge(merged[before][1], plan, taken)
                     if union is None:
                         plan = "its window overlaps the window of the site before it"
                     else:
