@@ -163,14 +163,13 @@ def _program_probes(text, path, input_file, output, probes, returns, quiet):
 def _built_in(checked, paths, quiet: bool):
     """The rewrite's `built_in`: the program's file for the output's probes (x86_64;
     a program with printf() is not built in: its events would go nowhere)."""
-    from urewrite.arch import EM_X86_64
     from urewrite.program_run import _assemble
     from urewrite.programs import attach
     from urewrite.programs.probes import prints
 
     def built_in(probes, machine):
         printing = prints(checked.program)
-        if machine != EM_X86_64 or printing:
+        if machine not in attach.BUILT_IN_MACHINES or printing:
             if not quiet:
                 why = "it has printf()" if printing else "x86_64 files only for now"
                 click.echo(f"urewrite: note: the program is not built in ({why}): load it "

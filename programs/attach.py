@@ -21,6 +21,7 @@ from urewrite.trampolines.region import (KIND_ADDRESS, KIND_ENTRY, KIND_RETURN, 
                                          template_probe_arguments, template_probes)
 
 MAX_ENTRY_ARGUMENTS = 6  # (the rewrite's --args)
+BUILT_IN_MACHINES = {62}  # x86_64: the runtimes that run a program built into the probes
 _KIND = {"uprobe": KIND_ENTRY, "uretprobe": KIND_RETURN, "usdt": KIND_USDT}
 
 
@@ -238,7 +239,9 @@ def built_in(checked, paths: List[str], probes: List[tuple], machine: int, assem
     """The program file of a program built into a rewrite's probes (pipeline.rewrite's
     `built_in`), for the probes it names in the file (`paths`: the names it goes by),
     given the output's probe table: (name, kind, address, arguments) by number; None
-    when it names none of them."""
+    when it names none of them, or the machine's runtime runs none (BUILT_IN_MACHINES)."""
+    if machine not in BUILT_IN_MACHINES:
+        return None
     from urewrite.programs.probes import names_file
     t = Target(paths[-1], "", machine, [p[:3] for p in probes], [p[3] for p in probes])
     blocks = checked.program.blocks
