@@ -122,14 +122,8 @@ def _with_program(text: str, input_path: str, output_path: str, probes: List[str
 
     def assemble(machine, lowered, offsets):
         return backend_for(machine).program_code(lowered, offsets)
-
-    def built_in(table, machine):
-        if program_probes.prints(checked.program):
-            return None  # (its printf()s would go to no reader)
-        return attach.built_in(checked, [input_path, output_path],
-                               [(p.name, p.kind, p.address, p.arguments) for p in table],
-                               machine, assemble)
-    return probes, returns, args, built_in
+    return probes, returns, args, attach.rewrite_step(checked, [input_path, output_path],
+                                                      assemble)
 
 
 def read_counts(directory: str) -> Counts:

@@ -161,23 +161,16 @@ def _program_probes(text, path, input_file, output, probes, returns, quiet):
 
 
 def _built_in(checked, paths, quiet: bool):
-    """The rewrite's `built_in`: the program's file for the output's probes (x86_64;
-    a program with printf() is not built in: its events would go nowhere)."""
+    """The rewrite's `built_in`: the program's file for the output's probes, or a note
+    saying why it is not built in."""
     from urewrite.program_run import _assemble
     from urewrite.programs import attach
-    from urewrite.programs.probes import prints
 
-    def built_in(probes, machine):
-        printing = prints(checked.program)
-        if machine not in attach.BUILT_IN_MACHINES or printing:
-            if not quiet:
-                why = "it has printf()" if printing else "x86_64 files only for now"
-                click.echo(f"urewrite: note: the program is not built in ({why}): load it "
-                           f"with urewrite run", err=True)
-            return None
-        return attach.built_in(checked, paths, [(p.name, p.kind, p.address, p.arguments)
-                                                for p in probes], machine, _assemble)
-    return built_in
+    def note(why: str) -> None:
+        if not quiet:
+            click.echo(f"urewrite: note: the program is not built in ({why}): load it "
+                       f"with urewrite run", err=True)
+    return attach.rewrite_step(checked, paths, _assemble, note)
 
 
 def _report_rewrite(result, output: str, as_json: bool, quiet: bool) -> None:
