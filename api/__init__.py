@@ -13,9 +13,8 @@ of a subprocess of `urewrite`.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence
 
 from urewrite.errors import UrewriteError
 
