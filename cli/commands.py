@@ -95,7 +95,7 @@ def main():
 @click.option("-e", "program_text", metavar="PROGRAM",
               help="Probe what a probe program (bpftrace's language) names in IN: its "
                    "uprobe, uretprobe and usdt probes whose path is IN, OUT, their basename "
-                   "or '*'; and build the program in (x86_64): it runs whenever the probes "
+                   "or '*'; and build the program in: it runs whenever the probes "
                    "are armed (stat, UREWRITE_DIR), and stat shows its maps.")
 @click.option("-f", "program_file", metavar="FILE", type=click.Path(dir_okay=False),
               help="The same, with the program read from FILE.")
@@ -161,20 +161,17 @@ def _program_probes(text, path, input_file, output, probes, returns, quiet):
 
 
 def _built_in(checked, paths, quiet: bool):
-    """The rewrite's `built_in`: the program's file for the output's probes (x86_64;
-    a program with printf() is not built in: its events would go nowhere)."""
-    from urewrite.arch import EM_X86_64
+    """The rewrite's `built_in`: the program's file for the output's probes (a
+    program with printf() is not built in: its events would go nowhere)."""
     from urewrite.program_run import _assemble
     from urewrite.programs import attach
     from urewrite.programs.probes import prints
 
     def built_in(probes, machine):
-        printing = prints(checked.program)
-        if machine != EM_X86_64 or printing:
+        if prints(checked.program):
             if not quiet:
-                why = "it has printf()" if printing else "x86_64 files only for now"
-                click.echo(f"urewrite: note: the program is not built in ({why}): load it "
-                           f"with urewrite run", err=True)
+                click.echo("urewrite: note: the program is not built in (it has printf()): "
+                           "load it with urewrite run", err=True)
             return None
         return attach.built_in(checked, paths, [(p.name, p.kind, p.address, p.arguments)
                                                 for p in probes], machine, _assemble)
