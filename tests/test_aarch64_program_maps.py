@@ -155,3 +155,34 @@ def test_a_built_in_program_in_a_bti_guarded_library(tmp_path):
     assert loaded.returncode == 0, loaded.stderr
     assert _built_in_maps(report) == [json.loads(line) for line in loaded.stdout.splitlines()
                                       if line.startswith("{")]
+
+
+def test_maps_smaller_than_the_program_s_area_are_not_mapped(tmp_path):
+    """A user's maps file of the run, there already, whose size is less than the area
+    the program's code writes (its head right): the process maps none, and runs as the
+    original. (Mapped, the code's writes past its end would go to whatever lies after
+    it; a process that runs a program has an event ring in its region: this one none.)"""
+    import struct
+
+    from urewrite.trampolines import program_file
+    rewritten = _build(tmp_path, VALUES, "values", ["-O2", "-pthread"],
+                       lambda path: COUNTS.format(path=path))
+    data = rewritten.read_bytes()
+    at = data.rindex(struct.pack("<Q", program_file.MAGIC))  # (the runtime holds it too)
+    header = program_file.HEADER.unpack_from(data, at)
+    run, area, head_at, head_size = header[5], header[8], header[9], header[10]
+    assert 0 < head_size <= 4096 < area
+    directory = tmp_path / "dir"
+    directory.mkdir()
+    small = directory / program_file.own_maps_name(run, os.getuid())
+    small.write_bytes(data[at + head_at:at + head_at + head_size].ljust(4096, b"\0"))
+    os.chmod(small, 0o600)
+    ran = check(emulate(rewritten) + ["300"], env={"UREWRITE_DIR": str(directory)})
+    assert ran.stdout == check(emulate(tmp_path / "plain" / "values") + ["300"]).stdout
+    assert small.stat().st_size == 4096
+    fresh = tmp_path / "fresh"  # (where the process makes its maps, and runs the program)
+    fresh.mkdir()
+    check(emulate(rewritten) + ["300"], env={"UREWRITE_DIR": str(fresh)})
+    (without,), (with_ring,) = directory.glob("*.ure"), fresh.glob("*.ure")
+    assert without.stat().st_size < with_ring.stat().st_size
+    assert (fresh / small.name).stat().st_size == area
