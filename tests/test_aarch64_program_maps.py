@@ -9,6 +9,7 @@ tests/test_user_switch.py and tests/test_programs.py check on x86_64.
   gathers with the same program; two processes of a --dir directory add up; in a
   BTI-guarded shared library too (run_program calls the program's functions through
   a register: each starts with a landing pad).
+- A user's maps file smaller than the area the program's code writes is not mapped.
 """
 
 from __future__ import annotations
@@ -115,6 +116,9 @@ def test_a_built_in_program_runs_whenever_the_probes_are_armed(tmp_path):
     assert built_in == loaded
     total = sum(3 * i - 500 * (i % 7) for i in range(300))
     assert {"type": "map", "data": {"@r": total}} in built_in
+    interval = urewrite("stat", "--interval", "0.2", "--", *emulate(rewritten), "300")
+    assert interval.returncode == 0, interval.stderr
+    assert f"@r: {total}\n" in interval.stdout
     # two processes of a directory: their maps added up
     directory = tmp_path / "dir"
     directory.mkdir()

@@ -1072,8 +1072,8 @@ pe_done:
 // with this object's probe count. Without one, the program built into the probes at
 // rewrite time, if any. A process that cannot use the tracer's maps (it changed its
 // user) uses its user's own (own_maps_name). x19, x20 = state. -> x0 = 1 when both
-// are mapped: the trace path then runs the program. Keeps x19-x30; clobbers x0-x14,
-// x16, x17.
+// are mapped: the trace path then runs the program. Keeps x15, x19-x30; clobbers
+// x0-x14, x16, x17.
 program_setup:
     mov x0, #0
 {NO_PROGRAMS}
