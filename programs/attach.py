@@ -21,7 +21,7 @@ from urewrite.trampolines.region import (KIND_ADDRESS, KIND_ENTRY, KIND_RETURN, 
                                          template_probe_arguments, template_probes)
 
 MAX_ENTRY_ARGUMENTS = 6  # (the rewrite's --args)
-BUILT_IN_MACHINES = {62}  # x86_64: the runtimes that run a program built into the probes
+BUILT_IN_MACHINES = {62, 183}  # x86_64, arm64: runtimes that run a program built in
 _KIND = {"uprobe": KIND_ENTRY, "uretprobe": KIND_RETURN, "usdt": KIND_USDT}
 
 
@@ -244,7 +244,7 @@ def rewrite_step(checked, paths: List[str], assemble, note=lambda why: None):
     def step(probes, machine):
         printing = prints(checked.program)
         if machine not in BUILT_IN_MACHINES or printing:
-            note("it has printf()" if printing else "x86_64 files only for now")
+            note("it has printf()" if printing else "its runtime runs none")
             return None
         return built_in(checked, paths, [(p.name, p.kind, p.address, p.arguments)
                                          for p in probes], machine, assemble)

@@ -131,7 +131,9 @@ def _function(label: str, ops, frame: L.Frame, lowered: L.Lowered, labels: _Labe
         body += lines
         k += taken
     body = _without_stack_moves(body)
-    return [f"{label}:", "stp x29, x30, [sp, #-16]!", "stp x19, x20, [sp, #-16]!",
+    # run_program calls it through a register: a landing pad (bti c), for a program
+    # built into a file whose pages are BTI-guarded
+    return [f"{label}:", "hint #34", "stp x29, x30, [sp, #-16]!", "stp x19, x20, [sp, #-16]!",
             "stp x21, x22, [sp, #-16]!", "mov x19, x0", f"ldr x20, [x19, #{P.CTX_MAPS}]"] + \
         _sub_sp(frame.size) + ["mov x29, sp"] + body + [
         f"{label}_return:", "mov sp, x29"] + _add("sp", "sp", frame.size) + [

@@ -108,6 +108,7 @@ def build(spec: RuntimeSpec) -> Runtime:
             "PS_PROGRAM": PS_PROGRAM, "PS_PROGRAM_MAPS": PS_PROGRAM_MAPS, "PS_COMM": PS_COMM,
             "PROGRAM_MAGIC": hex(program_file.MAGIC), "MAPS_MAGIC": hex(program_file.MAPS_MAGIC),
             "PROGRAM_SUFFIX": program_file.PROGRAM_SUFFIX, "MAPS_SUFFIX": program_file.MAPS_SUFFIX,
+            "OWN_MAPS_PREFIX": program_file.OWN_MAPS_PREFIX,
             "CTX_SIZE": program_file.CTX_SIZE, "CTX_ARGUMENTS": program_file.ARGUMENTS,
             "CTX_PID": program_file.CTX_PID, "CTX_TID": program_file.CTX_TID,
             "CTX_NSECS": program_file.CTX_NSECS, "CTX_MAPS": program_file.CTX_MAPS,

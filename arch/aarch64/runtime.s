@@ -22,6 +22,7 @@ lt_state:    .quad 0          // state memory - link_table
 lt_template: .quad 0          // region template - link_table
 lt_tsize:    .quad 0          // template size
 lt_rsize:    .quad 0          // region size
+lt_program:  .quad 0          // a program built into the probes - link_table, or 0
 hash_k:      .quad {HASH_MULTIPLIER}
 program_magic: .quad {PROGRAM_MAGIC}
 maps_magic:  .quad {MAPS_MAGIC}
@@ -33,6 +34,8 @@ proc_environ: .ascii "/proc/self/environ"
 program_suffix: .ascii "{PROGRAM_SUFFIX}"
              .byte 0
 maps_suffix: .ascii "{MAPS_SUFFIX}"
+             .byte 0
+own_maps_prefix: .ascii "/{OWN_MAPS_PREFIX}"
              .byte 0
              .p2align 2
 
@@ -1066,8 +1069,11 @@ pe_done:
 // Maps DIR/TAG.program and DIR/TAG.maps where `urewrite run` left them: the code of a
 // probe program (read and execute) and the maps it updates (shared). The code file
 // must be a regular file of this process's user or root that no one else may write,
-// with this object's probe count. x19, x20 = state. -> x0 = 1 when both are mapped:
-// the trace path then runs the program. Keeps x15, x19-x30; clobbers x0-x14, x16, x17.
+// with this object's probe count. Without one, the program built into the probes at
+// rewrite time, if any. A process that cannot use the tracer's maps (it changed its
+// user) uses its user's own (own_maps_name). x19, x20 = state. -> x0 = 1 when both
+// are mapped: the trace path then runs the program. Keeps x15, x19-x30; clobbers
+// x0-x14, x16, x17.
 program_setup:
     mov x0, #0
 {NO_PROGRAMS}
@@ -1083,12 +1089,12 @@ program_setup:
     movz x2, #0x8000
     movk x2, #0x8, lsl #16                 // O_RDONLY | O_NOFOLLOW | O_CLOEXEC
     bl program_open
-    tbnz x0, #63, ps_fail
+    tbnz x0, #63, ps_built_in
     mov x21, x0                            // x21 = fd
     bl program_file_size
     cmp x0, #0
     b.le ps_close
-    mov x22, x0                            // x22 = the program's size
+    mov x22, x0                            // x22 = the program's size (0: built in)
     ldr w9, [sp, #16]                      // st_mode: group or other may write
     mov w10, #0x12
     tst w9, w10
@@ -1127,16 +1133,29 @@ program_setup:
     b.cs ps_unmap
     cmp x12, x22
     b.hi ps_unmap
+    ldr x12, [x23, #72]                    // and the maps' head, no longer than the maps
+    ldr x13, [x23, #80]
+    adds x12, x12, x13
+    b.cs ps_unmap
+    cmp x12, x22
+    b.hi ps_unmap
+    ldr x12, [x23, #64]
+    cmp x13, x12
+    b.hi ps_unmap
     adr x1, maps_suffix
     movz x2, #0x8002
     movk x2, #0x8, lsl #16                 // O_RDWR | O_NOFOLLOW | O_CLOEXEC
     bl program_open
-    tbnz x0, #63, ps_unmap
+    tbnz x0, #63, ps_own_maps
     mov x21, x0
     bl program_file_size
-    cmp x0, #0
-    b.le ps_close_unmap
     mov x24, x0                            // x24 = the maps' size
+    cmp x0, #0
+    b.le ps_own_maps_close
+ps_map_maps:
+    ldr x9, [x23, #64]                     // smaller than the area the code writes
+    cmp x24, x9
+    b.lo ps_close_unmap
     mov x0, #0
     mov x1, x24
     mov x2, #3                             // PROT_READ | PROT_WRITE
@@ -1162,6 +1181,104 @@ program_setup:
     svc #0
     mov x0, #1
     b ps_done
+ps_built_in:
+    // No tracer's program: the one built into the probes at rewrite time, if any,
+    // with the maps of this user's processes (its file is part of this object: it
+    // is neither mapped nor checked)
+    adr x9, link_table
+    ldr x10, lt_program
+    cbz x10, ps_fail
+    add x23, x9, x10
+    mov x22, #0                            // (not mapped: nothing to unmap)
+    b ps_own_maps
+ps_own_maps_close:
+    mov x0, x21
+    mov x8, #57                            // close
+    svc #0
+ps_own_maps:
+    // The tracer's maps are not this user's to write (a process that changed its user:
+    // setpriv, runuser, a server's workers): the maps of this user's processes,
+    // DIR/maps.RUN.UID, made whole by the first of them under a name of its own
+    // (DIR/maps.RUN.UID.PID), then linked into place. The names are built in the
+    // environment's buffer (free once the environment is read): the final one in its
+    // first page, the process's own in its second.
+    add x0, x20, #2, lsl #12
+    bl own_maps_name
+    add x0, x20, #2, lsl #12
+    bl own_maps_open
+    cmn x0, #2                             // ENOENT: none yet
+    b.ne ps_own_opened
+    add x0, x20, #3, lsl #12
+    bl own_maps_name
+    mov w9, #0x2e
+    sturb w9, [x0, #-1]
+    mov x15, x0
+    mov x8, #172                           // getpid
+    svc #0
+    mov x1, x0
+    mov x0, x15
+    bl append_decimal
+    strb wzr, [x0]
+    mov x0, #-100                          // AT_FDCWD
+    add x1, x20, #3, lsl #12
+    movz x2, #0x80c2                       // O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW
+    movk x2, #0x8, lsl #16                 // | O_CLOEXEC
+    mov x3, #0x180                         // 0600
+    mov x8, #56                            // openat
+    svc #0
+    tbnz x0, #63, ps_unmap
+    mov x21, x0
+    ldr x1, [x23, #64]                     // the area (its tables start zeroed)
+    mov x8, #46                            // ftruncate
+    svc #0
+    cbnz x0, ps_own_drop
+    mov x0, x21
+    ldr x1, [x23, #72]
+    add x1, x23, x1                        // then its head, from the program file
+    ldr x2, [x23, #80]
+    mov x3, #0
+    mov x8, #68                            // pwrite64
+    svc #0
+    ldr x9, [x23, #80]
+    cmp x0, x9
+    b.ne ps_own_drop
+    mov x0, #-100                          // AT_FDCWD
+    add x1, x20, #3, lsl #12
+    mov x2, #-100                          // AT_FDCWD
+    add x3, x20, #2, lsl #12
+    mov x4, #0
+    mov x8, #37                            // linkat: into place, unless another was first
+    svc #0
+    mov x15, x0
+    mov x0, #-100                          // AT_FDCWD
+    add x1, x20, #3, lsl #12
+    mov x2, #0
+    mov x8, #35                            // unlinkat (its own name)
+    svc #0
+    cbnz x15, ps_own_other
+    ldr x24, [x23, #64]
+    b ps_map_maps
+ps_own_other:                              // the other's, then
+    mov x0, x21
+    mov x8, #57                            // close
+    svc #0
+    add x0, x20, #2, lsl #12
+    bl own_maps_open
+ps_own_opened:
+    tbnz x0, #63, ps_unmap
+    mov x21, x0
+    bl program_file_size
+    mov x24, x0
+    cmp x0, #0
+    b.le ps_close_unmap
+    b ps_map_maps
+ps_own_drop:
+    mov x0, #-100                          // AT_FDCWD
+    add x1, x20, #3, lsl #12
+    mov x2, #0
+    mov x8, #35                            // unlinkat
+    svc #0
+    b ps_close_unmap
 ps_unmap_maps:
     mov x1, x24
     mov x8, #215                           // munmap
@@ -1171,6 +1288,7 @@ ps_close_unmap:
     mov x8, #57                            // close
     svc #0
 ps_unmap:
+    cbz x22, ps_fail                       // (the built-in program)
     mov x0, x23
     mov x1, x22
     mov x8, #215                           // munmap
@@ -1187,6 +1305,40 @@ ps_done:
     ldp x23, x24, [sp, #144]
     ldp x21, x22, [sp, #128]
     add sp, sp, #192
+    ret
+
+// x0 = a buffer, x23 = the program -> DIR "/maps." RUN "." UID there, NUL-terminated;
+// x0 past the NUL. Clobbers x1, x8-x14.
+own_maps_name:
+    mov x13, x30
+    add x1, x20, #{PS_DIR}
+    bl append_str
+    adr x1, own_maps_prefix
+    bl append_str
+    ldr x1, [x23, #40]                     // the run
+    bl append_decimal
+    mov w9, #0x2e
+    strb w9, [x0], #1
+    mov x14, x0
+    mov x8, #174                           // getuid
+    svc #0
+    mov x1, x0
+    mov x0, x14
+    bl append_decimal
+    strb wzr, [x0], #1
+    mov x30, x13
+    ret
+
+// x0 = a path -> x0 = openat(AT_FDCWD, path, O_RDWR | O_NOFOLLOW | O_CLOEXEC): fd or
+// -errno. Clobbers x1-x3, x8.
+own_maps_open:
+    mov x1, x0
+    mov x0, #-100                          // AT_FDCWD
+    movz x2, #0x8002
+    movk x2, #0x8, lsl #16
+    mov x3, #0
+    mov x8, #56                            // openat
+    svc #0
     ret
 
 // openat(DIR "/" TAG SUFFIX, flags), the path built in the environment's buffer
