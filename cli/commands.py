@@ -95,7 +95,7 @@ def main():
 @click.option("-e", "program_text", metavar="PROGRAM",
               help="Probe what a probe program (bpftrace's language) names in IN: its "
                    "uprobe, uretprobe and usdt probes whose path is IN, OUT, their basename "
-                   "or '*'; and build the program in (x86_64): it runs whenever the probes "
+                   "or '*'; and build the program in: it runs whenever the probes "
                    "are armed (stat, UREWRITE_DIR), and stat shows its maps.")
 @click.option("-f", "program_file", metavar="FILE", type=click.Path(dir_okay=False),
               help="The same, with the program read from FILE.")
