@@ -22,6 +22,7 @@ ALLOWED: Dict[str, Set[str]] = {
     "rewriter": {"errors", "trampolines", "arch"},
     "programs": {"errors", "trampolines", "rewriter"},
     "reader": {"errors", "trampolines", "programs"},
+    "api": {"errors", "trampolines", "arch", "rewriter", "programs", "reader"},
 }
 LAYERS = set(ALLOWED)  # every other urewrite.X is the package root's: the command line
 COMMAND_LINE_ONLY = {"click"}  # what only cli/ imports
