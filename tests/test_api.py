@@ -8,6 +8,7 @@ import os
 import pytest
 
 from conftest import urewrite
+from test_live import programs  # noqa: F401 (the fixture: the server and its rewrites)
 from urewrite import api
 
 # samples/counts.c: entries per run, from its source
@@ -94,3 +95,21 @@ def test_nothing_to_probe_and_bad_tactics(counts, tmp_path):
         api.rewrite(str(counts), str(tmp_path / "out"), probes=["fib"], tactics="jump,leap")
     with pytest.raises(api.UrewriteError):
         api.read_regions(str(tmp_path / "missing"))
+
+
+def test_arm_counts_the_block_exactly(programs):
+    """A running server (samples/live_server.c, as tests/test_live.py runs it) armed for
+    a block: the requests made in it, and only those."""
+    from test_live import Server
+    server = Server(programs / "live_server.probed", programs / "probed-lib")
+    try:
+        server.work(3)  # (disarmed: not counted)
+        with api.arm(server.pid) as armed:
+            assert armed.pids == [server.pid]
+            server.work(5)
+        server.work(2)
+        assert armed.counts.hits("handle_request", "entry") == 5
+        assert armed.counts.hits("handle_request", "return") == 5
+        assert server.stop() == 0
+    finally:
+        server.kill()
