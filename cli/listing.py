@@ -9,7 +9,7 @@ import sys
 import click
 
 from urewrite.console import end_now, fail
-from urewrite.api.listing import kind_name, list_rows, site_rows, tactic_counts, tactic_names
+from urewrite.api.listing import list_rows, site_rows, tactic_counts, tactic_names
 from urewrite.errors import UrewriteError
 
 NAME_COLUMN = 48  # characters, at most, `list` aligns names to
