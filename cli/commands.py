@@ -16,7 +16,7 @@ import click
 from urewrite import __version__, console
 from urewrite.console import EXIT_ERROR, end_now, fail
 from urewrite.errors import UrewriteError
-from urewrite.listing import kind_name, list_command, parse_tactics, progress_bar, tactic_counts
+from urewrite.listing import list_command, parse_tactics, progress_bar
 from urewrite.live_options import live_options, live_or_command
 from urewrite.long_options import LongOptionsCommand
 
@@ -106,83 +106,50 @@ def rewrite(input_file, probes, returns, output, arg_count, keep_going, as_json,
     A site that cannot be patched safely is refused with the reason: an error
     when named exactly (unless --keep-going), a warning when matched by a glob.
     """
+    from urewrite.api.rewriting import NothingToProbe, rewrite as run_rewrite
     from urewrite.rewriter.pipeline import no_cycle_collection
-    from urewrite.rewriter.pipeline import rewrite as run_rewrite
 
     if output == "":
         raise click.BadParameter("must name a file", param_hint="-o")
     output = output if output is not None else input_file + ".probed"
-    built_in = None
-    if program_text is not None or program_file is not None:
-        probes, returns, used, checked = _program_probes(program_text, program_file, input_file,
-                                                         output, probes, returns, quiet)
-        arg_count = max(arg_count, min(used, 6))  # what the program reads, recorded
-        built_in = _built_in(checked, [input_file, output], quiet)
-    if not probes and not returns:
-        raise click.UsageError("give at least one probe with -p or -r")
+    if program_text is not None and program_file is not None:
+        raise click.UsageError("give the program with -e or with -f, not both")
+    if program_file is not None:
+        try:
+            with open(program_file, encoding="utf-8") as f:
+                program_text = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            fail(f"cannot read the program {program_file}: "
+                 f"{getattr(e, 'strerror', None) or e}")
     with no_cycle_collection():  # (the file's analysis lives until the report is written)
         kept = []  # (the analysis, which end_now() does not free)
         try:
-            result = run_rewrite(input_file, output, list(probes), keep_going=keep_going,
-                                 entry_args=arg_count, return_specs=list(returns),
+            result = run_rewrite(input_file, output, probes, returns, arg_count, keep_going,
+                                 tactics, excludes, program_text,
                                  progress=None if quiet else progress_bar,
-                                 tactics=tactics, exclude=list(excludes), kept=kept,
-                                 built_in=built_in)
+                                 on_note=None if quiet else _say_note, keep=kept)
+        except NothingToProbe:
+            raise click.UsageError("give at least one probe with -p or -r")
         except UrewriteError as e:
             fail(str(e))
         _report_rewrite(result, output, as_json, quiet)
         end_now((kept, result))
 
 
-def _program_probes(text, path, input_file, output, probes, returns, quiet):
-    """-p and -r with the probes a program (-e or -f) names in the file added."""
-    from urewrite.programs import checks, parser, probes as program_probes
-
-    if text is not None and path is not None:
-        raise click.UsageError("give the program with -e or with -f, not both")
-    if path is not None:
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            fail(f"cannot read the program {path}: {getattr(e, 'strerror', None) or e}")
-    try:
-        program = parser.parse(text)
-        checked = checks.check(program)
-        specs = program_probes.rewrite_specs(program, [input_file, output])
-    except UrewriteError as e:
-        fail(str(e))
-    if specs.elsewhere and not quiet:
-        click.echo(f"urewrite: note: leaving out the probes of other files: "
-                   f"{', '.join(specs.elsewhere)}", err=True)
-    return (list(probes) + [p for p in specs.entries if p not in probes],
-            list(returns) + [r for r in specs.returns if r not in returns],
-            program_probes.arguments_used(program), checked)
-
-
-def _built_in(checked, paths, quiet: bool):
-    """The rewrite's `built_in`: the program's file for the output's probes, or a note
-    saying why it is not built in."""
-    from urewrite.program_run import _assemble
-    from urewrite.programs import attach
-
-    def note(why: str) -> None:
-        if not quiet:
-            click.echo(f"urewrite: note: the program is not built in ({why}): load it "
-                       f"with urewrite run", err=True)
-    return attach.rewrite_step(checked, paths, _assemble, note)
+def _say_note(text: str) -> None:
+    click.echo(f"urewrite: note: {text}", err=True)
 
 
 def _report_rewrite(result, output: str, as_json: bool, quiet: bool) -> None:
+    """The rewrite's report (an api.RewriteResult)."""
     if as_json:
         click.echo(json.dumps({
             "output": result.output,
-            "probes": [{"name": site.name, "kind": kind_name(site.kind), "address": site.address,
-                        "displaced": p.window.size, "tactic": p.tactic}
-                       for p in result.plans for site in p.sites],
-            "tactics": tactic_counts(p.tactic for p in result.plans),
+            "probes": [{"name": p.name, "kind": p.kind, "address": p.address,
+                        "displaced": p.displaced, "tactic": p.tactic} for p in result.probes],
+            "tactics": result.tactics,
             # (a return probe lists one entry per exit it patched, at the exit's address)
-            "refused": [{"name": r.site.name, "address": r.site.address, "reason": r.reason}
+            "refused": [{"name": r.name, "address": r.address, "reason": r.reason}
                         for r in result.refusals],
         }, indent=2))
         return
@@ -190,14 +157,12 @@ def _report_rewrite(result, output: str, as_json: bool, quiet: bool) -> None:
         for warning in result.warnings:
             click.echo(f"urewrite: warning: {warning}", err=True)
         for r in result.refusals:  # (a function's entry and return may both be refused)
-            what = f"the return of {r.site.name}" if kind_name(r.site.kind) == "return" \
-                else r.site.name
+            what = f"the return of {r.name}" if r.kind == "return" else r.name
             click.echo(f"urewrite: warning: not probing {what}: {r.reason}", err=True)
         refused = f", {len(result.refusals)} refused" if result.refusals else ""
-        probes = len({site.probe_key for p in result.plans for site in p.sites})
-        sites = sum(len(p.sites) for p in result.plans)  # (adjacent ones may share a window)
-        click.echo(f"urewrite: wrote {output}: {probes} probes at {sites} sites"
-                   f"{refused}", err=True)
+        # (adjacent sites may share a window)
+        click.echo(f"urewrite: wrote {output}: {result.probe_count} probes at "
+                   f"{len(result.probes)} sites{refused}", err=True)
 
 
 @main.command(context_settings={"ignore_unknown_options": True})

@@ -9,6 +9,7 @@ import sys
 import click
 
 from urewrite.console import end_now, fail
+from urewrite.api.listing import list_rows, site_rows, tactic_counts, tactic_names
 from urewrite.errors import UrewriteError
 
 NAME_COLUMN = 48  # characters, at most, `list` aligns names to
@@ -16,26 +17,10 @@ NAME_COLUMN = 48  # characters, at most, `list` aligns names to
 
 def parse_tactics(value):
     """--tactics hop,jump -> ("jump", "hop"): the chosen ones, tried in their fixed order."""
-    if value is None:
-        return None
-    from urewrite.rewriter.plan.tactics import TACTICS
-    chosen = [t.strip() for t in value.split(",") if t.strip()]
-    unknown = [t for t in chosen if t not in TACTICS]
-    if unknown or not chosen:
-        raise click.BadParameter(f"unknown tactic {unknown[0]!r} (choose from "
-                                 f"{', '.join(TACTICS)})" if unknown else "name a tactic",
-                                 param_hint="--tactics")
-    return tuple(t for t in TACTICS if t in chosen)
-
-
-def tactic_counts(tactics) -> dict:
-    """How many times each tactic occurs in `tactics` (one per patched window), every
-    tactic named."""
-    from urewrite.rewriter.plan.tactics import TACTICS
-    counts = dict.fromkeys(TACTICS, 0)
-    for tactic in tactics:
-        counts[tactic] += 1
-    return counts
+    try:
+        return tactic_names(value)
+    except UrewriteError as e:
+        raise click.BadParameter(str(e), param_hint="--tactics")
 
 
 def tactic_note(tactics: dict, checked: int = 0) -> str:
@@ -44,11 +29,6 @@ def tactic_note(tactics: dict, checked: int = 0) -> str:
     other = [f"{n} by {t}" for t, n in sorted(tactics.items()) if t != "jump"]
     other += [f"{checked} checked"] if checked else []
     return f" ({', '.join(other)})" if other else ""
-
-
-def kind_name(kind: int) -> str:
-    from urewrite.trampolines.region import KIND_NAMES
-    return KIND_NAMES[kind]
 
 
 def progress_bar(label: str, total: int):
@@ -66,99 +46,6 @@ def progress_bar(label: str, total: int):
         if done[0] >= total:
             bar.__exit__(None, None, None)
     return step
-
-
-def list_rows(input_file: str, tactics, patchable: bool = False, progress=None):
-    """The rows `list` shows: (functions, USDT sites), each with its plan or refusal."""
-    from urewrite.rewriter.pipeline import no_cycle_collection
-
-    with no_cycle_collection():  # (the rows too: the file's analysis is still alive)
-        _, functions, probes, add_returns = _listing(input_file, tactics, patchable, progress,
-                                                     names=False)
-        add_returns()
-        return functions, probes
-
-
-def _listing(input_file: str, tactics, patchable: bool = False, progress=None,
-             encoded: bool = False, names: bool = True) -> tuple:
-    """(analysis, functions, USDT sites, add_returns): the rows `list` shows, each with
-    its plan or refusal; add_returns() gives each function's row its "return", last
-    (`encoded`: in JSON): it waits for the return probes, planned in another process
-    meanwhile (the caller may write the rest of the rows first). Call it with the
-    cyclic collector paused (no_cycle_collection): the file's analysis is alive.
-    `names`: each row's "demangled" names too (--summary counts without them)."""
-    from urewrite.rewriter.pipeline import list_sites
-    from urewrite.rewriter.plan.results import Plan
-    from urewrite.trampolines.region import KIND_RETURN, KIND_USDT
-
-    analysis, outcomes, returns = list_sites(
-        input_file, tactics, progress, _encoded_returns if encoded else _return_rows)
-    split_off = analysis.planner.model.fragments()
-    demangled = _demangled_names(analysis.functions) if names else {}
-    conventions = _conventions(analysis) if names else None
-    functions, probes = [], []
-    for o in outcomes:
-        ok = isinstance(o, Plan)
-        if o.site.kind == KIND_RETURN or (patchable and not ok):
-            continue
-        status = {"patchable": ok, "displaced": o.window.size if ok else None,
-                  "tactic": o.tactic if ok else None, "reason": None if ok else o.reason}
-        # every site of a plan: sites a few bytes apart share one window (libjvm's
-        # GetVersion__entry and __return, two adjacent 1-byte nops)
-        for site in o.sites if ok and len(o.points) + len(o.points[0].sites) > 2 else (o.site,):
-            if site.kind == KIND_USDT:
-                provider, name = site.name.split(":", 1)
-                probes.append({"provider": provider, "name": name, "address": site.address,
-                               "semaphore": site.semaphore or None,
-                               "arguments": site.arguments, "function": site.function.name,
-                               **status})
-            else:
-                fn = site.function
-                functions.append({"name": fn.name, "aliases": list(fn.aliases),
-                                  "demangled": demangled.get(fn.address, []),
-                                  "address": fn.address, "size": fn.size,
-                                  "sized_by": fn.sized_by, "origin": fn.origin,
-                                  "split_off": fn.address in split_off or ".cold" in fn.name,
-                                  **status, **(conventions(fn) if conventions else {})})
-    probes.sort(key=lambda p: p["address"])  # (refused ones come after the plans)
-
-    def add_returns() -> None:
-        found = returns()
-        for row in functions:
-            row["return"] = found[row["address"]]
-    return analysis, functions, probes, add_returns
-
-
-def _conventions(analysis):
-    """function -> what its row says of how --args and return values read it, for a Go
-    program (its functions do not all use the C ABI); None for any other file."""
-    from urewrite.rewriter.go_abi import conventions
-    from urewrite.trampolines.arguments import GO_STACK, UNKNOWN
-
-    convention_of = conventions(analysis.elf)
-    if convention_of is None:
-        return None
-
-    def row(fn) -> dict:
-        c = convention_of(fn)
-        note = c.why if c.name == UNKNOWN else \
-            f"a frame of {c.frame_words} words" if c.name == GO_STACK else None
-        return {"convention": c.name, "convention_note": note}
-    return row
-
-
-def _demangled_names(functions) -> dict:
-    """Function address -> the display names of its C++ and Rust symbols, each once,
-    in symbol-table order (most functions have one, or none)."""
-    from urewrite.rewriter.demangle import demangle_all
-
-    found = demangle_all(name for fn in functions for name in fn.names)
-    out = {}
-    for fn in functions:
-        shown = [found[n].display for n in fn.names if n in found]
-        if shown:
-            out[fn.address] = list(dict.fromkeys(shown))
-    return out
 
 
 def _coverage(functions: list, probes: list) -> dict:
@@ -261,7 +148,7 @@ def list_command(input_files, as_json, patchable, summary, tactics, quiet):
 
     with no_cycle_collection():  # (the file's analysis lives until the rows are written)
         try:
-            analysis, functions, probes, add_returns = _listing(
+            analysis, functions, probes, add_returns = site_rows(
                 input_file, tactics, patchable, None if quiet else progress_bar, as_json)
             # each function's row up to its return probe, while that is planned
             if as_json:
@@ -344,27 +231,6 @@ def _json_with(encoded: str, key: str, value: str) -> str:
     return f"{encoded[:-1]}, {json.dumps(key)}: {value}}}"
 
 
-def _return_rows(found: dict) -> dict:
-    """Function address -> the "return" of its row, from its return probe (in the child
-    process that plans them, while this one lists the entries)."""
-    return {address: _return_row(probe) for address, probe in found.items()}
-
-
-def _encoded_returns(found: dict) -> dict:
-    """_return_rows() in JSON, each different value encoded once (node's 78,000 are 900
-    different ones) and sent as one object (in the child, as _return_rows(): these took
-    0.8 s of the parent's time after the child ended)."""
-    seen, encoded = {}, {}
-    for address, probe in found.items():
-        key = (probe.redirected, probe.refusal, probe.exits, tuple(probe.tactics.items()),
-               probe.checked, probe.redirected_because)
-        value = seen.get(key)
-        if value is None:
-            value = seen[key] = json.dumps(_return_row(probe))
-        encoded[address] = value
-    return encoded
-
-
 def _json_rows(report: dict):
     """The report as JSON, in pieces to write one after the other, a row of its lists
     on each line: json's indented output is written in Python, seconds for the
@@ -390,13 +256,6 @@ def _names(row) -> str:
     and -r accept: '__libc_free = free = cfree'; a C++ or Rust function's demangled
     name first: 'app::parse(char const*) = _ZN3app5parseEPKc'."""
     return " = ".join(row["demangled"] + [row["name"]] + row["aliases"])
-
-
-def _return_row(probe) -> dict:
-    """How a return probe of a function would work (mechanism None: refused)."""
-    mechanism = "redirection" if probe.redirected else None if probe.refusal else "exit sites"
-    return {"mechanism": mechanism, "exits": probe.exits, "tactics": probe.tactics,
-            "checked": probe.checked, "reason": probe.refusal or probe.redirected_because}
 
 
 def _printable(text: str) -> str:

@@ -173,7 +173,7 @@ def _write_program(directory, targets, lowered) -> str:
     program or directory ends the command with one line."""
     from urewrite.programs import attach
     try:
-        return attach.write_files(directory, targets, lowered, _assemble)
+        return attach.write_files(directory, targets, lowered, _program_code)
     except UrewriteError as e:
         fail(str(e))
     except FileExistsError as e:  # (another run's program, in a directory of --dir)
@@ -191,7 +191,7 @@ def _run_armed(pids, all_of, duration, targets, lowered, ticker):
 
     def write_files(directory):
         try:
-            return attach.write_files(directory, targets, lowered, _assemble)
+            return attach.write_files(directory, targets, lowered, _program_code)
         except OSError as e:
             raise UrewriteError(f"cannot write the program's files in {directory}: {e.strerror}")
     try:
@@ -239,12 +239,9 @@ def _values(kinds, words):
     return values
 
 
-def _assemble(machine, lowered, offsets):
-    from urewrite.arch import backend_for, machine_name
-    backend = backend_for(machine)
-    if backend is None:
-        raise UrewriteError(f"probe programs do not run in {machine_name(machine)} files")
-    return backend.program_code(lowered, offsets)
+def _program_code(machine, lowered, offsets):
+    from urewrite.api.rewriting import program_code  # (loaded when a program is written)
+    return program_code(machine, lowered, offsets)
 
 
 def _tracer_hit(block):

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from urewrite import listing
+from urewrite import api
 from urewrite.rewriter import parallel, pipeline
 
 SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "samples")
@@ -18,15 +18,15 @@ PERL = "/usr/bin/perl"  # (2,234 functions, 42 of them with return probes that r
 
 @pytest.mark.skipif(not os.path.exists(PERL), reason="needs Debian's perl")
 def test_list_worked_out_ahead_is_list_function_by_function(monkeypatch):
-    ahead = listing.list_rows(PERL, None)
-    functions = ahead[0]
+    ahead = api.list_sites(PERL)
+    functions = ahead.functions
     assert len(functions) >= pipeline.PREPARE_AT  # (else nothing was worked out ahead)
-    mechanisms = {f["return"]["mechanism"] for f in functions}
+    mechanisms = {f.return_probe.mechanism for f in functions}
     assert {"exit sites", "redirection", None} <= mechanisms, mechanisms  # (each path taken)
 
     monkeypatch.setattr(pipeline, "PREPARE_AT", 1 << 30)
     monkeypatch.setattr(parallel, "cores", lambda: 1)
-    assert listing.list_rows(PERL, None) == ahead
+    assert api.list_sites(PERL) == ahead
 
 
 @pytest.mark.skipif(not shutil.which("g++"), reason="needs g++")
