@@ -19,7 +19,7 @@ from importlib import resources
 from typing import Callable
 
 from urewrite.arch.base import Runtime, RuntimeSpec
-from urewrite.trampolines import region
+from urewrite.trampolines import program_file, region
 
 EXPORTS = ("exe_start", "dso_start", "slow_hit", "lazy_init", "trace_event", "lat_enter",
            "lat_exit", "lazy_init_aside", "exe_tail", "dso_tail")
@@ -58,6 +58,31 @@ def common_fields(spec: RuntimeSpec) -> dict:
         "GO_CALL_SIZE_SHIFT": region.GO_CALL_SIZE.bit_length() - 1,
         "GO_CALL_SHIFT": 64 - (region.GO_CALLS.bit_length() - 1),
         "GO_CALLS_MASK": hex(region.GO_CALLS * region.GO_CALL_SIZE - 1),
+        **program_fields(spec),
+    }
+
+
+def program_fields(spec: RuntimeSpec) -> dict:
+    """A probe program's files and context (trampolines/program_file.py), as both
+    runtimes map and fill them."""
+    return {
+        "PROGRAM_MAGIC": hex(program_file.MAGIC), "MAPS_MAGIC": hex(program_file.MAPS_MAGIC),
+        "PROGRAM_SUFFIX": program_file.PROGRAM_SUFFIX, "MAPS_SUFFIX": program_file.MAPS_SUFFIX,
+        "OWN_MAPS_PREFIX": program_file.OWN_MAPS_PREFIX,
+        "CTX_SIZE": program_file.CTX_SIZE, "CTX_ARGUMENTS": program_file.ARGUMENTS,
+        "CTX_ARGS": program_file.CTX_ARGS, "CTX_PID": program_file.CTX_PID,
+        "CTX_TID": program_file.CTX_TID, "CTX_NSECS": program_file.CTX_NSECS,
+        "CTX_MAPS": program_file.CTX_MAPS, "CTX_COMM": program_file.CTX_COMM,
+        "CTX_EVENT": program_file.CTX_EVENT, "PRINTF_PROBE": hex(program_file.PRINTF_PROBE),
+        "PRINTF_PROBE_HIGH": hex(program_file.PRINTF_PROBE >> 16),
+        "USES_TID": program_file.USES_TID, "USES_NSECS": program_file.USES_NSECS,
+        "USES_COMM": program_file.USES_COMM,
+        "USES_TID_BIT": program_file.USES_TID.bit_length() - 1,
+        "USES_NSECS_BIT": program_file.USES_NSECS.bit_length() - 1,
+        "USES_COMM_BIT": program_file.USES_COMM.bit_length() - 1,
+        # a Go program runs no probe program: its code's stack frames would not fit
+        # below a goroutine's stack pointer (docs/design.md, "Go's stacks")
+        "NO_PROGRAMS": "    ret" if spec.go_program else "",
     }
 
 

@@ -9,7 +9,7 @@ from urewrite.arch import runtime_asm
 from urewrite.arch.aarch64 import arguments, trampoline
 from urewrite.arch.aarch64.writer import b_imm
 from urewrite.arch.base import Runtime, RuntimeSpec
-from urewrite.trampolines import program_file, region
+from urewrite.trampolines import region
 
 # Layout of the process-state memory (see runtime.s): page 0 is cleared in a
 # forked child; offsets below are from page 1 (x20).
@@ -106,21 +106,6 @@ def build(spec: RuntimeSpec) -> Runtime:
             "SHADOW_SHARED_TP": _unless_shared(spec, "x9", "ss_done", "x10", "x1"),
             "TRACE_ROOM": TRACE_ROOM,
             "PS_PROGRAM": PS_PROGRAM, "PS_PROGRAM_MAPS": PS_PROGRAM_MAPS, "PS_COMM": PS_COMM,
-            "PROGRAM_MAGIC": hex(program_file.MAGIC), "MAPS_MAGIC": hex(program_file.MAPS_MAGIC),
-            "PROGRAM_SUFFIX": program_file.PROGRAM_SUFFIX, "MAPS_SUFFIX": program_file.MAPS_SUFFIX,
-            "OWN_MAPS_PREFIX": program_file.OWN_MAPS_PREFIX,
-            "CTX_SIZE": program_file.CTX_SIZE, "CTX_ARGUMENTS": program_file.ARGUMENTS,
-            "CTX_PID": program_file.CTX_PID, "CTX_TID": program_file.CTX_TID,
-            "CTX_NSECS": program_file.CTX_NSECS, "CTX_MAPS": program_file.CTX_MAPS,
-            "CTX_COMM": program_file.CTX_COMM, "CTX_EVENT": program_file.CTX_EVENT,
-            "PRINTF_PROBE": hex(program_file.PRINTF_PROBE),
-            "PRINTF_PROBE_HIGH": hex(program_file.PRINTF_PROBE >> 16),
-            "USES_TID_BIT": program_file.USES_TID.bit_length() - 1,
-            "USES_NSECS_BIT": program_file.USES_NSECS.bit_length() - 1,
-            "USES_COMM_BIT": program_file.USES_COMM.bit_length() - 1,
-            # a Go program runs no probe program: its code's stack frames would not fit
-            # below a goroutine's stack pointer (docs/design.md, "Go's stacks")
-            "NO_PROGRAMS": "    ret" if spec.go_program else "",
         }, lambda source, target: b_imm(source, target).to_bytes(4, "little"))
     # arm64_exports: three quads just before the shared table of entry points at the end
     at = len(runtime.code) - 8 * len(runtime_asm.EXPORTS) - 24

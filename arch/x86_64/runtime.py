@@ -7,7 +7,7 @@ import struct
 
 from urewrite.arch import runtime_asm
 from urewrite.arch.x86_64 import trampoline
-from urewrite.trampolines import program_file, region
+from urewrite.trampolines import region
 from urewrite.arch.base import Runtime, RuntimeSpec
 from urewrite.arch.x86_64.writer import jmp_rel32
 
@@ -62,19 +62,6 @@ def build(spec: RuntimeSpec) -> Runtime:
             "PS_DIR": PS_DIR, "DIR_MAX": DIR_MAX, "PS_NAME": PS_NAME,
             "PS_ENVBUF": PS_ENVBUF, "ENVBUF_SIZE": ENVBUF_SIZE, "PS_TRACE": PS_TRACE,
             "PS_PROGRAM": PS_PROGRAM, "PS_PROGRAM_MAPS": PS_PROGRAM_MAPS, "PS_COMM": PS_COMM,
-            "PROGRAM_MAGIC": hex(program_file.MAGIC), "MAPS_MAGIC": hex(program_file.MAPS_MAGIC),
-            "PROGRAM_SUFFIX": program_file.PROGRAM_SUFFIX, "MAPS_SUFFIX": program_file.MAPS_SUFFIX,
-            "OWN_MAPS_PREFIX": program_file.OWN_MAPS_PREFIX,
-            "CTX_SIZE": program_file.CTX_SIZE, "CTX_ARGUMENTS": program_file.ARGUMENTS,
-            "CTX_ARGS": program_file.CTX_ARGS, "CTX_PID": program_file.CTX_PID,
-            "CTX_TID": program_file.CTX_TID, "CTX_NSECS": program_file.CTX_NSECS,
-            "CTX_MAPS": program_file.CTX_MAPS, "CTX_COMM": program_file.CTX_COMM,
-            "CTX_EVENT": program_file.CTX_EVENT, "PRINTF_PROBE": hex(program_file.PRINTF_PROBE),
-            "USES_TID": program_file.USES_TID, "USES_NSECS": program_file.USES_NSECS,
-            "USES_COMM": program_file.USES_COMM,
-            # a Go program runs no probe program: its code's stack frames would not fit
-            # below a goroutine's stack pointer (docs/design.md, "Go's stacks")
-            "NO_PROGRAMS": "    ret" if spec.go_program else "",
             "CLOCK_KIND": region.CLOCK_TSC, "CLOCK_FILE": region.CLOCK_FILE,
             "CLOCK_FILE_MAGIC": hex(int.from_bytes(region.CLOCK_FILE_MAGIC, "little")),
             "FSBASE_USABLE": trampoline.FSBASE_USABLE, "ASIDE_BUSY": ASIDE_BUSY,
