@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import hashlib
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -221,17 +222,24 @@ def write_files(directory: str, targets: Dict[str, Target], lowered: L.Lowered,
     return maps_path
 
 
-def program_blob(t: Target, lowered: L.Lowered, run: int, assemble) -> bytes:
-    """The program file of target `t` (trampolines/program_file.py) for run `run`."""
+def program_blob(t: Target, lowered: L.Lowered, run: Optional[int], assemble) -> bytes:
+    """The program file of target `t` (trampolines/program_file.py) for run `run`; None:
+    a run number of the file's own making (a hash of it), so that a rewrite that builds
+    the program in writes the same bytes each time."""
     offsets, size = M.layout(lowered.maps)
     runs = {number: _code_of(t.code_keys(number, lowered.code), lowered.code)
             for number in t.runs}
     only = dataclasses.replace(lowered, code=dict(runs.values()))
     code, functions = assemble(t.machine, only, offsets)
     entries = {number: functions[key] for number, (key, _) in runs.items()}
-    head = bytes(M.initial_area(lowered.maps, run)[:M.head_bytes(lowered.maps)])
-    return program_file.build(len(t.probes), code, entries, run, lowered.uses,
-                              lowered.arguments, head, size)
+
+    def blob(run: int) -> bytes:
+        head = bytes(M.initial_area(lowered.maps, run)[:M.head_bytes(lowered.maps)])
+        return program_file.build(len(t.probes), code, entries, run, lowered.uses,
+                                  lowered.arguments, head, size)
+    if run is None:
+        run = int.from_bytes(hashlib.sha256(blob(0)).digest()[:8], "little") | 1
+    return blob(run)
 
 
 def rewrite_step(checked, paths: List[str], assemble, note=lambda why: None):
@@ -271,7 +279,7 @@ def built_in(checked, paths: List[str], probes: List[tuple], machine: int, assem
         return None
     lowered = lower(checked, {"": t}, map_size)
     check_arguments({"": t}, lowered)
-    return program_blob(t, lowered, int.from_bytes(os.urandom(8), "little") | 1, assemble)
+    return program_blob(t, lowered, None, assemble)
 
 
 def _code_of(keys: List[str], code: Dict[str, list]) -> tuple:

@@ -238,6 +238,10 @@ def test_a_program_built_in_runs_whenever_the_probes_are_armed(values, tmp_path)
     out = tmp_path / "values"
     proc = urewrite(str(values), "-e", program, "-o", str(out), "-q")
     assert proc.returncode == 0, proc.stderr
+    (tmp_path / "again").mkdir()  # (reproducible: the same bytes each time, under one name)
+    again = tmp_path / "again" / "values"
+    assert urewrite(str(values), "-e", program, "-o", str(again), "-q").returncode == 0
+    assert again.read_bytes() == out.read_bytes()
     report = tmp_path / "report.json"
     stat = urewrite("stat", "--json", "-o", str(report), "--", str(out), "300")
     assert stat.returncode == 0, stat.stderr
