@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from test_aarch64 import BP, CC, LIB_INIT, LIB_INIT_C, QEMU, check, emulate, urewrite
-from test_aarch64_programs import VALUES, _build, _evaluated
+from test_aarch64 import CC, QEMU, check, emulate, urewrite
+from test_aarch64_programs import VALUES, _build, _evaluated, bti_library
 from test_program_output import _ties_sorted
 from test_program_run import _maps
 
@@ -134,15 +134,7 @@ def test_a_built_in_program_in_a_bti_guarded_library(tmp_path):
     """The library keeps its BTI marking (no start files), so qemu maps its pages
     guarded: the program's functions, in the rewrite's segment, are called through a
     register."""
-    (tmp_path / "plain").mkdir()
-    (tmp_path / "rw").mkdir()
-    library, rewritten = tmp_path / "plain" / "libvalues.so", tmp_path / "rw" / "libvalues.so"
-    (tmp_path / "init.c").write_text(LIB_INIT_C)
-    check([CC, "-O2", BP, "-fPIC", "-shared", "-nostartfiles", f"-Wl,-init,{LIB_INIT}",
-           "-DVALUES_LIBRARY", str(VALUES), str(tmp_path / "init.c"), "-o", str(library)])
-    main = tmp_path / "plain" / "values"
-    check([CC, "-O2", "-pthread", "-DVALUES_MAIN", str(VALUES), "-L", str(tmp_path / "plain"),
-           "-lvalues", "-o", str(main)])
+    library, rewritten, main = bti_library(tmp_path)
     program = COUNTS.format(path=rewritten)
     proc = urewrite(str(library), "-e", program, "-o", str(rewritten), "-q")
     assert proc.returncode == 0, proc.stderr

@@ -194,15 +194,14 @@ def test_bad_pointers_give_nothing_and_are_counted(tmp_path):
     assert ran.stderr.splitlines() == [
         f"urewrite: {3 * 4 * rounds + rounds} memory reads found nothing to read (str() or a "
         f"pointer read of a bad address): they gave \"\" or 0"]
-    assert f"@w[5]: 0\n" in maps
+    assert "@w[5]: 0\n" in maps
     # the original prints the same
     assert check(emulate(tmp_path / "plain" / "pointers") + [str(rounds)]).stdout == printed + "\n"
 
 
-def test_a_shared_object(tmp_path):
-    """The probes in a shared library the program loads: its runtime maps the program.
-    The library is BTI-guarded (qemu maps its pages so): printf()'s routine, which the
-    program's code calls through a register, lands on a landing pad."""
+def bti_library(tmp_path):
+    """values.c split in two, the library BTI-marked (no start files: qemu maps its pages
+    guarded), in tmp_path/plain: (the library, where its rewrite goes, the main program)."""
     (tmp_path / "plain").mkdir()
     (tmp_path / "rw").mkdir()
     library, rewritten = tmp_path / "plain" / "libvalues.so", tmp_path / "rw" / "libvalues.so"
@@ -212,6 +211,14 @@ def test_a_shared_object(tmp_path):
     main = tmp_path / "plain" / "values"
     check([CC, "-O2", "-pthread", "-DVALUES_MAIN", str(VALUES), "-L", str(tmp_path / "plain"),
            "-lvalues", "-o", str(main)])
+    return library, rewritten, main
+
+
+def test_a_shared_object(tmp_path):
+    """The probes in a shared library the program loads: its runtime maps the program.
+    The library is BTI-guarded (qemu maps its pages so): printf()'s routine, which the
+    program's code calls through a register, lands on a landing pad."""
+    library, rewritten, main = bti_library(tmp_path)
     program = MATRIX_PROGRAM.format(path=rewritten, work="work", named="named") + \
         f'uprobe:{rewritten}:work /arg0 % 100 == 0/ {{ printf("w %d %d\\n", arg0, arg1); }}'
     proc = urewrite(str(library), "-e", program, "-o", str(rewritten), "-q")
