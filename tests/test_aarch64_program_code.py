@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from test_aarch64 import CC, QEMU, SYSROOT, check
-from test_program_code import PROGRAMS, WORK
+from test_program_code import CHECKED_READS, PROGRAMS, WORK
 from urewrite.programs import lower as L
 from urewrite.programs import maps as M
 from urewrite.programs import output
@@ -195,11 +195,7 @@ def test_strings_and_pointer_reads_are_checked(harness):
     record = len(data)
     data += struct.pack("<IhbQ", 70000, -3, -1, 1 << 40).ljust(16, b"\0")
     unreadable = 0x10
-    text = """
-        uprobe:./v:named { @w[str(arg0)] = count(); @short[str(arg0, 3)] = count();
-            @is_beta[str(arg0) == "beta"] = count(); @who[comm, arg1 % 2] = count();
-            @u32 = sum(*(uint32 *)arg2); @i16 = sum(*(int16 *)(arg2 + 4)); @i8 = min(*(int8 *)(arg2 + 6));
-            @far = sum(*(uint64 *)(arg2 + 8)); }"""
+    text = CHECKED_READS
     hits = [("uprobe:./v:named", {"args": (DATA + places[i % 3] if i % 4 else unreadable, i,
                                            DATA + record if i % 5 else unreadable),
                                   "comm": "worker" if i % 2 else "main"})

@@ -150,16 +150,20 @@ def test_compiled_maps_are_the_evaluators(name):
     assert bool(compiled.printed) == (name == "printf")
 
 
+# strings and checked pointer reads: hits pass good and unreadable addresses (arg0, arg2)
+CHECKED_READS = """
+    uprobe:./v:named { @w[str(arg0)] = count(); @short[str(arg0, 3)] = count();
+        @is_beta[str(arg0) == "beta"] = count(); @who[comm, arg1 % 2] = count();
+        @u32 = sum(*(uint32 *)arg2); @i16 = sum(*(int16 *)(arg2 + 4)); @i8 = min(*(int8 *)(arg2 + 6));
+        @far = sum(*(uint64 *)(arg2 + 8)); }"""
+
+
 def test_strings_and_pointer_reads_are_checked():
     words = [ctypes.create_string_buffer(w) for w in (b"alpha", b"beta", b"gamma" * 20)]
     record = ctypes.create_string_buffer(struct.pack("<IhbQ", 70000, -3, -1, 1 << 40), 16)
     here = [ctypes.addressof(w) for w in words]
     unreadable = 0x10
-    text = """
-        uprobe:./v:named { @w[str(arg0)] = count(); @short[str(arg0, 3)] = count();
-            @is_beta[str(arg0) == "beta"] = count(); @who[comm, arg1 % 2] = count();
-            @u32 = sum(*(uint32 *)arg2); @i16 = sum(*(int16 *)(arg2 + 4)); @i8 = min(*(int8 *)(arg2 + 6));
-            @far = sum(*(uint64 *)(arg2 + 8)); }"""
+    text = CHECKED_READS
     hits = [("uprobe:./v:named", {"args": (here[i % 3] if i % 4 else unreadable, i,
                                              ctypes.addressof(record) if i % 5 else unreadable),
                                     "comm": "worker" if i % 2 else "main"})
