@@ -19,7 +19,8 @@ class NothingToProbe(UrewriteError):
 def rewrite(input: str, output: str, probes: Iterable[str] = (), returns: Iterable[str] = (),
             args: int = 0, keep_going: bool = False,
             tactics: Union[None, str, Iterable[str]] = None, exclude: Iterable[str] = (),
-            program: Optional[str] = None, *,
+            program: Optional[str] = None, *, call: Optional[str] = None,
+            call_area: int = 64,
             progress: Optional[Callable[[str, int], Optional[Callable[[int], None]]]] = None,
             on_note: Optional[Callable[[str], None]] = None,
             keep: Optional[list] = None) -> RewriteResult:
@@ -36,7 +37,9 @@ def rewrite(input: str, output: str, probes: Iterable[str] = (), returns: Iterab
     progress: `progress(label, total)` -> a function called with items done, or None;
     `on_note(text)` for each note as it arises (they are in the result's `notes` too);
     `keep`: a list the file's analysis is appended to, for a caller that ends the
-    process without freeing it."""
+    process without freeing it. `call`: FILE.c:FUNCTION (or FILE.o:FUNCTION), a C
+    callback built into every probe (programs/callback.py), each probe with an area of
+    `call_area` bytes, as the command line's --call and --call-area."""
     from urewrite.rewriter.pipeline import no_cycle_collection
     from urewrite.rewriter.pipeline import rewrite as run_rewrite
 
@@ -54,6 +57,10 @@ def rewrite(input: str, output: str, probes: Iterable[str] = (), returns: Iterab
             on_note(text)
 
     built_in = None
+    if program is not None and call is not None:
+        raise UrewriteError("give a program or a callback (--call), not both")
+    if call is not None:
+        built_in = _callback(call, input, output, call_area)
     if program is not None:
         probes, returns, used, checked = _program_probes(program, input, output, probes,
                                                          returns, note)
@@ -92,6 +99,15 @@ def _program_probes(text: str, input: str, output: str, probes: list, returns: l
     return (probes + [p for p in specs.entries if p not in probes],
             returns + [r for r in specs.returns if r not in returns],
             program_probes.arguments_used(program), checked)
+
+
+def _callback(spec: str, input: str, output: str, area: int):
+    """The rewrite's `built_in` for a C callback, built (compiled, checked) before the
+    rewrite starts, for the input's machine."""
+    from urewrite.programs import callback
+    from urewrite.rewriter.elf_file import ElfFile
+    machine = ElfFile.open(input).machine
+    return callback.rewrite_step(callback.build(spec, machine, area), output)
 
 
 def _built_in(checked, paths: List[str], note):

@@ -642,3 +642,22 @@ class Backend(ABC):
         """(code, {probe text: its function's offset in the code}): a lowered probe
         program (programs/lower.py) as this machine's functions `void code(context *)`
         (trampolines/program_file.py), the maps' tables at `offsets` in their area."""
+
+    # -- C callbacks (programs/callback.py) ----------------------------------
+    gnu_triplet: str  # the GNU name of the machine: its cross compiler is TRIPLET-gcc
+    # the compiler's flags that make C code a probe may run: no floating-point or
+    # vector register (the probe saves the general ones only), atomics inline
+    callback_flags: tuple = ()
+
+    @abstractmethod
+    def callback_stubs(self, address: int, stubs: Sequence[tuple], function: int) -> tuple:
+        """(code at `address`, each stub's address): for each (probe number, kind, name
+        address, area offset), code that fills in the context's probe and kind, name
+        (its address) and area (the maps' address plus the offset), then jumps to
+        `function`, the context in the first argument register (trampolines/urewrite.h,
+        struct urewrite_context). Addresses are the callback file's, mapped as one."""
+
+    @abstractmethod
+    def callback_refusal(self, code: bytes, address: int) -> Optional[str]:
+        """Why compiled code at `address` cannot run as a callback (an instruction that
+        uses a floating-point or vector register, or that cannot be decoded), or None."""

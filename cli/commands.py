@@ -99,8 +99,15 @@ def main():
                    "are armed (stat, UREWRITE_DIR), and stat shows its maps.")
 @click.option("-f", "program_file", metavar="FILE", type=click.Path(dir_okay=False),
               help="The same, with the program read from FILE.")
+@click.option("--call", "call", metavar="FILE.c:FUNCTION",
+              help="Build a C callback into every probe: FUNCTION(struct urewrite_context *) "
+                   "of FILE.c (compiled here) or of an object file, run whenever the probes "
+                   "are armed (trampolines/urewrite.h); stat shows its maps.")
+@click.option("--call-area", type=click.IntRange(0, 1 << 20), default=64, show_default=True,
+              metavar="BYTES", help="Bytes of each probe's own area for the callback "
+                                    "(ctx->area), a multiple of 8.")
 def rewrite(input_file, probes, returns, output, arg_count, keep_going, as_json, quiet, tactics,
-            excludes, program_text, program_file):
+            excludes, program_text, program_file, call, call_area):
     """Write a copy of IN with probes at the given sites.
 
     A site that cannot be patched safely is refused with the reason: an error
@@ -125,7 +132,8 @@ def rewrite(input_file, probes, returns, output, arg_count, keep_going, as_json,
         kept = []  # (the analysis, which end_now() does not free)
         try:
             result = run_rewrite(input_file, output, probes, returns, arg_count, keep_going,
-                                 tactics, excludes, program_text,
+                                 tactics, excludes, program_text, call=call,
+                                 call_area=call_area,
                                  progress=None if quiet else progress_bar,
                                  on_note=None if quiet else _say_note, keep=kept)
         except NothingToProbe:

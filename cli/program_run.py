@@ -31,10 +31,18 @@ PRINTF_RING = 1 << 16  # events a process's ring holds for printf()s
 @click.option("--dir", "directory", metavar="DIR", type=click.Path(file_okay=False),
               help="Load the program into DIR, for the processes that start with "
                    "UREWRITE_DIR=DIR (instead of a command), until Ctrl-C or --duration.")
+@click.option("--call", "call", metavar="FILE.c:FUNCTION",
+              help="Instead of a program, a C callback run at every probe of the files "
+                   "(trampolines/urewrite.h): of the command's program, or of --in.")
+@click.option("--call-area", type=click.IntRange(0, 1 << 20), default=64, show_default=True,
+              metavar="BYTES", help="Bytes of each probe's own area for the callback.")
+@click.option("--in", "in_files", multiple=True, metavar="FILE", type=click.Path(dir_okay=False),
+              help="A rewritten file whose probes run the callback (default: the command's "
+                   "program). Repeatable.")
 @live_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(program_text, program_path, as_json, output, map_size, interval, directory, pids, all_of,
-        duration, command):
+def run(program_text, program_path, as_json, output, map_size, interval, directory, call,
+        call_area, in_files, pids, all_of, duration, command):
     """Run COMMAND with a probe program in the probes of its rewritten files, then print
     the program's maps.
 
@@ -43,42 +51,38 @@ def run(program_text, program_path, as_json, output, map_size, interval, directo
       urewrite run -f prog.bt -- ./app.probed ARGS
       urewrite run -f prog.bt -p 1234 --duration 10
       urewrite run -f prog.bt --dir /dev/shm/app --duration 60
+      urewrite run --call hook.c:on_hit -- ./app.probed ARGS
     The probes a program names must be in the files (urewrite IN -e PROGRAM -o OUT
     rewrites a file with them). The command's own output is left alone; the exit status
     is passed through. With -p or --all, the program is loaded into running processes
     until Ctrl-C, --duration S or their exit, then unloaded, and the maps printed. With
     --dir, processes started with UREWRITE_DIR=DIR while it runs run the program.
     """
-    from urewrite.programs import attach, checks, evaluate, output as printer, parser
+    from urewrite.programs import evaluate, output as printer
 
-    if (program_text is None) == (program_path is None):
-        raise click.UsageError("give the program with -e PROGRAM or -f FILE")
+    if (program_text is None) + (program_path is None) + (call is None) != 2:
+        raise click.UsageError("give the program with -e PROGRAM or -f FILE, or a callback "
+                               "with --call FILE.c:FUNCTION")
+    if in_files and call is None:
+        raise click.UsageError("--in goes with --call (a program names its files)")
     if directory is not None:
         if command or pids is not None or all_of is not None:
             raise click.UsageError("--dir goes without a command, -p or --all")
         armed = False
     else:
         armed = live_or_command(pids, all_of, duration, command)
-    text = program_text
-    try:
-        if program_path is not None:
-            try:
-                with open(program_path, encoding="utf-8") as f:
-                    text = f.read()
-            except (OSError, UnicodeDecodeError) as e:
-                raise UrewriteError(f"cannot read the program {program_path}: "
-                                    f"{getattr(e, 'strerror', None) or e}")
-        checked = checks.check(parser.parse(text))
-        targets = {}
-        attach.attach(targets, checked.program.blocks, list(command))
-        lowered = attach.lower(checked, targets, map_size)
-    except UrewriteError as e:
-        fail(str(e))
-    state = evaluate.State(checked)
-    for block in checked.program.blocks:  # BEGIN, in the tracer
+    if call is not None:
+        checked = None
+        lowered, targets = _callback(call, call_area, map_size, in_files, command)
+    else:
+        checked, targets, lowered = _program(program_text, program_path, command, map_size)
+    blocks = checked.program.blocks if checked else []
+    state = evaluate.State(checked) if checked else None
+    for block in blocks:  # BEGIN, in the tracer
         if any(p.kind == "BEGIN" for p in block.probes):
             evaluate.run_block(state, block, _tracer_hit(block))
-    _print(state.printed)
+    if state is not None:
+        _print(state.printed)
     ticker = _Ticker(interval, lowered, as_json)
     if directory is not None:
         returncode, found, lost = _run_in_directory(directory, duration, targets, lowered,
@@ -87,13 +91,14 @@ def run(program_text, program_path, as_json, output, map_size, interval, directo
         returncode, found, lost = _run_armed(pids, all_of, duration, targets, lowered, ticker)
     else:
         returncode, found, lost = _run_command(command, targets, lowered, ticker)
-    state.printed.clear()
-    state.maps.update({m.name: m for m in found})
-    for block in checked.program.blocks:  # END, over what the probes gathered
-        if any(p.kind == "END" for p in block.probes):
-            evaluate.run_block(state, block, _tracer_hit(block))
-    _print(state.printed)
-    shown = list(state.maps.values())
+    if state is not None:
+        state.printed.clear()
+        state.maps.update({m.name: m for m in found})
+        for block in blocks:  # END, over what the probes gathered
+            if any(p.kind == "END" for p in block.probes):
+                evaluate.run_block(state, block, _tracer_hit(block))
+        _print(state.printed)
+    shown = list(state.maps.values()) if state is not None else found
     report = "\n".join(printer.json_lines(shown)) + "\n" if as_json else \
         ("\n\n" + printer.text(shown) if shown else "")
     if output:
@@ -146,8 +151,7 @@ def _run_command(command, targets, lowered, ticker):
     from urewrite.reader.probe_programs import run_command
 
     return run_command(command, lambda directory: _write_program(directory, targets, lowered),
-                       PRINTF_RING if lowered.printfs else 0, _printed(lowered.printfs),
-                       ticker.each_poll(), lowered.maps)
+                       *_events(lowered), ticker.each_poll(), lowered.maps)
 
 
 def _run_in_directory(directory, duration, targets, lowered, ticker):
@@ -160,12 +164,12 @@ def _run_in_directory(directory, duration, targets, lowered, ticker):
         fail(f"no directory {directory}")
     maps_path = _write_program(directory, targets, lowered)
     click.echo(f"urewrite: the program is loaded in {directory}; Ctrl-C ends", err=True)
-    if lowered.printfs:
+    if _events(lowered)[0]:
         from urewrite.trampolines.region import TRACE_ENV_VAR
         click.echo(f"urewrite: printf() shows events of processes started with "
                    f"{TRACE_ENV_VAR}=N too (a ring of N events)", err=True)
     return run_in_directory(directory, maps_path, [t.tag for t in targets.values()], duration,
-                            _printed(lowered.printfs), ticker.each_poll(), lowered.maps)
+                            _events(lowered)[1], ticker.each_poll(), lowered.maps)
 
 
 def _write_program(directory, targets, lowered) -> str:
@@ -173,7 +177,7 @@ def _write_program(directory, targets, lowered) -> str:
     program or directory ends the command with one line."""
     from urewrite.programs import attach
     try:
-        return attach.write_files(directory, targets, lowered, _program_code)
+        return attach.write_files(directory, targets, lowered, _code_of(lowered))
     except UrewriteError as e:
         fail(str(e))
     except FileExistsError as e:  # (another run's program, in a directory of --dir)
@@ -191,19 +195,90 @@ def _run_armed(pids, all_of, duration, targets, lowered, ticker):
 
     def write_files(directory):
         try:
-            return attach.write_files(directory, targets, lowered, _program_code)
+            return attach.write_files(directory, targets, lowered, _code_of(lowered))
         except OSError as e:
             raise UrewriteError(f"cannot write the program's files in {directory}: {e.strerror}")
     try:
-        problems, found, lost = run_armed(pids, all_of, duration,
-                                          PRINTF_RING if lowered.printfs else 0, write_files,
-                                          announce, _printed(lowered.printfs),
-                                          ticker.each_poll(), lowered.maps)
+        ring, printed = _events(lowered)
+        problems, found, lost = run_armed(pids, all_of, duration, ring, write_files,
+                                          announce, printed, ticker.each_poll(), lowered.maps)
     except UrewriteError as e:
         fail(str(e))
     for problem in problems:
         click.echo(f"urewrite: warning: {problem}", err=True)
     return 0, found, lost
+
+
+def _program(text, path, command, map_size):
+    """The program (-e, or read from -f) checked, attached to its files and lowered:
+    (checked, targets, lowered); one line where it cannot be."""
+    from urewrite.programs import attach, checks, parser
+    try:
+        if path is not None:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+            except (OSError, UnicodeDecodeError) as e:
+                raise UrewriteError(f"cannot read the program {path}: "
+                                    f"{getattr(e, 'strerror', None) or e}")
+        checked = checks.check(parser.parse(text))
+        targets = {}
+        attach.attach(targets, checked.program.blocks, list(command))
+        return checked, targets, attach.lower(checked, targets, map_size)
+    except UrewriteError as e:
+        fail(str(e))
+
+
+def _callback(spec, area, map_size, in_files, command):
+    """The callback built for its files (--in, else the command's program), attached to
+    every probe of theirs: (the callback, the targets); one line where it cannot be."""
+    from urewrite.programs import attach, callback
+    import shutil
+    paths = list(in_files)
+    if not paths:
+        program = shutil.which(command[0]) if command else None
+        if program is None:
+            raise click.UsageError("--call needs the rewritten files: --in FILE (or a "
+                                   "command whose program is one)")
+        paths = [program]
+    try:
+        targets = {}
+        for path in paths:
+            targets.setdefault(os.path.realpath(path), attach.target(path))
+        machines = {t.machine for t in targets.values()}
+        if len(machines) > 1:
+            raise UrewriteError("--call: the files are of different machines: one run each")
+        built = callback.build(spec, machines.pop(), area, map_size)
+        callback.attach(built, targets)
+    except UrewriteError as e:
+        fail(str(e))
+    return built, targets
+
+
+def _events(lowered):
+    """(the ring each process gets, what prints its events): a program's printf()s, or a
+    callback's emitted words."""
+    if not _is_callback(lowered):
+        return (PRINTF_RING if lowered.printfs else 0), _printed(lowered.printfs)
+    from urewrite.programs.callback import event_line
+    from urewrite.trampolines.program_file import PRINTF_PROBE
+
+    def show(events):
+        _print([event_line(e.args) + "\n" for e in events if e.number == PRINTF_PROBE])
+    return PRINTF_RING, show
+
+
+def _is_callback(lowered) -> bool:
+    from urewrite.programs.callback import Callback
+    return isinstance(lowered, Callback)
+
+
+def _code_of(lowered):
+    """write_files's `assemble`: a program's code, or a callback's."""
+    if not _is_callback(lowered):
+        return _program_code
+    from urewrite.programs.callback import assemble
+    return lambda _machine, built, offsets: assemble(built, offsets)
 
 
 def _printed(printfs):

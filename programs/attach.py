@@ -215,7 +215,7 @@ def write_files(directory: str, targets: Dict[str, Target], lowered: L.Lowered,
         _create(os.path.join(directory, t.tag + program_file.PROGRAM_SUFFIX), blob, 0o644)
         maps = os.path.join(directory, t.tag + program_file.MAPS_SUFFIX)
         if maps_path is None:
-            _create(maps, bytes(M.initial_area(lowered.maps, run)), 0o600)
+            _create(maps, lowered.initial_maps(run), 0o600)
             maps_path = maps
         else:
             os.link(maps_path, maps)
@@ -226,7 +226,8 @@ def program_blob(t: Target, lowered: L.Lowered, run: Optional[int], assemble) ->
     """The program file of target `t` (trampolines/program_file.py) for run `run`; None:
     a run number of the file's own making (a hash of it), so that a rewrite that builds
     the program in writes the same bytes each time."""
-    offsets, size = M.layout(lowered.maps)
+    offsets, _ = M.layout(lowered.maps)
+    size = lowered.maps_bytes()
     runs = {number: _code_of(t.code_keys(number, lowered.code), lowered.code)
             for number in t.runs}
     only = dataclasses.replace(lowered, code=dict(runs.values()))

@@ -79,6 +79,14 @@ class Lowered:
         return max((op[1] + 1 for ops in self.code.values() for op in ops if op[0] == "arg"),
                    default=0)
 
+    def maps_bytes(self) -> int:
+        """The maps area's size."""
+        return map_layout.layout(self.maps)[1]
+
+    def initial_maps(self, run: int) -> bytes:
+        """The maps file as the tracer creates it for run `run`."""
+        return bytes(map_layout.initial_area(self.maps, run))
+
 
 def lower(checked: Checked, probe_names: Dict[str, Tuple[str, str]] = None,
           map_size: int = map_layout.KEYED_CAPACITY,

@@ -23,6 +23,7 @@ from urewrite.rewriter.layout import Placement, align_up
 from urewrite.trampolines import arguments, live_note, region
 
 CODE_ALIGN = 16
+PROGRAM_ALIGN = 4096  # where a program built into the probes starts (build)
 
 
 @dataclass
@@ -247,7 +248,9 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
         patches.append((hook.window.address, backend.site_patch(hook.window, hook_at)))
     program = built_in(probes, backend.elf_machine) if built_in is not None else None
     if program:
-        program_at = base + align_up(len(code), CODE_ALIGN)
+        # at a page boundary: its code may address its data by pages (arm64's adrp
+        # in a C callback), and the program file keeps its code page-aligned
+        program_at = align_up(base + len(code), PROGRAM_ALIGN)
         code += bytes(program_at - base - len(code)) + program
         struct.pack_into("<q", code, runtime_at - base + LINK_PROGRAM, program_at - runtime_at)
     live = live_note.build(backend.elf_machine, runtime_at, placement.state_vaddr,

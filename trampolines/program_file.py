@@ -32,6 +32,10 @@ whose runtime routine calls the probe's function with its context:
     char comm[64]    the process's name at set-up, NUL-padded
     u64 event        the runtime's printf() routine: an event of probe number
                      PRINTF_PROBE + N (printf N) in the process's ring, with the values
+    u32 probe, kind  a C callback's: the probe's number in its object and its kind,
+    u64 name, area   its name (NUL-terminated) and its own area in the maps file,
+                     filled in by the callback's stub for the probe (programs/callback.py;
+                     trampolines/urewrite.h declares the whole as struct urewrite_context)
 """
 
 from __future__ import annotations
@@ -56,7 +60,13 @@ CTX_MAPS = 120
 CTX_COMM = 128
 COMM_BYTES = 64
 CTX_EVENT = 192  # the runtime's routine for printf(): edi = format, rsi = words, rdx = count
-CTX_SIZE = 208
+# What a C callback's stub for the probe fills in before the callback (programs/callback.py);
+# a program's code neither writes nor reads them
+CTX_PROBE = 200  # u32 the probe's number in its object, then u32 its kind (region.KIND_*)
+CTX_KIND = 204
+CTX_NAME = 208  # the probe's name, NUL-terminated
+CTX_AREA = 216  # the probe's own area in the maps file (--call-area bytes)
+CTX_SIZE = 224
 USES_NSECS, USES_TID, USES_COMM = 1, 2, 4  # (pid, maps and the routine are always there)
 PRINTF_PROBE = 0x7FFF0000  # a printf() event's probe number: this plus the printf's
 

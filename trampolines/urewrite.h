@@ -333,4 +333,295 @@ static inline uint64_t urewrite_hits(const struct urewrite_header *hdr, uint32_t
     return sum;
 }
 
+/* ---- C callbacks -------------------------------------------------------------
+ *
+ * `urewrite IN -p ... --call FILE.c:FUNCTION -o OUT` (built into the probes) and
+ * `urewrite run --call FILE.c:FUNCTION -- COMMAND` run FUNCTION at every probe of
+ * the file, armed, as
+ *
+ *     void FUNCTION(struct urewrite_context *ctx);
+ *
+ * It runs freestanding on the probed thread's stack, between the probed code's
+ * instructions: no C library (no errno, malloc, printf, locks), no floating-point
+ * or vector registers (it is compiled with -mgeneral-regs-only: the probe saves
+ * the general registers only), no writable globals (its code is mapped read and
+ * execute: keep state in maps or in ctx->area), a stack of at most
+ * UREWRITE_CALLBACK_STACK bytes, and it must return soon. urewrite compiles FILE.c
+ * with the machine's C compiler and checks what it can (docs/programs.md, "C
+ * callbacks"); it cannot check what the code does with memory: read other memory
+ * with urewrite_read() only. The helpers below are all it needs. */
+
+#define UREWRITE_CALLBACK_STACK 2048
+#define UREWRITE_CONTEXT_ARGS 12
+
+struct urewrite_context {
+    uint64_t args[UREWRITE_CONTEXT_ARGS]; /* the probe's arguments, as its file records
+                                           * them (--args N, a USDT note's); a return
+                                           * probe's args[0]: the return value */
+    uint64_t pid;
+    uint64_t tid;    /* UREWRITE_READS(UREWRITE_READS_TID), else 0 */
+    uint64_t nsecs;  /* CLOCK_MONOTONIC, UREWRITE_READS(UREWRITE_READS_NSECS), else 0 */
+    void *maps;      /* the maps file: the maps' tables, then the probes' areas */
+    char comm[64];   /* the process's name, UREWRITE_READS(UREWRITE_READS_COMM) */
+    void (*event)(uint32_t index, const uint64_t *words, uint64_t count);
+    uint32_t probe;  /* the probe's number in its object (its region's probe table) */
+    uint32_t kind;   /* UREWRITE_KIND_* */
+    const char *name; /* the probe's name, as `urewrite list` shows it */
+    uint64_t *area;  /* the probe's own --call-area bytes (64 by default), zeroed at
+                      * the start, shared by the process's threads */
+};
+
+#define urewrite_retval(ctx) ((ctx)->args[0])
+
+/* What a callback reads of its context beyond args, pid, probe, kind, name and area
+ * (the rest is filled in only if it says so: a clock read or a thread lookup costs
+ * nanoseconds a hit). Without UREWRITE_READS, all of it. */
+#define UREWRITE_READS_NSECS 1
+#define UREWRITE_READS_TID 2
+#define UREWRITE_READS_COMM 4
+#define UREWRITE_READS(flags)                                                          \
+    static const uint64_t urewrite_reads_                                              \
+        __attribute__((section(".urewrite_reads"), used)) = (flags)
+
+/* Maps that the tracer prints as bpftrace prints a program's (`urewrite run`, `stat`,
+ * `top`, `export`): declare each at file scope, then update it with
+ * urewrite_map_add(). An lhist takes its range: UREWRITE_LHIST_MAP(name, keys, low,
+ * high, step). Keys are integers, at most UREWRITE_MAP_KEYS of them. */
+#define UREWRITE_COUNT 1 /* @name[k] = count()      (the value is not used) */
+#define UREWRITE_SUM 2   /* @name[k] = sum(value) */
+#define UREWRITE_MIN 3
+#define UREWRITE_MAX 4
+#define UREWRITE_AVG 5
+#define UREWRITE_HIST 6  /* log2 buckets, as bpftrace's hist() */
+#define UREWRITE_LHIST 7 /* linear buckets, as lhist() */
+#define UREWRITE_MAP_KEYS 4
+#define UREWRITE_MAP_MAGIC 0x3150414d45525531ULL /* "1UREMAP1" */
+
+struct urewrite_map {
+    uint64_t magic;      /* UREWRITE_MAP_MAGIC: the rest is urewrite's to fill in */
+    uint32_t kind, keys;
+    int64_t low, high, step; /* an lhist's */
+    char name[32];
+    /* written by urewrite when it builds the callback (read-only when it runs): */
+    uint64_t table;      /* the table's offset in the maps file */
+    uint64_t capacity;   /* entries, a power of two */
+    uint64_t entry_words;
+};
+
+#define UREWRITE_MAP_DECLARE_(name, kind, keys, low, high, step)                       \
+    static struct urewrite_map name                                                    \
+        __attribute__((section(".urewrite_maps"), used, aligned(8))) =                 \
+        {UREWRITE_MAP_MAGIC, (kind), (keys), (low), (high), (step), #name, 0, 0, 0}
+#define UREWRITE_MAP(name, kind, keys) UREWRITE_MAP_DECLARE_(name, kind, keys, 0, 0, 0)
+#define UREWRITE_LHIST_MAP(name, keys, low, high, step)                                \
+    UREWRITE_MAP_DECLARE_(name, UREWRITE_LHIST, keys, low, high, step)
+
+#if defined(__x86_64__) || defined(__aarch64__)
+
+static inline uint64_t urewrite_field_(const volatile uint64_t *field)
+{
+    return *field; /* (filled in after compiling: never folded into the code) */
+}
+
+static inline void urewrite_pause_(void)
+{
+#if defined(__x86_64__)
+    __asm__ volatile("pause");
+#else
+    __asm__ volatile("yield");
+#endif
+}
+
+/* The entry of `keys` in `map`, claimed if missing; 0 when the table is full (the
+ * update is counted as dropped). The protocol of programs/maps.py. */
+static inline uint64_t *urewrite_map_entry_(const struct urewrite_context *ctx,
+                                            struct urewrite_map *map, const uint64_t *keys)
+{
+    const uint64_t mult = 0x9E3779B97F4A7C15ULL;
+    uint64_t *table = (uint64_t *)((char *)ctx->maps + urewrite_field_(&map->table));
+    uint64_t capacity = urewrite_field_(&map->capacity);
+    uint64_t words = urewrite_field_(&map->entry_words);
+    uint32_t nkeys = *(const volatile uint32_t *)&map->keys, i;
+    uint64_t hash = mult, slot, left;
+
+    for (i = 0; i < nkeys; i++)
+        hash = (hash ^ keys[i]) * mult;
+    hash = (hash ^ (hash >> 29)) | 1;
+    for (slot = hash & (capacity - 1), left = capacity; left; left--,
+         slot = (slot + 1) & (capacity - 1)) {
+        uint64_t *entry = table + 8 + slot * words;
+        for (;;) {
+            uint64_t state = __atomic_load_n(&entry[0], __ATOMIC_ACQUIRE), free_ = 0;
+            if (state == hash) {
+                for (i = 0; i < nkeys && entry[2 + i] == keys[i]; i++)
+                    ;
+                if (i == nkeys)
+                    return entry;
+                break;
+            }
+            if (state == 2) { /* being claimed: its key comes next */
+                urewrite_pause_();
+                continue;
+            }
+            if (state != 0)
+                break;
+            if (!__atomic_compare_exchange_n(&entry[0], &free_, 2, 0, __ATOMIC_ACQUIRE,
+                                             __ATOMIC_ACQUIRE))
+                continue;
+            for (i = 0; i < nkeys; i++)
+                entry[2 + i] = keys[i];
+            if (map->kind == UREWRITE_MIN)
+                entry[2 + nkeys] = 0x7fffffffffffffffULL;
+            else if (map->kind == UREWRITE_MAX)
+                entry[2 + nkeys] = 0x8000000000000000ULL;
+            __atomic_store_n(&entry[0], hash, __ATOMIC_RELEASE);
+            return entry;
+        }
+    }
+    __atomic_fetch_add(&table[4], 1, __ATOMIC_RELAXED); /* dropped */
+    return 0;
+}
+
+/* Adds `value` to the entry of `keys` (its map's `keys` words) as the map's kind
+ * says: count() ignores it. */
+static inline void urewrite_map_update(const struct urewrite_context *ctx,
+                                       struct urewrite_map *map, const uint64_t *keys,
+                                       int64_t value)
+{
+    uint64_t *entry = urewrite_map_entry_(ctx, map, keys);
+    uint64_t *v, old, bucket;
+
+    if (entry == 0)
+        return;
+    v = entry + 2 + *(const volatile uint32_t *)&map->keys;
+    switch (map->kind) {
+    case UREWRITE_COUNT:
+        __atomic_fetch_add(v, 1, __ATOMIC_RELAXED);
+        break;
+    case UREWRITE_SUM:
+        __atomic_fetch_add(v, (uint64_t)value, __ATOMIC_RELAXED);
+        break;
+    case UREWRITE_AVG:
+        __atomic_fetch_add(&v[0], 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&v[1], (uint64_t)value, __ATOMIC_RELAXED);
+        break;
+    case UREWRITE_MIN:
+    case UREWRITE_MAX:
+        old = __atomic_load_n(v, __ATOMIC_RELAXED);
+        while (map->kind == UREWRITE_MIN ? value < (int64_t)old : value > (int64_t)old)
+            if (__atomic_compare_exchange_n(v, &old, (uint64_t)value, 0, __ATOMIC_RELAXED,
+                                            __ATOMIC_RELAXED))
+                break;
+        break;
+    case UREWRITE_HIST: /* 0: negative, 1: zero, 2 + n: [2^n, 2^(n+1)) */
+        bucket = value < 0 ? 0 : value == 0 ? 1 : 65 - (uint64_t)__builtin_clzll((uint64_t)value);
+        __atomic_fetch_add(&v[bucket], 1, __ATOMIC_RELAXED);
+        break;
+    case UREWRITE_LHIST:
+        if (value < map->low)
+            bucket = 0;
+        else if (value >= map->high)
+            bucket = (uint64_t)((map->high - map->low) / map->step) + 1;
+        else
+            bucket = (uint64_t)((value - map->low) / map->step) + 1;
+        __atomic_fetch_add(&v[bucket], 1, __ATOMIC_RELAXED);
+        break;
+    default:
+        return;
+    }
+    __atomic_store_n(&entry[1], 1, __ATOMIC_RELEASE); /* present */
+}
+
+/* The same, for a map of one key (or none: the key is not used). */
+static inline void urewrite_map_add(const struct urewrite_context *ctx,
+                                    struct urewrite_map *map, uint64_t key, int64_t value)
+{
+    urewrite_map_update(ctx, map, &key, value);
+}
+
+/* An event in the process's ring: `count` words (at most UREWRITE_CONTEXT_ARGS), which
+ * `urewrite run` prints as one line. */
+static inline void urewrite_emit(const struct urewrite_context *ctx, const uint64_t *words,
+                                 uint64_t count)
+{
+    ctx->event(0, words, count);
+}
+
+static inline long urewrite_syscall_(long n, long a, long b, long c, long d, long e, long f)
+{
+#if defined(__x86_64__)
+    long ret;
+    register long r10 __asm__("r10") = d;
+    register long r8 __asm__("r8") = e;
+    register long r9 __asm__("r9") = f;
+    __asm__ volatile("syscall" : "=a"(ret)
+                     : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+                     : "rcx", "r11", "memory");
+    return ret;
+#else
+    register long x8 __asm__("x8") = n;
+    register long x0 __asm__("x0") = a;
+    register long x1 __asm__("x1") = b;
+    register long x2 __asm__("x2") = c;
+    register long x3 __asm__("x3") = d;
+    register long x4 __asm__("x4") = e;
+    register long x5 __asm__("x5") = f;
+    __asm__ volatile("svc 0" : "+r"(x0)
+                     : "r"(x8), "r"(x1), "r"(x2), "r"(x3), "r"(x4), "r"(x5) : "memory");
+    return x0;
+#endif
+}
+
+#if defined(__x86_64__)
+#define UREWRITE_SYS_READ_ 0
+#define UREWRITE_SYS_WRITE_ 1
+#define UREWRITE_SYS_CLOSE_ 3
+#define UREWRITE_SYS_PIPE2_ 293
+#define UREWRITE_SYS_VM_READV_ 310
+#else
+#define UREWRITE_SYS_READ_ 63
+#define UREWRITE_SYS_WRITE_ 64
+#define UREWRITE_SYS_CLOSE_ 57
+#define UREWRITE_SYS_PIPE2_ 59
+#define UREWRITE_SYS_VM_READV_ 270
+#endif
+
+/* Copies `size` bytes (at most 4096) from `address` in the process to `to`: 0; or
+ * -1 when they are not all readable (NULL, unmapped, a guard page), `to` zeroed and
+ * the fault counted (`run` reports them). Never a signal, never a changed errno:
+ * process_vm_readv on the process itself, one system call (a pipe's five where the
+ * kernel has none, as under qemu-user). */
+static inline int urewrite_read(const struct urewrite_context *ctx, void *to,
+                                uint64_t address, uint64_t size)
+{
+    struct { void *base; uint64_t len; } local = {to, size}, remote = {(void *)address, size};
+    long got;
+    int fds[2];
+    uint64_t i;
+
+    if (size > 4096)
+        goto fault;
+    got = urewrite_syscall_(UREWRITE_SYS_VM_READV_, (long)ctx->pid, (long)&local, 1,
+                            (long)&remote, 1, 0);
+    if (got == -38 && urewrite_syscall_(UREWRITE_SYS_PIPE2_, (long)fds, 02000000, 0, 0, 0,
+                                        0) == 0) { /* ENOSYS; O_CLOEXEC */
+        got = urewrite_syscall_(UREWRITE_SYS_WRITE_, fds[1], (long)address, (long)size, 0,
+                                0, 0);
+        if (got == (long)size)
+            got = urewrite_syscall_(UREWRITE_SYS_READ_, fds[0], (long)to, (long)size, 0, 0,
+                                    0);
+        urewrite_syscall_(UREWRITE_SYS_CLOSE_, fds[0], 0, 0, 0, 0, 0);
+        urewrite_syscall_(UREWRITE_SYS_CLOSE_, fds[1], 0, 0, 0, 0, 0);
+    }
+    if (got == (long)size)
+        return 0;
+fault:
+    for (i = 0; i < size; i++)
+        ((volatile char *)to)[i] = 0;
+    __atomic_fetch_add((uint64_t *)((char *)ctx->maps + 16), 1, __ATOMIC_RELAXED);
+    return -1;
+}
+
+#endif /* x86_64, aarch64 */
+
 #endif /* UREWRITE_H */

@@ -7,7 +7,7 @@ from typing import Optional
 import capstone
 import numpy as np
 
-from urewrite.arch.aarch64 import (arguments, fault_hook, faults, jump_tables, relocator,
+from urewrite.arch.aarch64 import (arguments, callback, fault_hook, faults, jump_tables, relocator,
                                    return_address, runtime, trampoline)
 from urewrite.arch.aarch64.writer import b_imm
 from urewrite.trampolines.arguments import C_CONVENTION
@@ -29,6 +29,8 @@ class AArch64Backend(Backend):
     state_size = runtime.STATE_SIZE
     live_state = runtime.LIVE_STATE
     redirects_returns = True
+    callback_flags = callback.FLAGS
+    gnu_triplet = "aarch64-linux-gnu"
     shadow_stack_name = "the Guarded Control Stack (GCS)"
 
     def __init__(self):
@@ -170,6 +172,12 @@ class AArch64Backend(Backend):
     def program_code(self, lowered, offsets) -> tuple:
         from urewrite.arch.aarch64 import program_code
         return program_code.assemble(lowered, offsets)
+
+    def callback_stubs(self, address, stubs, function) -> tuple:
+        return callback.stubs(address, stubs, function)
+
+    def callback_refusal(self, code, address):
+        return callback.refusal(self, code, address)
 
 
 def _signed(value: int, bits: int) -> int:

@@ -13,7 +13,7 @@ from capstone import x86
 
 from urewrite.arch.base import (BRANCH, CALL, JUMP, OTHER, PLAIN, RETURN, Backend, Insn, Runtime,
                                 RuntimeRefs, RuntimeSpec, Sweep, SweepBatch, Window)
-from urewrite.arch.x86_64 import (arguments, fault_hook, faults, jump_tables, relocator,
+from urewrite.arch.x86_64 import (arguments, callback, fault_hook, faults, jump_tables, relocator,
                                   return_address, runtime, linear_sweep, trampoline)
 from urewrite.arch.x86_64.writer import jmp_rel8, jmp_rel32
 from urewrite.trampolines.arguments import C_CONVENTION
@@ -105,6 +105,8 @@ class X86_64Backend(Backend):
     state_size = runtime.STATE_SIZE
     live_state = runtime.LIVE_STATE
     redirects_returns = True
+    callback_flags = callback.FLAGS
+    gnu_triplet = "x86_64-linux-gnu"
     shadow_stack_name = "the CET shadow stack"
 
     def __init__(self):
@@ -435,6 +437,12 @@ class X86_64Backend(Backend):
     def program_code(self, lowered, offsets) -> tuple:
         from urewrite.arch.x86_64 import program_code
         return program_code.assemble(lowered, offsets)
+
+    def callback_stubs(self, address, stubs, function) -> tuple:
+        return callback.stubs(address, stubs, function)
+
+    def callback_refusal(self, code, address):
+        return callback.refusal(self, code, address)
 
 
 def _ip_relative(detail) -> bool:

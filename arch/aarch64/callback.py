@@ -1,0 +1,54 @@
+"""A C callback's stubs and checks on arm64 (programs/callback.py): each probe's stub
+fills in its part of the context, then branches to the callback; compiled code that
+would touch a register the probe does not save is refused."""
+
+from __future__ import annotations
+
+import re
+from typing import List, Optional, Sequence, Tuple
+
+from urewrite.arch.aarch64.writer import Writer
+from urewrite.trampolines.program_file import CTX_AREA, CTX_MAPS, CTX_NAME, CTX_PROBE
+
+# no floating-point or SIMD register; atomics inline, not libgcc's outline helpers;
+# landing pads (bti) where the callback is reached through a register in a file whose
+# pages are BTI-guarded
+FLAGS = ("-mgeneral-regs-only", "-mno-outline-atomics", "-mbranch-protection=bti")
+BTI_C = 0xD503245F
+X0, X9, X10 = 0, 9, 10
+# b0-b31, h, s, d, q, v: the FP/SIMD registers; z and p: SVE's
+_NOT_SAVED = re.compile(r"\b([bhsdqvz]\d{1,2}|p\d{1,2})(\.\w+)?\b")
+
+
+def stubs(address: int, each: Sequence[tuple], function: int) -> Tuple[bytes, List[int]]:
+    """Backend.callback_stubs: x0 holds the context. The stub is called through a
+    register (bti c)."""
+    w = Writer(address)
+    starts = []
+    for probe, kind, name, area in each:
+        starts.append(w.pc)
+        w.word(BTI_C)
+        w.mov_imm(X9, probe)
+        w.word(0xF2C00000 | (kind & 0xFFFF) << 5 | X9)  # movk x9, kind, lsl 32
+        w.str_(X9, X0, CTX_PROBE)
+        w.address_of(X9, name)
+        w.str_(X9, X0, CTX_NAME)
+        w.ldr(X9, X0, CTX_MAPS)
+        w.mov_imm(X10, area)
+        w.add_reg(X9, X9, X10)
+        w.str_(X9, X0, CTX_AREA)
+        w.b(function)
+    return w.bytes(), starts
+
+
+def refusal(backend, code: bytes, address: int) -> Optional[str]:
+    """Backend.callback_refusal."""
+    insns = backend.decode(code, address)
+    end = insns[-1].end if insns else address
+    if end < address + len(code):
+        return f"its code cannot be read at {end:#x}"
+    for insn in insns:
+        if _NOT_SAVED.search(insn.op_str) or insn.mnemonic.startswith("f"):
+            return (f"{insn} (at {insn.address:#x}) uses a floating-point or SIMD register, "
+                    f"which a probe does not save: compile with -mgeneral-regs-only")
+    return None

@@ -1,0 +1,46 @@
+"""A C callback's stubs and checks on x86_64 (programs/callback.py): each probe's stub
+fills in its part of the context, then jumps to the callback; compiled code that would
+touch a register the probe does not save is refused."""
+
+from __future__ import annotations
+
+import re
+from typing import List, Optional, Sequence, Tuple
+
+from urewrite.arch.x86_64.writer import RAX, RDI, Mem, Rip, Writer
+from urewrite.trampolines.program_file import CTX_AREA, CTX_MAPS, CTX_NAME, CTX_PROBE
+
+FLAGS = ("-mgeneral-regs-only", "-fcf-protection=none")
+# x87, MMX, SSE and AVX registers: what -mgeneral-regs-only keeps out
+_NOT_SAVED = re.compile(r"\b([xyz]mm\d+|mm\d|st(\(\d\))?|k[0-7])\b")
+
+
+def stubs(address: int, each: Sequence[tuple], function: int) -> Tuple[bytes, List[int]]:
+    """Backend.callback_stubs: rdi holds the context."""
+    w = Writer(address)
+    starts = []
+    for probe, kind, name, area in each:
+        starts.append(w.pc)
+        w.movabs(RAX, probe | kind << 32)  # probe, then kind
+        w.mov(Mem(RDI, disp=CTX_PROBE), RAX)
+        w.lea(RAX, Rip(name))
+        w.mov(Mem(RDI, disp=CTX_NAME), RAX)
+        w.mov(RAX, Mem(RDI, disp=CTX_MAPS))
+        w.add(RAX, area, imm32=True)
+        w.mov(Mem(RDI, disp=CTX_AREA), RAX)
+        w.jmp(function)
+    return w.bytes(), starts
+
+
+def refusal(backend, code: bytes, address: int) -> Optional[str]:
+    """Backend.callback_refusal."""
+    insns = backend.decode(code, address)
+    end = insns[-1].end if insns else address
+    if end < address + len(code):
+        return f"its code cannot be read at {end:#x}"
+    for insn in insns:
+        if _NOT_SAVED.search(insn.op_str) or insn.mnemonic.startswith(("f", "v", "emms")) \
+                and insn.mnemonic not in ("fxsave", "fxrstor"):
+            return (f"{insn} (at {insn.address:#x}) uses a floating-point or vector register, "
+                    f"which a probe does not save: compile with -mgeneral-regs-only")
+    return None
