@@ -244,7 +244,13 @@ def _callback(spec, area, map_size, in_files, command):
     try:
         targets = {}
         for path in paths:
-            targets.setdefault(os.path.realpath(path), attach.target(path))
+            try:
+                targets.setdefault(os.path.realpath(path), attach.target(path))
+            except UrewriteError as e:
+                if in_files or "not rewritten" not in str(e):
+                    raise
+                raise UrewriteError(f"--call: {path} is not rewritten by urewrite: name the "
+                                    f"rewritten files with --in FILE")
         machines = {t.machine for t in targets.values()}
         if len(machines) > 1:
             raise UrewriteError("--call: the files are of different machines: one run each")

@@ -231,9 +231,9 @@ def _maps(elf, blob: bytearray, spec: str, map_size: int):
             raise CallbackError(f"--call {spec}: a map declared other than with UREWRITE_MAP")
         if not 0 <= keys <= MAX_KEYS:
             raise CallbackError(f"--call {spec}: map {name} has {keys} keys; at most {MAX_KEYS}")
-        if KINDS[kind] == "lhist" and (step <= 0 or high <= low):
-            raise CallbackError(f"--call {spec}: map {name}: lhist needs low < high and a "
-                                f"step above 0")
+        if KINDS[kind] == "lhist" and (not 0 <= low < high or step <= 0):
+            raise CallbackError(f"--call {spec}: map {name}: an lhist needs 0 <= low < high "
+                                f"and a step above 0 (as bpftrace's)")
         if name in names:
             raise CallbackError(f"--call {spec}: two maps named {name}")
         names.add(name)

@@ -1,0 +1,231 @@
+"""C callbacks (`--call FILE.c:FUNCTION`): built into the probes at a rewrite, and
+loaded with `urewrite run`, on x86_64 and on arm64 under qemu-aarch64.
+
+samples/callbacks/values_hook.c keeps, over samples/programs/values.c's calls, the maps
+of a bpftrace program (its comment) plus some of its own: the maps must be the ones the
+evaluator gives for that program (programs/evaluate.py, held to bpftrace by
+tests/test_program_run.py), exactly, with threads too; its safe reads of NULL are
+counted, never a crash; its events and its probe's own area say what it saw. A callback
+that would not run safely where a probe runs it is refused with one line, and no
+output is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from urewrite.programs import output as printer
+from urewrite.programs.checks import check as check_program
+from urewrite.programs.evaluate import Hit, State, run_block
+from urewrite.programs.parser import parse
+
+ROOT = Path(__file__).resolve().parent.parent
+VALUES = ROOT / "samples" / "programs" / "values.c"
+HOOK = ROOT / "samples" / "callbacks" / "values_hook.c"
+WORDS = ("alpha", "beta", "gamma")
+PROBES = ["-p", "work", "-r", "work", "-p", "named", "--args", "2"]
+# values_hook.c's maps of work(), as a bpftrace program (its comment)
+EQUIVALENT = ("uprobe:x:work { @by_b[arg1] = count(); @sum_a = sum(arg0); } "
+              "uretprobe:x:work { @ret = hist((int64)retval); @low = min((int64)retval); "
+              "@high = max((int64)retval); @mean = avg((int64)retval); "
+              "@lin = lhist((int64)retval, 0, 3000, 500); }")
+CROSS_CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
+ARM64_MISSING = any(shutil.which(tool) is None for tool in (CROSS_CC, QEMU))
+
+
+def urewrite(*args, env=None) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if k != "UREWRITE_DIR"}
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "urewrite", *map(str, args)],
+                          capture_output=True, text=True, env=full, timeout=300)
+
+
+def _sysroot() -> str:
+    loader = subprocess.run([CROSS_CC, "-print-file-name=ld-linux-aarch64.so.1"],
+                            capture_output=True, text=True).stdout.strip()
+    path = Path(os.path.realpath(loader))
+    return str(path.parent.parent) if path.is_file() else ""
+
+
+class Machine:
+    """How to build and run values.c for one architecture."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def build(self, source: Path, out: Path, *flags) -> None:
+        cc = "cc" if self.name == "x86_64" else CROSS_CC
+        subprocess.run([cc, "-O2", "-pthread", *flags, str(source), "-o", str(out)],
+                       check=True)
+
+    def loaded(self, program: Path) -> list:
+        """`run --call`'s files: the command's program natively; under qemu, --in."""
+        return [] if self.name == "x86_64" else ["--in", str(program)]
+
+    def command(self, program: Path, *args) -> list:
+        if self.name == "x86_64":
+            return [str(program), *map(str, args)]
+        return [QEMU, "-L", _sysroot(), str(program), *map(str, args)]
+
+
+MACHINES = [pytest.param(Machine("x86_64"), id="x86_64"),
+            pytest.param(Machine("arm64"), id="arm64", marks=pytest.mark.skipif(
+                ARM64_MISSING, reason="needs gcc-aarch64-linux-gnu and qemu-user"))]
+
+
+@pytest.fixture(scope="module", params=MACHINES)
+def built(request, tmp_path_factory):
+    """(machine, values.c built, values.c rewritten with values_hook.c built in)."""
+    machine = request.param
+    work = tmp_path_factory.mktemp(f"callbacks-{machine.name}")
+    plain, rewritten = work / "values", work / "values.probed"
+    machine.build(VALUES, plain)
+    done = urewrite(plain, *PROBES, "--call", f"{HOOK}:on_values", "-o", rewritten, "-q")
+    assert done.returncode == 0, done.stderr
+    return machine, plain, rewritten
+
+
+def _expected(calls: int) -> dict:
+    """The maps, as `--json` prints them (one object per map, by name), that the
+    evaluator gives for EQUIVALENT over values.c's calls, and @letters."""
+    checked = check_program(parse(EQUIVALENT))
+    state = State(checked)
+    blocks = {b.probes[0].kind: b for b in checked.program.blocks}
+    for i in range(calls):
+        run_block(state, blocks["uprobe"], Hit(blocks["uprobe"].probes[0], args=(i, i % 7)))
+        run_block(state, blocks["uretprobe"], Hit(blocks["uretprobe"].probes[0],
+                                                  retval=(3 * i - 500 * (i % 7)) % 2**64))
+    maps = {name: json.loads(line) for line in printer.json_lines(list(state.maps.values()))
+            for name in json.loads(line)["data"]}
+    letters = {}
+    for i in range(calls):
+        key = f"{ord(WORDS[i % 3][0])},{i % 2}"
+        letters[key] = letters.get(key, 0) + 1
+    maps["@letters"] = {"type": "map", "data": {"@letters": letters}}
+    return maps
+
+
+def _maps(stdout: str) -> dict:
+    """`run --json`'s or `stat --json`'s maps, by name."""
+    lines = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return {name: line for line in lines if line.get("type") in ("map", "hist", "lhist", "stats")
+            for name in line["data"]}
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_loaded_with_run_keeps_the_programs_maps_exactly(built, threads):
+    machine, _, rewritten = built
+    calls = 3000
+    ran = urewrite("run", "--call", f"{HOOK}:on_values", *machine.loaded(rewritten), "--json", "--",
+                   *machine.command(rewritten, calls, threads))
+    assert ran.returncode == 0, ran.stderr
+    assert _maps(ran.stdout) == _expected(calls)
+    # every named() read NULL once: counted, and the process ran on
+    assert f"{calls} memory reads found nothing to read" in ran.stderr
+
+
+def test_built_in_runs_under_stat(built):
+    """No tracer's program: the callback built into the probes runs, and stat prints
+    its maps (from the maps file alone)."""
+    machine, _, rewritten = built
+    ran = urewrite("stat", "--json", "--", *machine.command(rewritten, 2000, 4))
+    assert ran.returncode == 0, ran.stderr
+    report = json.loads(ran.stdout.split("\n", 1)[1])  # (after the command's own line)
+    maps = {}
+    for line in report["programs"]:
+        maps.update(_maps("\n".join(json.dumps(x) for x in line["maps"])))
+    assert maps == _expected(2000)
+
+
+def test_events_context_and_area(built):
+    """The events a callback emits, as `run` prints them: named(word, i) for i < 3,
+    with its probe's hit count from the area (one thread: in order) and a thread id."""
+    machine, _, rewritten = built
+    ran = urewrite("run", "--call", f"{HOOK}:on_values", *machine.loaded(rewritten), "--",
+                   *machine.command(rewritten, 50))
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.splitlines()
+    assert [line for line in lines if re.fullmatch(r"\d+ \d+ \d+", line)] == \
+        ["0 1 1", "1 2 1", "2 3 1"]
+
+
+def test_the_rewrite_runs_as_the_original(built):
+    machine, plain, rewritten = built
+    expected = subprocess.run(machine.command(plain, 500, 3), capture_output=True, text=True)
+    got = subprocess.run(machine.command(rewritten, 500, 3), capture_output=True, text=True)
+    assert (got.returncode, got.stdout) == (expected.returncode, expected.stdout)
+
+
+def test_a_rewrite_writes_the_same_bytes_each_time(built, tmp_path):
+    _, plain, rewritten = built
+    again = tmp_path / rewritten.name  # (the same name: the region's tag comes from it)
+    done = urewrite(plain, *PROBES, "--call", f"{HOOK}:on_values", "-o", again, "-q")
+    assert done.returncode == 0, done.stderr
+    assert again.read_bytes() == rewritten.read_bytes()
+
+
+REFUSED = {
+    "writable global": ("static long calls;\nvoid f(struct urewrite_context *c) "
+                        "{ calls += c->args[0]; }", "f", "writable data (.bss"),
+    "library call": ("unsigned long strlen(const char *);\nvoid f(struct urewrite_context *c) "
+                     "{ c->area[0] = strlen(c->name); }", "f", "calls strlen, which it cannot"),
+    "big stack": ("void f(struct urewrite_context *c) { volatile char b[4000]; "
+                  "b[c->args[0] % 4000] = 1; c->area[0] = b[c->args[1] % 4000]; }", "f",
+                  "bytes of stack; a probe gives it 2048"),
+    "variable stack": ("void f(struct urewrite_context *c) { volatile char b[c->args[0] % 64 + 1];"
+                       " b[0] = 1; c->area[0] = b[0]; }", "f", "known only at run time"),
+    "no such function": ("void f(struct urewrite_context *c) { c->area[0] = 1; }", "g",
+                         "no function g in"),
+    "compile error": ("void f(struct urewrite_context *c) { c->nothing = 1; }", "f",
+                      "has no member named"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_unsafe_callbacks_are_refused_with_one_line(built, tmp_path, case):
+    _, plain, _ = built
+    body, function, reason = REFUSED[case]
+    source = tmp_path / "hook.c"
+    source.write_text('#include "urewrite.h"\n' + body + "\n")
+    out = tmp_path / "out"
+    done = urewrite(plain, "-p", "work", "--call", f"{source}:{function}", "-o", out)
+    assert done.returncode == 1
+    assert len(done.stderr.strip().splitlines()) == 1 and reason in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and not out.exists()
+
+
+def test_floating_point_code_is_refused(built, tmp_path):
+    """An object file compiled without -mgeneral-regs-only that uses floating point: a
+    probe saves no floating-point register, so its code is refused, by instruction."""
+    machine, plain, _ = built
+    source = tmp_path / "fp.c"
+    source.write_text("struct c { unsigned long args[12]; };\n"
+                      "void f(struct c *c) { c->args[1] = (unsigned long)(c->args[0] * 1.5); }\n")
+    obj = tmp_path / "fp.o"
+    cc = "cc" if machine.name == "x86_64" else CROSS_CC
+    subprocess.run([cc, "-O2", "-fPIC", "-c", str(source), "-o", str(obj)], check=True)
+    done = urewrite(plain, "-p", "work", "--call", f"{obj}:f", "-o", tmp_path / "out")
+    assert done.returncode == 1 and "floating-point" in done.stderr, done.stderr
+    assert "-mgeneral-regs-only" in done.stderr
+
+
+def test_bad_specs(built, tmp_path):
+    _, plain, rewritten = built
+    for spec, reason in ((f"{HOOK}", "give FILE.c:FUNCTION"),
+                         (f"{tmp_path}/none.c:f", "no file"),
+                         (f"{HOOK}:on-values", "give FILE.c:FUNCTION")):
+        done = urewrite(plain, "-p", "work", "--call", spec, "-o", tmp_path / "out")
+        assert done.returncode == 1 and reason in done.stderr, done.stderr
+    both = urewrite(plain, "-e", "uprobe:x:work { @ = count(); }", "--call", f"{HOOK}:on_values",
+                    "-o", tmp_path / "out")
+    assert both.returncode == 1 and "not both" in both.stderr
+    run = urewrite("run", "--call", f"{HOOK}:on_values", "-e", "BEGIN { }", "--", rewritten)
+    assert run.returncode == 2 and "--call" in run.stderr
