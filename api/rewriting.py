@@ -65,7 +65,8 @@ def rewrite(input: str, output: str, probes: Iterable[str] = (), returns: Iterab
         probes, returns, used, checked = _program_probes(program, input, output, probes,
                                                          returns, note)
         args = max(args, min(used, MAX_ARGS))  # (what the program reads, recorded)
-        built_in = _built_in(checked, [input, output], note)
+        built_in = _built_in(checked, [input, output], note) if not _is_go(input) else \
+            note("the program is not built in (Go code runs no probe program yet)")
     if not probes and not returns:
         raise NothingToProbe("no probe to place: give probes or returns")
     with no_cycle_collection():  # (the file's analysis lives until the result is made)
@@ -101,13 +102,23 @@ def _program_probes(text: str, input: str, output: str, probes: list, returns: l
             program_probes.arguments_used(program), checked)
 
 
+def _is_go(path: str) -> bool:
+    from urewrite.rewriter.elf_file import ElfFile
+    from urewrite.rewriter.go_runtime import is_go_program
+    return is_go_program(ElfFile.open(path))
+
+
 def _callback(spec: str, input: str, output: str, area: int):
     """The rewrite's `built_in` for a C callback, built (compiled, checked) before the
     rewrite starts, for the input's machine."""
     from urewrite.programs import callback
     from urewrite.rewriter.elf_file import ElfFile
-    machine = ElfFile.open(input).machine
-    return callback.rewrite_step(callback.build(spec, machine, area), output)
+    from urewrite.rewriter.go_runtime import is_go_program
+    elf = ElfFile.open(input)
+    if is_go_program(elf):  # (a goroutine's stack leaves a callback too little room)
+        raise UrewriteError(f"--call: {input} is a Go program: callbacks do not run in Go "
+                            f"code yet")
+    return callback.rewrite_step(callback.build(spec, elf.machine, area), output)
 
 
 def _built_in(checked, paths: List[str], note):

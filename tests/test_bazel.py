@@ -11,6 +11,7 @@ inputs with genrules calling gcc: Bazel 4.2's cc_binary downloads rules_cc.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from build_systems import check, run, stat
+from build_systems import check, run, stat, urewrite
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "samples" / "bazel"
@@ -172,5 +173,28 @@ def test_unplaceable_probe_fails_the_build(workspace):
         assert proc.returncode != 0, log
         assert "urewrite: no function named 'no_such_function'" in log
         assert not (workspace.bin / "bad").exists()
+    finally:
+        build.write_text(original)
+
+
+@needs_bazel
+def test_a_callback_built_in(workspace, tmp_path):
+    """call and call_function: the C file is an input of the action, compiled in its
+    sandbox by the host's compiler; the callback's maps are in stat's report."""
+    build = workspace.dir / "BUILD.bazel"
+    original = build.read_text()
+    (workspace.dir / "hook.c").write_text(
+        '#include "urewrite.h"\nUREWRITE_MAP(requests, UREWRITE_COUNT, 0);\n'
+        'void on_request(struct urewrite_context *ctx) { urewrite_map_add(ctx, &requests, 0, 0); }\n')
+    build.write_text(original + '\nurewrite_binary(name = "server_counted", src = ":server", '
+                                'probes = ["handle_request"], call = "hook.c", '
+                                'call_function = "on_request")\n')
+    try:
+        workspace.build("//:server_counted")
+        report = tmp_path / "report.json"
+        proc = urewrite("stat", "--json", "-o", report, "--", workspace.bin / "server_counted", N)
+        assert proc.returncode == 0, proc.stderr
+        maps = json.loads(report.read_text())["programs"][0]["maps"]
+        assert [m["data"]["@requests"] for m in maps] == [N]
     finally:
         build.write_text(original)

@@ -229,3 +229,27 @@ def test_bad_specs(built, tmp_path):
     assert both.returncode == 1 and "not both" in both.stderr
     run = urewrite("run", "--call", f"{HOOK}:on_values", "-e", "BEGIN { }", "--", rewritten)
     assert run.returncode == 2 and "--call" in run.stderr
+
+
+GO = shutil.which("go") or ("/usr/local/go/bin/go" if os.access("/usr/local/go/bin/go", os.X_OK)
+                            else None)
+
+
+@pytest.mark.skipif(GO is None, reason="needs Go (a go on PATH or /usr/local/go/bin/go)")
+def test_go_programs_are_refused_and_programs_not_built_in(tmp_path):
+    """A Go program's probes would run a callback on a goroutine's stack, which leaves it
+    too little room: refused; a program given with -e is not built in, and a note says so."""
+    (tmp_path / "main.go").write_text("package main\nimport \"fmt\"\n//go:noinline\n"
+                                      "func work(n int) int { return n * 3 }\n"
+                                      "func main() { fmt.Println(work(2)) }\n")
+    (tmp_path / "go.mod").write_text("module g\n\ngo 1.21\n")
+    env = dict(os.environ, GOFLAGS="-mod=mod")
+    subprocess.run([GO, "build", "-o", "g", "."], cwd=tmp_path, check=True, env=env)
+    called = urewrite(tmp_path / "g", "-p", "main.work", "--call", f"{HOOK}:on_values",
+                      "-o", tmp_path / "out")
+    assert called.returncode == 1 and "is a Go program" in called.stderr, called.stderr
+    assert not (tmp_path / "out").exists()
+    program = urewrite(tmp_path / "g", "-e", "uprobe:*:main.work { @ = count(); }",
+                       "-o", tmp_path / "out")
+    assert program.returncode == 0, program.stderr
+    assert "the program is not built in (Go code runs no probe program yet)" in program.stderr

@@ -226,3 +226,32 @@ def test_unusable_executable_fails_find_package(tmp_path):
                            f"-Durewrite_DIR={cmake_dir}", "-DUREWRITE_EXECUTABLE=false")
     assert proc.returncode != 0
     assert "urewrite: `false --version` failed" in proc.stderr
+
+
+HOOK = ('#include "urewrite.h"\nUREWRITE_MAP(requests, UREWRITE_SUM, 0);\n'
+        'void on_request(struct urewrite_context *ctx) '
+        '{ urewrite_map_add(ctx, &requests, 0, STEP); }\n')
+
+
+def test_a_callback_built_in_and_rebuilt_when_it_changes(tmp_path):
+    """CALL file.c:function: the callback runs in the probed copy's probes (its maps in
+    stat's report), and an edit of the C file re-runs the rewrite, this one alone."""
+    p = Project(tmp_path)
+    (p.src / "hook.c").write_text(HOOK.replace("STEP", "1"))
+    with open(p.src / "CMakeLists.txt", "a") as f:
+        f.write("urewrite_instrument(server TARGET server_counted OUTPUT server.counted "
+                "PROBES handle_request CALL hook.c:on_request)\n")
+    p.configure()
+    p.built()
+
+    def requests():
+        report = tmp_path / "report.json"
+        proc = urewrite("stat", "--json", "-o", report, "--", p.build / "server.counted", N)
+        assert proc.returncode == 0, proc.stderr
+        maps = json.loads(report.read_text())["programs"][0]["maps"]
+        return [m["data"]["@requests"] for m in maps]
+    assert requests() == [N]
+    (p.src / "hook.c").write_text(HOOK.replace("STEP", "3"))
+    log = p.built()
+    assert rewrites(log) == ["server"], log  # (the server_counted copy)
+    assert requests() == [3 * N]

@@ -402,14 +402,15 @@ struct urewrite_map {
     uint32_t kind, keys;
     int64_t low, high, step; /* an lhist's */
     char name[32];
-    /* written by urewrite when it builds the callback (read-only when it runs): */
+    /* written by urewrite when it builds the callback, after compiling (read with
+     * volatile loads, never folded into the code); the rest is folded: */
     uint64_t table;      /* the table's offset in the maps file */
     uint64_t capacity;   /* entries, a power of two */
     uint64_t entry_words;
 };
 
 #define UREWRITE_MAP_DECLARE_(name, kind, keys, low, high, step)                       \
-    static struct urewrite_map name                                                    \
+    static const struct urewrite_map name                                              \
         __attribute__((section(".urewrite_maps"), used, aligned(8))) =                 \
         {UREWRITE_MAP_MAGIC, (kind), (keys), (low), (high), (step), #name, 0, 0, 0}
 #define UREWRITE_MAP(name, kind, keys) UREWRITE_MAP_DECLARE_(name, kind, keys, 0, 0, 0)
@@ -420,7 +421,7 @@ struct urewrite_map {
 
 static inline uint64_t urewrite_field_(const volatile uint64_t *field)
 {
-    return *field; /* (filled in after compiling: never folded into the code) */
+    return *field;
 }
 
 static inline void urewrite_pause_(void)
@@ -435,13 +436,13 @@ static inline void urewrite_pause_(void)
 /* The entry of `keys` in `map`, claimed if missing; 0 when the table is full (the
  * update is counted as dropped). The protocol of programs/maps.py. */
 static inline uint64_t *urewrite_map_entry_(const struct urewrite_context *ctx,
-                                            struct urewrite_map *map, const uint64_t *keys)
+                                            const struct urewrite_map *map, const uint64_t *keys)
 {
     const uint64_t mult = 0x9E3779B97F4A7C15ULL;
     uint64_t *table = (uint64_t *)((char *)ctx->maps + urewrite_field_(&map->table));
     uint64_t capacity = urewrite_field_(&map->capacity);
     uint64_t words = urewrite_field_(&map->entry_words);
-    uint32_t nkeys = *(const volatile uint32_t *)&map->keys, i;
+    uint32_t nkeys = map->keys, i;
     uint64_t hash = mult, slot, left;
 
     for (i = 0; i < nkeys; i++)
@@ -485,7 +486,7 @@ static inline uint64_t *urewrite_map_entry_(const struct urewrite_context *ctx,
 /* Adds `value` to the entry of `keys` (its map's `keys` words) as the map's kind
  * says: count() ignores it. */
 static inline void urewrite_map_update(const struct urewrite_context *ctx,
-                                       struct urewrite_map *map, const uint64_t *keys,
+                                       const struct urewrite_map *map, const uint64_t *keys,
                                        int64_t value)
 {
     uint64_t *entry = urewrite_map_entry_(ctx, map, keys);
@@ -493,7 +494,7 @@ static inline void urewrite_map_update(const struct urewrite_context *ctx,
 
     if (entry == 0)
         return;
-    v = entry + 2 + *(const volatile uint32_t *)&map->keys;
+    v = entry + 2 + map->keys;
     switch (map->kind) {
     case UREWRITE_COUNT:
         __atomic_fetch_add(v, 1, __ATOMIC_RELAXED);
@@ -534,7 +535,7 @@ static inline void urewrite_map_update(const struct urewrite_context *ctx,
 
 /* The same, for a map of one key (or none: the key is not used). */
 static inline void urewrite_map_add(const struct urewrite_context *ctx,
-                                    struct urewrite_map *map, uint64_t key, int64_t value)
+                                    const struct urewrite_map *map, uint64_t key, int64_t value)
 {
     urewrite_map_update(ctx, map, &key, value);
 }

@@ -8,6 +8,8 @@ counting (`urewrite stat`) with each rewrite; then under `urewrite run` with eac
 below, on the rewrite it needs; then the same program under bpftrace on the unprobed
 target (root and tracefs only, unless --no-kernel). "Added" is over counting with the same
 rewrite. Each program's maps are checked: a row whose counts are wrong fails the bench.
+The C callbacks of `callbacks.c` (--call) are rows too, each against the bpftrace program
+that does the same.
 """
 
 from __future__ import annotations
@@ -38,6 +40,15 @@ PROGRAMS = {
     "@[str(arg1)] = count()": ("uprobe:{path}:target {{ @[str(arg1)] = count(); }}",
                                lambda n: f"@[delta]: {n // 4}"),
 }
+
+# C callbacks (--call): name -> (function in callbacks.c, the bpftrace program that does
+# the same, a line its maps must print for N calls, or None)
+CALLBACKS = {
+    "C callback, empty": ("empty", "uprobe:{path}:target {{ }}", lambda n: None),
+    "C callback, keyed count": ("keyed_count", "uprobe:{path}:target {{ @keyed[arg0 % 1000] = "
+                                "count(); }}", lambda n: f"@keyed[999]: {n // 1000}"),
+}
+CALLBACK_SOURCE = os.path.join(os.path.dirname(SOURCE), "callbacks.c")
 
 
 def build(work: str) -> str:
@@ -91,12 +102,16 @@ def programs_bench(work: str, iterations: int, repeat: int, kernel: bool) -> Dic
             "counting_with_return": counting[True]}
     bpftrace = shutil.which("bpftrace") if kernel and os.geteuid() == 0 else None
     programs = []
-    for name, (text, expect) in PROGRAMS.items():
+    rows_to_run = [(name, text, expect, ["-e", text]) for name, (text, expect) in
+                   PROGRAMS.items()] + \
+        [(name, text, expect, ["--call", f"{CALLBACK_SOURCE}:{function}"])
+         for name, (function, text, expect) in CALLBACKS.items()]
+    for name, text, expect, how in rows_to_run:
         log(f"programs: {name}")
         returns = "uretprobe" in text
         probed = rewrites[returns]
-        ours, _ = best(urewrite + ["run", "-e", text.format(path=probed), "--", probed, n],
-                       expect(iterations))
+        what = [how[0], how[1].format(path=probed)] if how[0] == "-e" else how
+        ours, _ = best(urewrite + ["run", *what, "--", probed, n], expect(iterations))
         # (a kernel uprobe hit costs microseconds: fewer calls, the same per-call figure)
         calls = max(iterations // KERNEL_SHARE, 4000)
         theirs, same = best([bpftrace, "-e", text.format(path=plain), "-c", f"{plain} {calls}"],

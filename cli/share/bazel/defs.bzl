@@ -22,8 +22,10 @@ package installed for it) is described in docs/bazel.md and urewrite_tool.sh.
 UREWRITE_VERSION = "0.1.0"
 
 def _urewrite_impl(ctx):
-    if not (ctx.attr.probes or ctx.attr.returns or ctx.attr.usdt):
-        fail("give at least one of probes, returns, usdt")
+    if not (ctx.attr.probes or ctx.attr.returns or ctx.attr.usdt or ctx.attr.program):
+        fail("give at least one of probes, returns, usdt, program")
+    if bool(ctx.attr.call) != bool(ctx.attr.call_function):
+        fail("call and call_function go together")
     src = ctx.file.src
     out = ctx.outputs.out
     if out == None:
@@ -40,6 +42,13 @@ def _urewrite_impl(ctx):
     )
     if ctx.attr.keep_going:
         args.add("--keep-going")
+    inputs = [src]
+    if ctx.attr.program:
+        args.add("-f", ctx.file.program)
+        inputs.append(ctx.file.program)
+    if ctx.attr.call:
+        args.add("--call", "%s:%s" % (ctx.file.call.path, ctx.attr.call_function))
+        inputs.append(ctx.file.call)
     args.add_all(ctx.attr.options)
     args.add("-q")
     args.add("-o", out)
@@ -47,7 +56,7 @@ def _urewrite_impl(ctx):
     ctx.actions.run(
         executable = ctx.executable.urewrite,
         arguments = [args],
-        inputs = [src],
+        inputs = inputs,
         outputs = [out],
         mnemonic = "Urewrite",
         progress_message = "Instrumenting %s with urewrite" % src.short_path,
@@ -83,6 +92,17 @@ def _attrs(executable):
             default = False,
             doc = "Skip sites that cannot be patched safely, even when named exactly.",
         ),
+        "program": attr.label(
+            allow_single_file = True,
+            doc = "A probe program (bpftrace's language) built into the probes, with the " +
+                  "probes it names (urewrite -f).",
+        ),
+        "call": attr.label(
+            allow_single_file = [".c", ".o"],
+            doc = "A C file (or object file) whose call_function runs at every probe " +
+                  "(urewrite --call); it is compiled by the host's C compiler.",
+        ),
+        "call_function": attr.string(doc = "The function of call."),
         "options": attr.string_list(doc = "Further urewrite arguments, passed as given."),
         "out": attr.output(doc = "The file to write; default: the target's name."),
         "urewrite": attr.label(

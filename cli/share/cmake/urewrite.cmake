@@ -11,6 +11,11 @@
 #                                 a relative path is taken from the target's output folder
 #         [TARGET name]           the new target, default <target>_probed
 #         [KEEP_GOING]            urewrite --keep-going
+#         [PROGRAM file]          a probe program (bpftrace's language) built into the probes,
+#                                 with the probes it names: urewrite -f (docs/programs.md)
+#         [CALL file.c:function]  a C callback built into every probe: urewrite --call
+#                                 (a relative file is taken from the current source folder;
+#                                 the rewrite re-runs when the program or the C file changes)
 #         [OPTIONS arg...]        further urewrite arguments, passed as given
 #         [EXCLUDE_FROM_ALL])     do not build it with the default target
 #
@@ -137,8 +142,8 @@ endfunction()
 _urewrite_find()
 
 function(urewrite_instrument target)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "KEEP_GOING;EXCLUDE_FROM_ALL" "OUTPUT;TARGET"
-                        "PROBES;RETURN;USDT;OPTIONS")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "KEEP_GOING;EXCLUDE_FROM_ALL"
+                        "OUTPUT;TARGET;PROGRAM;CALL" "PROBES;RETURN;USDT;OPTIONS")
   if(arg_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "urewrite_instrument(${target}): unknown arguments: ${arg_UNPARSED_ARGUMENTS}")
   endif()
@@ -161,8 +166,9 @@ function(urewrite_instrument target)
     message(FATAL_ERROR "urewrite_instrument(${target}): ${target} is a ${type}; "
                         "only executables and shared libraries can be rewritten")
   endif()
-  if(NOT arg_PROBES AND NOT arg_RETURN AND NOT arg_USDT)
-    message(FATAL_ERROR "urewrite_instrument(${target}): give at least one of PROBES, RETURN, USDT")
+  if(NOT arg_PROBES AND NOT arg_RETURN AND NOT arg_USDT AND NOT arg_PROGRAM)
+    message(FATAL_ERROR "urewrite_instrument(${target}): give at least one of PROBES, RETURN, "
+                        "USDT, PROGRAM")
   endif()
 
   set(name "${arg_TARGET}")
@@ -214,6 +220,21 @@ function(urewrite_instrument target)
   if(arg_KEEP_GOING)
     list(APPEND args --keep-going)
   endif()
+  set(sources)  # files the rewrite reads besides the target's: it re-runs when they change
+  if(arg_PROGRAM)
+    get_filename_component(program "${arg_PROGRAM}" ABSOLUTE BASE_DIR "${CMAKE_CURRENT_SOURCE_DIR}")
+    list(APPEND args -f "${program}")
+    list(APPEND sources "${program}")
+  endif()
+  if(arg_CALL)
+    if(NOT arg_CALL MATCHES "^(.+):([A-Za-z_][A-Za-z0-9_]*)$")
+      message(FATAL_ERROR "urewrite_instrument(${target}): CALL takes file.c:function, not ${arg_CALL}")
+    endif()
+    set(function "${CMAKE_MATCH_2}")
+    get_filename_component(call_file "${CMAKE_MATCH_1}" ABSOLUTE BASE_DIR "${CMAKE_CURRENT_SOURCE_DIR}")
+    list(APPEND args --call "${call_file}:${function}")
+    list(APPEND sources "${call_file}")
+  endif()
   list(APPEND args ${arg_OPTIONS})
 
   # The command line, less the input's path, in a file the command depends on, rewritten only
@@ -237,7 +258,7 @@ function(urewrite_instrument target)
     file(WRITE "${args_file}" "${content}")
   endif()
 
-  set(depends "${target}" "${args_file}")
+  set(depends "${target}" "${args_file}" ${sources})
   if(imported)
     list(APPEND depends "$<TARGET_FILE:${target}>")
   endif()
