@@ -118,7 +118,18 @@ def _callback(spec: str, input: str, output: str, area: int):
     if is_go_program(elf):  # (a goroutine's stack leaves a callback too little room)
         raise UrewriteError(f"--call: {input} is a Go program: callbacks do not run in Go "
                             f"code yet")
-    return callback.rewrite_step(callback.build(spec, elf.machine, area), output)
+    return callback.rewrite_step(callback.build(spec, backend_of(elf.machine, "callbacks"),
+                                                area), output)
+
+
+def backend_of(machine: int, what: str = "probe programs"):
+    """The backend (arch/) of files of `machine`, which builds probe programs' and
+    callbacks' code; UrewriteError where there is none."""
+    from urewrite.arch import backend_for, machine_name
+    backend = backend_for(machine)
+    if backend is None:
+        raise UrewriteError(f"{what} do not run in {machine_name(machine)} files")
+    return backend
 
 
 def _built_in(checked, paths: List[str], note):
@@ -132,8 +143,4 @@ def _built_in(checked, paths: List[str], note):
 
 def program_code(machine: int, lowered, offsets):
     """A lowered program's machine code for files of `machine` (the backend's)."""
-    from urewrite.arch import backend_for, machine_name
-    backend = backend_for(machine)
-    if backend is None:
-        raise UrewriteError(f"probe programs do not run in {machine_name(machine)} files")
-    return backend.program_code(lowered, offsets)
+    return backend_of(machine).program_code(lowered, offsets)

@@ -254,7 +254,8 @@ def _callback(spec, area, map_size, in_files, command):
         machines = {t.machine for t in targets.values()}
         if len(machines) > 1:
             raise UrewriteError("--call: the files are of different machines: one run each")
-        built = callback.build(spec, machines.pop(), area, map_size)
+        from urewrite.api.rewriting import backend_of
+        built = callback.build(spec, backend_of(machines.pop(), "callbacks"), area, map_size)
         callback.attach(built, targets)
     except UrewriteError as e:
         fail(str(e))

@@ -60,7 +60,7 @@ class Callback:
     """A built callback, in the form attach.write_files and attach.program_blob take a
     lowered program: `code` has one entry per probe it runs at (filled in by attach())."""
     label: str  # FILE:FUNCTION, as given
-    machine: int
+    backend: object  # the machine's (arch/): it writes the stubs
     blob: bytes  # the linked code, flat from address 0
     function: int  # the callback's offset in it
     map_records: List[int]  # each declared map's struct urewrite_map, by offset in blob
@@ -94,15 +94,12 @@ def parse_spec(spec: str) -> Tuple[str, str]:
     return path, function
 
 
-def build(spec: str, machine: int, area: int = DEFAULT_AREA,
+def build(spec: str, backend, area: int = DEFAULT_AREA,
           map_size: int = M.KEYED_CAPACITY) -> Callback:
-    """The callback `spec` names, built for files of `machine`: a CallbackError with one
-    line where it cannot be built or would not run safely."""
-    from urewrite.arch import backend_for, machine_name
+    """The callback `spec` names, built for files of `backend`'s machine (arch/: its
+    compiler flags, checks and stubs): a CallbackError with one line where it cannot be
+    built or would not run safely."""
     path, function = parse_spec(spec)
-    backend = backend_for(machine)
-    if backend is None:
-        raise CallbackError(f"--call: callbacks do not run in {machine_name(machine)} files")
     if area < 0 or area % 8 or area > 1 << 20:
         raise CallbackError(f"--call-area {area}: a multiple of 8 bytes, at most 1 MiB")
     with tempfile.TemporaryDirectory(prefix="urewrite-call-") as tmp:
@@ -119,7 +116,7 @@ def build(spec: str, machine: int, area: int = DEFAULT_AREA,
                          "-Wl,-z,noseparate-code", "-Wl,-z,max-page-size=4096",
                          "-Wl,-z,norelro", "-Wl,--build-id=none", "-Wl,-z,noexecstack",
                          obj, "-o", linked], spec)
-        return _read(linked, spec, function, machine, backend, area, map_size)
+        return _read(linked, spec, function, backend, area, map_size)
 
 
 # Flags for every machine: freestanding, position-independent code that calls nothing
@@ -175,14 +172,14 @@ def _check_stack(su_path: str, spec: str) -> None:
                             f"probe gives it {STACK_LIMIT}")
 
 
-def _read(linked: str, spec: str, function: str, machine: int, backend, area: int,
+def _read(linked: str, spec: str, function: str, backend, area: int,
           map_size: int) -> Callback:
     """The linked object laid flat, checked, its maps and what it reads found."""
     import lief
     elf = lief.ELF.parse(linked)
     if elf is None:
         raise CallbackError(f"--call {spec}: the linker wrote no object")
-    if elf.header.machine_type.value != machine:
+    if elf.header.machine_type.value != backend.elf_machine:
         raise CallbackError(f"--call {spec}: the object is not for this file's machine")
     if len(elf.dynamic_relocations) or len(elf.pltgot_relocations):
         raise CallbackError(f"--call {spec}: the callback needs relocating when it is "
@@ -214,7 +211,7 @@ def _read(linked: str, spec: str, function: str, machine: int, backend, area: in
     reads = elf.get_section(READS_SECTION)
     uses = struct.unpack_from("<Q", blob, reads.virtual_address)[0] & 7 if reads else \
         program_file.USES_NSECS | program_file.USES_TID | program_file.USES_COMM
-    return Callback(spec, machine, bytes(blob), found[0].value, records, shapes, uses, area)
+    return Callback(spec, backend, bytes(blob), found[0].value, records, shapes, uses, area)
 
 
 def _maps(elf, blob: bytearray, spec: str, map_size: int):
@@ -268,8 +265,6 @@ def attach(callback: Callback, targets) -> None:
 def assemble(callback: Callback, offsets: List[int]) -> Tuple[bytes, Dict[str, int]]:
     """program_file's code of a callback (attach.program_blob's `assemble`): the linked
     code with its maps' fields filled in, the probes' names, then a stub per probe."""
-    from urewrite.arch import backend_for
-    backend = backend_for(callback.machine)
     blob = bytearray(callback.blob)
     for record, shape, table in zip(callback.map_records, callback.maps, offsets):
         struct.pack_into("<3Q", blob, record + MAP_FILLED, table, shape.capacity,
@@ -283,7 +278,7 @@ def assemble(callback: Callback, offsets: List[int]) -> Tuple[bytes, Dict[str, i
     blob += b"\0" * (-len(blob) % 16)
     stubs = [(number, kind & 0xFF, names[key], area)
              for key, (number, kind, _, area) in ((k, callback.code[k]) for k in keys)]
-    code, starts = backend.callback_stubs(len(blob), stubs, callback.function)
+    code, starts = callback.backend.callback_stubs(len(blob), stubs, callback.function)
     return bytes(blob) + code, dict(zip(keys, starts))
 
 
@@ -298,7 +293,7 @@ def rewrite_step(callback: Callback, path: str):
     from urewrite.programs import attach as A
 
     def step(probes, machine):
-        if machine != callback.machine:
+        if machine != callback.backend.elf_machine:
             raise CallbackError(f"--call {callback.label}: built for another machine")
         t = A.Target(path, "", machine, [(p.name, p.kind, p.address) for p in probes],
                      [p.arguments for p in probes])
