@@ -483,7 +483,7 @@ def test_programs_rows_check_their_maps():
     """bench --programs: every program's row, with its maps checked (a wrong count fails)."""
     result = bench_json("--no-trigger", "--programs", "--no-kernel", "--iterations", "20000",
                         "--repeat", "1")["programs"]
-    from urewrite.bench.programs import PROGRAMS
-    assert [row["program"] for row in result["programs"]] == list(PROGRAMS)
+    from urewrite.bench.programs import CALLBACKS, PROGRAMS
+    assert [row["program"] for row in result["programs"]] == list(PROGRAMS) + list(CALLBACKS)
     assert all(row["ns"] > 0 and row["bpftrace_ns"] is None for row in result["programs"])
     assert result["unprobed"] > 0 and result["counting"] > 0
