@@ -55,15 +55,19 @@ def table(rows: List[ProbeChange], rates: bool = True) -> List[str]:
 
 
 def built_in_maps(directory: Optional[str]) -> List[str]:
-    """The lines of the maps of programs built into the probes, kept in `directory`
-    (docs/programs.md), as `urewrite run` prints them: their values so far."""
+    """The lines of the maps of programs built into the probes, and of programs
+    `urewrite run` loaded, kept in `directory` (docs/programs.md), as `urewrite run`
+    prints them: their values so far."""
     if directory is None:
         return []
     from urewrite.reader.command_run import built_in_maps_in
+    from urewrite.reader.probe_programs import loaded_maps
+    from urewrite.programs.output import text
     lines = []
-    for maps, _, _ in built_in_maps_in(directory):
-        from urewrite.programs.output import text
-        lines += ["", "the program built into the probes:", ""] + text(maps).rstrip("\n").split("\n")
+    for heading, found in (("the program built into the probes:", built_in_maps_in(directory)),
+                           ("the program urewrite run loaded:", loaded_maps(directory))):
+        for maps, _, _ in found:
+            lines += ["", heading, ""] + text(maps).rstrip("\n").split("\n")
     return lines
 
 

@@ -68,29 +68,51 @@ def built_in_maps(*directories: str) -> List[tuple]:
     that processes left in `directories`: the files the maps' head describes, each run's
     added up: [(its maps, updates dropped, reads that faulted)]. A file that is not a
     maps area is left out (any user may create files in a shared directory)."""
+    return _maps_by_run(directories, loaded=False)
+
+
+def loaded_maps(*directories: str) -> List[tuple]:
+    """The same, of the programs `urewrite run` loaded into `directories` (TAG.maps, the
+    tracer's, and its processes' users' own): what `top` and `export` show while it runs."""
+    return _maps_by_run(directories, loaded=True)
+
+
+def _maps_by_run(directories, loaded: bool) -> List[tuple]:
     by_run: Dict[int, list] = {}
+    tracers = set()  # runs whose maps a tracer made (TAG.maps): loaded, not built in
+    seen = set()  # (device, inode): TAG.maps is one file under each tag
     for directory in directories:
         try:
-            names = sorted(n for n in os.listdir(directory)
-                           if n.startswith(program_file.OWN_MAPS_PREFIX))
+            names = sorted(os.listdir(directory))
         except OSError:
             continue
         for name in names:
-            parts = name[len(program_file.OWN_MAPS_PREFIX):].split(".")
-            if len(parts) != 2 or not all(p.isdigit() for p in parts):
+            own = name.startswith(program_file.OWN_MAPS_PREFIX)
+            parts = name[len(program_file.OWN_MAPS_PREFIX):].split(".") if own else []
+            if own and (len(parts) != 2 or not all(p.isdigit() for p in parts)):
+                continue
+            if not own and not name.endswith(program_file.MAPS_SUFFIX):
                 continue
             try:
                 with open(os.path.join(directory, name), "rb") as f:
+                    identity = os.fstat(f.fileno())
+                    if (identity.st_dev, identity.st_ino) in seen:
+                        continue
+                    seen.add((identity.st_dev, identity.st_ino))
                     area = f.read()
                 shapes = maps.shapes_of(area)
                 found, dropped = maps.read(area, shapes)
             except (OSError, ValueError):
                 continue
-            if maps.run_of(area) == int(parts[0]):
-                by_run.setdefault(int(parts[0]), []).append((found, dropped,
-                                                             maps.faults(area)))
+            run = maps.run_of(area)
+            if own and run != int(parts[0]):
+                continue
+            if not own:
+                tracers.add(run)
+            by_run.setdefault(run, []).append((found, dropped, maps.faults(area)))
     return [(maps.merge([m for m, _, _ in parts]), sum(d for _, d, _ in parts),
-             sum(f for _, _, f in parts)) for _, parts in sorted(by_run.items())]
+             sum(f for _, _, f in parts)) for run, parts in sorted(by_run.items())
+            if (run in tracers) == loaded]
 
 
 def current_maps(paths: List[str], shapes) -> list:

@@ -113,14 +113,14 @@ def program_maps(directory: str):
     """The metric families of the built-in programs' maps in `directory`."""
     from prometheus_client.core import GaugeMetricFamily
     from urewrite.programs.output import entries
-    from urewrite.reader.probe_programs import built_in_maps
+    from urewrite.reader.probe_programs import built_in_maps, loaded_maps
 
-    values = GaugeMetricFamily("urewrite_program_map", "A value of a map of a program "
-                               "built into the probes.", labels=["map", "key", "field"])
+    values = GaugeMetricFamily("urewrite_program_map", "A value of a map of a probe "
+                               "program (built into the probes, or loaded by urewrite run).", labels=["map", "key", "field"])
     buckets = GaugeMetricFamily("urewrite_program_map_bucket", "A histogram bucket of a map "
-                                "of a program built into the probes.",
+                                "of a probe program.",
                                 labels=["map", "key", "low", "high"])
-    for maps, _, _ in built_in_maps(directory):
+    for maps, _, _ in built_in_maps(directory) + loaded_maps(directory):
         for data in maps:
             for key, value in entries(data):
                 _add_map_value(values, buckets, f"@{data.name}", key, value)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -123,3 +125,28 @@ def wait_for(predicate, timeout: float = 60, step: float = 0.05):
             return value
         time.sleep(step)
     raise AssertionError(f"timed out after {timeout} s")
+
+
+class ProgramLoader:
+    """`urewrite run -e PROGRAM --dir DIRECTORY` in the background, until stop(): the
+    processes that start with UREWRITE_DIR=DIRECTORY meanwhile run the program."""
+
+    def __init__(self, program: str, directory: Path):
+        self.proc = subprocess.Popen([sys.executable, "-m", "urewrite", "run", "-e", program,
+                                      "--dir", str(directory), "--duration", "120"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env=clean_env())
+        assert wait_for(lambda: list(directory.glob("*.program")) or self.proc.poll() is not None)
+        assert self.proc.poll() is None, self.proc.communicate()
+
+    def stop(self) -> str:
+        """Ctrl-C: the program is unloaded, its maps printed; its output."""
+        self.proc.send_signal(signal.SIGINT)
+        out, err = self.proc.communicate(timeout=60)
+        assert self.proc.returncode == 0, err
+        return out
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()

@@ -276,3 +276,32 @@ def test_prometheus_stores_the_exact_counts(service, tmp_path):
         if exporter:
             exporter.stop()
         stop_all(running)
+
+
+def test_the_maps_of_a_program_run_loaded_are_series(service, tmp_path):
+    """A program `urewrite run --dir` loaded: its maps are series while it runs."""
+    from conftest import urewrite
+    from live_service import ProgramLoader
+    built = tmp_path / "service.args"
+    proc = urewrite(str(service.parent / "service"), "-p", "handle", "--args", "1", "-o",
+                    str(built), "-q")
+    assert proc.returncode == 0, proc.stderr
+    regions = tmp_path / "regions"
+    regions.mkdir()
+    loader = ProgramLoader(f"uprobe:{built}:handle {{ @odd[arg0 % 2] = count(); }}", regions)
+    s, exporter = None, None
+    try:
+        s = Service(built, regions)
+        s.send("call 100")
+        exporter = Exporter(regions)
+        values = exporter.families()["urewrite_program_map"]
+        assert _value(values, "urewrite_program_map", map="@odd", key="1", field="") == 50
+        assert exporter.stop() == 0
+        assert s.quit() == 0
+        loader.stop()
+    finally:
+        loader.kill()
+        if exporter:
+            exporter.proc.kill()
+        if s is not None:
+            stop_all(s)

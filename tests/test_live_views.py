@@ -391,3 +391,32 @@ def test_top_shows_the_maps_of_a_built_in_program(service, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.endswith("the program built into the probes:\n\n"
                                 "@n: 301\n@odd[1]: 150\n@odd[0]: 151\n"), proc.stdout
+
+
+def test_top_shows_the_maps_of_a_program_run_loaded(service, tmp_path):
+    """Under the table, the maps of a program `urewrite run --dir` loaded, as they are
+    at each refresh; when the run ends, it prints the same."""
+    from live_service import ProgramLoader
+    built = tmp_path / "service.args"
+    proc = urewrite(str(service.parent / "service"), "-p", "handle", "--args", "1", "-o",
+                    str(built), "-q")
+    assert proc.returncode == 0, proc.stderr
+    regions = tmp_path / "regions"
+    regions.mkdir()
+    loader = ProgramLoader(f"uprobe:{built}:handle {{ @n = count(); @odd[arg0 % 2] = count(); }}",
+                           regions)
+    s = None
+    try:
+        s = Service(built, regions)
+        s.send("call 301")
+        proc = urewrite("top", "--dir", str(regions), "--interval", "0.2", "-n", "1")
+        assert s.quit() == 0
+        out = loader.stop()
+    finally:
+        loader.kill()
+        if s is not None:
+            stop_all(s)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.endswith("the program urewrite run loaded:\n\n"
+                                "@n: 301\n@odd[1]: 150\n@odd[0]: 151\n"), proc.stdout
+    assert "@n: 301" in out
