@@ -652,10 +652,12 @@ class Backend(ABC):
     @abstractmethod
     def callback_stubs(self, address: int, stubs: Sequence[tuple], function: int) -> tuple:
         """(code at `address`, each stub's address): for each (probe number, kind, name
-        address, area offset), code that fills in the context's probe and kind, name
-        (its address) and area (the maps' address plus the offset), then jumps to
-        `function`, the context in the first argument register (trampolines/urewrite.h,
-        struct urewrite_context). Addresses are the callback file's, mapped as one."""
+        address, area offset, arguments filled), code that fills in the context's probe
+        and kind, name (its address) and area (the maps' address plus the offset),
+        zeroes its arguments from the one given on (the runtime fills in those before),
+        then jumps to `function`, the context in the first argument register
+        (trampolines/urewrite.h, struct urewrite_context). Addresses are the callback
+        file's, mapped as one."""
 
     @abstractmethod
     def callback_refusal(self, code: bytes, address: int) -> Optional[str]:

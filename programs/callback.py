@@ -72,9 +72,12 @@ class Callback:
     printfs: list = field(default_factory=list)  # (none: events are words, emitted)
     areas_end: int = 0  # where the probes' areas end in the maps file
 
+    filled: int = program_file.ARGUMENTS  # the arguments the runtime fills in: as many as
+    # the probes record at most (attach()); the stubs zero the rest, which no probe has
+
     @property
     def arguments(self) -> int:
-        return program_file.ARGUMENTS  # (all of them: C reads what it likes)
+        return self.filled
 
     def maps_bytes(self) -> int:
         return max(M.layout(self.maps)[1], self.areas_end)
@@ -252,6 +255,10 @@ def attach(callback: Callback, targets) -> None:
     and `keys`, and the callback's `code` (a stub per probe, each with an area of its
     own in the maps file)."""
     at = M.layout(callback.maps)[1]
+    carried = [n for t in targets.values() for n in (t.arguments or [-1] * len(t.probes))]
+    # (-1: a probe table that does not say: all of them)
+    callback.filled = program_file.ARGUMENTS if any(n < 0 for n in carried) else \
+        min(max(carried, default=0), program_file.ARGUMENTS)
     for t in targets.values():
         for number, (name, kind, _) in enumerate(t.probes):
             key = f"call\0{t.tag}\0{number}"  # (its own code at each probe: its stub)
@@ -276,7 +283,7 @@ def assemble(callback: Callback, offsets: List[int]) -> Tuple[bytes, Dict[str, i
         names[key] = len(blob)
         blob += callback.code[key][2].encode()[:255] + b"\0"
     blob += b"\0" * (-len(blob) % 16)
-    stubs = [(number, kind & 0xFF, names[key], area)
+    stubs = [(number, kind & 0xFF, names[key], area, callback.filled)
              for key, (number, kind, _, area) in ((k, callback.code[k]) for k in keys)]
     code, starts = callback.backend.callback_stubs(len(blob), stubs, callback.function)
     return bytes(blob) + code, dict(zip(keys, starts))

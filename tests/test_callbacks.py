@@ -110,6 +110,7 @@ def _expected(calls: int) -> dict:
         key = f"{ord(WORDS[i % 3][0])},{i % 2}"
         letters[key] = letters.get(key, 0) + 1
     maps["@letters"] = {"type": "map", "data": {"@letters": letters}}
+    maps["@unset"] = {"type": "map", "data": {"@unset": 0}}
     return maps
 
 

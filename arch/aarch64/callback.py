@@ -8,14 +8,15 @@ import re
 from typing import List, Optional, Sequence, Tuple
 
 from urewrite.arch.aarch64.writer import Writer
-from urewrite.trampolines.program_file import CTX_AREA, CTX_MAPS, CTX_NAME, CTX_PROBE
+from urewrite.trampolines.program_file import (ARGUMENTS, CTX_AREA, CTX_ARGS, CTX_MAPS,
+                                               CTX_NAME, CTX_PROBE)
 
 # no floating-point or SIMD register; atomics inline, not libgcc's outline helpers;
 # landing pads (bti) where the callback is reached through a register in a file whose
 # pages are BTI-guarded
 FLAGS = ("-mgeneral-regs-only", "-mno-outline-atomics", "-mbranch-protection=bti")
 BTI_C = 0xD503245F
-X0, X9, X10 = 0, 9, 10
+X0, X9, X10, XZR = 0, 9, 10, 31  # (31 as the stored register: xzr)
 # b0-b31, h, s, d, q, v: the FP/SIMD registers; z and p: SVE's
 _NOT_SAVED = re.compile(r"\b([bhsdqvz]\d{1,2}|p\d{1,2})(\.\w+)?\b")
 
@@ -25,9 +26,11 @@ def stubs(address: int, each: Sequence[tuple], function: int) -> Tuple[bytes, Li
     register (bti c)."""
     w = Writer(address)
     starts = []
-    for probe, kind, name, area in each:
+    for probe, kind, name, area, filled in each:
         starts.append(w.pc)
         w.word(BTI_C)
+        for i in range(filled, ARGUMENTS):
+            w.str_(XZR, X0, CTX_ARGS + 8 * i)
         w.mov_imm(X9, probe)
         w.word(0xF2C00000 | (kind & 0xFFFF) << 5 | X9)  # movk x9, kind, lsl 32
         w.str_(X9, X0, CTX_PROBE)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import re
 from typing import List, Optional, Sequence, Tuple
 
-from urewrite.arch.x86_64.writer import RAX, RDI, Mem, Rip, Writer
-from urewrite.trampolines.program_file import CTX_AREA, CTX_MAPS, CTX_NAME, CTX_PROBE
+from urewrite.arch.x86_64.writer import EAX, RAX, RDI, Mem, Rip, Writer
+from urewrite.trampolines.program_file import (ARGUMENTS, CTX_AREA, CTX_ARGS, CTX_MAPS,
+                                               CTX_NAME, CTX_PROBE)
 
 FLAGS = ("-mgeneral-regs-only", "-fcf-protection=none")
 # x87, MMX, SSE and AVX registers: what -mgeneral-regs-only keeps out
@@ -19,8 +20,12 @@ def stubs(address: int, each: Sequence[tuple], function: int) -> Tuple[bytes, Li
     """Backend.callback_stubs: rdi holds the context."""
     w = Writer(address)
     starts = []
-    for probe, kind, name, area in each:
+    for probe, kind, name, area, filled in each:
         starts.append(w.pc)
+        if filled < ARGUMENTS:
+            w.mov(EAX, 0)  # (a store each: no loop to mispredict)
+            for i in range(filled, ARGUMENTS):
+                w.mov(Mem(RDI, disp=CTX_ARGS + 8 * i), RAX)
         w.movabs(RAX, probe | kind << 32)  # probe, then kind
         w.mov(Mem(RDI, disp=CTX_PROBE), RAX)
         w.lea(RAX, Rip(name))

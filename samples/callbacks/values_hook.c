@@ -12,7 +12,8 @@
  *
  * and at named(word, i): @letters[word's first letter, i % 2] (the word read with
  * urewrite_read), a read of NULL (a fault, counted: no crash), the probe's own hit
- * count in its area, and for i < 3 an event of (i, that count, whether tid is set). */
+ * count in its area, and for i < 3 an event of (i, that count, whether tid is set);
+ * at every probe, @unset: the arguments past those the probes record, which read 0. */
 #include "urewrite.h"
 
 UREWRITE_MAP(by_b, UREWRITE_COUNT, 1);
@@ -23,6 +24,7 @@ UREWRITE_MAP(high, UREWRITE_MAX, 0);
 UREWRITE_MAP(mean, UREWRITE_AVG, 0);
 UREWRITE_LHIST_MAP(lin, 0, 0, 3000, 500);
 UREWRITE_MAP(letters, UREWRITE_COUNT, 2);
+UREWRITE_MAP(unset, UREWRITE_SUM, 0); /* the arguments no probe records: all 0 */
 UREWRITE_READS(UREWRITE_READS_TID);
 
 static int same(const char *a, const char *b)
@@ -34,6 +36,10 @@ static int same(const char *a, const char *b)
 
 void on_values(struct urewrite_context *ctx)
 {
+    int64_t rest = 0;
+    for (int i = 2; i < UREWRITE_CONTEXT_ARGS; i++)
+        rest |= (int64_t)ctx->args[i];
+    urewrite_map_add(ctx, &unset, 0, rest);
     if (same(ctx->name, "work") && ctx->kind == UREWRITE_KIND_RETURN) {
         int64_t r = (int64_t)urewrite_retval(ctx);
         urewrite_map_add(ctx, &ret, 0, r);
