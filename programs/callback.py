@@ -72,8 +72,9 @@ class Callback:
     printfs: list = field(default_factory=list)  # (none: events are words, emitted)
     areas_end: int = 0  # where the probes' areas end in the maps file
 
-    filled: int = program_file.ARGUMENTS  # the arguments the runtime fills in: as many as
-    # the probes record at most (attach()); the stubs zero the rest, which no probe has
+    read: int = program_file.ARGUMENTS  # the arguments it reads (UREWRITE_ARGS)
+    filled: int = program_file.ARGUMENTS  # those the runtime fills in: as many as it reads
+    # and the probes record at most (attach()); the stubs zero the rest
 
     @property
     def arguments(self) -> int:
@@ -212,9 +213,15 @@ def _read(linked: str, spec: str, function: str, backend, area: int,
                 raise CallbackError(f"--call {spec}: {why}")
     records, shapes = _maps(elf, blob, spec, map_size)
     reads = elf.get_section(READS_SECTION)
-    uses = struct.unpack_from("<Q", blob, reads.virtual_address)[0] & 7 if reads else \
+    said = struct.unpack_from("<Q", blob, reads.virtual_address)[0] if reads else \
         program_file.USES_NSECS | program_file.USES_TID | program_file.USES_COMM
-    return Callback(spec, backend, bytes(blob), found[0].value, records, shapes, uses, area)
+    arguments = (said >> 8 & 0xFF) - 1  # UREWRITE_ARGS(n): n + 1 there; 0: not said
+    if arguments > program_file.ARGUMENTS:
+        raise CallbackError(f"--call {spec}: UREWRITE_ARGS({arguments}): a context holds "
+                            f"{program_file.ARGUMENTS}")
+    built = Callback(spec, backend, bytes(blob), found[0].value, records, shapes, said & 7, area)
+    built.read = arguments if arguments >= 0 else program_file.ARGUMENTS
+    return built
 
 
 def _maps(elf, blob: bytearray, spec: str, map_size: int):
@@ -257,8 +264,8 @@ def attach(callback: Callback, targets) -> None:
     at = M.layout(callback.maps)[1]
     carried = [n for t in targets.values() for n in (t.arguments or [-1] * len(t.probes))]
     # (-1: a probe table that does not say: all of them)
-    callback.filled = program_file.ARGUMENTS if any(n < 0 for n in carried) else \
-        min(max(carried, default=0), program_file.ARGUMENTS)
+    callback.filled = min(callback.read, program_file.ARGUMENTS if any(n < 0 for n in carried)
+                          else max(carried, default=0))
     for t in targets.values():
         for number, (name, kind, _) in enumerate(t.probes):
             key = f"call\0{t.tag}\0{number}"  # (its own code at each probe: its stub)

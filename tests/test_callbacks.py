@@ -158,6 +158,22 @@ def test_events_context_and_area(built):
         ["0 1 1", "1 2 1", "2 3 1"]
 
 
+def test_only_the_arguments_it_reads_are_filled_in(built, tmp_path):
+    """UREWRITE_ARGS(1): args[0] as the probe records it, args[1] (recorded too) 0."""
+    machine, _, rewritten = built
+    source = tmp_path / "first.c"
+    source.write_text('#include "urewrite.h"\nUREWRITE_MAP(a, UREWRITE_SUM, 0);\n'
+                      'UREWRITE_MAP(b, UREWRITE_SUM, 0);\nUREWRITE_READS(UREWRITE_ARGS(1));\n'
+                      'void f(struct urewrite_context *c) { if (c->kind != UREWRITE_KIND_ENTRY '
+                      '|| c->name[0] != \'w\') return; urewrite_map_add(c, &a, 0, c->args[0]); '
+                      'urewrite_map_add(c, &b, 0, c->args[1]); }\n')
+    ran = urewrite("run", "--call", f"{source}:f", *machine.loaded(rewritten), "--json", "--",
+                   *machine.command(rewritten, 100))
+    assert ran.returncode == 0, ran.stderr
+    assert _maps(ran.stdout) == {"@a": {"type": "map", "data": {"@a": sum(range(100))}},
+                                 "@b": {"type": "map", "data": {"@b": 0}}}
+
+
 def test_the_rewrite_runs_as_the_original(built):
     machine, plain, rewritten = built
     expected = subprocess.run(machine.command(plain, 500, 3), capture_output=True, text=True)

@@ -373,12 +373,15 @@ struct urewrite_context {
 
 #define urewrite_retval(ctx) ((ctx)->args[0])
 
-/* What a callback reads of its context beyond args, pid, probe, kind, name and area
- * (the rest is filled in only if it says so: a clock read or a thread lookup costs
- * nanoseconds a hit). Without UREWRITE_READS, all of it. */
+/* What a callback reads of its context beyond pid, probe, kind, name and area (the
+ * rest is filled in only if it says so: a clock read, a thread lookup or an argument
+ * costs nanoseconds a hit), e.g. UREWRITE_READS(UREWRITE_READS_TID | UREWRITE_ARGS(2)):
+ * its thread id and args[0], args[1] (the others read 0). Without UREWRITE_READS, all
+ * of it; without UREWRITE_ARGS, every argument the probes record. */
 #define UREWRITE_READS_NSECS 1
 #define UREWRITE_READS_TID 2
 #define UREWRITE_READS_COMM 4
+#define UREWRITE_ARGS(n) ((uint64_t)((n) + 1) << 8)
 #define UREWRITE_READS(flags)                                                          \
     static const uint64_t urewrite_reads_                                              \
         __attribute__((section(".urewrite_reads"), used)) = (flags)

@@ -8,7 +8,7 @@ counting (`urewrite stat`) with each rewrite; then under `urewrite run` with eac
 below, on the rewrite it needs; then the same program under bpftrace on the unprobed
 target (root and tracefs only, unless --no-kernel). "Added" is over counting with the same
 rewrite. Each program's maps are checked: a row whose counts are wrong fails the bench.
-The C callbacks of `callbacks.c` (--call) are rows too, each against the bpftrace program
+The C callbacks beside it (--call) are rows too, each against the bpftrace program
 that does the same.
 """
 
@@ -41,14 +41,15 @@ PROGRAMS = {
                                lambda n: f"@[delta]: {n // 4}"),
 }
 
-# C callbacks (--call): name -> (function in callbacks.c, the bpftrace program that does
-# the same, a line its maps must print for N calls, or None)
+# C callbacks (--call): name -> (FILE:FUNCTION beside calls.c, the bpftrace program that
+# does the same, a line its maps must print for N calls, or None)
 CALLBACKS = {
-    "C callback, empty": ("empty", "uprobe:{path}:target {{ }}", lambda n: None),
-    "C callback, keyed count": ("keyed_count", "uprobe:{path}:target {{ @keyed[arg0 % 1000] = "
-                                "count(); }}", lambda n: f"@keyed[999]: {n // 1000}"),
+    "C callback, empty": ("empty_callback.c:empty", "uprobe:{path}:target {{ }}",
+                          lambda n: None),
+    "C callback, keyed count": ("keyed_callback.c:keyed_count", "uprobe:{path}:target "
+                                "{{ @keyed[arg0 % 1000] = count(); }}",
+                                lambda n: f"@keyed[999]: {n // 1000}"),
 }
-CALLBACK_SOURCE = os.path.join(os.path.dirname(SOURCE), "callbacks.c")
 
 
 def build(work: str) -> str:
@@ -104,8 +105,8 @@ def programs_bench(work: str, iterations: int, repeat: int, kernel: bool) -> Dic
     programs = []
     rows_to_run = [(name, text, expect, ["-e", text]) for name, (text, expect) in
                    PROGRAMS.items()] + \
-        [(name, text, expect, ["--call", f"{CALLBACK_SOURCE}:{function}"])
-         for name, (function, text, expect) in CALLBACKS.items()]
+        [(name, text, expect, ["--call", os.path.join(os.path.dirname(SOURCE), call)])
+         for name, (call, text, expect) in CALLBACKS.items()]
     for name, text, expect, how in rows_to_run:
         log(f"programs: {name}")
         returns = "uretprobe" in text

@@ -9,7 +9,7 @@
 
 UREWRITE_MAP(calls, UREWRITE_COUNT, 1);
 UREWRITE_MAP(returned, UREWRITE_HIST, 0);
-UREWRITE_READS(0); /* no tid, nsecs or comm: not worked out for it */
+UREWRITE_READS(UREWRITE_ARGS(2)); /* args[0], args[1] (a return: its value); no tid, nsecs, comm */
 
 void on_work(struct urewrite_context *ctx)
 {

@@ -25,7 +25,7 @@ UREWRITE_MAP(mean, UREWRITE_AVG, 0);
 UREWRITE_LHIST_MAP(lin, 0, 0, 3000, 500);
 UREWRITE_MAP(letters, UREWRITE_COUNT, 2);
 UREWRITE_MAP(unset, UREWRITE_SUM, 0); /* the arguments no probe records: all 0 */
-UREWRITE_READS(UREWRITE_READS_TID);
+UREWRITE_READS(UREWRITE_READS_TID | UREWRITE_ARGS(2)); /* (args[2] on read 0) */
 
 static int same(const char *a, const char *b)
 {
