@@ -49,6 +49,12 @@ def clean_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     return env
 
 
+# Go's build cache, one for every test's Go builds (the runtime and standard library are
+# compiled once per architecture, not once per build); Go keeps it safe for builds that
+# run at once
+GO_CACHE = os.path.join(tempfile.gettempdir(), "urewrite-tests-go-cache")
+
+
 def run(cmd: Sequence, env: Optional[Dict[str, str]] = None, cwd=None,
         timeout: int = TIMEOUT) -> subprocess.CompletedProcess:
     """Run a command with captured text output; `env` adds to a disarmed environment."""

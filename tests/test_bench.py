@@ -57,10 +57,11 @@ needs_tracefs = pytest.mark.skipif(tracefs_unusable() is not None,
                                    reason=f"kernel rows: {tracefs_unusable()}")
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def tracing_alone():
     """The bench's kernel rows add uprobes and a tracing instance: not beside another
-    worker's uprobes (conftest.kernel_tracing_alone)."""
+    worker's uprobes (conftest.kernel_tracing_alone). Only the tests that touch the
+    kernel's tracing take it: the others would wait for another worker's turn."""
     with kernel_tracing_alone():
         yield
 
@@ -76,7 +77,7 @@ def instances():
 
 
 @pytest.fixture
-def foreign_event():
+def foreign_event(tracing_alone):
     """An event of someone else's (a group the bench does not own), left disabled."""
     group = f"urwforeign_{os.getpid()}"
     target = os.path.realpath(sys.executable)
@@ -423,7 +424,7 @@ needs_redis = pytest.mark.skipif(bench.redis_unavailable() is not None,
 
 
 @needs_redis
-def test_redis_script():
+def test_redis_script(tracing_alone):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "samples", "redis_bench.py"),
                            "--requests", "2000", "--repeat", "1", "--clients", "4", "--json"],
                           capture_output=True, text=True, timeout=300)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import GO_CACHE
 from urewrite.programs import output as printer
 from urewrite.programs.checks import check as check_program
 from urewrite.programs.evaluate import Hit, State, run_block
@@ -260,7 +261,7 @@ def test_go_programs_are_refused_and_programs_not_built_in(tmp_path):
                                       "func work(n int) int { return n * 3 }\n"
                                       "func main() { fmt.Println(work(2)) }\n")
     (tmp_path / "go.mod").write_text("module g\n\ngo 1.21\n")
-    env = dict(os.environ, GOFLAGS="-mod=mod")
+    env = dict(os.environ, GOFLAGS="-mod=mod", GOCACHE=GO_CACHE)
     subprocess.run([GO, "build", "-o", "g", "."], cwd=tmp_path, check=True, env=env)
     called = urewrite(tmp_path / "g", "-p", "main.work", "--call", f"{HOOK}:on_values",
                       "-o", tmp_path / "out")

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SAMPLES, check, file_offset, run, stat, uprobes_unavailable, urewrite
+from conftest import (GO_CACHE, SAMPLES, check, file_offset, run, stat, uprobes_unavailable,
+                      urewrite)
 
 FEATURES = SAMPLES / "go" / "features"
 
@@ -50,8 +51,8 @@ BUILDS = {
 
 
 def _go_env(work: Path, extra=None) -> dict:
-    """An offline, self-contained Go environment: its cache in the test's folder."""
-    env = {"GOCACHE": str(work / "gocache"), "GOFLAGS": "-mod=mod", "GOPROXY": "off",
+    """An offline, self-contained Go environment (the tests' build cache)."""
+    env = {"GOCACHE": GO_CACHE, "GOFLAGS": "-mod=mod", "GOPROXY": "off",
            "GOTOOLCHAIN": "local", "GOPATH": str(work / "gopath"), "GO111MODULE": "on",
            "PATH": f"{Path(GO).parent}:{os.environ.get('PATH', '')}"}
     env.update(extra or {})

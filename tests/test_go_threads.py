@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SAMPLES, check, rewrite, run, stat
+from conftest import GO_CACHE, SAMPLES, check, rewrite, run, stat
 from urewrite.trampolines.region import GO_CALLS, read_regions
 
 GO = shutil.which("go") or ("/usr/local/go/bin/go" if os.access("/usr/local/go/bin/go", os.X_OK)
@@ -38,12 +38,12 @@ AT_HWCAP2 = 26
 
 
 def _go_build(source: Path, out: Path, *flags: str, goarch: str = "amd64") -> Path:
-    """Builds one Go file offline, with the module cache and build cache under tmp."""
+    """Builds one Go file offline: its module cache under tmp, the tests' build cache."""
     work = out.parent
     (work / "go.mod").write_text("module sample\n\ngo 1.21\n")
     shutil.copy(source, work / source.name)
     env = {"GOARCH": goarch, "GOTOOLCHAIN": "local", "GOFLAGS": "", "GOPROXY": "off",
-           "GOCACHE": str(work / "cache"), "GOPATH": str(work / "gopath")}
+           "GOCACHE": GO_CACHE, "GOPATH": str(work / "gopath")}
     if goarch != "amd64":
         env["CGO_ENABLED"] = "0"  # (no cross C toolchain needed)
     check([GO, "build", *flags, "-o", str(out), source.name], env=env, cwd=work)
