@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 from urewrite.programs import output
-from urewrite.programs.checks import CONVERSION, Checked, cast_size
+from urewrite.programs.checks import CONVERSION, STR, Checked, cast_size
 from urewrite.programs.output import (HIST_BUCKETS, MapData, average, hist_bucket,
                                       lhist_bucket)
 from urewrite.programs.parser import ProgramError
@@ -191,7 +191,9 @@ class _Frame:
         if isinstance(expression, Map):
             data = self.state.maps[expression.name]
             key = tuple(self.key(k) for k in expression.keys)
-            stored = data.entries.get(key, 0)
+            # (a missing entry holds zeros: a map of strings' reads "", as bpftrace's)
+            stored = data.entries.get(key, "" if self.state.checked.maps[expression.name].value
+                                      == STR else 0)
             if isinstance(stored, str):
                 return stored, False
             return (average(*stored) if isinstance(stored, tuple) else stored), True

@@ -27,6 +27,8 @@ Operations (each a tuple, its name first):
     update M KIND    pop the value (none for count) and the entry; aggregate into it
                      (count sum min max avg hist lhist, or value: a plain assignment)
     load M           pop an entry (0 allowed), push its value word (0 if missing)
+    load_string M K  pop an entry (0 allowed) of a map of strings, copy its string into
+                     scratch K ("" if missing), push scratch K's address
     delete M         pop an entry (0 allowed): it holds nothing from now on
     printf N KINDS   pop the values (KINDS: "i" a word, "s" a string) into an event of
                      printf N, in the process's ring
@@ -197,9 +199,6 @@ class _Lowering:
                 self.expression(value.arguments[0])
             self.ops.append(("update", index, value.function))
             return
-        if info.value == STR:
-            raise ProgramError(f"@{target.name}: a map of strings runs in the tracer only "
-                               f"for now (keys may be strings)", target.at)
         self.key(target)
         self.ops.append(("entry", index))
         if statement.operator:
@@ -260,6 +259,8 @@ class _Lowering:
             return expression.function == "str"
         if isinstance(expression, Conditional):
             return self.is_string(expression.then)
+        if isinstance(expression, Map):
+            return self.checked.maps[expression.name].value == STR
         return False
 
     def signed(self, expression) -> bool:
@@ -282,7 +283,12 @@ class _Lowering:
         elif isinstance(e, Map):
             index = self.map_index[e.name]
             self.key(e)
-            ops += [("find", index), ("load", index)]
+            ops.append(("find", index))
+            if self.is_string(e):  # (a copy: another thread may be storing a new one)
+                ops.append(("load_string", index, self.scratch))
+                self.scratch += 1
+            else:
+                ops.append(("load", index))
         elif isinstance(e, Unary):
             self.expression(e.operand)
             ops.append(("unary", {"-": "neg", "~": "not", "!": "lnot"}[e.operator]))

@@ -11,7 +11,8 @@ and the tracer reads (docs/programs.md, "Maps").
            then `capacity` entries
     entry: u64 state: 0 free, 2 being claimed, else (hash | 1): its key is written
            u64 present: 1 once updated, 0 again after delete()
-           key words (an integer key is a word, a string key 8), value words
+           key words (an integer key is a word, a string key 8), value words (a string
+           value, @m[k] = str(...), 8)
 
 A probe claims a free entry with a compare-and-swap of its state from 0 to 2, writes
 the key, then stores the hash with bit 0 set; one that finds state 2 waits for that
@@ -62,6 +63,11 @@ class MapShape:
         return ENTRY_HEAD + self.key_words + self.value_words
 
     @property
+    def holds_strings(self) -> bool:
+        """A map of strings (@m[k] = str(...)): its value is a string's 64 bytes."""
+        return self.kind == "value" and self.value_words == STRING_WORDS
+
+    @property
     def initial(self) -> Optional[int]:
         """The value word a claimed entry starts from, where it is not 0."""
         return {"min": INT64_MAX, "max": INT64_MIN}.get(self.kind)
@@ -83,6 +89,8 @@ def shapes(checked: Checked, capacity: int = KEYED_CAPACITY) -> List[MapShape]:
             words = (high - low) // step + 2
         elif info.kind in ("avg", "stats"):
             words = 2  # count, total
+        elif info.kind == "value" and info.value == STR:
+            words = STRING_WORDS  # a string's 64 bytes
         else:
             words = 1
         out.append(MapShape(name, info.kind, info.keys, words,
@@ -191,6 +199,9 @@ def read(area, maps: List[MapShape]) -> Tuple[List[MapData], int]:
 
 
 def _value(shape: MapShape, words):
+    if shape.holds_strings:
+        raw = struct.pack(f"<{STRING_WORDS}Q", *words)
+        return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
     if shape.kind in ("hist", "lhist"):
         return list(words)
     if shape.kind in ("avg", "stats"):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from test_aarch64 import CC, QEMU, SYSROOT, check
-from test_program_code import CHECKED_READS, PROGRAMS, WORK
+from test_program_code import CHECKED_READS, PROGRAMS, STRING_MAPS, WORK
 from urewrite.programs import lower as L
 from urewrite.programs import maps as M
 from urewrite.programs import output
@@ -213,6 +213,24 @@ def test_strings_and_pointer_reads_are_checked(harness):
     assert '@w[gammagammagammagammagammagammagammagammagammagammagammagammagam]' in ours
     assert "@w[]: 15" in ours and "@short[al]: 15" in ours and "@i8: -1" in ours
     assert faults == 3 * 15 + 4 * 12
+
+
+def test_maps_of_strings(harness):
+    """test_program_code's maps of strings: stored, read back, compared, printed."""
+    words = [b"alpha\0", b"beta\0", b"gamma" * 20 + b"\0"]
+    data = bytearray(b"".join(words)) + bytes(16)
+    places = [0, len(words[0]), len(words[0]) + len(words[1])]
+    hits = [("uprobe:./v:named", {"args": (DATA + places[i % 3] if i % 4 else 0x10, i)})
+            for i in range(60)]
+
+    def read(address, size):
+        if DATA <= address < DATA + len(data):
+            return bytes(data[address - DATA:address - DATA + size]).ljust(size, b"\0")
+        return None
+    ours, printed, _ = _compiled_run(harness, STRING_MAPS, hits, bytes(data))
+    theirs, evaluated = _evaluated(STRING_MAPS, hits, read)
+    assert ours == theirs and printed == evaluated and len(printed) == 5
+    assert "@two[0]: be\n@two[1]: ga\n" in ours
 
 
 def test_threads_count_exactly_and_a_full_table_says_so(harness):

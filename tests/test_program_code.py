@@ -188,6 +188,35 @@ def test_strings_and_pointer_reads_are_checked():
     assert M.faults(compiled.area) == 3 * 15 + 4 * 12
 
 
+# maps of strings: stored from str() (of good and unreadable addresses), read back into
+# keys, comparisons, other maps and printf(), deleted
+STRING_MAPS = """
+    uprobe:./v:named { @last[arg1 % 3] = str(arg0); @two[arg1 % 2] = str(arg0, 3);
+        @copy[arg1 % 4] = @last[(arg1 + 1) % 3]; @is[@last[0] == "alpha"] = count();
+        @by[@copy[arg1 % 4]] = count(); if (arg1 == 41) { delete(@two[1]); }
+        if (arg1 % 13 == 0) { printf("%s|\\n", @last[1]); } }"""
+
+
+def test_maps_of_strings():
+    words = [ctypes.create_string_buffer(w) for w in (b"alpha", b"beta", b"gamma" * 20)]
+    here = [ctypes.addressof(w) for w in words]
+    hits = [("uprobe:./v:named", {"args": (here[i % 3] if i % 4 else 0x10, i)})
+            for i in range(60)]
+    compiled = Compiled(STRING_MAPS)
+    state = State(compiled.checked)
+    block = compiled.checked.program.blocks[0]
+
+    def read(address, size):
+        return ctypes.string_at(address, size) if address > 0x1000 else None
+    for probe, fields in hits:
+        run_block(state, block, Hit(block.probes[0], read=read, comm="app", **fields))
+        compiled.hit(probe, **fields)
+    ours = output.text(compiled.maps())
+    assert ours == output.text(list(state.maps.values()))
+    assert compiled.printed == state.printed and len(compiled.printed) == 5
+    assert "@last[2]: gammagamma" in ours and "@two[0]: be\n@two[1]: ga\n" in ours
+
+
 def test_threads_count_exactly_and_a_full_table_says_so():
     compiled = Compiled("uprobe:./v:f { @ = count(); @k[arg0 % 8] = sum(arg0); @many[arg0] = count(); }")
 

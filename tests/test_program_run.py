@@ -408,3 +408,20 @@ def test_stat_of_a_running_process_shows_its_built_in_program(served, tmp_path):
     finally:
         process.kill()
         process.wait()
+
+
+def test_maps_of_strings_in_the_probes(files, tmp_path):
+    """@m[k] = str(...) runs in the probes (bpftrace 0.17's str() reads nothing here,
+    so the expected maps are values.c's own: the last word of each class of i)."""
+    plain, _ = files
+    rewritten = tmp_path / "values"
+    program = (f"uprobe:{rewritten}:named {{ @last[arg1 % 3] = str(arg0); "
+               f"@first[str(arg0)] = @last[(arg1 + 1) % 3]; }}")
+    proc = urewrite(str(plain), "-e", program, "-o", str(rewritten), "-q")
+    assert proc.returncode == 0, proc.stderr
+    ours = urewrite("run", "-e", program, "--", str(rewritten), "300")
+    assert ours.returncode == 0, ours.stderr
+    # (@first: named(words[i % 3], i) stores the word of i - 2 under word i's, "" first)
+    assert _maps(ours.stdout) == ("@first[alpha]: beta\n@first[beta]: gamma\n"
+                                  "@first[gamma]: alpha\n@last[0]: alpha\n@last[1]: beta\n"
+                                  "@last[2]: gamma\n")

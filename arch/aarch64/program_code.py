@@ -239,6 +239,9 @@ def _operation(fn: str, op: tuple, frame: L.Frame, lowered: L.Lowered, labels: _
         return _update(fn, lowered.maps[args[0]], args[1], labels)
     if name == "load":
         return _load(fn, lowered.maps[args[0]], labels)
+    if name == "load_string":
+        return _load_string(fn, lowered.maps[args[0]], frame.scratch + L.STRING * args[1],
+                            labels)
     if name == "delete":
         return _delete(fn, lowered.maps[args[0]], labels)
     if name == "printf":
@@ -398,6 +401,8 @@ def _update(fn: str, shape: M.MapShape, kind: str, labels: _Labels) -> List[str]
                                                    "sub x1, x1, x3"] + \
             _mov("x4", step) + ["udiv x2, x1, x4", "add x2, x2, #1", f"{bucket}:",
                                 "add x9, x9, x2, lsl #3"] + _increment("x9", "#1", fn, labels)
+    elif kind == "value" and shape.holds_strings:  # x1: the string's address
+        out += _copy_string("x1", "x9")
     elif kind == "value":
         out.append("str x1, [x9]")
     else:
@@ -414,6 +419,18 @@ def _load(fn: str, shape: M.MapShape, labels: _Labels) -> List[str]:
         out += ["ldr x10, [x9]", f"cbz x10, {done}", "ldr x0, [x9, #8]", "sdiv x0, x0, x10"]
     else:
         out.append("ldr x0, [x9]")
+    return out + [f"{done}:", _PUSH]
+
+
+def _load_string(fn: str, shape: M.MapShape, buffer: int, labels: _Labels) -> List[str]:
+    """A map of strings' value, copied into the scratch buffer at x29 + `buffer` ("" for
+    none): its address."""
+    empty, done = labels(fn), labels(fn)
+    out = [_pop("x9")] + _add("x0", "x29", buffer) + [
+        f"cbz x9, {empty}", "ldr x10, [x9, #8]", "cmp x10, #1", f"b.ne {empty}"]
+    out += _add("x9", "x9", _value_at(shape)) + _copy_string("x9", "x0") + [f"b {done}",
+                                                                          f"{empty}:"]
+    out += [f"stp xzr, xzr, [x0, #{i}]" for i in range(0, L.STRING, 16)]
     return out + [f"{done}:", _PUSH]
 
 

@@ -200,6 +200,8 @@ def _operation(fn: str, op: tuple, frame: L.Frame, lowered: L.Lowered) -> List[s
         return _update(fn, lowered.maps[args[0]], args[1])
     if name == "load":
         return _load(fn, lowered.maps[args[0]])
+    if name == "load_string":
+        return _load_string(fn, lowered.maps[args[0]], frame.scratch + L.STRING * args[1])
     if name == "delete":
         return _delete(fn, lowered.maps[args[0]])
     if name == "printf":
@@ -358,6 +360,10 @@ def _update(fn: str, shape: M.MapShape, kind: str) -> List[str]:
                 f"mov rdx, {low:#x}", "sub rax, rdx", f"mov ecx, {step}", "xor edx, edx",
                 "div rcx", "lea rcx, [rax + 1]", f"{bucket}:",
                 f"lock inc qword ptr [rdi + rcx * 8 + {value}]"]
+    elif kind == "value" and shape.holds_strings:  # rax: the string's address
+        for i in range(M.STRING_WORDS):
+            out += [f"mov rcx, qword ptr [rax + {8 * i}]",
+                    f"mov qword ptr [rdi + {value + 8 * i}], rcx"]
     elif kind == "value":
         out.append(f"mov qword ptr [rdi + {value}], rax")
     else:
@@ -377,6 +383,21 @@ def _load(fn: str, shape: M.MapShape) -> List[str]:
     else:
         out.append(f"mov rax, qword ptr [rdi + {value}]")
     return out + [f"{done}:", "push rax"]
+
+
+def _load_string(fn: str, shape: M.MapShape, buffer: int) -> List[str]:
+    """A map of strings' value, copied into the scratch buffer at rbp + `buffer` ("" for
+    none): its address."""
+    empty, done = _unique(fn), _unique(fn)
+    value = _value_at(shape)
+    out = ["pop rdi", f"lea rsi, [rbp + {buffer}]", "test rdi, rdi", f"jz {empty}",
+           "cmp qword ptr [rdi + 8], 1", f"jne {empty}"]
+    for i in range(M.STRING_WORDS):
+        out += [f"mov rax, qword ptr [rdi + {value + 8 * i}]",
+                f"mov qword ptr [rsi + {8 * i}], rax"]
+    out += [f"jmp {done}", f"{empty}:", "xor eax, eax"]
+    out += [f"mov qword ptr [rsi + {8 * i}], rax" for i in range(M.STRING_WORDS)]
+    return out + [f"{done}:", "push rsi"]
 
 
 def _delete(fn: str, shape: M.MapShape) -> List[str]:
