@@ -150,8 +150,11 @@ def _run_command(command, targets, lowered, ticker):
     """Runs the command with the program in its probes: (exit status, maps, dropped)."""
     from urewrite.reader.probe_programs import run_command
 
-    return run_command(command, lambda directory: _write_program(directory, targets, lowered),
-                       *_events(lowered), ticker.each_poll(), lowered.maps)
+    ring, printed = _events(lowered)
+    returncode, found, lost = run_command(
+        command, lambda directory: _write_program(directory, targets, lowered), ring, printed,
+        ticker.each_poll(), lowered.maps, _stopped(printed))
+    return (0 if _stopped(printed)() else returncode), found, lost  # (exit(): bpftrace's 0)
 
 
 def _run_in_directory(directory, duration, targets, lowered, ticker):
@@ -168,8 +171,9 @@ def _run_in_directory(directory, duration, targets, lowered, ticker):
         from urewrite.trampolines.region import TRACE_ENV_VAR
         click.echo(f"urewrite: printf() shows events of processes started with "
                    f"{TRACE_ENV_VAR}=N too (a ring of N events)", err=True)
+    printed = _events(lowered)[1]
     return run_in_directory(directory, maps_path, [t.tag for t in targets.values()], duration,
-                            _events(lowered)[1], ticker.each_poll(), lowered.maps)
+                            printed, ticker.each_poll(), lowered.maps, _stopped(printed))
 
 
 def _write_program(directory, targets, lowered) -> str:
@@ -201,7 +205,8 @@ def _run_armed(pids, all_of, duration, targets, lowered, ticker):
     try:
         ring, printed = _events(lowered)
         problems, found, lost = run_armed(pids, all_of, duration, ring, write_files,
-                                          announce, printed, ticker.each_poll(), lowered.maps)
+                                          announce, printed, ticker.each_poll(), lowered.maps,
+                                          _stopped(printed))
     except UrewriteError as e:
         fail(str(e))
     for problem in problems:
@@ -288,23 +293,38 @@ def _code_of(lowered):
     return lambda _machine, built, offsets: assemble(built, offsets)
 
 
-def _printed(printfs):
-    """What prints the printf()s of the events the processes' rings hold, in time order
-    (None when the program has none)."""
-    if not printfs:
-        return None
-    from urewrite.programs.evaluate import printf_text
-    from urewrite.trampolines.program_file import PRINTF_PROBE
+class _Printed:
+    """Prints the printf()s of the events the processes' rings hold, in time order,
+    until an exit(): `exited` then, and the events after it are not printed."""
 
-    def show(events):
+    def __init__(self, printfs):
+        self.printfs, self.exited = printfs, False
+
+    def __call__(self, events):
+        from urewrite.programs.evaluate import printf_text
+        from urewrite.programs.lower import EXIT
+        from urewrite.trampolines.program_file import PRINTF_PROBE
         lines = []
         for event in events:
             index = event.number - PRINTF_PROBE
-            if 0 <= index < len(printfs):
-                text, kinds = printfs[index]
+            if self.exited or not 0 <= index < len(self.printfs):
+                continue
+            text, kinds = self.printfs[index]
+            if text == EXIT:
+                self.exited = True
+            else:
                 lines.append(printf_text(text, _values(kinds, event.args)))
         _print(lines)
-    return show
+
+
+def _printed(printfs):
+    """A _Printed for the program's printf()s and exit()s (None when it has none)."""
+    return _Printed(printfs) if printfs else None
+
+
+def _stopped(printed):
+    """Whether the program has called exit() (run_*'s `stopped`)."""
+    return lambda: isinstance(printed, _Printed) and printed.exited
 
 
 def _values(kinds, words):

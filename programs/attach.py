@@ -246,14 +246,14 @@ def program_blob(t: Target, lowered: L.Lowered, run: Optional[int], assemble) ->
 def rewrite_step(checked, paths: List[str], assemble, note=lambda why: None):
     """pipeline.rewrite's `built_in(probes, machine)` for a program given to a rewrite:
     built_in() with the output's probe table, or None with `note(why)` where it is not
-    built in (a program with printf(), whose events would go to no reader; a machine
+    built in (a program with printf() or exit(), whose events would go to no reader; a machine
     whose runtime runs none)."""
     from urewrite.programs.probes import prints
 
     def step(probes, machine):
         printing = prints(checked.program)
         if machine not in BUILT_IN_MACHINES or printing:
-            note("it has printf()" if printing else "its runtime runs none")
+            note("it has printf() or exit()" if printing else "its runtime runs none")
             return None
         return built_in(checked, paths, [(p.name, p.kind, p.address, p.arguments)
                                          for p in probes], machine, assemble)

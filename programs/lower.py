@@ -31,7 +31,8 @@ Operations (each a tuple, its name first):
                      scratch K ("" if missing), push scratch K's address
     delete M         pop an entry (0 allowed): it holds nothing from now on
     printf N KINDS   pop the values (KINDS: "i" a word, "s" a string) into an event of
-                     printf N, in the process's ring
+                     printf N, in the process's ring (exit(): a printf of no value whose
+                     format is EXIT, then a jump to the block's end)
     return
 """
 
@@ -56,6 +57,9 @@ _BINARY = {"+": "add", "-": "sub", "*": "mul", "/": "div", "%": "mod", "&": "and
 _COMPARE = {"==": "eq", "!=": "ne", "<": "lt", ">": "gt", "<=": "le", ">=": "ge"}
 
 
+EXIT = "\0exit()"  # the format of a printf() that is an exit() (Lowered.printfs)
+
+
 @dataclass
 class Lowered:
     """A program's code, one operation list per probe it names (in the order of the
@@ -67,6 +71,7 @@ class Lowered:
     scratch: int  # string buffers
     maps: List[map_layout.MapShape] = field(default_factory=list)
     printfs: List[Tuple[str, Tuple[str, ...]]] = field(default_factory=list)  # printf N's
+    # (format, value kinds); EXIT's format: an exit() (the tracer ends the run)
 
     @property
     def uses(self) -> int:
@@ -150,6 +155,7 @@ class _Lowering:
         # the rule of signs, with each $variable's as the statements so far left it
         self.signer = BlockChecker(self.checked, block, True)
         end = self.label()
+        self.block_end = end
         for name in _variables(block.body):  # $x is of one hit: 0 until assigned
             ops += [("const", 0), ("set_local", self.local(name))]
         if block.predicate is not None:
@@ -229,7 +235,10 @@ class _Lowering:
             self.ops += [("find", index), ("delete", index)]
         elif name == "printf":
             self.printf(call)
-        elif name in ("exit", "clear", "zero", "print"):
+        elif name == "exit":  # an event that tells the tracer, then the block ends
+            self.printfs.append((EXIT, ()))
+            self.ops += [("printf", len(self.printfs) - 1, ()), ("jump", self.block_end)]
+        elif name in ("clear", "zero", "print"):
             raise ProgramError(f"{name}() runs in BEGIN and END only for now", call.at)
         else:
             self.expression(call)

@@ -133,9 +133,12 @@ def _close(readers: Dict[str, RingReader]) -> None:
 
 
 def run_command(command: List[str], write_files: Callable[[str], str], ring_entries: int,
-                on_events: OnEvents, each_poll: EachPoll, shapes) -> Tuple[int, list, tuple]:
+                on_events: OnEvents, each_poll: EachPoll, shapes,
+                stopped: Callable[[], bool] = lambda: False) -> Tuple[int, list, tuple]:
     """Runs the command with the program in its probes (and a printf() ring of
-    `ring_entries` events in each process when not 0): (exit status, maps, lost)."""
+    `ring_entries` events in each process when not 0): (exit status, maps, lost).
+    When `stopped()` says so (the program's exit()), the command gets SIGTERM, as
+    bpftrace's -c command does."""
     directory = region_directory()
     try:
         maps_path = write_files(directory)
@@ -148,6 +151,9 @@ def run_command(command: List[str], write_files: Callable[[str], str], ring_entr
                 while (on_events or each_poll) and process.poll() is None:
                     if on_events:
                         sweep_rings([directory], readers, on_events, final=False)
+                    if stopped():
+                        process.terminate()
+                        break
                     if each_poll:
                         each_poll([maps_path])
                     time.sleep(POLL_SECONDS)
@@ -164,17 +170,18 @@ def run_command(command: List[str], write_files: Callable[[str], str], ring_entr
 
 def run_in_directory(directory: str, maps_path: str, tags: List[str],
                      duration: Optional[float], on_events: OnEvents, each_poll: EachPoll,
-                     shapes) -> Tuple[int, list, tuple]:
+                     shapes, stopped: Callable[[], bool] = lambda: False
+                     ) -> Tuple[int, list, tuple]:
     """The program (its files written in `directory`) stays loaded there until Ctrl-C
     or `duration`: every process that sets up its probes there meanwhile
     (UREWRITE_DIR) runs it; then it is unloaded (the files of `tags` removed):
     (0, the maps, lost). Processes still running keep it mapped, but what they add
-    after that is not read."""
+    after that is not read. `stopped()` ends it too (the program's exit())."""
     readers: Dict[str, RingReader] = {}
     end = time.monotonic() + duration if duration is not None else None
     try:
         try:
-            while end is None or time.monotonic() < end:
+            while (end is None or time.monotonic() < end) and not stopped():
                 if on_events:
                     sweep_rings([directory], readers, on_events, final=False)
                 if each_poll:
@@ -201,10 +208,12 @@ def run_in_directory(directory: str, maps_path: str, tags: List[str],
 
 def run_armed(pids, all_of, duration, ring_entries: int, write_files: Callable[[str], str],
               on_armed: Callable[[List[arming.LiveProcess]], None], on_events: OnEvents,
-              each_poll: EachPoll, shapes) -> Tuple[List[str], list, tuple]:
+              each_poll: EachPoll, shapes, stopped: Callable[[], bool] = lambda: False
+              ) -> Tuple[List[str], list, tuple]:
     """Loads the program into running processes (write_files puts it in each one's
-    directory before it is armed) until the session ends: (the session's problems,
-    the maps of all of them added up, lost)."""
+    directory before it is armed) until the session ends, or `stopped()` (the
+    program's exit(): the processes run on, unloaded): (the session's problems, the
+    maps of all of them added up, lost)."""
     maps_files: Dict[str, str] = {}  # directory -> its maps file
 
     def prepare(directory: str) -> None:
@@ -214,7 +223,7 @@ def run_armed(pids, all_of, duration, ring_entries: int, write_files: Callable[[
         with arming.armed(pids, all_of, duration, ring_entries, prepare) as session:
             if not session.interrupted:
                 on_armed(session.processes)
-            while not session.over():
+            while not session.over() and not stopped():
                 for p in session.processes:
                     if on_events:
                         sweep_rings([p.directory], readers, on_events, final=False)

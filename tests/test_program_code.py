@@ -46,10 +46,14 @@ class Compiled:
         kind = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
         self.functions = {probe: kind(base + offset) for probe, offset in self.entries.items()}
         self.printed = []  # printf()s, formatted as the tracer formats the ring's events
+        self.exits = 0  # exit()s
 
         def event(index, words, count):
             from urewrite.program_run import _values
             text, kinds = self.lowered.printfs[index]
+            if text == L.EXIT:
+                self.exits += 1
+                return
             self.printed.append(printf_text(text, _values(kinds, list(
                 (ctypes.c_uint64 * count).from_address(words)))))
         self.event = ctypes.CFUNCTYPE(None, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_uint64)(event)
@@ -215,6 +219,18 @@ def test_maps_of_strings():
     assert ours == output.text(list(state.maps.values()))
     assert compiled.printed == state.printed and len(compiled.printed) == 5
     assert "@last[2]: gammagamma" in ours and "@two[0]: be\n@two[1]: ga\n" in ours
+
+
+def test_exit_ends_its_block_and_tells_the_tracer():
+    """exit(): an event the tracer ends the run on; the rest of its block does not run,
+    the other blocks of the hit do (bpftrace's: a program per block), as the
+    evaluator has it. (The tracer stops the processes: tests/test_program_run.py.)"""
+    text = """uprobe:./v:work /arg0 == 5/ { @b = count(); exit(); @a = count(); }
+              uprobe:./v:work /arg0 <= 5/ { @all = count(); }"""
+    hits = [("uprobe:./v:work", {"args": (i,)}) for i in range(8)]
+    theirs, ours, compiled = _both(text, hits)
+    assert ours == theirs and "@all: 6" in ours and "@b: 1" in ours and "@a: 1" not in ours
+    assert compiled.exits == 1 and compiled.printed == []
 
 
 def test_threads_count_exactly_and_a_full_table_says_so():

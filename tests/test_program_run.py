@@ -425,3 +425,37 @@ def test_maps_of_strings_in_the_probes(files, tmp_path):
     assert _maps(ours.stdout) == ("@first[alpha]: beta\n@first[beta]: gamma\n"
                                   "@first[gamma]: alpha\n@last[0]: alpha\n@last[1]: beta\n"
                                   "@last[2]: gamma\n")
+
+
+SLOW_C = """
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((noinline)) long work(long i) { return i * 2; }
+int main(void) {
+    long s = 0;
+    for (long i = 0; i < 20; i++) { s += work(i); usleep(500000); }
+    printf("done %ld\\n", s);
+    return 0;
+}
+"""
+
+
+def test_exit_ends_the_run(tmp_path):
+    """exit() in a probe, as bpftrace's -c: the command gets SIGTERM, END runs, the
+    maps are printed, the status is 0; the hits before it counted, none after
+    (the command waits half a second between calls)."""
+    import time
+    source = tmp_path / "slow.c"
+    source.write_text(SLOW_C)
+    plain, probed = tmp_path / "slow", tmp_path / "slow.probed"
+    subprocess.run(["gcc", "-O2", str(source), "-o", str(plain)], check=True)
+    proc = urewrite(str(plain), "-p", "work", "--args", "1", "-o", str(probed), "-q")
+    assert proc.returncode == 0, proc.stderr
+    program = (f"uprobe:{probed}:work /arg0 == 2/ {{ @b = count(); exit(); @a = count(); }} "
+               f"uprobe:{probed}:work {{ @all = count(); }} END {{ printf(\"end\\n\"); }}")
+    started = time.monotonic()
+    ours = urewrite("run", "-e", program, "--", str(probed))
+    assert time.monotonic() - started < 6  # (the command alone: 10 s)
+    assert ours.returncode == 0, ours.stderr
+    assert "done" not in ours.stdout and ours.stdout.startswith("end\n"), ours.stdout
+    assert "@all: 3\n" in ours.stdout and "@b: 1\n" in ours.stdout and "@a: 0\n" in ours.stdout
