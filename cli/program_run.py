@@ -152,8 +152,8 @@ def _run_command(command, targets, lowered, ticker):
 
     ring, printed = _events(lowered)
     returncode, found, lost = run_command(
-        command, lambda directory: _write_program(directory, targets, lowered), ring, printed,
-        ticker.each_poll(), lowered.maps, _stopped(printed))
+        command, lambda directory: _noted(printed, _write_program(directory, targets, lowered)),
+        ring, printed, ticker.each_poll(), lowered.maps, _stopped(printed))
     return (0 if _stopped(printed)() else returncode), found, lost  # (exit(): bpftrace's 0)
 
 
@@ -165,13 +165,13 @@ def _run_in_directory(directory, duration, targets, lowered, ticker):
 
     if not os.path.isdir(directory):
         fail(f"no directory {directory}")
-    maps_path = _write_program(directory, targets, lowered)
+    printed = _events(lowered)[1]
+    maps_path = _noted(printed, _write_program(directory, targets, lowered))
     click.echo(f"urewrite: the program is loaded in {directory}; Ctrl-C ends", err=True)
     if _events(lowered)[0]:
         from urewrite.trampolines.region import TRACE_ENV_VAR
         click.echo(f"urewrite: printf() shows events of processes started with "
                    f"{TRACE_ENV_VAR}=N too (a ring of N events)", err=True)
-    printed = _events(lowered)[1]
     return run_in_directory(directory, maps_path, [t.tag for t in targets.values()], duration,
                             printed, ticker.each_poll(), lowered.maps, _stopped(printed))
 
@@ -197,13 +197,15 @@ def _run_armed(pids, all_of, duration, targets, lowered, ticker):
     from urewrite.programs import attach
     from urewrite.reader.probe_programs import run_armed
 
+    ring, printed = _events(lowered)
+
     def write_files(directory):
         try:
-            return attach.write_files(directory, targets, lowered, _code_of(lowered))
+            return _noted(printed, attach.write_files(directory, targets, lowered,
+                                                      _code_of(lowered)))
         except OSError as e:
             raise UrewriteError(f"cannot write the program's files in {directory}: {e.strerror}")
     try:
-        ring, printed = _events(lowered)
         problems, found, lost = run_armed(pids, all_of, duration, ring, write_files,
                                           announce, printed, ticker.each_poll(), lowered.maps,
                                           _stopped(printed))
@@ -271,7 +273,7 @@ def _events(lowered):
     """(the ring each process gets, what prints its events): a program's printf()s, or a
     callback's emitted words."""
     if not _is_callback(lowered):
-        return (PRINTF_RING if lowered.printfs else 0), _printed(lowered.printfs)
+        return (PRINTF_RING if lowered.printfs else 0), _printed(lowered)
     from urewrite.programs.callback import event_line
     from urewrite.trampolines.program_file import PRINTF_PROBE
 
@@ -294,15 +296,18 @@ def _code_of(lowered):
 
 
 class _Printed:
-    """Prints the printf()s of the events the processes' rings hold, in time order,
-    until an exit(): `exited` then, and the events after it are not printed."""
+    """Does what the events the processes' rings hold say, in time order: prints the
+    printf()s, prints, clears or zeroes a map (print(), clear(), zero(): in the maps
+    files in `paths`, as they are when the event is read, as bpftrace's user space
+    does them), until an exit(): `exited` then, and the events after it are left."""
 
-    def __init__(self, printfs):
-        self.printfs, self.exited = printfs, False
+    def __init__(self, printfs, shapes):
+        self.printfs, self.shapes, self.exited = printfs, shapes, False
+        self.paths = []  # the run's maps files (one per process directory when armed)
 
     def __call__(self, events):
         from urewrite.programs.evaluate import printf_text
-        from urewrite.programs.lower import EXIT
+        from urewrite.programs.lower import EXIT, map_action
         from urewrite.trampolines.program_file import PRINTF_PROBE
         lines = []
         for event in events:
@@ -310,16 +315,41 @@ class _Printed:
             if self.exited or not 0 <= index < len(self.printfs):
                 continue
             text, kinds = self.printfs[index]
+            action = map_action(text)
             if text == EXIT:
                 self.exited = True
+            elif action:
+                lines += self.act(*action)
             else:
                 lines.append(printf_text(text, _values(kinds, event.args)))
         _print(lines)
 
+    def act(self, action: str, index: int) -> list:
+        from urewrite.programs import output as printer
+        from urewrite.reader.probe_programs import current_maps, reset_map
+        if action == "print":
+            name = self.shapes[index].name
+            return [printer.text([m]) for m in current_maps(self.paths, self.shapes)
+                    if m.name == name]
+        for path in self.paths:
+            reset_map(path, self.shapes, index, forget=action == "clear")
+        return []
 
-def _printed(printfs):
-    """A _Printed for the program's printf()s and exit()s (None when it has none)."""
-    return _Printed(printfs) if printfs else None
+    def wrote(self, path: str) -> str:
+        """Notes a maps file the program's files were written with; its path."""
+        self.paths.append(path)
+        return path
+
+
+def _printed(lowered):
+    """A _Printed for the program's printf()s, exit()s and map actions (None when it has
+    none)."""
+    return _Printed(lowered.printfs, lowered.maps) if lowered.printfs else None
+
+
+def _noted(printed, maps_path: str) -> str:
+    """The maps file of the program's files just written, noted for its map actions."""
+    return printed.wrote(maps_path) if isinstance(printed, _Printed) else maps_path
 
 
 def _stopped(printed):

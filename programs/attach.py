@@ -253,7 +253,8 @@ def rewrite_step(checked, paths: List[str], assemble, note=lambda why: None):
     def step(probes, machine):
         printing = prints(checked.program)
         if machine not in BUILT_IN_MACHINES or printing:
-            note("it has printf() or exit()" if printing else "its runtime runs none")
+            note("it has printf(), exit(), print(), clear() or zero(): a tracer's work"
+                 if printing else "its runtime runs none")
             return None
         return built_in(checked, paths, [(p.name, p.kind, p.address, p.arguments)
                                          for p in probes], machine, assemble)

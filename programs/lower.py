@@ -58,6 +58,18 @@ _COMPARE = {"==": "eq", "!=": "ne", "<": "lt", ">": "gt", "<=": "le", ">=": "ge"
 
 
 EXIT = "\0exit()"  # the format of a printf() that is an exit() (Lowered.printfs)
+# print(@m), clear(@m), zero(@m): printf()s of no value whose format is ACTION + the
+# action and the map's index; the tracer does them, when it reads the event (as
+# bpftrace's user space does its own)
+ACTION = "\0map "
+
+
+def map_action(text: str):
+    """(action, map index) of a printf() format that is a map action, else None."""
+    if not text.startswith(ACTION):
+        return None
+    action, index = text[len(ACTION):].split()
+    return action, int(index)
 
 
 @dataclass
@@ -239,7 +251,9 @@ class _Lowering:
             self.printfs.append((EXIT, ()))
             self.ops += [("printf", len(self.printfs) - 1, ()), ("jump", self.block_end)]
         elif name in ("clear", "zero", "print"):
-            raise ProgramError(f"{name}() runs in BEGIN and END only for now", call.at)
+            index = self.map_index[call.arguments[0].name]
+            self.printfs.append((f"{ACTION}{name} {index}", ()))
+            self.ops.append(("printf", len(self.printfs) - 1, ()))
         else:
             self.expression(call)
             self.ops.append(("drop",))

@@ -244,6 +244,27 @@ def merge(contents: List[List[MapData]]) -> List[MapData]:
     return list(merged.values())
 
 
+def reset(area, maps: List[MapShape], index: int, forget: bool) -> None:
+    """clear(@m) (`forget`: its keys are gone, as delete() leaves each) or zero(@m) (its
+    keys stay, their values 0: a min() map's too, as bpftrace's) on a writable area, as
+    the tracer does them while the processes run (an update racing with it lands on
+    either side of it, as bpftrace's)."""
+    offsets, size = layout(maps)
+    if len(area) < size:
+        raise ValueError("not this program's maps")
+    shape, offset = maps[index], offsets[index]
+    initial = [shape.initial or 0 if forget else 0] + [0] * (shape.value_words - 1)
+    value_at = ENTRY_HEAD + shape.key_words
+    for i in range(shape.capacity):
+        entry = offset + 8 * (HEADER_WORDS + i * shape.entry_words)
+        state, present = struct.unpack_from("<QQ", area, entry)
+        if not state & 1 or present != 1:
+            continue
+        if forget:
+            struct.pack_into("<Q", area, entry + 8, 0)
+        struct.pack_into(f"<{shape.value_words}Q", area, entry + 8 * value_at, *initial)
+
+
 def faults(area) -> int:
     """Memory reads of the program that found nothing to read."""
     return struct.unpack_from("<Q", area, FAULTS)[0]

@@ -76,11 +76,11 @@ def arguments_used(program: Program) -> int:
 
 
 def prints(program: Program) -> bool:
-    """Whether a probe of the program (not BEGIN or END) calls printf() or exit(): what
-    it does goes to a tracer, as events."""
+    """Whether a probe of the program (not BEGIN or END) calls printf(), exit(), print(),
+    clear() or zero(): what it does goes to a tracer, as events."""
     blocks = [b for b in program.blocks if any(p.kind not in ("BEGIN", "END") for p in b.probes)]
-    return any(isinstance(node, Call) and node.function in ("printf", "exit")
-               for node in _nodes(blocks))
+    return any(isinstance(node, Call) and node.function in ("printf", "exit", "print", "clear",
+                                                             "zero") for node in _nodes(blocks))
 
 
 def _nodes(node):

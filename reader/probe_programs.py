@@ -51,6 +51,25 @@ def read_maps(path: str, shapes) -> tuple:
     return (maps.merge(contents) if len(contents) > 1 else found), dropped, faults
 
 
+def reset_map(path: str, shapes, index: int, forget: bool) -> None:
+    """clear(@m) (`forget`) or zero(@m) in the maps file at `path` and its users' own
+    beside it (maps.reset); a file that is not the run's maps is left alone."""
+    import mmap
+    with open(path, "rb") as f:
+        run = maps.run_of(f.read(16))
+    for name in [path] + _own_maps(path, run):
+        try:
+            with open(name, "r+b") as f:
+                area = mmap.mmap(f.fileno(), 0)
+            try:
+                if maps.run_of(area) == run:
+                    maps.reset(area, shapes, index, forget)
+            finally:
+                area.close()
+        except (OSError, ValueError):
+            continue
+
+
 def _own_maps(path: str, run: int) -> List[str]:
     """The users' own maps files of run `run` beside the maps file at `path`."""
     directory = os.path.dirname(path)

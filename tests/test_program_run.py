@@ -459,3 +459,22 @@ def test_exit_ends_the_run(tmp_path):
     assert ours.returncode == 0, ours.stderr
     assert "done" not in ours.stdout and ours.stdout.startswith("end\n"), ours.stdout
     assert "@all: 3\n" in ours.stdout and "@b: 1\n" in ours.stdout and "@a: 0\n" in ours.stdout
+
+
+def test_print_clear_and_zero_in_the_probes(tmp_path):
+    """print(@m), clear(@m) and zero(@m) in a probe: the tracer does them when it reads
+    their event, as bpftrace's user space does (the command waits half a second
+    between calls: each is done before the next call)."""
+    source = tmp_path / "slow.c"
+    source.write_text(SLOW_C)
+    plain, probed = tmp_path / "slow", tmp_path / "slow.probed"
+    subprocess.run(["gcc", "-O2", str(source), "-o", str(plain)], check=True)
+    proc = urewrite(str(plain), "-p", "work", "--args", "1", "-o", str(probed), "-q")
+    assert proc.returncode == 0, proc.stderr
+    program = (f"uprobe:{probed}:work {{ @c = count(); @k[arg0 % 2] = count(); "
+               f"if (arg0 == 3) {{ print(@k); clear(@k); zero(@c); }} "
+               f"if (arg0 == 6) {{ print(@c); exit(); }} }}")
+    ours = urewrite("run", "-e", program, "--", str(probed))
+    assert ours.returncode == 0, ours.stderr
+    assert ours.stdout == ("@k[0]: 2\n@k[1]: 2\n@c: 3\n\n\n@c: 3\n@k[1]: 1\n@k[0]: 2\n"), \
+        ours.stdout

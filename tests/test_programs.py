@@ -272,7 +272,8 @@ def test_a_program_that_prints_is_not_built_in(values, tmp_path):
     proc = urewrite(str(values), "-e", 'uprobe:values:work { printf("%d\\n", arg0); }',
                     "-o", str(out))
     assert proc.returncode == 0, proc.stderr
-    assert "the program is not built in (it has printf() or exit()): load it with urewrite run" \
+    assert "the program is not built in (it has printf(), exit(), print(), clear() or " \
+        "zero(): a tracer's work): load it with urewrite run" \
         in proc.stderr
     stat = urewrite("stat", "--json", "-o", str(tmp_path / "r.json"), "--", str(out), "3")
     assert stat.returncode == 0 and "programs" not in json.loads((tmp_path / "r.json").read_text())
