@@ -73,8 +73,11 @@ def target(path: str) -> Target:
     if is_go_program(elf):  # a goroutine's stack may leave 200 bytes; a program takes more
         raise ProgramError(f"{path} is a Go program: probe programs do not run in Go code yet")
     carried = template_probe_arguments(template)
-    if carried and all(n < 0 for n in carried):  # (a probe table that says nothing of
-        # its arguments: a runtime of before this program file's format, which maps none)
+    text = elf.section_named(".urewrite.text")
+    runs_ours = text is not None and program_file.MAGIC.to_bytes(8, "little") in \
+        elf.data[text.offset:text.offset + text.size]  # (its runtime's check of the magic)
+    if carried and all(n < 0 for n in carried) or not runs_ours:  # (a runtime of before
+        # this program file's format, which maps none)
         raise ProgramError(f"{path} was rewritten by an earlier urewrite, whose probes run "
                            f"no program of this one: rewrite it again")
     return Target(path, note.tag, elf.machine, probes, carried)

@@ -226,6 +226,22 @@ def test_a_file_of_an_earlier_rewrite_is_refused_not_silently_left_out(values, t
         proc.stderr
 
 
+def test_a_runtime_of_an_older_program_format_is_refused(values, tmp_path):
+    """A runtime that maps program files of another magic (its context shorter: a
+    callback's stub would write past it) runs none of this tracer's: refused, in one
+    line. (The file's runtime made to look for URWPROG2, as the one before did.)"""
+    from urewrite.trampolines import program_file
+    out = tmp_path / "values.older"
+    assert urewrite(str(values), "-p", "work", "-o", str(out), "-q").returncode == 0
+    data = out.read_bytes()
+    ours = program_file.MAGIC.to_bytes(8, "little")
+    assert data.count(ours) == 1  # (the runtime's own constant)
+    out.write_bytes(data.replace(ours, b"URWPROG2"))
+    proc = urewrite("run", "-e", f"uprobe:{out}:work {{ @ = count(); }}", "--", str(out), "5")
+    assert proc.returncode == 1 and "was rewritten by an earlier urewrite" in proc.stderr, \
+        proc.stderr
+
+
 BUILT_IN = ("uprobe:values:work /arg0 > 10/ {{ @c[arg1] = count(); @h = hist(arg0); }} "
             "uretprobe:values:work {{ @r = sum((int64)retval); @big[retval > {limit}] = count(); }}")
 

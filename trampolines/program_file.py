@@ -45,7 +45,10 @@ from typing import Dict
 
 PROGRAM_SUFFIX = ".program"
 MAPS_SUFFIX = ".maps"
-MAGIC = 0x3247_4f52_5057_5255  # "URWPROG2", little-endian
+# "URWPROG3", little-endian: the runtime maps a program file only with its own magic,
+# so that one of an older context (208 bytes, before the callbacks' fields) never runs
+# a callback's stub that writes past it
+MAGIC = 0x3347_4f52_5057_5255
 MAPS_MAGIC = 0x3153_5041_4d57_5255  # "URWMAPS1": the first word of the maps area
 OWN_MAPS_PREFIX = "maps."  # maps.RUN.UID: a user's own maps (above)
 HEADER = struct.Struct("<12Q")
