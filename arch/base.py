@@ -659,7 +659,21 @@ class Backend(ABC):
         (trampolines/urewrite.h, struct urewrite_context). Addresses are the callback
         file's, mapped as one."""
 
-    @abstractmethod
     def callback_refusal(self, code: bytes, address: int) -> Optional[str]:
         """Why compiled code at `address` cannot run as a callback (an instruction that
         uses a floating-point or vector register, or that cannot be decoded), or None."""
+        insns = self.decode(code, address)
+        end = insns[-1].end if insns else address
+        if end < address + len(code):
+            return f"its code cannot be read at {end:#x}"
+        for insn in insns:
+            if self.touches_unsaved_register(insn):
+                return (f"{insn} (at {insn.address:#x}) uses a floating-point or vector "
+                        f"register, which a probe does not save: compile with "
+                        f"-mgeneral-regs-only")
+        return None
+
+    @abstractmethod
+    def touches_unsaved_register(self, insn: Insn) -> bool:
+        """Whether the instruction reads or writes a register the trace path does not
+        save: a floating-point, vector or mask register (callback_refusal)."""

@@ -127,6 +127,17 @@ def wait_for(predicate, timeout: float = 60, step: float = 0.05):
     raise AssertionError(f"timed out after {timeout} s")
 
 
+def with_arguments(service: Path, tmp: Path) -> Path:
+    """The service rewritten with its handler's argument recorded (for programs that
+    read arg0), in `tmp`."""
+    from conftest import urewrite
+    built = tmp / "service.args"
+    proc = urewrite(str(service.parent / "service"), "-p", "handle", "--args", "1", "-o",
+                    str(built), "-q")
+    assert proc.returncode == 0, proc.stderr
+    return built
+
+
 class ProgramLoader:
     """`urewrite run -e PROGRAM --dir DIRECTORY` in the background, until stop(): the
     processes that start with UREWRITE_DIR=DIRECTORY meanwhile run the program."""

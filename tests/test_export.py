@@ -280,12 +280,8 @@ def test_prometheus_stores_the_exact_counts(service, tmp_path):
 
 def test_the_maps_of_a_program_run_loaded_are_series(service, tmp_path):
     """A program `urewrite run --dir` loaded: its maps are series while it runs."""
-    from conftest import urewrite
-    from live_service import ProgramLoader
-    built = tmp_path / "service.args"
-    proc = urewrite(str(service.parent / "service"), "-p", "handle", "--args", "1", "-o",
-                    str(built), "-q")
-    assert proc.returncode == 0, proc.stderr
+    from live_service import ProgramLoader, with_arguments
+    built = with_arguments(service, tmp_path)
     regions = tmp_path / "regions"
     regions.mkdir()
     loader = ProgramLoader(f"uprobe:{built}:handle {{ @odd[arg0 % 2] = count(); }}", regions)

@@ -396,11 +396,8 @@ def test_top_shows_the_maps_of_a_built_in_program(service, tmp_path):
 def test_top_shows_the_maps_of_a_program_run_loaded(service, tmp_path):
     """Under the table, the maps of a program `urewrite run --dir` loaded, as they are
     at each refresh; when the run ends, it prints the same."""
-    from live_service import ProgramLoader
-    built = tmp_path / "service.args"
-    proc = urewrite(str(service.parent / "service"), "-p", "handle", "--args", "1", "-o",
-                    str(built), "-q")
-    assert proc.returncode == 0, proc.stderr
+    from live_service import ProgramLoader, with_arguments
+    built = with_arguments(service, tmp_path)
     regions = tmp_path / "regions"
     regions.mkdir()
     loader = ProgramLoader(f"uprobe:{built}:handle {{ @n = count(); @odd[arg0 % 2] = count(); }}",

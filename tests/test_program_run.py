@@ -440,17 +440,24 @@ int main(void) {
 """
 
 
-def test_exit_ends_the_run(tmp_path):
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory):
+    """SLOW_C built and rewritten with an entry probe on work (its argument recorded)."""
+    work = tmp_path_factory.mktemp("slow")
+    source, plain, probed = work / "slow.c", work / "slow", work / "slow.probed"
+    source.write_text(SLOW_C)
+    subprocess.run(["gcc", "-O2", str(source), "-o", str(plain)], check=True)
+    proc = urewrite(str(plain), "-p", "work", "--args", "1", "-o", str(probed), "-q")
+    assert proc.returncode == 0, proc.stderr
+    return probed
+
+
+def test_exit_ends_the_run(slow):
     """exit() in a probe, as bpftrace's -c: the command gets SIGTERM, END runs, the
     maps are printed, the status is 0; the hits before it counted, none after
     (the command waits half a second between calls)."""
     import time
-    source = tmp_path / "slow.c"
-    source.write_text(SLOW_C)
-    plain, probed = tmp_path / "slow", tmp_path / "slow.probed"
-    subprocess.run(["gcc", "-O2", str(source), "-o", str(plain)], check=True)
-    proc = urewrite(str(plain), "-p", "work", "--args", "1", "-o", str(probed), "-q")
-    assert proc.returncode == 0, proc.stderr
+    probed = slow
     program = (f"uprobe:{probed}:work /arg0 == 2/ {{ @b = count(); exit(); @a = count(); }} "
                f"uprobe:{probed}:work {{ @all = count(); }} END {{ printf(\"end\\n\"); }}")
     started = time.monotonic()
@@ -461,16 +468,11 @@ def test_exit_ends_the_run(tmp_path):
     assert "@all: 3\n" in ours.stdout and "@b: 1\n" in ours.stdout and "@a: 0\n" in ours.stdout
 
 
-def test_print_clear_and_zero_in_the_probes(tmp_path):
+def test_print_clear_and_zero_in_the_probes(slow):
     """print(@m), clear(@m) and zero(@m) in a probe: the tracer does them when it reads
     their event, as bpftrace's user space does (the command waits half a second
     between calls: each is done before the next call)."""
-    source = tmp_path / "slow.c"
-    source.write_text(SLOW_C)
-    plain, probed = tmp_path / "slow", tmp_path / "slow.probed"
-    subprocess.run(["gcc", "-O2", str(source), "-o", str(plain)], check=True)
-    proc = urewrite(str(plain), "-p", "work", "--args", "1", "-o", str(probed), "-q")
-    assert proc.returncode == 0, proc.stderr
+    probed = slow
     program = (f"uprobe:{probed}:work {{ @c = count(); @k[arg0 % 2] = count(); "
                f"if (arg0 == 3) {{ print(@k); clear(@k); zero(@c); }} "
                f"if (arg0 == 6) {{ print(@c); exit(); }} }}")

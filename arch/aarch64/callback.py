@@ -5,7 +5,7 @@ would touch a register the probe does not save is refused."""
 from __future__ import annotations
 
 import re
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 from urewrite.arch.aarch64.writer import Writer
 from urewrite.trampolines.program_file import (ARGUMENTS, CTX_AREA, CTX_ARGS, CTX_MAPS,
@@ -44,14 +44,6 @@ def stubs(address: int, each: Sequence[tuple], function: int) -> Tuple[bytes, Li
     return w.bytes(), starts
 
 
-def refusal(backend, code: bytes, address: int) -> Optional[str]:
-    """Backend.callback_refusal."""
-    insns = backend.decode(code, address)
-    end = insns[-1].end if insns else address
-    if end < address + len(code):
-        return f"its code cannot be read at {end:#x}"
-    for insn in insns:
-        if _NOT_SAVED.search(insn.op_str) or insn.mnemonic.startswith("f"):
-            return (f"{insn} (at {insn.address:#x}) uses a floating-point or SIMD register, "
-                    f"which a probe does not save: compile with -mgeneral-regs-only")
-    return None
+def touches_unsaved_register(insn) -> bool:
+    """Backend.touches_unsaved_register: the FP/SIMD and SVE registers."""
+    return bool(_NOT_SAVED.search(insn.op_str)) or insn.mnemonic.startswith("f")

@@ -441,8 +441,8 @@ class X86_64Backend(Backend):
     def callback_stubs(self, address, stubs, function) -> tuple:
         return callback.stubs(address, stubs, function)
 
-    def callback_refusal(self, code, address):
-        return callback.refusal(self, code, address)
+    def touches_unsaved_register(self, insn) -> bool:
+        return callback.touches_unsaved_register(insn)
 
 
 def _ip_relative(detail) -> bool:

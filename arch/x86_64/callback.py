@@ -5,7 +5,7 @@ touch a register the probe does not save is refused."""
 from __future__ import annotations
 
 import re
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 from urewrite.arch.x86_64.writer import EAX, RAX, RDI, Mem, Rip, Writer
 from urewrite.trampolines.program_file import (ARGUMENTS, CTX_AREA, CTX_ARGS, CTX_MAPS,
@@ -37,15 +37,7 @@ def stubs(address: int, each: Sequence[tuple], function: int) -> Tuple[bytes, Li
     return w.bytes(), starts
 
 
-def refusal(backend, code: bytes, address: int) -> Optional[str]:
-    """Backend.callback_refusal."""
-    insns = backend.decode(code, address)
-    end = insns[-1].end if insns else address
-    if end < address + len(code):
-        return f"its code cannot be read at {end:#x}"
-    for insn in insns:
-        if _NOT_SAVED.search(insn.op_str) or insn.mnemonic.startswith(("f", "v", "emms")) \
-                and insn.mnemonic not in ("fxsave", "fxrstor"):
-            return (f"{insn} (at {insn.address:#x}) uses a floating-point or vector register, "
-                    f"which a probe does not save: compile with -mgeneral-regs-only")
-    return None
+def touches_unsaved_register(insn) -> bool:
+    """Backend.touches_unsaved_register: x87, MMX, SSE, AVX and AVX-512's registers."""
+    return bool(_NOT_SAVED.search(insn.op_str)) or \
+        insn.mnemonic.startswith(("f", "v", "emms")) and insn.mnemonic not in ("fxsave", "fxrstor")
