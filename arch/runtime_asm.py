@@ -67,7 +67,7 @@ def program_fields(spec: RuntimeSpec) -> dict:
     runtimes map and fill them."""
     return {
         "PROGRAM_MAGIC": hex(program_file.MAGIC), "MAPS_MAGIC": hex(program_file.MAPS_MAGIC),
-        "PROGRAM_SUFFIX": program_file.PROGRAM_SUFFIX, "MAPS_SUFFIX": program_file.MAPS_SUFFIX,
+        "PROGRAM_SUFFIX": program_file.PROGRAM_SUFFIX,
         "OWN_MAPS_PREFIX": program_file.OWN_MAPS_PREFIX,
         "CTX_SIZE": program_file.CTX_SIZE, "CTX_ARGUMENTS": program_file.ARGUMENTS,
         "CTX_ARGS": program_file.CTX_ARGS, "CTX_PID": program_file.CTX_PID,

@@ -409,6 +409,8 @@ def _forked_children(process: LiveProcess):
     restoring what the parent had."""
     pids = set()
     for name in os.listdir(process.directory):
+        if not name.endswith(FILE_SUFFIX):  # (regions only: TAG.PID[-N].ure)
+            continue
         try:
             pids.add(int(name[:-len(FILE_SUFFIX)].rsplit(".", 1)[1].split("-")[0]))
         except (ValueError, IndexError):
@@ -416,7 +418,7 @@ def _forked_children(process: LiveProcess):
     for pid in sorted(pids - {process.pid}):
         try:
             memory = ProcessMemory(pid)
-        except LiveError:
+        except (LiveError, OSError):  # (gone since)
             continue
         child = LiveProcess(pid, process.directory, memory, None)
         try:

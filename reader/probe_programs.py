@@ -29,8 +29,8 @@ EachPoll = Optional[Callable[[List[str]], None]]
 
 
 def read_maps(path: str, shapes) -> tuple:
-    """What the processes of a run put in the maps file at `path` and in their users' own
-    beside it (trampolines/program_file.py, maps.RUN.UID), added up: (the maps, updates
+    """What the processes of a run put in the maps file at `path` and in their own
+    beside it (trampolines/program_file.py, maps.RUN.UID.PID), added up: (the maps, updates
     dropped, memory reads that faulted). A user's file that is not the run's maps is
     left out: its processes ran no program."""
     with open(path, "rb") as f:
@@ -52,7 +52,7 @@ def read_maps(path: str, shapes) -> tuple:
 
 
 def reset_map(path: str, shapes, index: int, forget: bool) -> None:
-    """clear(@m) (`forget`) or zero(@m) in the maps file at `path` and its users' own
+    """clear(@m) (`forget`) or zero(@m) in the maps file at `path` and the processes' own
     beside it (maps.reset); a file that is not the run's maps is left alone."""
     import mmap
     with open(path, "rb") as f:
@@ -71,7 +71,7 @@ def reset_map(path: str, shapes, index: int, forget: bool) -> None:
 
 
 def _own_maps(path: str, run: int) -> List[str]:
-    """The users' own maps files of run `run` beside the maps file at `path`."""
+    """The processes' own maps files of run `run` beside the maps file at `path`."""
     directory = os.path.dirname(path)
     prefix = program_file.own_maps_name(run, 0)[:-1]
     try:
@@ -79,7 +79,14 @@ def _own_maps(path: str, run: int) -> List[str]:
     except OSError:
         return []
     return [os.path.join(directory, name) for name in names
-            if name.startswith(prefix) and name[len(prefix):].isdigit()]
+            if name.startswith(prefix) and _own_suffix(name[len(prefix):])]
+
+
+def _own_suffix(text: str) -> bool:
+    """UID.PID: a process's own maps file's name past maps.RUN. (UID alone: a user's,
+    as an earlier runtime named them)."""
+    parts = text.split(".")
+    return len(parts) in (1, 2) and all(p.isdigit() for p in parts)
 
 
 def built_in_maps(*directories: str) -> List[tuple]:
@@ -92,7 +99,7 @@ def built_in_maps(*directories: str) -> List[tuple]:
 
 def loaded_maps(*directories: str) -> List[tuple]:
     """The same, of the programs `urewrite run` loaded into `directories` (TAG.maps, the
-    tracer's, and its processes' users' own): what `top` and `export` show while it runs."""
+    tracer's, and its processes' own): what `top` and `export` show while it runs."""
     return _maps_by_run(directories, loaded=True)
 
 
@@ -108,7 +115,7 @@ def _maps_by_run(directories, loaded: bool) -> List[tuple]:
         for name in names:
             own = name.startswith(program_file.OWN_MAPS_PREFIX)
             parts = name[len(program_file.OWN_MAPS_PREFIX):].split(".") if own else []
-            if own and (len(parts) != 2 or not all(p.isdigit() for p in parts)):
+            if own and (not parts[0].isdigit() or not _own_suffix(".".join(parts[1:]))):
                 continue
             if not own and not name.endswith(program_file.MAPS_SUFFIX):
                 continue
@@ -135,7 +142,7 @@ def _maps_by_run(directories, loaded: bool) -> List[tuple]:
 
 
 def current_maps(paths: List[str], shapes) -> list:
-    """The maps the files (and their users' own) hold now, added up; a file not
+    """The maps the files (and the processes' own beside them) hold now, added up; a file not
     readable (yet) is left out."""
     contents = []
     for path in paths:
@@ -213,7 +220,7 @@ def run_in_directory(directory: str, maps_path: str, tags: List[str],
         found, dropped, faults = read_maps(maps_path, shapes)
     finally:
         _close(readers)
-        with open(maps_path, "rb") as f:  # (the users' own maps too: the directory stays)
+        with open(maps_path, "rb") as f:  # (the processes' own maps too: the directory stays)
             for own in _own_maps(maps_path, maps.run_of(f.read(16))):
                 os.unlink(own)
         for tag in tags:  # (unloaded: processes that start now run none)

@@ -61,10 +61,10 @@ def shared_dir():
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None or not _nobody(),
                     reason="needs root (to switch user), setpriv and the user nobody")
-def test_processes_of_another_user_share_their_own_maps(shared_dir):
+def test_processes_of_another_user_have_their_own_maps(shared_dir):
     """`run -- setpriv ... qemu-aarch64 prog`, twice in one command: both processes
-    are nobody's; the first makes maps.RUN.UID (nobody's, 0600, no name of its own
-    left), the second opens it; the maps hold both runs' calls, exactly."""
+    are nobody's; each makes its own maps.RUN.UID.PID (nobody's, 0600); the tracer
+    adds them up: both runs' calls, exactly."""
     nobody = _nobody()
     as_nobody = ["setpriv", f"--reuid={nobody.pw_uid}", f"--regid={nobody.pw_gid}",
                  "--clear-groups"]
@@ -83,8 +83,8 @@ def test_processes_of_another_user_share_their_own_maps(shared_dir):
     twice = urewrite("run", "-e", program, "--", "sh", "-c", script)
     assert twice.returncode == 0, twice.stdout + twice.stderr
     files = [line.split() for line in twice.stdout.splitlines() if line.startswith("600 ")]
-    assert [(mode, user, name.split(".")[0], name.split(".")[-1]) for mode, user, name in files] \
-        == [("600", "nobody", "maps", str(nobody.pw_uid))]
+    assert [(mode, user, name.split(".")[0], name.split(".")[2]) for mode, user, name in files] \
+        == [("600", "nobody", "maps", str(nobody.pw_uid))] * 2
     once, _ = _evaluated(program, 500)
     doubled = {}
     for line in once.splitlines():  # each count and sum twice over (hist buckets too)
@@ -153,11 +153,15 @@ def test_a_built_in_program_in_a_bti_guarded_library(tmp_path):
                                       if line.startswith("{")]
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and unshare (a process of pid 1, in a namespace)")
 def test_maps_smaller_than_the_program_s_area_are_not_mapped(tmp_path):
-    """A user's maps file of the run, there already, whose size is less than the area
-    the program's code writes (its head right): the process maps none, and runs as the
-    original. (Mapped, the code's writes past its end would go to whatever lies after
-    it; a process that runs a program has an event ring in its region: this one none.)"""
+    """A process's maps file of the run, there already (a process of the same pid
+    before it), whose size is less than the area the program's code writes (its head
+    right): the process maps none, and runs as the original. (Mapped, the code's
+    writes past its end would go to whatever lies after it; a process that runs a
+    program has an event ring in its region: this one none.) The process runs as pid
+    1 of a pid namespace, so that its file's name is known before it starts."""
     import struct
 
     from urewrite.trampolines import program_file
@@ -170,15 +174,16 @@ def test_maps_smaller_than_the_program_s_area_are_not_mapped(tmp_path):
     assert 0 < head_size <= 4096 < area
     directory = tmp_path / "dir"
     directory.mkdir()
-    small = directory / program_file.own_maps_name(run, os.getuid())
+    small = directory / (program_file.own_maps_name(run, os.getuid()) + ".1")
     small.write_bytes(data[at + head_at:at + head_at + head_size].ljust(4096, b"\0"))
     os.chmod(small, 0o600)
-    ran = check(emulate(rewritten) + ["300"], env={"UREWRITE_DIR": str(directory)})
+    as_pid_1 = ["unshare", "--pid", "--fork"]
+    ran = check(as_pid_1 + emulate(rewritten) + ["300"], env={"UREWRITE_DIR": str(directory)})
     assert ran.stdout == check(emulate(tmp_path / "plain" / "values") + ["300"]).stdout
     assert small.stat().st_size == 4096
     fresh = tmp_path / "fresh"  # (where the process makes its maps, and runs the program)
     fresh.mkdir()
-    check(emulate(rewritten) + ["300"], env={"UREWRITE_DIR": str(fresh)})
+    check(as_pid_1 + emulate(rewritten) + ["300"], env={"UREWRITE_DIR": str(fresh)})
     (without,), (with_ring,) = directory.glob("*.ure"), fresh.glob("*.ure")
     assert without.stat().st_size < with_ring.stat().st_size
     assert (fresh / small.name).stat().st_size == area

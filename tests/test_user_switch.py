@@ -216,9 +216,9 @@ def test_stat_pid_counts_workers_forked_while_armed(programs):
 
 
 def test_a_program_runs_in_workers_that_switched_user(programs, tmp_path):
-    """Under `urewrite run`, the workers (nobody from their first hit on) cannot open
-    the tracer's maps: the first of them makes nobody's own (0600, nobody's), the
-    others open it, and the tracer adds it to the root parent's: every call, once."""
+    """Under `urewrite run`, every process makes its own maps (0600, its user's, named
+    by its user and pid): the root parent's, and each worker's (nobody from its first
+    hit on, as it needs nothing of root's); the tracer adds them up: every call, once."""
     script = """
         "$@" > /dev/null || exit 9
         cd "$UREWRITE_DIR" || exit 9
@@ -231,9 +231,12 @@ def test_a_program_runs_in_workers_that_switched_user(programs, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     files = [line.split() for line in proc.stdout.splitlines() if line.startswith("600 ")]
     uid = _nobody_ids()[0]
-    assert sorted((mode, user) for mode, user, _ in files) == [("600", "nobody"), ("600", "root")]
-    assert [name.split(".")[0] + "." + name.split(".")[-1] for _, user, name in files
-            if user == "nobody"] == [f"maps.{uid}"]  # (no worker's own name left)
+    own = [(user, name.split(".")) for _, user, name in files if name.startswith("maps.")]
+    assert sorted(user for user, _ in own) == ["nobody"] * WORKERS + ["root"], files
+    assert all(len(parts) == 4 and parts[2] == str(uid if user == "nobody" else 0)
+               for user, parts in own)  # maps.RUN.UID.PID
+    assert len({parts[3] for _, parts in own}) == WORKERS + 1
+    assert [user for _, user, name in files if name.endswith(".maps")] == ["root"]
     assert f"@all: {SERVED}\n" in proc.stdout
     calls = sorted(int(line.split(": ")[1]) for line in proc.stdout.splitlines()
                    if line.startswith("@calls["))

@@ -13,14 +13,14 @@ runtime to map: the code of a probe program, and the maps it updates.
         not mapped), u64 offset and u64 bytes of the area's head (below), 1 word 0,
         table: u64 per probe: 1 + the offset of its function in the code, or 0,
         the area's head: its first words, as programs/maps.py's initial area has them
-    TAG.maps     (mapped shared, read and write: programs/maps.py's area: u64 magic,
-                  u64 run, ...), a regular file of the tracer's user
-    maps.RUN.UID (the same, for the processes of user UID that cannot open TAG.maps:
-                  a process that changed its user. The first of them makes it, 0600,
-                  under a name of its own (maps.RUN.UID.PID: the area's size, its head
-                  written), then links it into place; the others open it. RUN is the
-                  run's number in decimal, UID the user's. The tracer adds them up
-                  with TAG.maps.)
+    TAG.maps     (programs/maps.py's area: u64 magic, u64 run, ..., as the tracer
+                  made it: the maps' shapes for readers; no process writes it)
+    maps.RUN.UID.PID  (the same area, each process's own, mapped shared, read and
+                  write: the process makes it, 0600, sized, its head written from the
+                  program file; RUN is the run's number in decimal, UID the process's
+                  user, PID its own. Its own, so that no two processes write one map
+                  entry's cache line, and so that a process that changed its user needs
+                  nothing of another's. The tracer adds up the run's.)
 
 TAG is the object's region file tag (the .urewrite.rodata template's, as in
 TAG.PID.ure). When both are mapped, every hit of the object takes the trace path,
@@ -50,7 +50,7 @@ MAPS_SUFFIX = ".maps"
 # a callback's stub that writes past it
 MAGIC = 0x3347_4f52_5057_5255
 MAPS_MAGIC = 0x3153_5041_4d57_5255  # "URWMAPS1": the first word of the maps area
-OWN_MAPS_PREFIX = "maps."  # maps.RUN.UID: a user's own maps (above)
+OWN_MAPS_PREFIX = "maps."  # maps.RUN.UID.PID: a process's own maps (above)
 HEADER = struct.Struct("<12Q")
 PAGE = 4096
 
@@ -92,7 +92,8 @@ def build(probe_count: int, code: bytes, entries: Dict[int, int], run: int,
 
 
 def own_maps_name(run: int, uid: int) -> str:
-    """The maps file of user `uid`'s processes of run `run` (above)."""
+    """The prefix of the maps files of user `uid`'s processes of run `run`: each is
+    this, a dot and its pid (above)."""
     return f"{OWN_MAPS_PREFIX}{run}.{uid}"
 
 

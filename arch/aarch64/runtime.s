@@ -33,8 +33,6 @@ proc_environ: .ascii "/proc/self/environ"
              .byte 0
 program_suffix: .ascii "{PROGRAM_SUFFIX}"
              .byte 0
-maps_suffix: .ascii "{MAPS_SUFFIX}"
-             .byte 0
 own_maps_prefix: .ascii "/{OWN_MAPS_PREFIX}"
              .byte 0
              .p2align 2
@@ -1066,14 +1064,13 @@ pe_done:
     ldp x19, x20, [sp], #48
     ret
 
-// Maps DIR/TAG.program and DIR/TAG.maps where `urewrite run` left them: the code of a
-// probe program (read and execute) and the maps it updates (shared). The code file
-// must be a regular file of this process's user or root that no one else may write,
-// with this object's probe count. Without one, the program built into the probes at
-// rewrite time, if any. A process that cannot use the tracer's maps (it changed its
-// user) uses its user's own (own_maps_name). x19, x20 = state. -> x0 = 1 when both
-// are mapped: the trace path then runs the program. Keeps x15, x19-x30; clobbers
-// x0-x14, x16, x17.
+// Maps DIR/TAG.program where `urewrite run` left it, the code of a probe program
+// (read and execute); the code file must be a regular file of this process's user or
+// root that no one else may write, with this object's probe count. Without one, the
+// program built into the probes at rewrite time, if any. Then this process's own maps
+// file for it (shared with the tracer, which adds up those of the run). x19, x20 =
+// state. -> x0 = 1 when both are mapped: the trace path then runs the program. Keeps
+// x15, x19-x30; clobbers x0-x14, x16, x17.
 program_setup:
     mov x0, #0
 {NO_PROGRAMS}
@@ -1142,16 +1139,7 @@ program_setup:
     ldr x12, [x23, #64]
     cmp x13, x12
     b.hi ps_unmap
-    adr x1, maps_suffix
-    movz x2, #0x8002
-    movk x2, #0x8, lsl #16                 // O_RDWR | O_NOFOLLOW | O_CLOEXEC
-    bl program_open
-    tbnz x0, #63, ps_own_maps
-    mov x21, x0
-    bl program_file_size
-    mov x24, x0                            // x24 = the maps' size
-    cmp x0, #0
-    b.le ps_own_maps_close
+    b ps_own_maps                          // (the maps: this process's own, below)
 ps_map_maps:
     ldr x9, [x23, #64]                     // smaller than the area the code writes
     cmp x24, x9
@@ -1182,32 +1170,22 @@ ps_map_maps:
     mov x0, #1
     b ps_done
 ps_built_in:
-    // No tracer's program: the one built into the probes at rewrite time, if any,
-    // with the maps of this user's processes (its file is part of this object: it
-    // is neither mapped nor checked)
+    // No tracer's program: the one built into the probes at rewrite time, if any
+    // (its file is part of this object: it is neither mapped nor checked)
     adr x9, link_table
     ldr x10, lt_program
     cbz x10, ps_fail
     add x23, x9, x10
     mov x22, #0                            // (not mapped: nothing to unmap)
     b ps_own_maps
-ps_own_maps_close:
-    mov x0, x21
-    mov x8, #57                            // close
-    svc #0
 ps_own_maps:
-    // The tracer's maps are not this user's to write (a process that changed its user:
-    // setpriv, runuser, a server's workers): the maps of this user's processes,
-    // DIR/maps.RUN.UID, made whole by the first of them under a name of its own
-    // (DIR/maps.RUN.UID.PID), then linked into place. The names are built in the
-    // environment's buffer (free once the environment is read): the final one in its
-    // first page, the process's own in its second.
-    add x0, x20, #2, lsl #12
-    bl own_maps_name
-    add x0, x20, #2, lsl #12
-    bl own_maps_open
-    cmn x0, #2                             // ENOENT: none yet
-    b.ne ps_own_opened
+    // This process's own maps, DIR/maps.RUN.UID.PID (0600): the tracer adds up those
+    // of its run, so that no two processes write one line of memory (a map entry
+    // every process adds into costs ~30 ns a hit in moving between cores), and a
+    // process that changed its user needs nothing of anyone else's. A file of this
+    // name already (a process before it of the same pid, in this run) is taken on.
+    // The name is built in the environment's buffer's second page (free once the
+    // environment is read).
     add x0, x20, #3, lsl #12
     bl own_maps_name
     mov w9, #0x2e
@@ -1226,6 +1204,8 @@ ps_own_maps:
     mov x3, #0x180                         // 0600
     mov x8, #56                            // openat
     svc #0
+    cmn x0, #17                            // EEXIST
+    b.eq ps_own_again
     tbnz x0, #63, ps_unmap
     mov x21, x0
     ldr x1, [x23, #64]                     // the area (its tables start zeroed)
@@ -1242,29 +1222,11 @@ ps_own_maps:
     ldr x9, [x23, #80]
     cmp x0, x9
     b.ne ps_own_drop
-    mov x0, #-100                          // AT_FDCWD
-    add x1, x20, #3, lsl #12
-    mov x2, #-100                          // AT_FDCWD
-    add x3, x20, #2, lsl #12
-    mov x4, #0
-    mov x8, #37                            // linkat: into place, unless another was first
-    svc #0
-    mov x15, x0
-    mov x0, #-100                          // AT_FDCWD
-    add x1, x20, #3, lsl #12
-    mov x2, #0
-    mov x8, #35                            // unlinkat (its own name)
-    svc #0
-    cbnz x15, ps_own_other
     ldr x24, [x23, #64]
     b ps_map_maps
-ps_own_other:                              // the other's, then
-    mov x0, x21
-    mov x8, #57                            // close
-    svc #0
-    add x0, x20, #2, lsl #12
+ps_own_again:
+    add x0, x20, #3, lsl #12
     bl own_maps_open
-ps_own_opened:
     tbnz x0, #63, ps_unmap
     mov x21, x0
     bl program_file_size

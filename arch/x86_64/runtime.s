@@ -24,7 +24,6 @@ lt_rsize:    .quad 0          # region size
 lt_program:  .quad 0          # a program built into the probes - link_table, or 0
 file_tag:    .byte {TAG_BYTES}
 program_suffix: .asciz "{PROGRAM_SUFFIX}"
-maps_suffix: .asciz "{MAPS_SUFFIX}"
 own_maps_prefix: .asciz "/{OWN_MAPS_PREFIX}"
 var_name:    .ascii "{ENV_VAR}="
 trace_var_name: .ascii "{TRACE_VAR}="
@@ -1070,12 +1069,12 @@ pe_done:
     pop rbx
     ret
 
-# Maps DIR/TAG.program and DIR/TAG.maps where `urewrite run` left them: the code of a
-# probe program (read and execute) and the maps it updates (shared). The code file
-# must be a regular file of this process's user or root that no one else may write,
-# with this object's probe count. rbx = state, r10 = region. -> eax = 1 when both
-# are mapped: the trace path then runs the program. Clobbers rax, rcx, rdx, rsi,
-# rdi, r8, r9, r11.
+# Maps DIR/TAG.program where `urewrite run` left it (else the program built in), the
+# code of a probe program (read and execute), and this process's own maps file for it
+# (shared with the tracer, which adds up those of the run). The code file must be a
+# regular file of this process's user or root that no one else may write, with this
+# object's probe count. rbx = state, r10 = region. -> eax = 1 when both are mapped:
+# the trace path then runs the program. Clobbers rax, rcx, rdx, rsi, rdi, r8, r9, r11.
 program_setup:
     xor eax, eax
 {NO_PROGRAMS}
@@ -1139,16 +1138,7 @@ program_setup:
     mov rax, qword ptr [r12 + 80]
     cmp rax, qword ptr [r12 + 64]
     ja ps_unmap
-    lea rsi, [rip + maps_suffix]
-    mov edx, 0xa0002                       # O_RDWR | O_NOFOLLOW | O_CLOEXEC
-    call program_open
-    test rax, rax
-    js ps_own_maps
-    mov r13, rax
-    call program_file_size
-    mov r14, rax
-    test rax, rax
-    jle ps_own_maps_close
+    jmp ps_own_maps                        # (the maps: this process's own, below)
 ps_map_maps:
     cmp r14, qword ptr [r12 + 64]          # smaller than the area the code writes
     jb ps_close_unmap
@@ -1178,9 +1168,8 @@ ps_map_maps:
     mov eax, 1
     jmp ps_done
 ps_built_in:
-    # No tracer's program: the one built into the probes at rewrite time, if any,
-    # with the maps of this user's processes (its file is part of this object: it
-    # is neither mapped nor checked)
+    # No tracer's program: the one built into the probes at rewrite time, if any
+    # (its file is part of this object: it is neither mapped nor checked)
     mov rax, qword ptr [rip + lt_program]
     test rax, rax
     jz ps_fail
@@ -1188,21 +1177,12 @@ ps_built_in:
     add r12, rax
     mov qword ptr [rsp + 144], 0           # (not mapped: nothing to unmap)
     jmp ps_own_maps
-ps_own_maps_close:
-    mov rdi, r13
-    mov eax, 3                             # close
-    syscall
 ps_own_maps:
-    # The tracer's maps are not this user's to write (a process that changed its user:
-    # setpriv, runuser, a server's workers): the maps of this user's processes,
-    # DIR/maps.RUN.UID, made whole by the first of them under a name of its own
-    # (DIR/maps.RUN.UID.PID), then linked into place.
-    lea rdi, [rbx + {PS_ENVBUF}]
-    call own_maps_name
-    lea rdi, [rbx + {PS_ENVBUF}]
-    call own_maps_open
-    cmp rax, -2                            # ENOENT: none yet
-    jne ps_own_opened
+    # This process's own maps, DIR/maps.RUN.UID.PID (0600): the tracer adds up those
+    # of its run, so that no two processes write one line of memory (a map entry
+    # every process adds into costs ~30 ns a hit in moving between cores), and a
+    # process that changed its user needs nothing of anyone else's. A file of this
+    # name already (a process before it of the same pid, in this run) is taken on.
     lea rdi, [rbx + {PS_ENVBUF} + 4096]
     call own_maps_name
     mov byte ptr [rdi - 1], 0x2e
@@ -1217,6 +1197,8 @@ ps_own_maps:
     mov edx, 0x180                         # 0600
     mov eax, 2                             # open
     syscall
+    cmp rax, -17                           # EEXIST
+    je ps_own_again
     test rax, rax
     js ps_unmap
     mov r13, rax
@@ -1235,25 +1217,11 @@ ps_own_maps:
     syscall
     cmp rax, qword ptr [r12 + 80]
     jne ps_own_drop
-    lea rdi, [rbx + {PS_ENVBUF} + 4096]
-    lea rsi, [rbx + {PS_ENVBUF}]
-    mov eax, 86                            # link: into place, unless another was first
-    syscall
-    mov r14, rax
-    lea rdi, [rbx + {PS_ENVBUF} + 4096]
-    mov eax, 87                            # unlink (its own name)
-    syscall
-    test r14, r14
-    jnz ps_own_other
     mov r14, qword ptr [r12 + 64]
     jmp ps_map_maps
-ps_own_other:                              # the other's, then
-    mov rdi, r13
-    mov eax, 3                             # close
-    syscall
-    lea rdi, [rbx + {PS_ENVBUF}]
+ps_own_again:
+    lea rdi, [rbx + {PS_ENVBUF} + 4096]
     call own_maps_open
-ps_own_opened:
     test rax, rax
     js ps_unmap
     mov r13, rax
