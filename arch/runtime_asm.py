@@ -130,7 +130,7 @@ def _on_a_fresh_stack(work):
     return box["value"]
 
 
-def _assemble_twice(text: str, base: int, ks_arch: str, ks_mode: str, filename: str) -> bytes:
+def assemble_twice(text: str, base: int, ks_arch: str, ks_mode: str, filename: str) -> bytes:
     """Keystone's bytes for `text`, once two runs agree.
 
     Keystone's lexer reads stack memory it never wrote (valgrind: AsmLexer::LexDigit),
@@ -165,7 +165,7 @@ def assemble(package: str, filename: str, ks_arch: str, ks_mode: str, spec: Runt
     text = without_comments(source.format(**common_fields(spec), **fields), COMMENT[ks_arch]) \
         + exports
 
-    code = bytearray(_assemble_twice(text, spec.base, ks_arch, ks_mode, filename))
+    code = bytearray(assemble_twice(text, spec.base, ks_arch, ks_mode, filename))
     entry = dict(zip(EXPORTS, struct.unpack_from(f"<{len(EXPORTS)}Q", code,
                                                   len(code) - 8 * len(EXPORTS))))
     # Keystone drops some directives without a word (.inst on arm64): two labels

@@ -61,7 +61,7 @@ def landing_pads(elf: ElfFile) -> LandingPads:
         try:
             if lsda is None:
                 raise UnsupportedEncoding("LSDA pointer")
-            pads.update(_read_lsda(elf, readers, lsda, start))
+            pads.update(lsda_landing_pads(elf, readers, lsda, start))
         except (Truncated, UnsupportedEncoding) as why:
             unreadable.append((start, start + size,
                                f"the function at {start:#x}, whose LSDA cannot be read"
@@ -69,7 +69,7 @@ def landing_pads(elf: ElfFile) -> LandingPads:
     return LandingPads(sorted(pads), unreadable)
 
 
-def _read_lsda(elf: ElfFile, readers: dict, lsda: int, function_start: int) -> List[int]:
+def lsda_landing_pads(elf: ElfFile, readers: dict, lsda: int, function_start: int) -> List[int]:
     segment = next((s for s in elf.segments if s.type == PT_LOAD
                     and s.vaddr <= lsda < s.vaddr + s.filesz), None)
     if segment is None:

@@ -21,13 +21,8 @@ Everything is built once per module, in parallel, into a temporary directory.
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
-import os
 import re
-import shutil
-import subprocess
-import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,71 +30,10 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = ROOT / "samples"
-ENV_VAR = "UREWRITE_DIR"
-CROSS = "aarch64-linux-gnu-"
-CC, READELF, NM = CROSS + "gcc", CROSS + "readelf", CROSS + "nm"
-QEMU = "qemu-aarch64"
-TIMEOUT = 180
-BP = "-mbranch-protection=standard"
+from cross import (BP, CC, LIB_INIT, LIB_INIT_C, NM, READELF, SAMPLES, SYSROOT, Run,
+                   check, emulate, exit_status, needs_cross, prepare_all, run, urewrite)
 
-_MISSING = [tool for tool in (CC, QEMU, READELF, NM) if shutil.which(tool) is None]
-pytestmark = pytest.mark.skipif(
-    bool(_MISSING),
-    reason=f"needs the AArch64 cross toolchain and qemu-user ({', '.join(_MISSING)} not found; "
-           f"Debian: apt-get install gcc-aarch64-linux-gnu qemu-user)")
-
-
-# -- running things ----------------------------------------------------------------------------
-
-def run(cmd, env: Optional[Dict[str, str]] = None, timeout: int = TIMEOUT) -> subprocess.CompletedProcess:
-    """Run with captured text output, probes disarmed (no UREWRITE_DIR), plus `env`."""
-    full = {k: v for k, v in os.environ.items() if k != ENV_VAR}
-    full.update(env or {})
-    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, errors="replace",
-                          env=full, timeout=timeout)
-
-
-def check(cmd, **kw) -> subprocess.CompletedProcess:
-    proc = run(cmd, **kw)
-    if proc.returncode != 0:
-        raise AssertionError(f"{' '.join(map(str, cmd))} exited with {proc.returncode}\n"
-                             f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
-    return proc
-
-
-def urewrite(*args) -> subprocess.CompletedProcess:
-    return run([sys.executable, "-m", "urewrite", *args])
-
-
-def exit_status(returncode: int) -> int:
-    """As a shell (and `urewrite stat`) reports it: 128+N for death by signal N."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def _sysroot() -> str:
-    """The AArch64 libraries for qemu's -L: QEMU_LD_PREFIX, else where the cross gcc's loader is."""
-    if os.environ.get("QEMU_LD_PREFIX"):
-        return os.environ["QEMU_LD_PREFIX"]
-    if _MISSING:
-        return ""
-    loader = check([CC, "-print-file-name=ld-linux-aarch64.so.1"]).stdout.strip()
-    path = Path(os.path.realpath(loader))
-    return str(path.parent.parent) if path.is_file() else ""
-
-
-SYSROOT = _sysroot()
-
-
-def emulate(program, libdir=None) -> List[str]:
-    """The command that runs an AArch64 program (and its libraries from `libdir`) under qemu."""
-    cmd = [QEMU]
-    if SYSROOT:
-        cmd += ["-L", SYSROOT]
-    if libdir:
-        cmd += ["-E", f"LD_LIBRARY_PATH={libdir}"]
-    return cmd + [str(program)]
+pytestmark = needs_cross
 
 
 # -- what the samples do ----------------------------------------------------------------------------
@@ -131,8 +65,6 @@ THREADS_EXPECTED = {"work": 1_200_000, "worker": 4, "main": 1}
 FORKS_EXPECTED = {"tick": 21, "child_only": 1, "parent_only": 2, "main": 1}
 SIGNALS_EXPECTED = {"before_signal": 4, "on_usr1": 5, "in_handler": 5, "main": 1}
 
-LIB_INIT = "urw_test_init"  # DT_INIT of the libraries linked without start files
-LIB_INIT_C = f"void {LIB_INIT}(void) {{}}\n"
 EDGES_DRIVER_C = "int edges_main(void);\nint main(void) { return edges_main(); }\n"
 
 OPTS = ["-O0", "-O2", "-O3"]
@@ -175,14 +107,6 @@ class Target:
     original: Path
     expected: Dict[str, int]  # function -> entries per run
     named: List[str]  # probe specs for the "named" rewrite
-
-
-@dataclass
-class Run:
-    returncode: int  # exit status, shell style
-    stdout: str
-    stderr: str
-    report: Optional[dict] = None  # stat --json
 
 
 @dataclass
@@ -332,18 +256,6 @@ def _prepare(v: Variant, root: Path) -> Prepared:
     except Exception:  # reported by each test of the variant
         p.error = traceback.format_exc()
     return p
-
-
-def prepare_all(tmp_path_factory, name: str, variants, prepare) -> dict:
-    """prepare(variant, folder) for every variant, in parallel (each mostly waits for
-    gcc and qemu); the results by variant id. Skips without AArch64 libraries."""
-    if not SYSROOT:
-        pytest.skip("cannot find the AArch64 libraries for qemu -L (set QEMU_LD_PREFIX)")
-    root = tmp_path_factory.mktemp(name)
-    workers = max(2, os.cpu_count() or 2)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        done = list(pool.map(lambda v: prepare(v, root), variants))
-    return {p.variant.id: p for p in done}
 
 
 @pytest.fixture(scope="module")

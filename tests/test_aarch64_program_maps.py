@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from test_aarch64 import CC, QEMU, check, emulate, urewrite
+from cross import CC, QEMU, check, emulate, urewrite
 from test_aarch64_programs import VALUES, _build, _evaluated, bti_library
 from test_program_output import _ties_sorted
 from test_program_run import _maps

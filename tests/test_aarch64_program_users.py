@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from test_aarch64 import BP, CC, QEMU, check, emulate, urewrite
+from cross import BP, CC, QEMU, check, emulate, urewrite
 from test_user_switch import REQUESTS, SERVED, WORKERS, _nobody_ids, _users
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from test_aarch64 import BP, CC, LIB_INIT, LIB_INIT_C, QEMU, check, emulate, urewrite
+from cross import BP, CC, LIB_INIT, LIB_INIT_C, QEMU, check, emulate, urewrite
 from test_program_output import _ties_sorted
 from test_program_run import MATRIX_PROGRAM, PROGRAM, _maps
 from urewrite.programs import output

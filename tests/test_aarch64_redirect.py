@@ -31,7 +31,7 @@ from typing import Dict, Optional, Tuple
 import pytest
 
 from test_redirect import COROUTINE_USER, COROUTINES  # the same programs as on x86_64
-from test_aarch64 import (BP, CC, QEMU, Run, check, emulate, exit_status, prepare_all, run,
+from cross import (BP, CC, QEMU, Run, check, emulate, exit_status, prepare_all, run,
                           urewrite)
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-from test_aarch64 import (BP, CC, LIB_INIT, LIB_INIT_C, QEMU, SYSROOT, check, emulate,
+from cross import (BP, CC, LIB_INIT, LIB_INIT_C, QEMU, SYSROOT, check, emulate,
                           Run, exit_status, prepare_all, run, urewrite)
 
 ROOT = Path(__file__).resolve().parent.parent

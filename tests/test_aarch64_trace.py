@@ -41,7 +41,7 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-from test_aarch64 import CC, QEMU, SYSROOT, check, emulate, exit_status, run, urewrite
+from cross import CC, QEMU, SYSROOT, check, emulate, exit_status, run, urewrite
 from urewrite.trampolines import region as R
 from urewrite.trampolines.ring import RingReader
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import GO_CACHE
+from cross import CC as CROSS_CC, QEMU, emulate
 from urewrite.programs import output as printer
 from urewrite.programs.checks import check as check_program
 from urewrite.programs.evaluate import Hit, State, run_block
@@ -38,7 +39,6 @@ EQUIVALENT = ("uprobe:x:work { @by_b[arg1] = count(); @sum_a = sum(arg0); } "
               "uretprobe:x:work { @ret = hist((int64)retval); @low = min((int64)retval); "
               "@high = max((int64)retval); @mean = avg((int64)retval); "
               "@lin = lhist((int64)retval, 0, 3000, 500); }")
-CROSS_CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
 ARM64_MISSING = any(shutil.which(tool) is None for tool in (CROSS_CC, QEMU))
 
 
@@ -47,13 +47,6 @@ def urewrite(*args, env=None) -> subprocess.CompletedProcess:
     full.update(env or {})
     return subprocess.run([sys.executable, "-m", "urewrite", *map(str, args)],
                           capture_output=True, text=True, env=full, timeout=300)
-
-
-def _sysroot() -> str:
-    loader = subprocess.run([CROSS_CC, "-print-file-name=ld-linux-aarch64.so.1"],
-                            capture_output=True, text=True).stdout.strip()
-    path = Path(os.path.realpath(loader))
-    return str(path.parent.parent) if path.is_file() else ""
 
 
 class Machine:
@@ -74,7 +67,7 @@ class Machine:
     def command(self, program: Path, *args) -> list:
         if self.name == "x86_64":
             return [str(program), *map(str, args)]
-        return [QEMU, "-L", _sysroot(), str(program), *map(str, args)]
+        return emulate(program) + [str(a) for a in args]
 
 
 MACHINES = [pytest.param(Machine("x86_64"), id="x86_64"),

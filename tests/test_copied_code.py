@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import check, run, stat, urewrite
-import test_aarch64 as a64
+import cross as a64
 
 SAMPLE = Path(__file__).resolve().parent.parent / "samples" / "copied_code.c"
 CALLS = 25
@@ -78,7 +78,7 @@ def test_exclude_leaves_functions_out(tmp_path):
     assert not (tmp_path / "none").exists()
 
 
-@pytest.mark.skipif(bool(a64._MISSING), reason="needs the AArch64 cross compiler and qemu-user")
+@pytest.mark.skipif(bool(a64.MISSING), reason="needs the AArch64 cross compiler and qemu-user")
 def test_on_arm64(tmp_path):
     program = _build(tmp_path, a64.CC, ["-O2"])
     assert a64.check(a64.emulate(program) + [str(CALLS)]).stdout == EXPECTED_OUTPUT

@@ -70,7 +70,7 @@ def _command(kind: str, program: Path) -> List[str]:
         return [str(program), str(ROUNDS)]
     if not shutil.which("qemu-aarch64"):
         pytest.skip("needs qemu-aarch64")
-    from test_aarch64 import emulate  # (qemu with the cross compiler's libraries)
+    from cross import emulate  # (qemu with the cross compiler's libraries)
     return emulate(program) + [str(ROUNDS)]
 
 

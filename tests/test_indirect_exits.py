@@ -25,18 +25,13 @@ CHECKED = {"-O0": ("ie_interp", "ie_mixed"),
            "-O2": ("ie_interp", "ie_via", "ie_mixed", "ie_again", "ie_cold"),
            "-O3": ("ie_interp", "ie_via", "ie_mixed", "ie_again", "ie_cold"),
            "-O1": ("ie_mixed", "ie_cold"), "-Os": ("ie_mixed", "ie_cold")}
-A64_CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
+from cross import CC as A64_CC, QEMU, SYSROOT  # noqa: E402 (the arm64 toolchain)
 # (-O1 and -Os put ie_offsets's labels right after its `ret`s: a window over a `ret` and
 # what follows would cover them)
 VARIANTS = [("x86_64", o, l, c) for o in ("-O0", "-O2", "-O3") for l in ("-pie", "-no-pie", "-static")
             for c in ("-fcf-protection=none", "-fcf-protection")] + \
     [("x86_64", o, l, "-fcf-protection=none") for o in ("-O1", "-Os") for l in ("-pie", "-no-pie")] + \
     [("aarch64", o, l, "") for o in ("-O0", "-O2", "-O3") for l in ("-pie", "-static")]
-
-
-def _sysroot() -> str:
-    loader = check([A64_CC, "-print-file-name=ld-linux-aarch64.so.1"]).stdout.strip()
-    return str(Path(loader).resolve().parent.parent) if "/" in loader else ""
 
 
 @pytest.fixture(scope="module", params=VARIANTS, ids=lambda v: "".join(v).replace("-", "_"))
@@ -48,7 +43,7 @@ def built(request, tmp_path_factory):
         pytest.skip(f"needs {', '.join(needed)}")
     path = tmp_path_factory.mktemp("indirect") / "indirect_exits"
     check([cc, opt, link] + ([cet] if cet else []) + [str(SAMPLE), "-o", str(path)])
-    prefix = [QEMU, "-L", _sysroot()] if arch == "aarch64" else []
+    prefix = [QEMU, "-L", SYSROOT] if arch == "aarch64" else []
     return path, opt, prefix
 
 
@@ -234,7 +229,7 @@ def test_arm64_conditional_tail_calls_are_exits(link, tmp_path):
     listed = _listing(plain)
     assert (listed["cexit"]["mechanism"], listed["cexit"]["exits"]) == ("exit sites", 4)
     rewrite(plain, probed, "cexit", extra=["-r", "cexit", "-r", "other"])
-    prefix = [QEMU, "-L", _sysroot()]
+    prefix = [QEMU, "-L", SYSROOT]
     original = run(prefix + [str(plain)])
     st = stat(prefix + [probed], tmp_path)
     assert (st.proc.returncode, st.proc.stdout) == (0, original.stdout) == (0, "1297\n")

@@ -41,7 +41,7 @@ SOURCE = SAMPLES / "switches.c"
 # functions whose switch GCC may compile to a table; the rest never is one
 SWITCHES = ("sw_small", "sw_medium", "sw_large", "sw_char", "sw_long", "sw_two", "sw_loop")
 NOT_TABLES = ("sw_goto", "sw_pointer")  # indirect jumps that may leave
-A64_CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
+from cross import CC as A64_CC, QEMU, SYSROOT  # noqa: E402 (the arm64 toolchain)
 A64_NM = "aarch64-linux-gnu-nm"
 # a lower threshold makes arm64 GCC use tables for the small switches too
 THRESHOLD = "--param=case-values-threshold=4"
@@ -74,14 +74,6 @@ def _missing(v: Variant) -> Optional[str]:
     tools = ("gcc",) if v.arch == "x86_64" else (A64_CC, QEMU, A64_NM)
     absent = [t for t in tools if shutil.which(t) is None]
     return f"needs {', '.join(absent)}" if absent else None
-
-
-def _sysroot() -> str:
-    if shutil.which(A64_CC) is None:
-        return ""
-    loader = check([A64_CC, "-print-file-name=ld-linux-aarch64.so.1"]).stdout.strip()
-    path = Path(loader).resolve()
-    return str(path.parent.parent) if path.is_file() else ""
 
 
 @dataclass
@@ -145,7 +137,7 @@ def _build(v: Variant, root: Path) -> Build:
             labels.setdefault(parts[2], int(parts[0], 16))
             if parts[1] in "tT":
                 functions.setdefault(parts[2], int(parts[0], 16))
-    prefix = [] if v.arch == "x86_64" else [QEMU] + (["-L", _sysroot()] if _sysroot() else [])
+    prefix = [] if v.arch == "x86_64" else [QEMU] + (["-L", SYSROOT] if SYSROOT else [])
     build = Build(v, out, _assembly_tables(asm, labels), functions, prefix)
     _builds[v] = build
     return build

@@ -100,7 +100,7 @@ def test_system_libstdcxx_landing_pads_lie_in_their_functions():
     checked = 0
     for start, size, lsda in eh_frame.fde_lsdas(elf):
         if lsda:
-            pads = except_table._read_lsda(elf, {}, lsda, start)
+            pads = except_table.lsda_landing_pads(elf, {}, lsda, start)
             assert all(start <= pad < start + size for pad in pads), hex(start)
             checked += len(pads)
     assert checked >= len(found.pads)

@@ -446,15 +446,13 @@ def test_arming_and_disarming_under_load(programs):
 
 # -- arm64, under qemu-aarch64 (its guest memory is the qemu process's own) -----------------
 
-CROSS_CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
+from cross import CC as CROSS_CC, QEMU, SYSROOT  # noqa: E402 (the arm64 toolchain)
 
 
 @pytest.mark.skipif(shutil.which(CROSS_CC) is None or shutil.which(QEMU) is None,
                     reason="needs aarch64-linux-gnu-gcc and qemu-aarch64")
 def test_arm64_under_qemu(tmp_path):
-    loader = check([CROSS_CC, "-print-file-name=ld-linux-aarch64.so.1"]).stdout.strip()
-    sysroot = os.environ.get("QEMU_LD_PREFIX") or os.path.dirname(
-        os.path.dirname(os.path.realpath(loader)))
+    sysroot = SYSROOT
     check([CROSS_CC, "-O2", "-shared", "-fPIC", "-Wl,-soname,liblive.so",
            SAMPLES / "live_lib.c", "-o", tmp_path / "liblive.so"])
     check([CROSS_CC, "-O2", "-pthread", SAMPLES / "live_server.c", f"-L{tmp_path}", "-llive",

@@ -348,9 +348,9 @@ def test_top_full_screen_in_a_terminal_quits_on_q(service, tmp_path):
 
 def test_stat_dir_and_top_read_an_arm64_process(tmp_path):
     """The same region layout from an AArch64 process under qemu, read while it runs."""
-    from test_aarch64 import _MISSING, CC, emulate
-    if _MISSING:
-        pytest.skip(f"needs the AArch64 cross toolchain and qemu-user ({', '.join(_MISSING)})")
+    from cross import CC, MISSING, emulate
+    if MISSING:
+        pytest.skip(f"needs the AArch64 cross toolchain and qemu-user ({', '.join(MISSING)})")
     original, probed = tmp_path / "service", tmp_path / "service-a64.probed"
     check([CC, "-O2", SAMPLES / "service.c", "-o", original])
     args = [a for p in PROBES for a in ("-p", p)] + [a for r in RETURNS for a in ("-r", r)]

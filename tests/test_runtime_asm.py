@@ -32,7 +32,7 @@ class FlakyKs:
 def test_two_runs_that_agree_are_kept(monkeypatch, script):
     monkeypatch.setattr(FlakyKs, "script", list(script))
     monkeypatch.setattr(keystone, "Ks", FlakyKs)
-    assert runtime_asm._assemble_twice(TEXT, 0, "KS_ARCH_X86", "KS_MODE_64", "t.s") == b"\x90\xc3"
+    assert runtime_asm.assemble_twice(TEXT, 0, "KS_ARCH_X86", "KS_MODE_64", "t.s") == b"\x90\xc3"
 
 
 @pytest.mark.parametrize("script", [
@@ -43,7 +43,7 @@ def test_no_agreement_is_an_error_not_a_guess(monkeypatch, script):
     monkeypatch.setattr(FlakyKs, "script", list(script))
     monkeypatch.setattr(keystone, "Ks", FlakyKs)
     with pytest.raises(UrewriteError, match="cannot assemble the runtime"):
-        runtime_asm._assemble_twice(TEXT, 0, "KS_ARCH_X86", "KS_MODE_64", "t.s")
+        runtime_asm.assemble_twice(TEXT, 0, "KS_ARCH_X86", "KS_MODE_64", "t.s")
 
 
 def test_comments_are_cut_before_keystone_sees_them():

@@ -42,23 +42,23 @@ def test_fit_of_rows_is_fit_row_by_row(seed):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_member_is_isin(seed):
-    from urewrite.rewriter.stub_space import _member
+    from urewrite.rewriter.stub_space import in_sorted
     rng = np.random.default_rng(seed)
     known = np.unique(rng.integers(0, 300, size=rng.integers(0, 30)))
     for values in (np.sort(rng.integers(0, 300, size=2000)),  # sorted, many: runs marked
                    rng.integers(0, 300, size=2000), np.sort(rng.integers(0, 300, size=5))):
-        assert _member(values, known).tolist() == np.isin(values, known).tolist()
+        assert in_sorted(values, known).tolist() == np.isin(values, known).tolist()
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_clear_of_sorted_candidates_is_clear_of_each(seed):
-    from urewrite.rewriter.stub_space import _clear_of
+    from urewrite.rewriter.stub_space import clear_of
     rng = np.random.default_rng(seed)
     starts = np.unique(rng.integers(0, 4000, size=rng.integers(1, 60)))
     for stubs in (np.arange(rng.integers(0, 100), 4100, 8),  # a search's candidates: runs marked
                   np.sort(rng.integers(-20, 4100, size=500)), rng.integers(0, 4000, size=300)):
         each = [all(abs(int(x) - int(s)) >= 5 for s in starts) for x in stubs]
-        assert _clear_of(stubs, starts, 5).tolist() == each
+        assert clear_of(stubs, starts, 5).tolist() == each
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -68,7 +68,7 @@ def test_fit_with_no_page_to_spare_is_fit_of_each(seed):
     (which takes the general way), sorted candidates or not, with stubs taken too."""
     rng = random.Random(seed)
     space = _space(rng, 12, cap=rng.randrange(1, 4))
-    assert space.pages and len(space.pages) == space._page_cap()  # (no page to spare)
+    assert space.pages and len(space.pages) == space.pages_allowed()  # (no page to spare)
     stubs = sorted(FLOOR - 64 + rng.randrange(8 * layout.PAGE) for _ in range(300))
     for candidates in (np.array(stubs, dtype=np.int64),
                        np.array(rng.sample(stubs, len(stubs)), dtype=np.int64)):
@@ -90,7 +90,7 @@ def _fits_by_rules(space: StubSpace, stub: int, source: int, taken=()) -> bool:
     for s in list(taken) + [stub]:
         pages |= {s & -layout.PAGE, (s + size - 1) & -layout.PAGE}
     return (stub >= FLOOR and stub <= source + (1 << 31) - 64
-            and all(abs(stub - s) >= size for s in others) and len(pages) <= space._page_cap())
+            and all(abs(stub - s) >= size for s in others) and len(pages) <= space.pages_allowed())
 
 
 @pytest.mark.parametrize("seed", range(10))

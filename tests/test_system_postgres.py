@@ -36,7 +36,7 @@ PAIRED = [(f"postgresql:{n}__start", f"postgresql:{n}__done")
           for n in ("lwlock__wait", "wal__buffer__write__dirty")]
 # LWLockAcquireOrWait either gets the lock or, when another process holds it, fails:
 # which of the two depends on timing, the calls (their sum) do not
-EITHER = [(f"postgresql:lwlock__acquire__or__wait", f"postgresql:lwlock__acquire__or__wait__fail")]
+EITHER = [("postgresql:lwlock__acquire__or__wait", "postgresql:lwlock__acquire__or__wait__fail")]
 TIMED = CONTENDED | {n for pair in PAIRED + EITHER for n in pair}
 
 # A script whose results do not depend on time, run by one client, then pgbench with a seed:

@@ -79,7 +79,7 @@ def recorded(events_file: Path) -> Dict[str, List[List[int]]]:
 def _arm():
     """(compiler, command prefix to run a program) for arm64, or None with a reason."""
     try:
-        from test_aarch64 import CC, QEMU, SYSROOT
+        from cross import CC, QEMU, SYSROOT
     except Exception as e:  # pragma: no cover
         return None, f"the arm64 helpers: {e}"
     if not shutil.which(CC) or not shutil.which(QEMU):

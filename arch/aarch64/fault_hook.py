@@ -68,9 +68,9 @@ def _adr(rd: int, offset: int) -> int:
 def build(address: int, window: Window, moved: Sequence[Tuple[int, int]]) -> bytes:
     """The hook at `address` (its first word is its entry), for the handler's `window`
     and the `moved` instructions ((trampoline address, original address) each)."""
-    from urewrite.arch.runtime_asm import _assemble_twice
+    from urewrite.arch.runtime_asm import assemble_twice
 
-    body = _assemble_twice(_source(), address + 4, "KS_ARCH_ARM64", "KS_MODE_LITTLE_ENDIAN",
+    body = assemble_twice(_source(), address + 4, "KS_ARCH_ARM64", "KS_MODE_LITTLE_ENDIAN",
                            "the fault hook")
     at = address + 4 + len(body)
     displaced, falls_through = relocator.relocate(window.insns, at)

@@ -71,10 +71,10 @@ def build(address: int, window: Window, moved: Sequence[Tuple[int, int]]) -> byt
     """The hook at `address` (its first byte is its entry), for the handler's
     `window` (decoded in detail) and the `moved` instructions ((trampoline address,
     original address) each)."""
-    from urewrite.arch.runtime_asm import _assemble_twice
+    from urewrite.arch.runtime_asm import assemble_twice
 
     def code(disp: int) -> bytes:
-        return _assemble_twice(_source(disp), address, "KS_ARCH_X86", "KS_MODE_64",
+        return assemble_twice(_source(disp), address, "KS_ARCH_X86", "KS_MODE_64",
                                "the fault hook")
 
     size = len(code(0x7fffff00))  # (a disp32 either way: the size does not change)

@@ -29,10 +29,10 @@ HASH_MULTIPLIER = 0x9E3779B97F4A7C15
 
 def assemble(lowered: L.Lowered, offsets: List[int]) -> Tuple[bytes, Dict[str, int]]:
     """The code of every probe, and where each probe's function starts in it."""
-    from urewrite.arch.runtime_asm import _assemble_twice
+    from urewrite.arch.runtime_asm import assemble_twice
 
     text, entries = source(lowered, offsets)
-    code = _assemble_twice(text + "".join(f".quad {label}\n" for label in entries.values()),
+    code = assemble_twice(text + "".join(f".quad {label}\n" for label in entries.values()),
                            0, "KS_ARCH_X86", "KS_MODE_64", "a probe program")
     starts = code[len(code) - 8 * len(entries):]
     found = {}

@@ -111,7 +111,7 @@ def _gaps(points) -> dict:
     return {p.address: _check_size(p.flags_live, p.go_code) for p in points if not p.taken}
 
 
-def _red_zone(point) -> int:
+def red_zone(point) -> int:
     """Bytes below rsp the code at `point` may use without moving rsp: SysV's red
     zone; none in Go code, whose ABI has none and whose goroutine stacks may hold
     little below sp (base.GO_STACK_BUDGET)."""
@@ -166,8 +166,8 @@ def _counting_template(refs: RuntimeRefs, phase: int, flags_live: bool, probes: 
                        enters, tuple(Hole(probes + k) for k in range(leaves)),
                        CountPoint(0, (), False) if redirect else None, go_code=go_code,
                        g_register=g_register)
-    _armed(w, L, shape, refs)
-    _trace_path(w, L, shape.probes, refs, shape.arguments, _red_zone(shape))
+    armed_path(w, L, shape, refs)
+    trace_path(w, L, shape.probes, refs, shape.arguments, red_zone(shape))
     return w.template(L.prefix, phase)
 
 
@@ -182,7 +182,7 @@ def _check_size(flags_live: bool, go_code: bool) -> int:
 
 def _check(w: Writer, L: _Labels, point, refs: RuntimeRefs, flags_live: bool = None) -> None:
     flags_live = point.flags_live if flags_live is None else flags_live
-    red = _red_zone(point)
+    red = red_zone(point)
     if flags_live:
         if red:
             w.lea(RSP, Mem(RSP, disp=-red))
@@ -213,7 +213,7 @@ def _exit_check(w: Writer, L: _Labels, point, window: Window) -> None:
     w.push(RCX)  # state - 1, for the armed path
     w.mov(RCX, Mem(RSP, disp=8))  # the site's rcx
     w.push(RDX)
-    w.raw(relocator.load_jump_target(jump, w.pc, _red_zone(point) + 3 * 8))  # rdx = the target
+    w.raw(relocator.load_jump_target(jump, w.pc, red_zone(point) + 3 * 8))  # rdx = the target
     w.push(RAX)  # then the flags into rax (lahf and seto: pushfq/popfq cost ~10 ns)
     w.setcc("o", AL)
     w.lahf()
@@ -238,8 +238,8 @@ def _restore_after_exit_check(w: Writer) -> None:
     w.pop(RCX)  # state - 1 again
 
 
-def _armed(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
-    probe_indexes, flags_live, red = point.probes, point.flags_live, _red_zone(point)
+def armed_path(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
+    probe_indexes, flags_live, red = point.probes, point.flags_live, red_zone(point)
     site_rsp = 8 * SAVED + red  # from rsp, once the trampoline saved its registers
     w.label(L.armed)
     if flags_live:
@@ -373,7 +373,7 @@ def _owner_entry(w: Writer, L: _Labels, refs: RuntimeRefs) -> None:
     w.and_(ESI, region.SLOT_MASK)
 
 
-def _trace_path(w: Writer, L: _Labels, probe_indexes, refs: RuntimeRefs, arguments,
+def trace_path(w: Writer, L: _Labels, probe_indexes, refs: RuntimeRefs, arguments,
                 red: int = RED_ZONE) -> None:
     """Save every register as the frame trace_event reads arguments from; one event
     per probe at this point."""
