@@ -83,10 +83,9 @@ def _own_maps(path: str, run: int) -> List[str]:
 
 
 def _own_suffix(text: str) -> bool:
-    """UID.PID: a process's own maps file's name past maps.RUN. (UID alone: a user's,
-    as an earlier runtime named them)."""
+    """UID.PID: a process's own maps file's name past maps.RUN."""
     parts = text.split(".")
-    return len(parts) in (1, 2) and all(p.isdigit() for p in parts)
+    return len(parts) == 2 and all(p.isdigit() for p in parts)
 
 
 def built_in_maps(*directories: str) -> List[tuple]:

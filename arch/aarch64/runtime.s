@@ -1188,15 +1188,6 @@ ps_own_maps:
     // environment is read).
     add x0, x20, #3, lsl #12
     bl own_maps_name
-    mov w9, #0x2e
-    sturb w9, [x0, #-1]
-    mov x15, x0
-    mov x8, #172                           // getpid
-    svc #0
-    mov x1, x0
-    mov x0, x15
-    bl append_decimal
-    strb wzr, [x0]
     mov x0, #-100                          // AT_FDCWD
     add x1, x20, #3, lsl #12
     movz x2, #0x80c2                       // O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW
@@ -1269,7 +1260,7 @@ ps_done:
     add sp, sp, #192
     ret
 
-// x0 = a buffer, x23 = the program -> DIR "/maps." RUN "." UID there, NUL-terminated;
+// x0 = a buffer, x23 = the program -> DIR "/maps." RUN "." UID "." PID there, NUL-terminated;
 // x0 past the NUL. Clobbers x1, x8-x14.
 own_maps_name:
     mov x13, x30
@@ -1283,6 +1274,14 @@ own_maps_name:
     strb w9, [x0], #1
     mov x14, x0
     mov x8, #174                           // getuid
+    svc #0
+    mov x1, x0
+    mov x0, x14
+    bl append_decimal
+    mov w9, #0x2e
+    strb w9, [x0], #1
+    mov x14, x0
+    mov x8, #172                           // getpid
     svc #0
     mov x1, x0
     mov x0, x14

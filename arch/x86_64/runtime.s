@@ -1185,13 +1185,6 @@ ps_own_maps:
     # name already (a process before it of the same pid, in this run) is taken on.
     lea rdi, [rbx + {PS_ENVBUF} + 4096]
     call own_maps_name
-    mov byte ptr [rdi - 1], 0x2e
-    mov eax, 39                            # getpid
-    syscall
-    push rax
-    call append_decimal
-    add rsp, 8
-    mov byte ptr [rdi], 0
     lea rdi, [rbx + {PS_ENVBUF} + 4096]
     mov esi, 0xa00c2                       # O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC
     mov edx, 0x180                         # 0600
@@ -1267,7 +1260,7 @@ ps_done:
     pop r10
     ret
 
-# rdi = a buffer, r12 = the program -> DIR "/maps." RUN "." UID there, NUL-terminated;
+# rdi = a buffer, r12 = the program -> DIR "/maps." RUN "." UID "." PID there, NUL-terminated;
 # rdi past the NUL. Clobbers rax, rcx, rdx, rsi, r11.
 own_maps_name:
     lea rsi, [rbx + {PS_DIR}]
@@ -1280,6 +1273,13 @@ own_maps_name:
     mov byte ptr [rdi], 0x2e
     inc rdi
     mov eax, 102                           # getuid
+    syscall
+    push rax
+    call append_decimal
+    add rsp, 8
+    mov byte ptr [rdi], 0x2e
+    inc rdi
+    mov eax, 39                            # getpid
     syscall
     push rax
     call append_decimal
