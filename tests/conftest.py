@@ -25,6 +25,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import pytest
 
+import forked_cli
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
 ENV_VAR = "UREWRITE_DIR"
@@ -57,7 +59,11 @@ GO_CACHE = os.path.join(tempfile.gettempdir(), "urewrite-tests-go-cache")
 
 def run(cmd: Sequence, env: Optional[Dict[str, str]] = None, cwd=None,
         timeout: int = TIMEOUT) -> subprocess.CompletedProcess:
-    """Run a command with captured text output; `env` adds to a disarmed environment."""
+    """Run a command with captured text output; `env` adds to a disarmed environment.
+    `python -m urewrite ARGS` runs in a child of a fork server (tests/forked_cli.py)."""
+    cmd = [str(c) for c in cmd]
+    if cmd[:3] == [sys.executable, "-m", "urewrite"]:
+        return forked_cli.run_urewrite(cmd[3:], clean_env(env), cwd=cwd, timeout=timeout)
     return subprocess.run([str(c) for c in cmd], capture_output=True, text=True,
                           errors="replace", env=clean_env(env), cwd=cwd, timeout=timeout)
 
