@@ -26,8 +26,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,13 +33,13 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
+from conftest import check, run, urewrite
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
-ENV_VAR = "UREWRITE_DIR"
 CROSS = "aarch64-linux-gnu-"
 CC, READELF, NM = CROSS + "gcc", CROSS + "readelf", CROSS + "nm"
 QEMU = "qemu-aarch64"
-TIMEOUT = 180
 BP = "-mbranch-protection=standard"
 
 _MISSING = [tool for tool in (CC, QEMU, READELF, NM) if shutil.which(tool) is None]
@@ -52,26 +50,6 @@ pytestmark = pytest.mark.skipif(
 
 
 # -- running things ----------------------------------------------------------------------------
-
-def run(cmd, env: Optional[Dict[str, str]] = None, timeout: int = TIMEOUT) -> subprocess.CompletedProcess:
-    """Run with captured text output, probes disarmed (no UREWRITE_DIR), plus `env`."""
-    full = {k: v for k, v in os.environ.items() if k != ENV_VAR}
-    full.update(env or {})
-    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, errors="replace",
-                          env=full, timeout=timeout)
-
-
-def check(cmd, **kw) -> subprocess.CompletedProcess:
-    proc = run(cmd, **kw)
-    if proc.returncode != 0:
-        raise AssertionError(f"{' '.join(map(str, cmd))} exited with {proc.returncode}\n"
-                             f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
-    return proc
-
-
-def urewrite(*args) -> subprocess.CompletedProcess:
-    return run([sys.executable, "-m", "urewrite", *args])
-
 
 def exit_status(returncode: int) -> int:
     """As a shell (and `urewrite stat`) reports it: 128+N for death by signal N."""
