@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from conftest import check, kernel_tracing_alone
+from conftest import check, kernel_tracing_alone, run
 from urewrite import bench
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,9 +31,7 @@ pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
 
 def urewrite(*args, timeout=300):
-    env = {k: v for k, v in os.environ.items() if k != "UREWRITE_DIR"}
-    return subprocess.run([sys.executable, "-m", "urewrite", *map(str, args)],
-                          capture_output=True, text=True, env=env, timeout=timeout)
+    return run([sys.executable, "-m", "urewrite", *args], timeout=timeout)
 
 
 def bench_json(*args) -> dict:

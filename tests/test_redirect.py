@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from conftest import run
+
 from urewrite.trampolines.region import read_regions
 
 SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "samples")
@@ -39,8 +41,7 @@ def urewrite(*args, env=None):
     args = list(map(str, args))
     if args[0] not in ("stat", "trace"):
         args += ["--tactics", "jump"]
-    return subprocess.run([sys.executable, "-m", "urewrite", *args],
-                          capture_output=True, text=True, env=env)
+    return run([sys.executable, "-m", "urewrite", *args], env=env)
 
 
 def stat(command, env=None):
