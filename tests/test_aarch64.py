@@ -21,11 +21,8 @@ Everything is built once per module, in parallel, into a temporary directory.
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
-import os
 import re
-import shutil
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,50 +31,12 @@ from typing import Dict, List, Optional, Tuple
 import pytest
 
 from conftest import check, run, urewrite
+from cross import (BP, CC, LIB_INIT, LIB_INIT_C, NM, QEMU, READELF, Run, emulate, exit_status,
+                   needs, prepare_all, require_sysroot)
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
-CROSS = "aarch64-linux-gnu-"
-CC, READELF, NM = CROSS + "gcc", CROSS + "readelf", CROSS + "nm"
-QEMU = "qemu-aarch64"
-BP = "-mbranch-protection=standard"
-
-_MISSING = [tool for tool in (CC, QEMU, READELF, NM) if shutil.which(tool) is None]
-pytestmark = pytest.mark.skipif(
-    bool(_MISSING),
-    reason=f"needs the AArch64 cross toolchain and qemu-user ({', '.join(_MISSING)} not found; "
-           f"Debian: apt-get install gcc-aarch64-linux-gnu qemu-user)")
-
-
-# -- running things ----------------------------------------------------------------------------
-
-def exit_status(returncode: int) -> int:
-    """As a shell (and `urewrite stat`) reports it: 128+N for death by signal N."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
-def _sysroot() -> str:
-    """The AArch64 libraries for qemu's -L: QEMU_LD_PREFIX, else where the cross gcc's loader is."""
-    if os.environ.get("QEMU_LD_PREFIX"):
-        return os.environ["QEMU_LD_PREFIX"]
-    if _MISSING:
-        return ""
-    loader = check([CC, "-print-file-name=ld-linux-aarch64.so.1"]).stdout.strip()
-    path = Path(os.path.realpath(loader))
-    return str(path.parent.parent) if path.is_file() else ""
-
-
-SYSROOT = _sysroot()
-
-
-def emulate(program, libdir=None) -> List[str]:
-    """The command that runs an AArch64 program (and its libraries from `libdir`) under qemu."""
-    cmd = [QEMU]
-    if SYSROOT:
-        cmd += ["-L", SYSROOT]
-    if libdir:
-        cmd += ["-E", f"LD_LIBRARY_PATH={libdir}"]
-    return cmd + [str(program)]
+pytestmark = needs(CC, QEMU, READELF, NM)
 
 
 # -- what the samples do ----------------------------------------------------------------------------
@@ -109,8 +68,6 @@ THREADS_EXPECTED = {"work": 1_200_000, "worker": 4, "main": 1}
 FORKS_EXPECTED = {"tick": 21, "child_only": 1, "parent_only": 2, "main": 1}
 SIGNALS_EXPECTED = {"before_signal": 4, "on_usr1": 5, "in_handler": 5, "main": 1}
 
-LIB_INIT = "urw_test_init"  # DT_INIT of the libraries linked without start files
-LIB_INIT_C = f"void {LIB_INIT}(void) {{}}\n"
 EDGES_DRIVER_C = "int edges_main(void);\nint main(void) { return edges_main(); }\n"
 
 OPTS = ["-O0", "-O2", "-O3"]
@@ -153,14 +110,6 @@ class Target:
     original: Path
     expected: Dict[str, int]  # function -> entries per run
     named: List[str]  # probe specs for the "named" rewrite
-
-
-@dataclass
-class Run:
-    returncode: int  # exit status, shell style
-    stdout: str
-    stderr: str
-    report: Optional[dict] = None  # stat --json
 
 
 @dataclass
@@ -310,18 +259,6 @@ def _prepare(v: Variant, root: Path) -> Prepared:
     except Exception:  # reported by each test of the variant
         p.error = traceback.format_exc()
     return p
-
-
-def prepare_all(tmp_path_factory, name: str, variants, prepare) -> dict:
-    """prepare(variant, folder) for every variant, in parallel (each mostly waits for
-    gcc and qemu); the results by variant id. Skips without AArch64 libraries."""
-    if not SYSROOT:
-        pytest.skip("cannot find the AArch64 libraries for qemu -L (set QEMU_LD_PREFIX)")
-    root = tmp_path_factory.mktemp(name)
-    workers = max(2, os.cpu_count() or 2)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        done = list(pool.map(lambda v: prepare(v, root), variants))
-    return {p.variant.id: p for p in done}
 
 
 @pytest.fixture(scope="module")
@@ -517,8 +454,7 @@ def test_list_reports_arm64_sites(prepared, vid):
 
 def test_bti_is_enforced_under_qemu(tmp_path):
     """The -bp shared variants mean something only if qemu traps a branch to a non-pad."""
-    if not SYSROOT:
-        pytest.skip("cannot find the AArch64 libraries for qemu -L")
+    require_sysroot()
     (tmp_path / "nopad.c").write_text(
         '__asm__(".text\\n.globl no_pad\\n.type no_pad, %function\\nno_pad:\\n'
         '  mov w0, #7\\n  ret\\n.size no_pad, .-no_pad\\n");\n'
@@ -550,8 +486,7 @@ int main(void) {
 
 @pytest.mark.parametrize("link", ["pie", "no-pie", "static"])
 def test_misaligned_taken_address_does_not_block_a_site(tmp_path, link):
-    if not SYSROOT:
-        pytest.skip("cannot find the AArch64 libraries for qemu -L")
+    require_sysroot()
     (tmp_path / "tagged.c").write_text(TAGGED_C)
     exe, out = tmp_path / "tagged", tmp_path / "tagged.probed"
     check([CC, "-O2", *LINK_FLAGS[link], tmp_path / "tagged.c", "-o", exe])

@@ -23,15 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from test_aarch64 import CC, QEMU, check, emulate, urewrite
+from conftest import check, urewrite
+from cross import CC, QEMU, emulate, needs
 from test_aarch64_programs import VALUES, _build, _evaluated, bti_library
 from test_program_output import _ties_sorted
 from test_program_run import _maps
 
-pytestmark = pytest.mark.skipif(
-    any(shutil.which(tool) is None for tool in (CC, QEMU)),
-    reason="needs the AArch64 cross compiler and qemu-user (Debian: apt-get install "
-           "gcc-aarch64-linux-gnu qemu-user)")
+pytestmark = needs(CC, QEMU)
 
 COUNTS = ("uprobe:{path}:work /arg0 % 3 != 1/ {{ @c[arg1] = count(); @s = sum(arg0); }} "
           "uretprobe:{path}:work {{ @r = sum((int64)retval); @h = hist(retval); }}")

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from test_aarch64 import BP, CC, QEMU, check, emulate, urewrite
+from conftest import check, urewrite
+from cross import BP, CC, QEMU, emulate, needs
 from test_user_switch import REQUESTS, SERVED, WORKERS, _nobody_ids, _users
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = ROOT / "samples" / "dropping_server.c"
 
 pytestmark = [
-    pytest.mark.skipif(any(shutil.which(tool) is None for tool in (CC, QEMU)),
-                       reason="needs the AArch64 cross compiler and qemu-user"),
+    needs(CC, QEMU),
     pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None or not _users(),
                        reason="needs root (to switch user), setpriv and the user nobody"),
 ]

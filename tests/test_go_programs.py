@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import cross
 from conftest import (GO_CACHE, SAMPLES, check, file_offset, run, stat, uprobes_unavailable,
                       urewrite)
 
@@ -35,7 +36,7 @@ def _go() -> str:
 GO = _go()
 pytestmark = pytest.mark.skipif(not GO, reason="no Go toolchain (go on the PATH or "
                                                 "/usr/local/go/bin/go)")
-QEMU = shutil.which("qemu-aarch64")
+QEMU = shutil.which(cross.QEMU)  # (static Go programs need no -L)
 CC = shutil.which("gcc")
 
 # name -> (GOARCH, build flags, environment)
