@@ -321,7 +321,7 @@ class _Printed:
             elif action:
                 lines += self.act(*action)
             else:
-                lines.append(printf_text(text, _values(kinds, event.args)))
+                lines.append(printf_text(text, printf_values(kinds, event.args)))
         _print(lines)
 
     def act(self, action: str, index: int) -> list:
@@ -357,7 +357,7 @@ def _stopped(printed):
     return lambda: isinstance(printed, _Printed) and printed.exited
 
 
-def _values(kinds, words):
+def printf_values(kinds, words):
     """printf()'s values from an event's words: a string is 8 of them."""
     values, at = [], 0
     for kind in kinds:

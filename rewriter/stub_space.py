@@ -89,7 +89,7 @@ class StubSpace:
                 return ok
             ok = self._fit_rows(stubs, ok, np.asarray(taken, dtype=np.int64)[:, None], known)
             left = np.nonzero(ok)  # (the costly test last, on what is left, as below)
-            ok[left] = _clear_of(stubs[left], starts, self.size)
+            ok[left] = clear_of(stubs[left], starts, self.size)
             return ok
         pages = self.pages
         if len(taken):
@@ -118,14 +118,14 @@ class StubSpace:
         for stub in taken:
             ok &= np.abs(stubs - stub) >= size
         first, last = stubs & -layout.PAGE, (stubs + size - 1) & -layout.PAGE
-        new = (~_member(first, known)).astype(np.int64)
+        new = (~member(first, known)).astype(np.int64)
         across = np.flatnonzero(last != first)  # (few: stubs that cross a page's end)
-        new[across] += ~_member(last[across], known)
+        new[across] += ~member(last[across], known)
         ok &= len(pages) + new <= self._cap
         # the costly test (a search among every stub taken) last, on what is left: past
         # the cap on pages, most candidates of a search are out already
         left = np.flatnonzero(ok)
-        ok[left] = _clear_of(stubs[left], starts, size)
+        ok[left] = clear_of(stubs[left], starts, size)
         return ok
 
     def _fit_rows(self, stubs: np.ndarray, ok: np.ndarray, taken: np.ndarray,
@@ -136,15 +136,15 @@ class StubSpace:
         ok = ok & (np.abs(stubs - taken) >= size)
         # the pages of each row's taken stub, and how many of them are new
         taken_first, taken_last = taken & -layout.PAGE, (taken + size - 1) & -layout.PAGE
-        pages = len(self.pages) + (~_member(taken_first, known)).astype(np.int64) + \
-            ((taken_last != taken_first) & ~_member(taken_last, known))
+        pages = len(self.pages) + (~member(taken_first, known)).astype(np.int64) + \
+            ((taken_last != taken_first) & ~member(taken_last, known))
 
         def new(page: np.ndarray, where=...) -> np.ndarray:
             """Which pages (of the stubs at `where`) are no page used, nor the taken
             stub's."""
             firsts = np.broadcast_to(taken_first, stubs.shape)[where]
             lasts = np.broadcast_to(taken_last, stubs.shape)[where]
-            return ~_member(page, known) & (page != firsts) & (page != lasts)
+            return ~member(page, known) & (page != firsts) & (page != lasts)
 
         first, last = stubs & -layout.PAGE, (stubs + size - 1) & -layout.PAGE
         added = new(first).astype(np.int64)
@@ -180,7 +180,7 @@ class StubSpace:
         return {stub & -layout.PAGE, (stub + self.size - 1) & -layout.PAGE}
 
 
-def _clear_of(stubs: np.ndarray, starts: np.ndarray, size: int) -> np.ndarray:
+def clear_of(stubs: np.ndarray, starts: np.ndarray, size: int) -> np.ndarray:
     """Which stubs lie `size` bytes or more from each of `starts` (sorted)."""
     if not len(starts):
         return np.ones(stubs.shape, dtype=bool)
@@ -197,7 +197,7 @@ def _clear_of(stubs: np.ndarray, starts: np.ndarray, size: int) -> np.ndarray:
     return ((k == len(starts)) | (after - stubs >= size)) & ((k == 0) | (stubs - before >= size))
 
 
-def _member(values: np.ndarray, known: np.ndarray) -> np.ndarray:
+def member(values: np.ndarray, known: np.ndarray) -> np.ndarray:
     """Which values are in `known` (sorted): a binary search each (np.isin sorts both)."""
     if not len(known):
         return np.zeros(values.shape, dtype=bool)

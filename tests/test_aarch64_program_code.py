@@ -24,7 +24,7 @@ from urewrite.programs import output
 from urewrite.programs.checks import check as check_program
 from urewrite.programs.evaluate import Hit, State, printf_text, run_block
 from urewrite.programs.parser import parse
-from urewrite.program_run import _values
+from urewrite.program_run import printf_values
 from urewrite.trampolines import program_file as P
 
 pytestmark = needs(CC, QEMU)
@@ -150,7 +150,7 @@ def _compiled_run(harness: Path, text: str, hits, data: bytes = b"", threads: in
         words = list(struct.unpack_from(f"<{count}Q", result, at + 8))
         at += 8 + 8 * count
         text_, kinds = lowered.printfs[index]
-        printed.append(printf_text(text_, _values(kinds, words)))
+        printed.append(printf_text(text_, printf_values(kinds, words)))
     return output.text(found), printed, M.faults(result[:len(area)])
 
 

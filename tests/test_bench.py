@@ -270,17 +270,17 @@ def test_cleanup_tries_again_while_the_kernel_is_busy(monkeypatch):
         tries.append(1)
         if len(tries) < 3:
             raise OSError(errno.EBUSY, "Device or resource busy")
-    assert kernel._until_done(busy_twice, time.monotonic() + 60) is None and len(tries) == 3
+    assert kernel.until_done(busy_twice, time.monotonic() + 60) is None and len(tries) == 3
 
     def gone():
         raise FileNotFoundError(errno.ENOENT, "No such file or directory")
-    assert kernel._until_done(gone, time.monotonic() + 60) is None
+    assert kernel.until_done(gone, time.monotonic() + 60) is None
 
     def always_busy():
         tries.append(1)
         raise OSError(errno.EBUSY, "Device or resource busy")
     tries.clear()
-    assert kernel._until_done(always_busy, time.monotonic() - 1) == "Device or resource busy"
+    assert kernel.until_done(always_busy, time.monotonic() - 1) == "Device or resource busy"
     assert len(tries) == 1  # (one try at least, even past the deadline)
 
 

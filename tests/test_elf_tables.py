@@ -169,7 +169,7 @@ def _discover_one_by_one(elf: ElfFile) -> list:
     table order, the first size that is not 0); an FDE sizes a symbol without a size,
     or is a function of its own; a function still without a size extends to the next
     symbol or FDE start (a symbol first), or its section's end."""
-    in_code = functions._code_ranges(elf)
+    in_code = functions.code_ranges(elf)
     table = elf_symbols.table(elf)
     by_address, marks = {}, {}
     for i in range(len(table)):

@@ -49,7 +49,7 @@ class Compiled:
         self.exits = 0  # exit()s
 
         def event(index, words, count):
-            from urewrite.program_run import _values
+            from urewrite.program_run import printf_values
             text, kinds = self.lowered.printfs[index]
             if text == L.EXIT:
                 self.exits += 1
@@ -63,7 +63,7 @@ class Compiled:
                 else:
                     M.reset(self.area, self.lowered.maps, number, forget=what == "clear")
                 return
-            self.printed.append(printf_text(text, _values(kinds, list(
+            self.printed.append(printf_text(text, printf_values(kinds, list(
                 (ctypes.c_uint64 * count).from_address(words)))))
         self.event = ctypes.CFUNCTYPE(None, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_uint64)(event)
 

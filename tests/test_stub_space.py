@@ -42,23 +42,23 @@ def test_fit_of_rows_is_fit_row_by_row(seed):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_member_is_isin(seed):
-    from urewrite.rewriter.stub_space import _member
+    from urewrite.rewriter.stub_space import member
     rng = np.random.default_rng(seed)
     known = np.unique(rng.integers(0, 300, size=rng.integers(0, 30)))
     for values in (np.sort(rng.integers(0, 300, size=2000)),  # sorted, many: runs marked
                    rng.integers(0, 300, size=2000), np.sort(rng.integers(0, 300, size=5))):
-        assert _member(values, known).tolist() == np.isin(values, known).tolist()
+        assert member(values, known).tolist() == np.isin(values, known).tolist()
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_clear_of_sorted_candidates_is_clear_of_each(seed):
-    from urewrite.rewriter.stub_space import _clear_of
+    from urewrite.rewriter.stub_space import clear_of
     rng = np.random.default_rng(seed)
     starts = np.unique(rng.integers(0, 4000, size=rng.integers(1, 60)))
     for stubs in (np.arange(rng.integers(0, 100), 4100, 8),  # a search's candidates: runs marked
                   np.sort(rng.integers(-20, 4100, size=500)), rng.integers(0, 4000, size=300)):
         each = [all(abs(int(x) - int(s)) >= 5 for s in starts) for x in stubs]
-        assert _clear_of(stubs, starts, 5).tolist() == each
+        assert clear_of(stubs, starts, 5).tolist() == each
 
 
 @pytest.mark.parametrize("seed", range(8))

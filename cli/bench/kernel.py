@@ -153,7 +153,7 @@ class KernelEvents:
         deadline = time.monotonic() + CLEANUP_SECONDS
         if self.instance:
             # (busy while a reader still has a file of it open)
-            problem = _until_done(lambda: os.rmdir(self.instance), deadline)
+            problem = until_done(lambda: os.rmdir(self.instance), deadline)
             if problem:
                 log(f"warning: could not remove the tracing instance {self.instance} "
                     f"({problem}): remove it with: rmdir {self.instance}")
@@ -161,7 +161,7 @@ class KernelEvents:
         failed = []
         for name in self.created:
             # (busy while a process that used it is still exiting)
-            problem = _until_done(
+            problem = until_done(
                 lambda: tracefs_write(self.events_file, f"-:{self.group}/{name}\n"), deadline)
             if problem:
                 failed.append(f"{self.group}/{name} ({problem})")
@@ -171,7 +171,7 @@ class KernelEvents:
                 f"with: echo '-:GROUP/NAME' >> {self.events_file}")
 
 
-def _until_done(remove, deadline: float) -> Optional[str]:
+def until_done(remove, deadline: float) -> Optional[str]:
     """Call remove() until it succeeds, or finds nothing to remove, or the deadline
     passes (then: why not, from its last try; one try at least)."""
     while True:
