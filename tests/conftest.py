@@ -77,6 +77,19 @@ def check(cmd: Sequence, **kw) -> subprocess.CompletedProcess:
     return proc
 
 
+@contextlib.contextmanager
+def running(cmd: Sequence, **popen):
+    """A process (subprocess.Popen(cmd, **popen)) for the length of a `with` block: killed
+    at its end if it still runs, and always waited for."""
+    process = subprocess.Popen([str(c) for c in cmd], **popen)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+
 def urewrite(*args, env: Optional[Dict[str, str]] = None, cwd=None) -> subprocess.CompletedProcess:
     """The command line tool, as `python -m urewrite ARGS`."""
     return run([sys.executable, "-m", "urewrite", *args], env=env, cwd=cwd)

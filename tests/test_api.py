@@ -8,7 +8,7 @@ import os
 import pytest
 
 from conftest import urewrite
-from test_live import programs  # noqa: F401 (the fixture: the server and its rewrites)
+from live_server import programs  # noqa: F401 (the fixture: the server and its rewrites)
 from urewrite import api
 
 # samples/counts.c: entries per run, from its source
