@@ -17,7 +17,7 @@ import pytest
 
 from conftest import check
 from cross import CC, QEMU, SYSROOT, needs
-from test_program_code import CHECKED_READS, PROGRAMS, STRING_MAPS, WORK
+from probe_programs import CHECKED_READS, PROGRAMS, STRING_MAPS, WORK
 from urewrite.programs import lower as L
 from urewrite.programs import maps as M
 from urewrite.programs import output
