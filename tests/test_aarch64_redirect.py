@@ -29,13 +29,15 @@ from typing import Dict, Optional, Tuple
 
 import pytest
 
-from test_redirect import COROUTINE_USER, COROUTINES  # the same programs as on x86_64
 from conftest import check, run, urewrite
 from cross import BP, CC, QEMU, Run, emulate, exit_status, needs, prepare_all
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
 FORCE = {"UREWRITE_REDIRECT_RETURNS": "1"}
+# the same programs as on x86_64 (tests/test_redirect.py)
+COROUTINES = (SAMPLES / "coroutines.c").read_text()
+COROUTINE_USER = (SAMPLES / "coroutine_user.c").read_text()
 
 pytestmark = needs(CC, QEMU)
 

@@ -250,7 +250,7 @@ def test_export_pid_serves_the_exact_counts_then_disarms(programs):
                     reason="the prometheus binary is not installed (apt-get install prometheus)")
 def test_prometheus_stores_the_counts_of_an_armed_process(programs, tmp_path):
     from live_service import wait_for
-    from test_export import Prometheus
+    from prometheus_server import Prometheus
 
     program = programs / "live_server.probed"
     server = Server(program, programs / "lib")
