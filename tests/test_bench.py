@@ -19,6 +19,7 @@ import time
 
 import pytest
 
+import cross
 from conftest import check, kernel_tracing_alone, run
 from urewrite import bench
 
@@ -453,7 +454,7 @@ def test_redis_from_the_bench_command():
     assert "kernel uprobes" not in redis["counts"]
 
 
-@pytest.mark.parametrize("compiler", ["gcc", "aarch64-linux-gnu-gcc"])
+@pytest.mark.parametrize("compiler", ["gcc", cross.CC])
 def test_trigger_builds_without_sdt_h_with_the_same_usdt_site(tmp_path, compiler):
     """The README's first command must work without systemtap-sdt-dev: the trigger then
     writes its own note, which reads as sdt.h's does (same probe, argument sizes, values)."""

@@ -192,7 +192,7 @@ def test_fault_hook_table_names_the_moved_instructions(go_work):
 
 def strip(program: Path) -> Path:
     """A copy without symbols, at the same addresses."""
-    objcopy = shutil.which("aarch64-linux-gnu-objcopy" if "arm64" in program.name
+    objcopy = shutil.which(cross.OBJCOPY if "arm64" in program.name
                            else "objcopy")
     if not objcopy:
         pytest.skip(f"no objcopy for {program.name}")
