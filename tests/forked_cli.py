@@ -7,10 +7,10 @@ runs `python -m urewrite` as the interpreter would (runpy, `__main__`), with the
 command's own environment, folder, stdin from /dev/null and its output in files:
 the same code from the same entry point, with the state of a fresh import.
 
-Nothing the command line does before it reads its arguments is tested this way:
-tests of that start a real interpreter (and UREWRITE_TESTS_FRESH=1 makes every
-command do so). Each server runs one command at a time; callers on several
-threads take servers from a pool.
+What a fresh interpreter does before the command runs (starting, importing) is not
+exercised this way: the commands tests start with Popen still start one, and
+UREWRITE_TESTS_FRESH=1 makes every command do so. Each server runs one command at a
+time; callers on several threads take servers from a pool.
 """
 
 from __future__ import annotations
