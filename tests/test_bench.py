@@ -20,7 +20,7 @@ import time
 import pytest
 
 import cross
-from conftest import check, kernel_tracing_alone, run
+from conftest import check, kernel_tracing_alone, run, running
 from urewrite import bench
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -217,11 +217,10 @@ def test_kernel_rows_leave_nothing_behind(foreign_event):
 @needs_tracefs
 def test_ctrl_c_removes_the_events(foreign_event):
     env = {k: v for k, v in os.environ.items() if k != "UREWRITE_DIR"}
-    proc = subprocess.Popen([sys.executable, "-m", "urewrite", "bench", "--iterations",
-                             "2000000", "--repeat", "5"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
-    group = f"urwbench_{proc.pid}"
-    try:
+    with running([sys.executable, "-m", "urewrite", "bench", "--iterations",
+                  "2000000", "--repeat", "5"], stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE, text=True, env=env) as proc:
+        group = f"urwbench_{proc.pid}"
         deadline = time.monotonic() + 120
         while not event_lines(group) and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
@@ -229,10 +228,6 @@ def test_ctrl_c_removes_the_events(foreign_event):
         time.sleep(1.0)  # inside the kernel rows
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     assert event_lines(group) == [], err
