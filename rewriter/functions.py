@@ -57,7 +57,7 @@ def discover(elf: ElfFile) -> List[Function]:
     """Functions sorted by address; symbols at one address merge into one function."""
     # (with arrays: a big file has 100,000s of function symbols, most of them twice,
     # and as many FDEs; nothing else can start before this)
-    in_code = _code_ranges(elf)
+    in_code = code_ranges(elf)
     table = symbol_table(elf)
     defined = (table.shndx != SHN_UNDEF) & (table.values != 0) & in_code(table.values)
     symbol_starts = np.unique(table.values[defined])  # (where something starts)
@@ -197,7 +197,7 @@ def _extent(elf: ElfFile, address: int, symbol_starts: np.ndarray,
     return end - address, why
 
 
-def _code_ranges(elf: ElfFile):
+def code_ranges(elf: ElfFile):
     """in_code(addresses): a mask of the addresses (a numpy int64 array) that lie in an
     executable section other than the PLT's."""
     ranges = sorted((s.addr, s.end) for s in elf.executable_sections()

@@ -25,6 +25,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import pytest
 
+import forked_cli
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
 ENV_VAR = "UREWRITE_DIR"
@@ -57,7 +59,11 @@ GO_CACHE = os.path.join(tempfile.gettempdir(), "urewrite-tests-go-cache")
 
 def run(cmd: Sequence, env: Optional[Dict[str, str]] = None, cwd=None,
         timeout: int = TIMEOUT) -> subprocess.CompletedProcess:
-    """Run a command with captured text output; `env` adds to a disarmed environment."""
+    """Run a command with captured text output; `env` adds to a disarmed environment.
+    `python -m urewrite ARGS` runs in a child of a fork server (tests/forked_cli.py)."""
+    cmd = [str(c) for c in cmd]
+    if cmd[:3] == [sys.executable, "-m", "urewrite"]:
+        return forked_cli.run_urewrite(cmd[3:], clean_env(env), cwd=cwd, timeout=timeout)
     return subprocess.run([str(c) for c in cmd], capture_output=True, text=True,
                           errors="replace", env=clean_env(env), cwd=cwd, timeout=timeout)
 
@@ -69,6 +75,19 @@ def check(cmd: Sequence, **kw) -> subprocess.CompletedProcess:
         raise AssertionError(f"{' '.join(map(str, cmd))} exited with {proc.returncode}\n"
                              f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc
+
+
+@contextlib.contextmanager
+def running(cmd: Sequence, **popen):
+    """A process (subprocess.Popen(cmd, **popen)) for the length of a `with` block: killed
+    at its end if it still runs, and always waited for."""
+    process = subprocess.Popen([str(c) for c in cmd], **popen)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
 
 
 def urewrite(*args, env: Optional[Dict[str, str]] = None, cwd=None) -> subprocess.CompletedProcess:

@@ -1,69 +1,62 @@
-"""The arm64 cross toolchain every arm64 test uses, in one place: the compiler and
-binutils (aarch64-linux-gnu-), qemu-aarch64 and the libraries it runs programs with,
-how to run things (probes disarmed unless asked), and the skip marker for machines
-without them. (Test files import it as they import conftest.)"""
+"""The arm64 cross toolchain of every arm64 test: compilers, binutils, qemu-user, the
+AArch64 libraries qemu loads programs with, and the skip marker for machines without them.
+
+Programs run as `emulate(program)` (qemu-aarch64 -L SYSROOT program), probes disarmed
+through conftest's run. The parts the arm64 matrices share (a variant's runs, building
+every variant at once) are here too.
+"""
 
 from __future__ import annotations
 
 import concurrent.futures
 import os
 import shutil
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = ROOT / "samples"
-ENV_VAR = "UREWRITE_DIR"
+from conftest import check
+
 CROSS = "aarch64-linux-gnu-"
-CC, READELF, NM = CROSS + "gcc", CROSS + "readelf", CROSS + "nm"
+CC, CXX = CROSS + "gcc", CROSS + "g++"
+READELF, NM, OBJCOPY = CROSS + "readelf", CROSS + "nm", CROSS + "objcopy"
 QEMU = "qemu-aarch64"
-TIMEOUT = 180
 BP = "-mbranch-protection=standard"
-LIB_INIT = "urw_test_init"  # DT_INIT of the libraries linked without start files
+
+# shared libraries linked without the toolchain's start files (which carry no BTI
+# marking) keep the GNU property note saying BTI and PAC; this is their DT_INIT
+LIB_INIT = "urw_test_init"
 LIB_INIT_C = f"void {LIB_INIT}(void) {{}}\n"
 
-MISSING = [tool for tool in (CC, QEMU, READELF, NM) if shutil.which(tool) is None]
-needs_cross = pytest.mark.skipif(
-    bool(MISSING),
-    reason=f"needs the AArch64 cross toolchain and qemu-user ({', '.join(MISSING)} not found; "
-           f"Debian: apt-get install gcc-aarch64-linux-gnu qemu-user)")
+PACKAGES = {CC: "gcc-aarch64-linux-gnu", CXX: "g++-aarch64-linux-gnu", QEMU: "qemu-user",
+            READELF: "binutils-aarch64-linux-gnu", NM: "binutils-aarch64-linux-gnu",
+            OBJCOPY: "binutils-aarch64-linux-gnu"}
 
 
-def run(cmd, env: Optional[Dict[str, str]] = None, timeout: int = TIMEOUT) -> subprocess.CompletedProcess:
-    """Run with captured text output, probes disarmed (no UREWRITE_DIR), plus `env`."""
-    full = {k: v for k, v in os.environ.items() if k != ENV_VAR}
-    full.update(env or {})
-    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, errors="replace",
-                          env=full, timeout=timeout)
+def missing(*tools: str) -> List[str]:
+    """Those of `tools` not on PATH."""
+    return [tool for tool in tools if shutil.which(tool) is None]
 
 
-def check(cmd, **kw) -> subprocess.CompletedProcess:
-    proc = run(cmd, **kw)
-    if proc.returncode != 0:
-        raise AssertionError(f"{' '.join(map(str, cmd))} exited with {proc.returncode}\n"
-                             f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
-    return proc
-
-
-def urewrite(*args) -> subprocess.CompletedProcess:
-    return run([sys.executable, "-m", "urewrite", *args])
-
-
-def exit_status(returncode: int) -> int:
-    """As a shell (and `urewrite stat`) reports it: 128+N for death by signal N."""
-    return 128 - returncode if returncode < 0 else returncode
+def needs(*tools: str, also: Optional[str] = None) -> pytest.MarkDecorator:
+    """Skips without any of `tools` (the cross compiler and qemu when none are named);
+    `also`: a further condition's reason, given only when it is not met (None: met)."""
+    tools = tools or (CC, QEMU)
+    absent = missing(*tools)
+    packages = sorted({PACKAGES.get(tool, tool) for tool in absent})
+    reasons = ([f"needs {', '.join(absent)} (Debian: apt-get install {' '.join(packages)})"]
+               if absent else []) + ([also] if also else [])
+    return pytest.mark.skipif(bool(reasons), reason="; ".join(reasons) or "-")
 
 
 def _sysroot() -> str:
-    """The AArch64 libraries for qemu's -L: QEMU_LD_PREFIX, else where the cross gcc's loader is."""
+    """The AArch64 libraries for qemu's -L: QEMU_LD_PREFIX, else where the cross gcc's
+    loader is; "" when neither is known."""
     if os.environ.get("QEMU_LD_PREFIX"):
         return os.environ["QEMU_LD_PREFIX"]
-    if MISSING:
+    if missing(CC):
         return ""
     loader = check([CC, "-print-file-name=ld-linux-aarch64.so.1"]).stdout.strip()
     path = Path(os.path.realpath(loader))
@@ -73,15 +66,33 @@ def _sysroot() -> str:
 SYSROOT = _sysroot()
 
 
-def emulate(program, libdir=None) -> List[str]:
-    """The command that runs an AArch64 program (and its libraries from `libdir`) under qemu."""
+def require_sysroot() -> None:
+    """Skips the test when the AArch64 libraries are not found."""
+    if not SYSROOT:
+        pytest.skip("cannot find the AArch64 libraries for qemu -L (set QEMU_LD_PREFIX)")
+
+
+def emulator(libdir=None) -> List[str]:
+    """qemu and its options, to go before an AArch64 program (its libraries from `libdir`)."""
     cmd = [QEMU]
     if SYSROOT:
         cmd += ["-L", SYSROOT]
     if libdir:
         cmd += ["-E", f"LD_LIBRARY_PATH={libdir}"]
-    return cmd + [str(program)]
+    return cmd
 
+
+def emulate(program, libdir=None) -> List[str]:
+    """The command that runs an AArch64 program (and its libraries from `libdir`) under qemu."""
+    return emulator(libdir) + [str(program)]
+
+
+def exit_status(returncode: int) -> int:
+    """As a shell (and `urewrite stat`) reports it: 128+N for death by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+# -- the matrices: many variants built, rewritten and run once per module ----------------------
 
 @dataclass
 class Run:
@@ -94,8 +105,7 @@ class Run:
 def prepare_all(tmp_path_factory, name: str, variants, prepare) -> dict:
     """prepare(variant, folder) for every variant, in parallel (each mostly waits for
     gcc and qemu); the results by variant id. Skips without AArch64 libraries."""
-    if not SYSROOT:
-        pytest.skip("cannot find the AArch64 libraries for qemu -L (set QEMU_LD_PREFIX)")
+    require_sysroot()
     root = tmp_path_factory.mktemp(name)
     workers = max(2, os.cpu_count() or 2)
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:

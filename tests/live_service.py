@@ -161,3 +161,20 @@ class ProgramLoader:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.communicate()
+
+
+def table(lines):
+    """A table of plain output (a header line, then rows): rows as dicts by column."""
+    header = lines[0].split()
+    return [dict(zip(header, line.split())) for line in lines[1:] if line.strip()]
+
+
+def top_tables(text):
+    """Each refresh of plain `top` output: (title, rows as dicts)."""
+    tables = []
+    for line in text.splitlines():
+        if line.startswith("urewrite top - "):
+            tables.append((line, []))
+        elif line.strip():
+            tables[-1][1].append(line)
+    return [(title, table(lines)) for title, lines in tables]

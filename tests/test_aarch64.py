@@ -30,10 +30,13 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-from cross import (BP, CC, LIB_INIT, LIB_INIT_C, NM, READELF, SAMPLES, SYSROOT, Run,
-                   check, emulate, exit_status, needs_cross, prepare_all, run, urewrite)
+from conftest import check, run, urewrite
+from cross import (BP, CC, LIB_INIT, LIB_INIT_C, NM, QEMU, READELF, Run, emulate, exit_status,
+                   needs, prepare_all, require_sysroot)
 
-pytestmark = needs_cross
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "samples"
+pytestmark = needs(CC, QEMU, READELF, NM)
 
 
 # -- what the samples do ----------------------------------------------------------------------------
@@ -451,8 +454,7 @@ def test_list_reports_arm64_sites(prepared, vid):
 
 def test_bti_is_enforced_under_qemu(tmp_path):
     """The -bp shared variants mean something only if qemu traps a branch to a non-pad."""
-    if not SYSROOT:
-        pytest.skip("cannot find the AArch64 libraries for qemu -L")
+    require_sysroot()
     (tmp_path / "nopad.c").write_text(
         '__asm__(".text\\n.globl no_pad\\n.type no_pad, %function\\nno_pad:\\n'
         '  mov w0, #7\\n  ret\\n.size no_pad, .-no_pad\\n");\n'
@@ -484,8 +486,7 @@ int main(void) {
 
 @pytest.mark.parametrize("link", ["pie", "no-pie", "static"])
 def test_misaligned_taken_address_does_not_block_a_site(tmp_path, link):
-    if not SYSROOT:
-        pytest.skip("cannot find the AArch64 libraries for qemu -L")
+    require_sysroot()
     (tmp_path / "tagged.c").write_text(TAGGED_C)
     exe, out = tmp_path / "tagged", tmp_path / "tagged.probed"
     check([CC, "-O2", *LINK_FLAGS[link], tmp_path / "tagged.c", "-o", exe])

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+import cross
 SCRIPT = Path(__file__).resolve().parent.parent / "samples" / "aarch64_insn_counts.py"
-TOOLS = ("aarch64-linux-gnu-gcc", "qemu-aarch64", "gcc")
+TOOLS = (cross.CC, cross.QEMU, "gcc")
 SDT = list(Path("/usr/include").glob("sys/sdt.h")) + list(Path("/usr/include").glob("*/sys/sdt.h"))
 
 pytestmark = pytest.mark.skipif(

@@ -9,15 +9,15 @@ same, printf()'s lines too."""
 
 from __future__ import annotations
 
-import shutil
 import struct
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from cross import CC, QEMU, SYSROOT, check
-from test_program_code import CHECKED_READS, PROGRAMS, STRING_MAPS, WORK
+from conftest import check
+from cross import CC, QEMU, SYSROOT, needs
+from probe_programs import CHECKED_READS, PROGRAMS, STRING_MAPS, WORK
 from urewrite.programs import lower as L
 from urewrite.programs import maps as M
 from urewrite.programs import output
@@ -27,9 +27,7 @@ from urewrite.programs.parser import parse
 from urewrite.program_run import printf_values
 from urewrite.trampolines import program_file as P
 
-pytestmark = pytest.mark.skipif(
-    any(shutil.which(tool) is None for tool in (CC, QEMU)),
-    reason="needs the AArch64 cross compiler and qemu-user")
+pytestmark = needs(CC, QEMU)
 
 DATA = 0x70000000  # where the harness maps the test's data (strings, records)
 

@@ -23,15 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from cross import CC, QEMU, check, emulate, urewrite
-from test_aarch64_programs import VALUES, _build, _evaluated, bti_library
-from test_program_output import _ties_sorted
-from test_program_run import _maps
+from conftest import check, urewrite
+from cross import CC, QEMU, emulate, needs
+from probe_programs import VALUES, bti_library, build_arm64, evaluated, maps_of, ties_sorted
 
-pytestmark = pytest.mark.skipif(
-    any(shutil.which(tool) is None for tool in (CC, QEMU)),
-    reason="needs the AArch64 cross compiler and qemu-user (Debian: apt-get install "
-           "gcc-aarch64-linux-gnu qemu-user)")
+pytestmark = needs(CC, QEMU)
 
 COUNTS = ("uprobe:{path}:work /arg0 % 3 != 1/ {{ @c[arg1] = count(); @s = sum(arg0); }} "
           "uretprobe:{path}:work {{ @r = sum((int64)retval); @h = hist(retval); }}")
@@ -50,7 +46,7 @@ def shared_dir():
     is 0700), with values.c built for arm64 and rewritten with COUNTS's probes."""
     d = Path(tempfile.mkdtemp(prefix="urewrite-arm64-maps-"))
     try:
-        rewritten = _build(d, VALUES, "values", ["-O2", "-pthread"],
+        rewritten = build_arm64(d, VALUES, "values", ["-O2", "-pthread"],
                            lambda path: COUNTS.format(path=path))
         for p in [d, *d.rglob("*")]:
             os.chmod(p, 0o755)
@@ -71,8 +67,8 @@ def test_processes_of_another_user_have_their_own_maps(shared_dir):
     program = COUNTS.format(path=shared_dir)
     single = urewrite("run", "-e", program, "--", *as_nobody, *emulate(shared_dir), "700")
     assert single.returncode == 0, single.stderr
-    expected, _ = _evaluated(program, 700)
-    assert _ties_sorted(_maps(single.stdout)) == _ties_sorted(expected)
+    expected, _ = evaluated(program, 700)
+    assert ties_sorted(maps_of(single.stdout)) == ties_sorted(expected)
     command = " ".join(as_nobody + emulate(shared_dir))
     script = f"""
         {command} 500 > /dev/null || exit 9
@@ -85,13 +81,13 @@ def test_processes_of_another_user_have_their_own_maps(shared_dir):
     files = [line.split() for line in twice.stdout.splitlines() if line.startswith("600 ")]
     assert [(mode, user, name.split(".")[0], name.split(".")[2]) for mode, user, name in files] \
         == [("600", "nobody", "maps", str(nobody.pw_uid))] * 2
-    once, _ = _evaluated(program, 500)
+    once, _ = evaluated(program, 500)
     doubled = {}
     for line in once.splitlines():  # each count and sum twice over (hist buckets too)
         if line.startswith("@c[") or line.startswith("@s:") or line.startswith("@r:"):
             key, value = line.rsplit(": ", 1)
             doubled[key] = 2 * int(value)
-    got = dict(line.rsplit(": ", 1) for line in _maps(twice.stdout).splitlines()
+    got = dict(line.rsplit(": ", 1) for line in maps_of(twice.stdout).splitlines()
                if line.startswith(("@c[", "@s:", "@r:")))
     assert {key: int(value) for key, value in got.items()} == doubled
 
@@ -103,7 +99,7 @@ def _built_in_maps(report: Path) -> list:
 
 
 def test_a_built_in_program_runs_whenever_the_probes_are_armed(tmp_path):
-    rewritten = _build(tmp_path, VALUES, "values", ["-O2", "-pthread"],
+    rewritten = build_arm64(tmp_path, VALUES, "values", ["-O2", "-pthread"],
                        lambda path: COUNTS.format(path=path))
     program = COUNTS.format(path=rewritten)
     report = tmp_path / "report.json"
@@ -142,10 +138,10 @@ def test_a_built_in_program_in_a_bti_guarded_library(tmp_path):
     stat = urewrite("stat", "--json", "-o", str(report), "--",
                     *emulate(main, tmp_path / "rw"), "900", "3")
     assert stat.returncode == 0, stat.stderr
-    expected, _ = _evaluated(program, 900, threads=3)
+    expected, _ = evaluated(program, 900, threads=3)
     ran = urewrite("run", "-e", program, "--", *emulate(main, tmp_path / "rw"), "900", "3")
     assert ran.returncode == 0, ran.stderr
-    assert _ties_sorted(_maps(ran.stdout)) == _ties_sorted(expected)
+    assert ties_sorted(maps_of(ran.stdout)) == ties_sorted(expected)
     loaded = urewrite("run", "--json", "-e", program, "--",
                       *emulate(main, tmp_path / "rw"), "900", "3")
     assert loaded.returncode == 0, loaded.stderr
@@ -165,7 +161,7 @@ def test_maps_smaller_than_the_program_s_area_are_not_mapped(tmp_path):
     import struct
 
     from urewrite.trampolines import program_file
-    rewritten = _build(tmp_path, VALUES, "values", ["-O2", "-pthread"],
+    rewritten = build_arm64(tmp_path, VALUES, "values", ["-O2", "-pthread"],
                        lambda path: COUNTS.format(path=path))
     data = rewritten.read_bytes()
     at = data.rindex(struct.pack("<Q", program_file.MAGIC))  # (the runtime holds it too)

@@ -15,17 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from cross import BP, CC, QEMU, check, emulate, urewrite
-from test_user_switch import REQUESTS, SERVED, WORKERS, _nobody_ids, _users
+from conftest import check, urewrite
+from cross import BP, CC, QEMU, emulate, needs
+from users import REQUESTS, SERVED, WORKERS, needs_switching, nobody_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER = ROOT / "samples" / "dropping_server.c"
 
 pytestmark = [
-    pytest.mark.skipif(any(shutil.which(tool) is None for tool in (CC, QEMU)),
-                       reason="needs the AArch64 cross compiler and qemu-user"),
-    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None or not _users(),
-                       reason="needs root (to switch user), setpriv and the user nobody"),
+    needs(CC, QEMU),
+    needs_switching,
 ]
 
 
@@ -49,7 +48,7 @@ def programs():
 
 
 def _server(programs, name="server-late"):
-    uid, gid = _nobody_ids()
+    uid, gid = nobody_ids()
     return [*emulate(programs / name), str(uid), str(gid), str(WORKERS), str(REQUESTS)]
 
 

@@ -19,7 +19,6 @@ run with `urewrite run -e PROGRAM -- qemu-aarch64 ... ./prog`:
 
 from __future__ import annotations
 
-import os
 import platform
 import shutil
 import subprocess
@@ -27,39 +26,17 @@ from pathlib import Path
 
 import pytest
 
-from cross import BP, CC, LIB_INIT, LIB_INIT_C, QEMU, check, emulate, urewrite
-from test_program_output import _ties_sorted
-from test_program_run import MATRIX_PROGRAM, PROGRAM, _maps
-from urewrite.programs import output
-from urewrite.programs.checks import check as check_program
-from urewrite.programs.evaluate import Hit, State, run_block
-from urewrite.programs.parser import parse
+from conftest import check, running, urewrite
+from cross import CC, QEMU, emulate, needs
+from probe_programs import (COMM, MATRIX_PROGRAM, PROGRAM, VALUES, bti_library, build_arm64,
+                            evaluated, maps_of, ties_sorted)
 
 ROOT = Path(__file__).resolve().parent.parent
-VALUES = ROOT / "samples" / "programs" / "values.c"
 POINTERS = ROOT / "samples" / "programs" / "pointers.c"
 WORDS = ("alpha", "beta", "gamma")
 CALLS = 1000
 
-pytestmark = pytest.mark.skipif(
-    any(shutil.which(tool) is None for tool in (CC, QEMU)),
-    reason="needs the AArch64 cross compiler and qemu-user (Debian: apt-get install "
-           "gcc-aarch64-linux-gnu qemu-user)")
-
-# what comm is under qemu-user: the emulator's name (bpftrace would say the same)
-COMM = os.path.basename(shutil.which(QEMU) or QEMU)[:15]
-
-
-def _build(work: Path, source: Path, name: str, flags, program_for) -> Path:
-    """`source` built for arm64 as work/plain/NAME and rewritten with the probes the
-    program names as work/rw/NAME (so that both have the same name)."""
-    (work / "plain").mkdir(exist_ok=True)
-    (work / "rw").mkdir(exist_ok=True)
-    plain, rewritten = work / "plain" / name, work / "rw" / name
-    check([CC, *flags, str(source), "-o", str(plain)])
-    proc = urewrite(str(plain), "-e", program_for(rewritten), "-o", str(rewritten), "-q")
-    assert proc.returncode == 0, proc.stderr
-    return rewritten
+pytestmark = needs(CC, QEMU)
 
 
 def _run(program: str, rewritten: Path, *args) -> subprocess.CompletedProcess:
@@ -68,36 +45,10 @@ def _run(program: str, rewritten: Path, *args) -> subprocess.CompletedProcess:
     return proc
 
 
-def _evaluated(program: str, calls: int, threads: int = 1):
-    """(the maps as `run` prints them, the printf() lines) the evaluator gives for
-    values.c's calls: work(i, i % 7) returning 3i - 500 (i % 7), then named(word, i);
-    thread t making the calls i = t, t + T, ... (one call of a thread at a time)."""
-    checked = check_program(parse(program))
-    state = State(checked)
-    by_kind = {}
-    for block in checked.program.blocks:
-        for probe in block.probes:
-            kind = probe.kind + ":" + (probe.function or "")
-            by_kind.setdefault(kind, []).append((block, probe))
-
-    def hit(kind, **fields):
-        for block, probe in by_kind.get(kind, ()):
-            run_block(state, block, Hit(probe, comm=COMM, **fields))
-    clock = 0
-    for i in range(calls):
-        tid = 1 + i % threads
-        clock += 1000
-        hit("uprobe:work", args=(i, i % 7), tid=tid, nsecs=clock)
-        hit("uretprobe:work", retval=(3 * i - 500 * (i % 7)) & (2**64 - 1), tid=tid,
-            nsecs=clock + 10)
-        hit("uprobe:named", args=(0, i), tid=tid, nsecs=clock)
-    return output.text(list(state.maps.values())), state.printed
-
-
 @pytest.fixture(scope="module")
 def values(tmp_path_factory):
     work = tmp_path_factory.mktemp("arm64-values")
-    return _build(work, VALUES, "values", ["-O2", "-pthread"],
+    return build_arm64(work, VALUES, "values", ["-O2", "-pthread"],
                   lambda path: PROGRAM.format(path=path) + MATRIX_PROGRAM.format(
                       path=path, work="work", named="named"))
 
@@ -106,8 +57,8 @@ def test_the_probes_run_the_program_as_the_evaluator_does(values):
     program = PROGRAM.format(path=values)
     ran = _run(program, values, CALLS)
     printed, maps = ran.stdout.split("\n\n\n", 1)
-    expected, lines = _evaluated(program, CALLS)
-    assert _ties_sorted(maps) == _ties_sorted(expected)
+    expected, lines = evaluated(program, CALLS)
+    assert ties_sorted(maps) == ties_sorted(expected)
     assert f"@took: {CALLS}" in maps and "@c[3]: 141" in maps
     # the command's own output (the sum of work()'s results), and the printf()s
     assert sorted(printed.splitlines()) == sorted([str(sum(3 * i - 500 * (i % 7)
@@ -122,8 +73,8 @@ def test_threads_count_exactly(values):
     is a read and a store, which threads may interleave, in bpftrace too)."""
     program = MATRIX_PROGRAM.format(path=values, work="work", named="named")
     ran = _run(program, values, CALLS, 4)
-    expected, _ = _evaluated(program, CALLS, threads=4)
-    assert _ties_sorted(_maps(ran.stdout)) == _ties_sorted(expected)
+    expected, _ = evaluated(program, CALLS, threads=4)
+    assert ties_sorted(maps_of(ran.stdout)) == ties_sorted(expected)
     assert f"@took: {CALLS}" in ran.stdout
 
 
@@ -133,10 +84,10 @@ def test_builds(tmp_path, flags):
     program_of = (lambda path: f"uprobe:{path}:work /arg0 % 3 != 1/ {{ @c[arg1] = count(); "
                                f"@s = sum(arg0); }} uretprobe:{path}:work {{ @r = hist(retval); "
                                f"@neg[(int64)retval < 0] = count(); }}")
-    rewritten = _build(tmp_path, VALUES, "values", flags, program_of)
+    rewritten = build_arm64(tmp_path, VALUES, "values", flags, program_of)
     ran = _run(program_of(rewritten), rewritten, 700)
-    expected, _ = _evaluated(program_of(rewritten), 700)
-    assert _ties_sorted(_maps(ran.stdout)) == _ties_sorted(expected)
+    expected, _ = evaluated(program_of(rewritten), 700)
+    assert ties_sorted(maps_of(ran.stdout)) == ties_sorted(expected)
 
 
 STRINGS = ("uprobe:{path}:named {{ @w[str(arg0)] = count(); @short[str(arg0, 3), arg1 % 2] = count(); "
@@ -144,10 +95,10 @@ STRINGS = ("uprobe:{path}:named {{ @w[str(arg0)] = count(); @short[str(arg0, 3),
 
 
 def test_string_keys(tmp_path):
-    rewritten = _build(tmp_path, VALUES, "values", ["-O2", "-pthread"],
+    rewritten = build_arm64(tmp_path, VALUES, "values", ["-O2", "-pthread"],
                        lambda path: STRINGS.format(path=path))
     ran = _run(STRINGS.format(path=rewritten), rewritten, 300)
-    maps = _maps(ran.stdout)
+    maps = maps_of(ran.stdout)
     for word in WORDS:
         assert f"@w[{word}]: 100\n" in maps
         assert f"@short[{word[:2]}, 0]: 50\n" in maps and f"@short[{word[:2]}, 1]: 50\n" in maps
@@ -166,7 +117,7 @@ def test_string_keys(tmp_path):
         there = urewrite("run", "-e", STRINGS.format(path=probed / "values"), "--",
                          str(probed / "values"), "300")
         assert there.returncode == 0, there.stderr
-        assert _maps(there.stdout).replace("@who[values]", f"@who[{COMM}]") == maps
+        assert maps_of(there.stdout).replace("@who[values]", f"@who[{COMM}]") == maps
 
 
 BAD = ("uprobe:{path}:reads {{ @s[str(arg0)] = count(); @b[arg1] = sum(*(uint8 *)arg0); "
@@ -178,7 +129,7 @@ def test_bad_pointers_give_nothing_and_are_counted(tmp_path):
     counted, and the process runs on as it would; a string ending at its mapping's
     end is read whole."""
     rounds = 40
-    rewritten = _build(tmp_path, POINTERS, "pointers", ["-O2"], lambda p: BAD.format(path=p))
+    rewritten = build_arm64(tmp_path, POINTERS, "pointers", ["-O2"], lambda p: BAD.format(path=p))
     ran = _run(BAD.format(path=rewritten), rewritten, rounds)
     printed, maps = ran.stdout.split("\n\n\n", 1)
     assert printed == f"readable {2 * rounds} unreadable {4 * rounds}"
@@ -199,21 +150,6 @@ def test_bad_pointers_give_nothing_and_are_counted(tmp_path):
     assert check(emulate(tmp_path / "plain" / "pointers") + [str(rounds)]).stdout == printed + "\n"
 
 
-def bti_library(tmp_path):
-    """values.c split in two, the library BTI-marked (no start files: qemu maps its pages
-    guarded), in tmp_path/plain: (the library, where its rewrite goes, the main program)."""
-    (tmp_path / "plain").mkdir()
-    (tmp_path / "rw").mkdir()
-    library, rewritten = tmp_path / "plain" / "libvalues.so", tmp_path / "rw" / "libvalues.so"
-    (tmp_path / "init.c").write_text(LIB_INIT_C)
-    check([CC, "-O2", BP, "-fPIC", "-shared", "-nostartfiles", f"-Wl,-init,{LIB_INIT}",
-           "-DVALUES_LIBRARY", str(VALUES), str(tmp_path / "init.c"), "-o", str(library)])
-    main = tmp_path / "plain" / "values"
-    check([CC, "-O2", "-pthread", "-DVALUES_MAIN", str(VALUES), "-L", str(tmp_path / "plain"),
-           "-lvalues", "-o", str(main)])
-    return library, rewritten, main
-
-
 def test_a_shared_object(tmp_path):
     """The probes in a shared library the program loads: its runtime maps the program.
     The library is BTI-guarded (qemu maps its pages so): printf()'s routine, which the
@@ -225,9 +161,9 @@ def test_a_shared_object(tmp_path):
     assert proc.returncode == 0, proc.stderr
     ran = urewrite("run", "-e", program, "--", *emulate(main, tmp_path / "rw"), "900", "3")
     assert ran.returncode == 0, ran.stderr
-    expected, lines = _evaluated(program, 900, threads=3)
+    expected, lines = evaluated(program, 900, threads=3)
     printed, maps = ran.stdout.split("\n\n\n", 1)
-    assert _ties_sorted(maps) == _ties_sorted(expected)
+    assert ties_sorted(maps) == ties_sorted(expected)
     assert "@took: 900" in maps
     total = sum(3 * i - 500 * (i % 7) for i in range(900))  # the command's own output
     assert sorted(printed.splitlines()) == sorted("".join(lines).splitlines() + [str(total)])
@@ -237,8 +173,7 @@ def test_a_shared_object(tmp_path):
 def test_loaded_into_a_running_process(values):
     """run -p: loaded into a process running under qemu, then unloaded: it runs on."""
     import time
-    process = subprocess.Popen([*emulate(values), "4000000000"], stdout=subprocess.DEVNULL)
-    try:
+    with running([*emulate(values), "4000000000"], stdout=subprocess.DEVNULL) as process:
         time.sleep(1)  # (its runtime started)
         program = f"uprobe:{values}:work {{ @n = count(); @parity[arg0 % 2] = count(); }}"
         proc = urewrite("run", "-e", program, "-p", str(process.pid), "--duration", "1")
@@ -250,6 +185,3 @@ def test_loaded_into_a_running_process(values):
         assert abs(int(counts["@parity[0]"]) - int(counts["@parity[1]"])) <= 1
         time.sleep(0.2)
         assert process.poll() is None
-    finally:
-        process.kill()
-        process.wait()

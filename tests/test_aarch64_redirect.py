@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import struct
 import sys
-import shutil
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,18 +29,17 @@ from typing import Dict, Optional, Tuple
 
 import pytest
 
-from test_redirect import COROUTINE_USER, COROUTINES  # the same programs as on x86_64
-from cross import (BP, CC, QEMU, Run, check, emulate, exit_status, prepare_all, run,
-                          urewrite)
+from conftest import check, run, urewrite
+from cross import BP, CC, QEMU, Run, emulate, exit_status, needs, prepare_all
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
 FORCE = {"UREWRITE_REDIRECT_RETURNS": "1"}
+# the same programs as on x86_64 (tests/test_redirect.py)
+COROUTINES = (SAMPLES / "coroutines.c").read_text()
+COROUTINE_USER = (SAMPLES / "coroutine_user.c").read_text()
 
-_MISSING = [tool for tool in (CC, QEMU) if shutil.which(tool) is None]
-pytestmark = pytest.mark.skipif(
-    bool(_MISSING),
-    reason=f"needs the AArch64 cross compiler and qemu-user ({', '.join(_MISSING)} not found)")
+pytestmark = needs(CC, QEMU)
 
 # What each case of each sample returns, known independently of the program (its
 # own count is not trusted: at -O2 a local changed between setjmp and longjmp is not).

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import struct
 import traceback
 from dataclasses import dataclass, field
@@ -33,20 +32,16 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-from cross import (BP, CC, LIB_INIT, LIB_INIT_C, QEMU, SYSROOT, check, emulate,
-                          Run, exit_status, prepare_all, run, urewrite)
+from conftest import check, run, urewrite
+from cross import (BP, CC, CXX, LIB_INIT, LIB_INIT_C, QEMU, Run, emulate, exit_status, needs,
+                   prepare_all, require_sysroot)
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "samples"
-CXX = "aarch64-linux-gnu-g++"
 PAC_FLAGS = {"": [], "bp": [BP], "bp83": [BP, "-march=armv8.3-a"],
              "bkey": ["-mbranch-protection=pac-ret+b-key", "-march=armv8.3-a"]}
 
-_MISSING = [tool for tool in (CC, CXX, QEMU) if shutil.which(tool) is None]
-pytestmark = pytest.mark.skipif(
-    bool(_MISSING),
-    reason=f"needs the AArch64 cross compilers and qemu-user ({', '.join(_MISSING)} not found; "
-           f"Debian: apt-get install gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user)")
+pytestmark = needs(CC, CXX, QEMU)
 
 
 # -- what the samples do ------------------------------------------------------------------
@@ -335,8 +330,7 @@ int main(void) { return check_pac(); }
 
 def test_pointer_authentication_is_enforced_under_qemu(tmp_path):
     """The -bp variants check something only if qemu faults on a badly signed return."""
-    if not SYSROOT:
-        pytest.skip("cannot find the AArch64 libraries for qemu -L")
+    require_sysroot()
     (tmp_path / "pac.c").write_text(PAC_C)
     check([CC, "-O2", tmp_path / "pac.c", "-o", tmp_path / "pac"])
     proc = run(emulate(tmp_path / "pac"))

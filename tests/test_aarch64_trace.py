@@ -41,7 +41,8 @@ from typing import Dict, List, Optional, Tuple
 
 import pytest
 
-from cross import CC, QEMU, SYSROOT, check, emulate, exit_status, run, urewrite
+from conftest import check, run, urewrite
+from cross import CC, QEMU, emulate, exit_status, needs, require_sysroot
 from urewrite.trampolines import region as R
 from urewrite.trampolines.ring import RingReader
 
@@ -52,11 +53,8 @@ SDT_HEADERS = [Path(p) for p in ("/usr/include/sys/sdt.h",
                                  "/usr/include/aarch64-linux-gnu/sys/sdt.h")]
 SDT_H = next((p for p in SDT_HEADERS if p.is_file()), None)
 
-_MISSING = [tool for tool in (CC, QEMU) if shutil.which(tool) is None]
-pytestmark = pytest.mark.skipif(
-    bool(_MISSING) or SDT_H is None,
-    reason="needs the AArch64 cross compiler, qemu-user and <sys/sdt.h> (Debian: apt-get install "
-           "gcc-aarch64-linux-gnu qemu-user systemtap-sdt-dev)")
+pytestmark = needs(CC, QEMU, also=None if SDT_H else "needs <sys/sdt.h> (Debian: apt-get install "
+                                                      "systemtap-sdt-dev)")
 
 OPTS = ["-O0", "-O2", "-O3"]
 USDT_ROUNDS = 12
@@ -384,8 +382,7 @@ def _builds(root: Path) -> List[Build]:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Dict[str, Build]:
-    if not SYSROOT:
-        pytest.skip("cannot find the AArch64 libraries for qemu -L (set QEMU_LD_PREFIX)")
+    require_sysroot()
     root = tmp_path_factory.mktemp("aarch64_trace")
     # sdt.h is the same for every architecture; the cross compiler may not see the host's
     (root / "include" / "sys").mkdir(parents=True)

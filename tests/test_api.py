@@ -8,7 +8,7 @@ import os
 import pytest
 
 from conftest import urewrite
-from test_live import programs  # noqa: F401 (the fixture: the server and its rewrites)
+from live_server import programs  # noqa: F401 (the fixture: the server and its rewrites)
 from urewrite import api
 
 # samples/counts.c: entries per run, from its source
@@ -100,7 +100,7 @@ def test_nothing_to_probe_and_bad_tactics(counts, tmp_path):
 def test_arm_counts_the_block_exactly(programs):
     """A running server (samples/live_server.c, as tests/test_live.py runs it) armed for
     a block: the requests made in it, and only those."""
-    from test_live import Server
+    from live_server import Server
     server = Server(programs / "live_server.probed", programs / "probed-lib")
     try:
         server.work(3)  # (disarmed: not counted)

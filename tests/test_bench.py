@@ -19,7 +19,8 @@ import time
 
 import pytest
 
-from conftest import check, kernel_tracing_alone
+import cross
+from conftest import check, kernel_tracing_alone, run, running
 from urewrite import bench
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,9 +32,7 @@ pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="needs gcc")
 
 
 def urewrite(*args, timeout=300):
-    env = {k: v for k, v in os.environ.items() if k != "UREWRITE_DIR"}
-    return subprocess.run([sys.executable, "-m", "urewrite", *map(str, args)],
-                          capture_output=True, text=True, env=env, timeout=timeout)
+    return run([sys.executable, "-m", "urewrite", *args], timeout=timeout)
 
 
 def bench_json(*args) -> dict:
@@ -218,11 +217,10 @@ def test_kernel_rows_leave_nothing_behind(foreign_event):
 @needs_tracefs
 def test_ctrl_c_removes_the_events(foreign_event):
     env = {k: v for k, v in os.environ.items() if k != "UREWRITE_DIR"}
-    proc = subprocess.Popen([sys.executable, "-m", "urewrite", "bench", "--iterations",
-                             "2000000", "--repeat", "5"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
-    group = f"urwbench_{proc.pid}"
-    try:
+    with running([sys.executable, "-m", "urewrite", "bench", "--iterations",
+                  "2000000", "--repeat", "5"], stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE, text=True, env=env) as proc:
+        group = f"urwbench_{proc.pid}"
         deadline = time.monotonic() + 120
         while not event_lines(group) and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
@@ -230,10 +228,6 @@ def test_ctrl_c_removes_the_events(foreign_event):
         time.sleep(1.0)  # inside the kernel rows
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     assert event_lines(group) == [], err
@@ -455,7 +449,7 @@ def test_redis_from_the_bench_command():
     assert "kernel uprobes" not in redis["counts"]
 
 
-@pytest.mark.parametrize("compiler", ["gcc", "aarch64-linux-gnu-gcc"])
+@pytest.mark.parametrize("compiler", ["gcc", cross.CC])
 def test_trigger_builds_without_sdt_h_with_the_same_usdt_site(tmp_path, compiler):
     """The README's first command must work without systemtap-sdt-dev: the trigger then
     writes its own note, which reads as sdt.h's does (same probe, argument sizes, values)."""

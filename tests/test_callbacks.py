@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import GO_CACHE
-from cross import CC as CROSS_CC, QEMU, emulate
+import cross
+from conftest import GO_CACHE, run
 from urewrite.programs import output as printer
 from urewrite.programs.checks import check as check_program
 from urewrite.programs.evaluate import Hit, State, run_block
@@ -39,14 +39,10 @@ EQUIVALENT = ("uprobe:x:work { @by_b[arg1] = count(); @sum_a = sum(arg0); } "
               "uretprobe:x:work { @ret = hist((int64)retval); @low = min((int64)retval); "
               "@high = max((int64)retval); @mean = avg((int64)retval); "
               "@lin = lhist((int64)retval, 0, 3000, 500); }")
-ARM64_MISSING = any(shutil.which(tool) is None for tool in (CROSS_CC, QEMU))
 
 
 def urewrite(*args, env=None) -> subprocess.CompletedProcess:
-    full = {k: v for k, v in os.environ.items() if k != "UREWRITE_DIR"}
-    full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "urewrite", *map(str, args)],
-                          capture_output=True, text=True, env=full, timeout=300)
+    return run([sys.executable, "-m", "urewrite", *args], env=env, timeout=300)
 
 
 class Machine:
@@ -56,7 +52,7 @@ class Machine:
         self.name = name
 
     def build(self, source: Path, out: Path, *flags) -> None:
-        cc = "cc" if self.name == "x86_64" else CROSS_CC
+        cc = "cc" if self.name == "x86_64" else cross.CC
         subprocess.run([cc, "-O2", "-pthread", *flags, str(source), "-o", str(out)],
                        check=True)
 
@@ -67,12 +63,11 @@ class Machine:
     def command(self, program: Path, *args) -> list:
         if self.name == "x86_64":
             return [str(program), *map(str, args)]
-        return emulate(program) + [str(a) for a in args]
+        return cross.emulate(program) + [str(a) for a in args]
 
 
 MACHINES = [pytest.param(Machine("x86_64"), id="x86_64"),
-            pytest.param(Machine("arm64"), id="arm64", marks=pytest.mark.skipif(
-                ARM64_MISSING, reason="needs gcc-aarch64-linux-gnu and qemu-user"))]
+            pytest.param(Machine("arm64"), id="arm64", marks=cross.needs(cross.CC, cross.QEMU))]
 
 
 @pytest.fixture(scope="module", params=MACHINES)
@@ -221,7 +216,7 @@ def test_floating_point_code_is_refused(built, tmp_path):
     source.write_text("struct c { unsigned long args[12]; };\n"
                       "void f(struct c *c) { c->args[1] = (unsigned long)(c->args[0] * 1.5); }\n")
     obj = tmp_path / "fp.o"
-    cc = "cc" if machine.name == "x86_64" else CROSS_CC
+    cc = "cc" if machine.name == "x86_64" else cross.CC
     subprocess.run([cc, "-O2", "-fPIC", "-c", str(source), "-o", str(obj)], check=True)
     done = urewrite(plain, "-p", "work", "--call", f"{obj}:f", "-o", tmp_path / "out")
     assert done.returncode == 1 and "floating-point" in done.stderr, done.stderr

@@ -7,13 +7,12 @@ hand when the check was written). Also `--exclude`."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from conftest import check, run, stat, urewrite
-import cross as a64
+from conftest import check, stat, urewrite
+import cross
 
 SAMPLE = Path(__file__).resolve().parent.parent / "samples" / "copied_code.c"
 CALLS = 25
@@ -78,15 +77,15 @@ def test_exclude_leaves_functions_out(tmp_path):
     assert not (tmp_path / "none").exists()
 
 
-@pytest.mark.skipif(bool(a64.MISSING), reason="needs the AArch64 cross compiler and qemu-user")
+@cross.needs(cross.CC, cross.QEMU)
 def test_on_arm64(tmp_path):
-    program = _build(tmp_path, a64.CC, ["-O2"])
-    assert a64.check(a64.emulate(program) + [str(CALLS)]).stdout == EXPECTED_OUTPUT
+    program = _build(tmp_path, cross.CC, ["-O2"])
+    assert check(cross.emulate(program) + [str(CALLS)]).stdout == EXPECTED_OUTPUT
     _check_refusals(_rewrite_all(program))
     probed = Path(f"{program}.probed")
     report = tmp_path / "report.json"
-    proc = a64.urewrite("stat", "--json", "-o", str(report), "--",
-                        *a64.emulate(probed), str(CALLS))
+    proc = urewrite("stat", "--json", "-o", str(report), "--",
+                        *cross.emulate(probed), str(CALLS))
     assert proc.returncode == 0 and proc.stdout == EXPECTED_OUTPUT, proc.stderr
     hits = {p["name"]: p["hits"] for p in json.loads(report.read_text())["probes"]}
     assert hits["plain"] == CALLS and hits["main"] == 1

@@ -20,6 +20,7 @@ from typing import Dict, List
 
 import pytest
 
+import cross
 from conftest import SAMPLES, check, function_symbols, run, stat, urewrite
 
 ROUNDS = 25  # the samples' argument: rounds of calls
@@ -42,7 +43,7 @@ def builds(tmp_path_factory) -> Dict[str, Path]:
         if kind not in made:
             out = root / kind
             if kind.startswith("cxx"):
-                compiler = "aarch64-linux-gnu-g++" if kind.endswith("arm64") else "g++"
+                compiler = cross.CXX if kind.endswith("arm64") else "g++"
                 if not shutil.which(compiler):
                     pytest.skip(f"needs {compiler}")
                 opt = kind.split("-")[1]
@@ -68,10 +69,9 @@ def builds(tmp_path_factory) -> Dict[str, Path]:
 def _command(kind: str, program: Path) -> List[str]:
     if not kind.endswith("arm64"):
         return [str(program), str(ROUNDS)]
-    if not shutil.which("qemu-aarch64"):
+    if cross.missing(cross.QEMU):
         pytest.skip("needs qemu-aarch64")
-    from cross import emulate  # (qemu with the cross compiler's libraries)
-    return emulate(program) + [str(ROUNDS)]
+    return cross.emulate(program) + [str(ROUNDS)]
 
 
 def _listed(program: Path) -> List[dict]:

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import cross
 from urewrite.rewriter import eh_frame, elf_symbols, functions
 from urewrite.rewriter.elf_file import ElfFile
 
@@ -44,8 +45,8 @@ VARIANTS = {  # name: (compiler, source, flags)
     "c-stripped": ("gcc", C_SOURCE, ["-O2", "-s"]),
     "c-shared": ("gcc", C_SOURCE, ["-O2", "-shared", "-fPIC"]),
     "cxx": ("g++", CXX_SOURCE, ["-O2"]),
-    "arm64-c": ("aarch64-linux-gnu-gcc", C_SOURCE, ["-O2"]),
-    "arm64-cxx-stripped": ("aarch64-linux-gnu-g++", CXX_SOURCE, ["-O2", "-s"]),
+    "arm64-c": (cross.CC, C_SOURCE, ["-O2"]),
+    "arm64-cxx-stripped": (cross.CXX, CXX_SOURCE, ["-O2", "-s"]),
 }
 SYSTEM_FILES = ["/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
                 "/usr/aarch64-linux-gnu/lib/libc.so.6"]
@@ -169,7 +170,7 @@ def _discover_one_by_one(elf: ElfFile) -> list:
     table order, the first size that is not 0); an FDE sizes a symbol without a size,
     or is a function of its own; a function still without a size extends to the next
     symbol or FDE start (a symbol first), or its section's end."""
-    in_code = functions._code_ranges(elf)
+    in_code = functions.code_ranges(elf)
     table = elf_symbols.table(elf)
     by_address, marks = {}, {}
     for i in range(len(table)):

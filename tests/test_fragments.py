@@ -14,14 +14,13 @@ import pytest
 from urewrite.rewriter import eh_frame
 from urewrite.rewriter.elf_file import ElfFile
 
-from conftest import SAMPLES
+from conftest import SAMPLES, run
 
 pytestmark = pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc")
 
 
 def urewrite(*args):
-    return subprocess.run([sys.executable, "-m", "urewrite", *map(str, args)],
-                          capture_output=True, text=True)
+    return run([sys.executable, "-m", "urewrite", *args])
 
 
 @pytest.fixture(scope="module")

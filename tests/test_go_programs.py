@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import cross
 from conftest import (GO_CACHE, SAMPLES, check, file_offset, run, stat, uprobes_unavailable,
                       urewrite)
 
@@ -35,7 +36,7 @@ def _go() -> str:
 GO = _go()
 pytestmark = pytest.mark.skipif(not GO, reason="no Go toolchain (go on the PATH or "
                                                 "/usr/local/go/bin/go)")
-QEMU = shutil.which("qemu-aarch64")
+QEMU = shutil.which(cross.QEMU)  # (static Go programs need no -L)
 CC = shutil.which("gcc")
 
 # name -> (GOARCH, build flags, environment)
@@ -191,7 +192,7 @@ def test_fault_hook_table_names_the_moved_instructions(go_work):
 
 def strip(program: Path) -> Path:
     """A copy without symbols, at the same addresses."""
-    objcopy = shutil.which("aarch64-linux-gnu-objcopy" if "arm64" in program.name
+    objcopy = shutil.which(cross.OBJCOPY if "arm64" in program.name
                            else "objcopy")
     if not objcopy:
         pytest.skip(f"no objcopy for {program.name}")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+import cross
 from conftest import GO_CACHE, SAMPLES, check, rewrite, run, stat
 from urewrite.trampolines.region import GO_CALLS, read_regions
 
@@ -31,7 +32,7 @@ GO = shutil.which("go") or ("/usr/local/go/bin/go" if os.access("/usr/local/go/b
                             else None)
 pytestmark = pytest.mark.skipif(GO is None, reason="needs a Go toolchain (go not found; "
                                 "Debian: apt-get install golang)")
-QEMU = shutil.which("qemu-aarch64")
+QEMU = shutil.which(cross.QEMU)  # (static Go programs need no -L)
 GOROUTINES, EACH = 16, 5000
 HWCAP2_FSGSBASE = 2
 AT_HWCAP2 = 26

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
+import cross
+from cross import CC, QEMU, emulator
 from conftest import check, run, rewrite, stat, urewrite
 
 SAMPLE = Path(__file__).resolve().parent.parent / "samples" / "indirect_exits.c"
@@ -25,7 +26,6 @@ CHECKED = {"-O0": ("ie_interp", "ie_mixed"),
            "-O2": ("ie_interp", "ie_via", "ie_mixed", "ie_again", "ie_cold"),
            "-O3": ("ie_interp", "ie_via", "ie_mixed", "ie_again", "ie_cold"),
            "-O1": ("ie_mixed", "ie_cold"), "-Os": ("ie_mixed", "ie_cold")}
-from cross import CC as A64_CC, QEMU, SYSROOT  # noqa: E402 (the arm64 toolchain)
 # (-O1 and -Os put ie_offsets's labels right after its `ret`s: a window over a `ret` and
 # what follows would cover them)
 VARIANTS = [("x86_64", o, l, c) for o in ("-O0", "-O2", "-O3") for l in ("-pie", "-no-pie", "-static")
@@ -37,13 +37,13 @@ VARIANTS = [("x86_64", o, l, c) for o in ("-O0", "-O2", "-O3") for l in ("-pie",
 @pytest.fixture(scope="module", params=VARIANTS, ids=lambda v: "".join(v).replace("-", "_"))
 def built(request, tmp_path_factory):
     arch, opt, link, cet = request.param
-    cc = "gcc" if arch == "x86_64" else A64_CC
-    needed = [cc] + ([QEMU] if arch == "aarch64" else [])
-    if any(shutil.which(t) is None for t in needed):
-        pytest.skip(f"needs {', '.join(needed)}")
+    cc = "gcc" if arch == "x86_64" else CC
+    absent = cross.missing(cc, *([QEMU] if arch == "aarch64" else []))
+    if absent:
+        pytest.skip(f"needs {', '.join(absent)}")
     path = tmp_path_factory.mktemp("indirect") / "indirect_exits"
     check([cc, opt, link] + ([cet] if cet else []) + [str(SAMPLE), "-o", str(path)])
-    prefix = [QEMU, "-L", SYSROOT] if arch == "aarch64" else []
+    prefix = emulator() if arch == "aarch64" else []
     return path, opt, prefix
 
 
@@ -217,19 +217,18 @@ int main(void) {
 """
 
 
-@pytest.mark.skipif(any(shutil.which(t) is None for t in (A64_CC, QEMU)),
-                    reason=f"needs {A64_CC} and {QEMU}")
+@cross.needs(CC, QEMU)
 @pytest.mark.parametrize("link", ["-pie", "-static"])
 def test_arm64_conditional_tail_calls_are_exits(link, tmp_path):
     """`cbz`, `tbnz` and `b.eq` to another function leave when taken: each is an exit
     counted on its taken edge (as x86_64's `jcc` tail calls are)."""
     (tmp_path / "c.c").write_text(CONDITIONAL_A64)
     plain, probed = tmp_path / "c", tmp_path / "c.probed"
-    check([A64_CC, "-O2", link, str(tmp_path / "c.c"), "-o", str(plain)])
+    check([CC, "-O2", link, str(tmp_path / "c.c"), "-o", str(plain)])
     listed = _listing(plain)
     assert (listed["cexit"]["mechanism"], listed["cexit"]["exits"]) == ("exit sites", 4)
     rewrite(plain, probed, "cexit", extra=["-r", "cexit", "-r", "other"])
-    prefix = [QEMU, "-L", SYSROOT]
+    prefix = emulator()
     original = run(prefix + [str(plain)])
     st = stat(prefix + [probed], tmp_path)
     assert (st.proc.returncode, st.proc.stdout) == (0, original.stdout) == (0, "1297\n")

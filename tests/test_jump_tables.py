@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Set
 
 import pytest
 
+import cross
 from conftest import SAMPLES, check, run, urewrite
 from urewrite.arch import backend_for
 from urewrite.rewriter.elf_file import ElfFile
@@ -41,8 +41,6 @@ SOURCE = SAMPLES / "switches.c"
 # functions whose switch GCC may compile to a table; the rest never is one
 SWITCHES = ("sw_small", "sw_medium", "sw_large", "sw_char", "sw_long", "sw_two", "sw_loop")
 NOT_TABLES = ("sw_goto", "sw_pointer")  # indirect jumps that may leave
-from cross import CC as A64_CC, QEMU, SYSROOT  # noqa: E402 (the arm64 toolchain)
-A64_NM = "aarch64-linux-gnu-nm"
 # a lower threshold makes arm64 GCC use tables for the small switches too
 THRESHOLD = "--param=case-values-threshold=4"
 
@@ -71,8 +69,8 @@ LINK = {"pie": ["-fPIE", "-pie"], "no-pie": ["-fno-pie", "-no-pie"], "static": [
 
 
 def _missing(v: Variant) -> Optional[str]:
-    tools = ("gcc",) if v.arch == "x86_64" else (A64_CC, QEMU, A64_NM)
-    absent = [t for t in tools if shutil.which(t) is None]
+    absent = cross.missing("gcc") if v.arch == "x86_64" else cross.missing(cross.CC, cross.QEMU,
+                                                                           cross.NM)
     return f"needs {', '.join(absent)}" if absent else None
 
 
@@ -124,7 +122,7 @@ def _build(v: Variant, root: Path) -> Build:
         return _builds[v]
     d = root / v.id
     d.mkdir(parents=True, exist_ok=True)
-    cc, nm = ("gcc", "nm") if v.arch == "x86_64" else (A64_CC, A64_NM)
+    cc, nm = ("gcc", "nm") if v.arch == "x86_64" else (cross.CC, cross.NM)
     flags = [v.opt, *v.extra, *LINK[v.link]]
     out = d / "switches"
     check([cc, *flags, "-Wa,--keep-locals", "-Wl,--discard-none", str(SOURCE), "-o", str(out)])
@@ -137,7 +135,7 @@ def _build(v: Variant, root: Path) -> Build:
             labels.setdefault(parts[2], int(parts[0], 16))
             if parts[1] in "tT":
                 functions.setdefault(parts[2], int(parts[0], 16))
-    prefix = [] if v.arch == "x86_64" else [QEMU] + (["-L", SYSROOT] if SYSROOT else [])
+    prefix = [] if v.arch == "x86_64" else cross.emulator()
     build = Build(v, out, _assembly_tables(asm, labels), functions, prefix)
     _builds[v] = build
     return build

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+import cross
 from conftest import SAMPLES, Uprobes, check, rewrite, run, stat, uprobes_unavailable, urewrite
 from urewrite.rewriter import eh_frame, except_table
 from urewrite.rewriter.eh_frame import ValueReader
@@ -37,7 +38,7 @@ FUNCTIONS = ("_Z5checki", "_Z7guardedi", "_Z7catcheri")  # and their .cold parts
 LINKS = {"pie": ["-fPIE", "-pie"], "no-pie": ["-fno-pie", "-no-pie"],
          "shared": ["-fPIC", "-shared"]}
 READER_VARIANTS = [("g++", opt, link) for opt in ("-O0", "-O2", "-O3") for link in LINKS] + \
-                  [("aarch64-linux-gnu-g++", opt, "pie") for opt in ("-O0", "-O2")]
+                  [(cross.CXX, opt, "pie") for opt in ("-O0", "-O2")]
 
 
 # -- the reference: GCC's call-site tables, labelled ------------------------------------

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import cross
 import json
 
 from conftest import SAMPLES, check, rewrite, urewrite
@@ -20,7 +21,6 @@ from urewrite.trampolines.region import GO_CALLS, LATENCY_DEPTH, read_regions
 DEPTH, ROUNDS, THREADS = 200, 50, 4
 CALLS = DEPTH * ROUNDS * THREADS
 SAMPLED = LATENCY_DEPTH * ROUNDS * THREADS
-CROSS_CC, QEMU = "aarch64-linux-gnu-gcc", "qemu-aarch64"
 
 
 def _region_after(command, tmp_path: Path):
@@ -69,12 +69,10 @@ def test_calls_beyond_the_stack_of_open_calls_are_counted(tmp_path):
                       f"hold, or run with no goroutine)"]
 
 
-@pytest.mark.skipif(shutil.which(CROSS_CC) is None or shutil.which(QEMU) is None,
-                    reason="needs aarch64-linux-gnu-gcc and qemu-aarch64 (Debian: apt-get "
-                           "install gcc-aarch64-linux-gnu qemu-user)")
+@cross.needs(cross.CC, cross.QEMU)
 def test_arm64_calls_beyond_the_stack_of_open_calls_are_counted(tmp_path):
     program = tmp_path / "latency_depth"
-    check([CROSS_CC, "-O2", "-static", "-pthread", SAMPLES / "latency_depth.c", "-o", program])
+    check([cross.CC, "-O2", "-static", "-pthread", SAMPLES / "latency_depth.c", "-o", program])
     probed = tmp_path / "latency_depth.probed"
     rewrite(program, probed, "descend", extra=["-r", "descend"])
-    _check_region(_region_after([QEMU, probed], tmp_path))
+    _check_region(_region_after([cross.QEMU, probed], tmp_path))

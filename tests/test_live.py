@@ -8,170 +8,24 @@ the server's own "done N TOTAL" lines are the accounting the counts must equal.
 from __future__ import annotations
 
 import json
-import os
 import pwd
 import shutil
-import struct
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
+import cross
 from conftest import SAMPLES, check, clean_env, rewrite
-from urewrite.trampolines import live_note
+from live_server import TIMEOUT, Server, Tracer, hits, live_dirs, python_for, state_of
+from live_server import programs  # noqa: F401 (the fixture: the server and its rewrites)
+from users import needs_switching, switch_users
 from urewrite.trampolines.region import CLOCK_FILE
-
-TIMEOUT = 120
-
-
-@pytest.fixture(scope="module")
-def programs():
-    """A world-readable directory (a process of another user runs from it) with the
-    server, its library, and their rewritten copies."""
-    d = Path(tempfile.mkdtemp(prefix="urewrite-live-test-"))
-    os.chmod(d, 0o755)
-    try:
-        lib_dir, probed_lib_dir = d / "lib", d / "probed-lib"
-        lib_dir.mkdir()
-        probed_lib_dir.mkdir()
-        check(["gcc", "-O2", "-shared", "-fPIC", "-Wl,-soname,liblive.so",
-               SAMPLES / "live_lib.c", "-o", lib_dir / "liblive.so"])
-        check(["gcc", "-O2", "-pthread", SAMPLES / "live_server.c", f"-L{lib_dir}", "-llive",
-               "-o", d / "live_server"])
-        rewrite(d / "live_server", d / "live_server.probed", "handle_request", "usdt:live:batch",
-                extra=["-r", "handle_request"])
-        rewrite(lib_dir / "liblive.so", probed_lib_dir / "liblive.so", "live_step")
-        for p in d.rglob("*"):
-            os.chmod(p, 0o755)
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-
-
-class Server:
-    """samples/live_server.c, talked to line by line."""
-
-    def __init__(self, program, libs, user=None, threads=4, emulator=()):
-        cmd = [*emulator, str(program), str(threads)]
-        if user:
-            cmd = as_user(user, cmd)
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env=clean_env({"LD_LIBRARY_PATH": str(libs)}))
-        ready = self.proc.stdout.readline().split()
-        assert ready[:1] == ["ready"], ready
-        self.pid = int(ready[1])
-        self.total = 0
-
-    def ask(self, line: str) -> str:
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        return self.proc.stdout.readline().strip()
-
-    def work(self, n: int) -> None:
-        """n requests; the server's own count of them must say so."""
-        self.total += n
-        assert self.ask(f"work {n}") == f"done {n} {self.total}"
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.stdin.write("exit\n")
-            self.proc.stdin.flush()
-        return self.proc.wait(timeout=TIMEOUT)
-
-    def kill(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-
-
-def as_user(user, cmd):
-    return ["setpriv", f"--reuid={user}", f"--regid={pwd.getpwnam(user).pw_gid}",
-            "--clear-groups", *map(str, cmd)]
-
-
-def python_for(user, d: Path):
-    """(interpreter, PYTHONPATH) with which `user` runs urewrite: copies of the installed
-    urewrite, click and numpy (the live readers sum with it) where anyone may read them;
-    None when no interpreter is open to that user (this one may live in root's home)."""
-    import click
-    import numpy
-    import urewrite
-    site = d / "site"
-    if not site.exists():
-        for module in (urewrite, click, numpy):
-            home = os.path.dirname(module.__file__)
-            shutil.copytree(home, site / module.__name__)
-            libs = home + ".libs"  # (a wheel's own shared libraries, beside the package)
-            if os.path.isdir(libs):
-                shutil.copytree(libs, site / os.path.basename(libs))
-        for p in [site, *site.rglob("*")]:
-            os.chmod(p, 0o755)
-    for python in (sys.executable, "/usr/bin/python3"):
-        probe = subprocess.run(as_user(user, [python, "-c", "import urewrite.interval_report"]),
-                               capture_output=True, env=clean_env({"PYTHONPATH": str(site)}))
-        if probe.returncode == 0:
-            return python, str(site)
-    return None
-
-
-class Tracer:
-    """`urewrite ARGS` running beside the server; armed once it says so on stderr.
-    `user`: (name, interpreter, PYTHONPATH) to run it as another user."""
-
-    def __init__(self, *args, user=None):
-        cmd = [sys.executable, "-m", "urewrite", *map(str, args)]
-        env = clean_env()
-        if user:
-            name, python, path = user
-            cmd = as_user(name, [python, *cmd[1:]])
-            env = clean_env({"PYTHONPATH": path})
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=env)
-
-    def armed(self) -> str:
-        line = self.proc.stderr.readline()
-        assert "urewrite: armed pid" in line, line + self.proc.stderr.read()
-        return line
-
-    def finish(self):
-        out, err = self.proc.communicate(timeout=TIMEOUT)
-        assert "Traceback" not in err, err
-        return self.proc.returncode, out, err
-
-
-def hits(report: dict, name: str, kind: str = "entry") -> int:
-    found = [p["hits"] for p in report["probes"] if p["name"] == name and p["kind"] == kind]
-    assert found, report
-    return sum(found)
-
-
-def state_of(pid: int, program: Path):
-    """(state word, region directory) of the program's runtime in the process, read by the
-    test itself through /proc/PID/mem."""
-    note = live_note.read(str(program))
-    with open(f"/proc/{pid}/maps") as f:
-        start = next(int(line.split("-")[0], 16) for line in f
-                     if line.rstrip().endswith(str(program)) and line.split()[2] == "00000000")
-    bias = start - note.file_delta
-    with open(f"/proc/{pid}/mem", "rb") as mem:
-        mem.seek(note.state + bias)
-        word = struct.unpack("<Q", mem.read(8))[0]
-        mem.seek(note.state + bias + note.offsets["dir"])
-        directory = mem.read(64).split(b"\0")[0]
-    return word, directory
-
-
-def live_dirs():
-    return [n for n in os.listdir("/dev/shm") if n.startswith("urewrite-live-")] \
-        if os.path.isdir("/dev/shm") else []
-
 
 def test_stat_pid_counts_the_window_exactly_and_rearms(programs):
     program = programs / "live_server.probed"
-    server = Server(program, programs / "lib")
-    try:
+    with Server(program, programs / "lib") as server:
         server.work(5000)  # before arming: not counted
         assert state_of(server.pid, program) == (1, b"")
         assert server.ask("enabled") == "enabled 0"
@@ -196,14 +50,11 @@ def test_stat_pid_counts_the_window_exactly_and_rearms(programs):
             server.work(777)
             assert not [d for d in live_dirs() if d.startswith(f"urewrite-live-{server.pid}-")]
         assert server.stop() == 0
-    finally:
-        server.kill()
 
 
 def test_a_child_forked_while_armed_counts_and_is_disarmed(programs):
     program = programs / "live_server.probed"
-    server = Server(program, programs / "lib")
-    try:
+    with Server(program, programs / "lib") as server:
         tracer = Tracer("stat", "--json", "-p", server.pid, "--duration", 2)
         tracer.armed()
         server.work(300)
@@ -214,13 +65,10 @@ def test_a_child_forked_while_armed_counts_and_is_disarmed(programs):
         assert hits(report, "handle_request") == 341
         assert report["processes"] == 2
         assert server.stop() == 0
-    finally:
-        server.kill()
 
 
 def test_a_process_that_exits_while_armed_ends_the_session(programs):
-    server = Server(programs / "live_server.probed", programs / "lib")
-    try:
+    with Server(programs / "live_server.probed", programs / "lib") as server:
         tracer = Tracer("stat", "--json", "-p", server.pid)  # no duration: until it exits
         tracer.armed()
         server.work(1000)
@@ -228,13 +76,10 @@ def test_a_process_that_exits_while_armed_ends_the_session(programs):
         code, out, err = tracer.finish()
         assert code == 0, err
         assert hits(json.loads(out), "handle_request") == 1000
-    finally:
-        server.kill()
 
 
 def test_a_second_tracer_gets_a_clear_error(programs):
-    server = Server(programs / "live_server.probed", programs / "lib")
-    try:
+    with Server(programs / "live_server.probed", programs / "lib") as server:
         first = Tracer("stat", "--json", "-p", server.pid, "--duration", 3)
         first.armed()
         second = Tracer("stat", "-p", server.pid, "--duration", 1)
@@ -245,14 +90,11 @@ def test_a_second_tracer_gets_a_clear_error(programs):
         code, out, err = first.finish()
         assert code == 0, err
         assert hits(json.loads(out), "handle_request") == 250
-    finally:
-        server.kill()
 
 
 def test_a_tracer_killed_while_armed_is_taken_over(programs):
     program = programs / "live_server.probed"
-    server = Server(program, programs / "lib")
-    try:
+    with Server(program, programs / "lib") as server:
         tracer = Tracer("stat", "-p", server.pid)
         tracer.armed()
         server.work(10)  # its region is set up, the semaphore on
@@ -268,27 +110,15 @@ def test_a_tracer_killed_while_armed_is_taken_over(programs):
         assert state_of(server.pid, program) == (1, b"")
         assert server.ask("enabled") == "enabled 0"
         assert not [d for d in live_dirs() if d.startswith(f"urewrite-live-{server.pid}-")]
-    finally:
-        server.kill()
 
 
-def _users():
-    """Two unprivileged users: the target's and the tracer's."""
-    try:
-        return pwd.getpwnam("nobody").pw_name, pwd.getpwnam("daemon").pw_name
-    except KeyError:
-        return None
-
-
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None or not _users(),
-                    reason="needs root, setpriv and the users nobody and daemon")
+@needs_switching
 def test_another_users_process(programs):
-    target_user, tracer_user = _users()
+    target_user, tracer_user = (user.pw_name for user in switch_users())
     python = python_for(tracer_user, programs)
     if python is None:
         pytest.skip(f"no Python interpreter that {tracer_user} can run urewrite with")
-    server = Server(programs / "live_server.probed", programs / "lib", user=target_user)
-    try:
+    with Server(programs / "live_server.probed", programs / "lib", user=target_user) as server:
         tracer = Tracer("stat", "-p", server.pid, "--duration", 1,
                         user=(tracer_user, *python))
         code, out, err = tracer.finish()
@@ -314,13 +144,10 @@ def test_another_users_process(programs):
         code, out, err = tracer.finish()
         assert code == 0, err
         assert hits(json.loads(out), "handle_request") == 64
-    finally:
-        server.kill()
 
 
 def test_a_rewritten_library_in_an_unmodified_program(programs):
-    server = Server(programs / "live_server", programs / "probed-lib")
-    try:
+    with Server(programs / "live_server", programs / "probed-lib") as server:
         tracer = Tracer("stat", "--json", "-p", server.pid, "--duration", 2)
         assert "(liblive.so)" in tracer.armed()
         server.work(4321)
@@ -330,8 +157,6 @@ def test_a_rewritten_library_in_an_unmodified_program(programs):
         assert [(p["object"], p["name"], p["hits"]) for p in report["probes"]] == \
             [("liblive.so", "live_step", 4321)]
         assert server.ask("ping") == "pong"
-    finally:
-        server.kill()
 
 
 def test_all_arms_every_process_of_a_file(programs):
@@ -354,8 +179,7 @@ def test_all_arms_every_process_of_a_file(programs):
 
 
 def test_trace_pid_shows_the_events(programs):
-    server = Server(programs / "live_server.probed", programs / "lib")
-    try:
+    with Server(programs / "live_server.probed", programs / "lib") as server:
         tracer = Tracer("trace", "--json", "-p", server.pid, "--duration", 2)
         tracer.armed()
         server.work(50)
@@ -371,8 +195,6 @@ def test_trace_pid_shows_the_events(programs):
         server.work(20)
         code, out, err = tracer.finish()
         assert hits(json.loads(out), "handle_request") == 20
-    finally:
-        server.kill()
 
 
 def test_bad_targets_get_one_line(programs, tmp_path):
@@ -446,22 +268,16 @@ def test_arming_and_disarming_under_load(programs):
 
 # -- arm64, under qemu-aarch64 (its guest memory is the qemu process's own) -----------------
 
-from cross import CC as CROSS_CC, QEMU, SYSROOT  # noqa: E402 (the arm64 toolchain)
-
-
-@pytest.mark.skipif(shutil.which(CROSS_CC) is None or shutil.which(QEMU) is None,
-                    reason="needs aarch64-linux-gnu-gcc and qemu-aarch64")
+@cross.needs(cross.CC, cross.QEMU)
 def test_arm64_under_qemu(tmp_path):
-    sysroot = SYSROOT
-    check([CROSS_CC, "-O2", "-shared", "-fPIC", "-Wl,-soname,liblive.so",
+    cross.require_sysroot()
+    check([cross.CC, "-O2", "-shared", "-fPIC", "-Wl,-soname,liblive.so",
            SAMPLES / "live_lib.c", "-o", tmp_path / "liblive.so"])
-    check([CROSS_CC, "-O2", "-pthread", SAMPLES / "live_server.c", f"-L{tmp_path}", "-llive",
+    check([cross.CC, "-O2", "-pthread", SAMPLES / "live_server.c", f"-L{tmp_path}", "-llive",
            "-o", tmp_path / "live_server"])
     probed = tmp_path / "live_server.probed"
     rewrite(tmp_path / "live_server", probed, "handle_request", extra=["-r", "handle_request"])
-    server = Server(probed, tmp_path, emulator=(QEMU, "-L", sysroot, "-E",
-                                                f"LD_LIBRARY_PATH={tmp_path}"))
-    try:
+    with Server(probed, tmp_path, emulator=tuple(cross.emulator(tmp_path))) as server:
         server.work(100)
         for command in ("stat", "trace", "stat"):
             tracer = Tracer(command, "--json", "-p", server.pid, "--duration", 2)
@@ -479,5 +295,3 @@ def test_arm64_under_qemu(tmp_path):
                 assert (kinds.count("entry"), kinds.count("return")) == (3045, 3045)
             assert server.ask("ping") == "pong"
         assert server.stop() == 0
-    finally:
-        server.kill()

@@ -19,10 +19,16 @@ import urllib.request
 import pytest
 
 from conftest import clean_env
-from test_live import Server, Tracer, hits, live_dirs, programs, state_of  # noqa: F401
-from test_live_views import _top_tables, service  # noqa: F401
+from live_server import Server, Tracer, hits, live_dirs, state_of
+from live_server import programs  # noqa: F401 (the fixture: the server and its rewrites)
+from live_service import build_service, top_tables
 
 TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def service(builder):
+    return build_service(builder)
 
 
 def assert_disarmed(server: Server, program) -> None:
@@ -40,8 +46,7 @@ def totals(rows) -> dict:
 
 def test_top_pid_shows_the_exact_totals_then_disarms(programs):
     program = programs / "live_server.probed"
-    server = Server(program, programs / "lib")
-    try:
+    with Server(program, programs / "lib") as server:
         server.work(5000)  # before arming: not shown
         top = Tracer("top", "-p", server.pid, "-d", 1.5, "-n", 2)
         top.armed()
@@ -50,7 +55,7 @@ def test_top_pid_shows_the_exact_totals_then_disarms(programs):
         code, out, err = top.finish()
         assert code == 0, err
         assert "\x1b" not in out  # plain: stdout is a pipe
-        tables = _top_tables(out)
+        tables = top_tables(out)
         assert len(tables) == 2
         for title, _ in tables:
             assert title.startswith(f"urewrite top - pid {server.pid} - 1 process, 3 probes - "
@@ -72,23 +77,18 @@ def test_top_pid_shows_the_exact_totals_then_disarms(programs):
         assert hits(json.loads(out), "handle_request") == 321
         assert_disarmed(server, program)
         assert server.stop() == 0
-    finally:
-        server.kill()
 
 
 def test_top_pid_ends_when_the_process_exits_with_its_last_counts(programs):
-    server = Server(programs / "live_server.probed", programs / "lib")
-    try:
+    with Server(programs / "live_server.probed", programs / "lib") as server:
         top = Tracer("top", "-p", server.pid, "-d", 60)  # no refresh before the exit
         top.armed()
         server.work(300)
         assert server.stop() == 0
         code, out, err = top.finish()
         assert code == 0, err
-        (_, rows), = _top_tables(out)
+        (_, rows), = top_tables(out)
         assert totals(rows)[("handle_request", "entry")] == 300
-    finally:
-        server.kill()
 
 
 def test_top_all_sums_the_processes_of_a_file(programs):
@@ -102,7 +102,7 @@ def test_top_all_sums_the_processes_of_a_file(programs):
         servers[1].work(2000)
         code, out, err = top.finish()
         assert code == 0, err
-        (title, rows), = _top_tables(out)
+        (title, rows), = top_tables(out)
         assert " - 2 processes, 3 probes - " in title
         assert totals(rows)[("handle_request", "return")] == 2100
         for server in servers:
@@ -116,8 +116,7 @@ def test_top_all_sums_the_processes_of_a_file(programs):
 
 def test_stat_pid_interval_adds_up_to_the_report(programs):
     program = programs / "live_server.probed"
-    server = Server(program, programs / "lib")
-    try:
+    with Server(program, programs / "lib") as server:
         server.work(999)
         stat = Tracer("stat", "--json", "-p", server.pid, "--interval", 0.4, "--duration", 2)
         stat.armed()
@@ -138,8 +137,6 @@ def test_stat_pid_interval_adds_up_to_the_report(programs):
         assert_disarmed(server, program)
         server.work(5)
         assert server.stop() == 0
-    finally:
-        server.kill()
 
 
 def test_stat_pid_interval_on_a_busy_process_counts_from_arming(programs):
@@ -147,8 +144,7 @@ def test_stat_pid_interval_on_a_busy_process_counts_from_arming(programs):
     before the first read: the first interval still counts from zero, so the intervals
     add up to the report. Ctrl-C ends it between two ticks, never inside one."""
     program = programs / "live_server.probed"
-    server = Server(program, programs / "lib")
-    try:
+    with Server(program, programs / "lib") as server:
         server.proc.stdin.write("work 100000000\n")  # seconds of work, answered at the end
         server.proc.stdin.flush()
         stat = Tracer("stat", "--json", "-p", server.pid, "--interval", 0.1)
@@ -165,8 +161,6 @@ def test_stat_pid_interval_on_a_busy_process_counts_from_arming(programs):
         assert server.proc.stdout.readline().strip() == "done 100000000 100000000"
         assert_disarmed(server, program)
         assert server.stop() == 0
-    finally:
-        server.kill()
 
 
 def test_a_ticker_from_zero_counts_what_the_regions_held_before_its_first_read(service,
@@ -256,7 +250,7 @@ def test_export_pid_serves_the_exact_counts_then_disarms(programs):
                     reason="the prometheus binary is not installed (apt-get install prometheus)")
 def test_prometheus_stores_the_counts_of_an_armed_process(programs, tmp_path):
     from live_service import wait_for
-    from test_export import Prometheus
+    from prometheus_server import Prometheus
 
     program = programs / "live_server.probed"
     server = Server(program, programs / "lib")

@@ -16,9 +16,10 @@ import time
 
 import pytest
 
+import cross
 from conftest import SAMPLES, check, clean_env, urewrite
 from live_service import (NAP_NS, PROBES, RETURNS, LineReader, Service, build_service,
-                          region_bytes, stop_all, wait_for)
+                          region_bytes, stop_all, table, top_tables, wait_for)
 from urewrite.reader.snapshots import percentile_ns
 from urewrite.top import format_ns
 
@@ -36,11 +37,6 @@ def _stat_dir(directory, *extra):
 
 def _hits(report, name, kind="entry", pid=None):
     return sum(p["hits"] for p in report["probes"] if p["name"] == name and p["kind"] == kind)
-
-
-def _table(lines):
-    header = lines[0].split()
-    return [dict(zip(header, line.split())) for line in lines[1:] if line.strip()]
 
 
 # -- stat --dir ------------------------------------------------------------------------
@@ -70,7 +66,7 @@ def test_stat_dir_reads_running_processes_then_exited_ones(service, tmp_path):
     before = region_bytes(regions)
     text = urewrite("stat", "--dir", str(regions), "--duration", "0")
     assert text.returncode == 0, text.stderr
-    rows = _table(text.stdout.split("\n\n")[0].splitlines())
+    rows = table(text.stdout.split("\n\n")[0].splitlines())
     assert sum(int(r["HITS"]) for r in rows if r["PROBE"] == "handle") == 1800
     assert {r["OBJECT"] for r in rows} == {"service.probed"}
     assert region_bytes(regions) == before, "stat --dir wrote into a region"
@@ -210,17 +206,6 @@ def test_interval_on_a_directory_sees_processes_come_and_go_and_stops_on_ctrl_c(
 
 # -- top -----------------------------------------------------------------------------------
 
-def _top_tables(text):
-    """Each refresh of plain `top` output: (title, rows as dicts)."""
-    tables = []
-    for line in text.splitlines():
-        if line.startswith("urewrite top - "):
-            tables.append((line, []))
-        elif line.strip():
-            tables[-1][1].append(line)
-    return [(title, _table(lines)) for title, lines in tables]
-
-
 def test_top_plain_sorts_by_rate_with_exact_totals(service, tmp_path):
     regions = tmp_path / "regions"
     regions.mkdir()
@@ -237,7 +222,7 @@ def test_top_plain_sorts_by_rate_with_exact_totals(service, tmp_path):
         stop_all(s)
     assert proc.returncode == 0, proc.stderr
     assert "\x1b" not in proc.stdout  # plain when stdout is not a terminal
-    tables = _top_tables(proc.stdout)
+    tables = top_tables(proc.stdout)
     assert len(tables) == 2
     for title, rows in tables:
         assert title.startswith(f"urewrite top - {regions} - 1 process, 5 probes - every 0.5 s")
@@ -263,7 +248,7 @@ def test_top_latency_percentiles(service, tmp_path):
     finally:
         stop_all(s)
     assert proc.returncode == 0, proc.stderr
-    ((_, rows),) = _top_tables(proc.stdout)
+    ((_, rows),) = top_tables(proc.stdout)
     nap = {r["KIND"]: r for r in rows if r["PROBE"] == "nap"}
     assert nap["entry"]["P50"] == "-"  # only the return probe has the histogram
     # 3 ms lies in [2^21, 2^22) ns: below 4.19 ms
@@ -280,7 +265,7 @@ def test_top_with_a_command_shows_its_last_counts_and_passes_its_status(service)
                           text=True, env=clean_env(), timeout=60)
     assert proc.returncode == 0, proc.stderr
     text = proc.stdout.replace("ok call 42\n", "").replace("ok nap 2\n", "")
-    title, rows = _top_tables(text)[-1]
+    title, rows = top_tables(text)[-1]
     total = {(r["PROBE"], r["KIND"]): int(r["TOTAL"]) for r in rows}
     assert total == {("handle", "entry"): 42, ("fast", "entry"): 0, ("slow", "entry"): 0,
                      ("nap", "entry"): 2, ("nap", "return"): 2}
@@ -346,18 +331,16 @@ def test_top_full_screen_in_a_terminal_quits_on_q(service, tmp_path):
         stop_all(s)
 
 
+@cross.needs(cross.CC, cross.QEMU)
 def test_stat_dir_and_top_read_an_arm64_process(tmp_path):
     """The same region layout from an AArch64 process under qemu, read while it runs."""
-    from cross import CC, MISSING, emulate
-    if MISSING:
-        pytest.skip(f"needs the AArch64 cross toolchain and qemu-user ({', '.join(MISSING)})")
     original, probed = tmp_path / "service", tmp_path / "service-a64.probed"
-    check([CC, "-O2", SAMPLES / "service.c", "-o", original])
+    check([cross.CC, "-O2", SAMPLES / "service.c", "-o", original])
     args = [a for p in PROBES for a in ("-p", p)] + [a for r in RETURNS for a in ("-r", r)]
     assert urewrite(str(original), *args, "-o", str(probed), "-q").returncode == 0
     regions = tmp_path / "regions"
     regions.mkdir()
-    s = Service(probed, regions, command=emulate(probed))
+    s = Service(probed, regions, command=cross.emulate(probed))
     try:
         s.send("call 1000")
         s.send("nap 12")
@@ -365,7 +348,7 @@ def test_stat_dir_and_top_read_an_arm64_process(tmp_path):
         assert (_hits(report, "handle"), _hits(report, "nap", "return")) == (1000, 12)
         s.send("call 5")
         top = urewrite("top", "--dir", str(regions), "--once", "-d", "0.2")
-        ((_, rows),) = _top_tables(top.stdout)
+        ((_, rows),) = top_tables(top.stdout)
         assert {(r["PROBE"], r["KIND"]): int(r["TOTAL"]) for r in rows}[("handle", "entry")] \
             == 1005
         assert s.quit() == 0

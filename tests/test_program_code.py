@@ -17,6 +17,7 @@ import threading
 
 import pytest
 
+from probe_programs import CHECKED_READS, PROGRAMS, STRING_MAPS, WORK
 from urewrite.programs import lower as L
 from urewrite.programs import maps as M
 from urewrite.programs import output
@@ -99,55 +100,6 @@ def _both(text: str, hits):
     return output.text(list(state.maps.values())), output.text(compiled.maps()), compiled
 
 
-WORK = [("uprobe:./v:work", {"args": (i, i % 7)}) for i in range(1000)] + \
-       [("uretprobe:./v:work", {"retval": i * 3 - (i % 7) * 500}) for i in range(1000)]
-
-PROGRAMS = {
-    "aggregations": """
-        uprobe:./v:work { @c[arg1] = count(); @two[arg1, arg1 % 2] = count();
-            @h = hist(arg0 - 300); @hk[arg1 % 2] = hist(arg0 * 1000003);
-            @l = lhist(arg0, 100, 600, 100); @lk[arg1 % 2] = lhist(arg0, 0, 1000, 500);
-            @s[arg1] = sum(arg0); @a = avg(arg0); @ak[arg1 % 2] = avg(arg0);
-            @mi = min(arg0 - 500); @ma = max(arg0); @st = stats(arg0); @stk[arg1 % 3] = stats(arg0);
-            @v = arg0; @z[arg1] = 5; @ = count(); @neg = max((int64)arg0 - 5000); }
-        uretprobe:./v:work /(int64)retval < 0/ { @r = hist(retval); @rmin = min(retval); }""",
-    "arithmetic": """
-        uprobe:./v:work /arg0 - 500 > 100/ {
-            @wrapped = count(); $x = arg0 / 7 + arg0 % 5 - (arg0 << 2 >> 3); @calc = sum($x);
-            $y = (int64)arg0 - 600; @sdiv = sum($y / 7 + $y % 5 + ($y >> 2));
-            @zdiv = sum(arg0 / (arg1 - arg1) + arg0 % (arg1 * 0));
-            if (arg1 > 3) { @big++ } else if (arg1 == 0) { @zero += 2 } else { @small = max(arg1 * 2) }
-            @t[arg0 & 1 ? 10 : 20] = count(); @c8 = sum((int8)arg0); @u16 = sum((uint16)(arg0 * 5000));
-            @neg8[(int8)(arg0 * 3) < 0] = count(); @logic[arg1 > 2 && arg0 % 3 == 0 || !arg1] = count();
-            @bits = sum(~arg0 ^ (arg0 | 3) & 0xff); @m[-(int64)arg0 % 9] = count();
-        }""",
-    "by_constants": """
-        uprobe:./v:work { @d7 = sum(arg0 / 7); @m7 = sum(arg0 % 7); @k[arg0 % 1000] = count();
-            @d1000 = sum(arg0 / 1000); @p = sum(arg0 / 64 + arg0 % 64 + arg0 / 1 + arg0 % 1);
-            @big = sum(arg0 / 0x8000000000000001 + arg0 % 0xfffffffffffffffd);
-            @odd = sum(arg0 / 1000003 + arg0 % 641 + arg0 / -7 + arg0 % -1000);
-            @s = sum((int64)arg0 / 7 + (int64)arg0 % 1000); }""",
-    "reads_maps": """
-        uprobe:./v:work { @seen[arg1] = count(); @last[arg1] = arg0; @acc += arg0;
-            @mean = avg(arg0); @r[arg1] = @seen[arg1] * 100 + @mean; }
-        uretprobe:./v:work /@seen[3] > 100/ { @after = count(); @key[@last[2] % 4] = count(); }""",
-    "printf": """
-        uprobe:./v:work /arg0 % 97 == 0/ { printf("%d %u %x|%-4d %s!\\n", (int64)arg0 - 500,
-            arg1, arg0, arg1, comm); printf("%5d|\\n", arg1);
-            printf("%c%c\\n", 65 + arg1, 97); @n = count(); }
-        uretprobe:./v:work /(int64)retval < -2950/ { printf("ret %d\\n", retval); }""",
-    "map_actions": """
-        uprobe:./v:work { @c[arg1] = count(); @s = sum(arg0); @h = hist(arg0); @lo = min(arg0);
-            if (arg0 % 250 == 3) { print(@c); print(@lo); clear(@c); zero(@s); }
-            if (arg0 % 400 == 7) { zero(@h); zero(@lo); print(@h); } }
-        uretprobe:./v:work /retval % 333 == 0/ { print(@s); }""",
-    "latency": """
-        uprobe:./v:work { @start[tid] = nsecs; }
-        uretprobe:./v:work /@start[tid]/ { @ns = hist(nsecs - @start[tid]); @left[tid] = count();
-            delete(@start[tid]); }""",
-}
-
-
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_compiled_maps_are_the_evaluators(name):
     hits = WORK
@@ -169,13 +121,6 @@ def test_compiled_maps_are_the_evaluators(name):
 
 
 # strings and checked pointer reads: hits pass good and unreadable addresses (arg0, arg2)
-CHECKED_READS = """
-    uprobe:./v:named { @w[str(arg0)] = count(); @short[str(arg0, 3)] = count();
-        @is_beta[str(arg0) == "beta"] = count(); @who[comm, arg1 % 2] = count();
-        @u32 = sum(*(uint32 *)arg2); @i16 = sum(*(int16 *)(arg2 + 4)); @i8 = min(*(int8 *)(arg2 + 6));
-        @far = sum(*(uint64 *)(arg2 + 8)); }"""
-
-
 def test_strings_and_pointer_reads_are_checked():
     words = [ctypes.create_string_buffer(w) for w in (b"alpha", b"beta", b"gamma" * 20)]
     record = ctypes.create_string_buffer(struct.pack("<IhbQ", 70000, -3, -1, 1 << 40), 16)
@@ -208,13 +153,6 @@ def test_strings_and_pointer_reads_are_checked():
 
 # maps of strings: stored from str() (of good and unreadable addresses), read back into
 # keys, comparisons, other maps and printf(), deleted
-STRING_MAPS = """
-    uprobe:./v:named { @last[arg1 % 3] = str(arg0); @two[arg1 % 2] = str(arg0, 3);
-        @copy[arg1 % 4] = @last[(arg1 + 1) % 3]; @is[@last[0] == "alpha"] = count();
-        @by[@copy[arg1 % 4]] = count(); if (arg1 == 41) { delete(@two[1]); }
-        if (arg1 % 13 == 0) { printf("%s|\\n", @last[1]); } }"""
-
-
 def test_maps_of_strings():
     words = [ctypes.create_string_buffer(w) for w in (b"alpha", b"beta", b"gamma" * 20)]
     here = [ctypes.addressof(w) for w in words]

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 
 import pytest
 
+from probe_programs import ties_sorted
 from conftest import kernel_tracing_alone, uprobes_unavailable
 from urewrite.programs import output
 from urewrite.programs.checks import check
@@ -69,23 +69,6 @@ def _from_bpftrace_json(line: dict, kinds) -> MapData:
     return data
 
 
-def _ties_sorted(text: str):
-    """bpftrace leaves entries of equal value in its hash table's order: sort each
-    run of them, so that the comparison holds the rest to the line."""
-    lines, out, run = text.splitlines(), [], []
-    pattern = re.compile(r"(@\w*)\[.*\]: (-?\d+)$")
-    for line in lines + [""]:
-        match = pattern.match(line)
-        if run and (not match or (match.group(1), match.group(2)) != run[0][0]):
-            out.extend(sorted(l for _, l in run))
-            run = []
-        if match:
-            run.append(((match.group(1), match.group(2)), line))
-        else:
-            out.append(line)
-    return out
-
-
 @pytest.fixture(scope="module")
 def values(tmp_path_factory):
     if shutil.which("gcc") is None:
@@ -122,7 +105,7 @@ def test_maps_print_as_bpftrace_prints_them(bpftrace_run):
     kinds = check(parse(program)).maps
     maps = [_from_bpftrace_json(line, kinds) for line in theirs_json]
     assert {m.name for m in maps} == set(kinds)
-    assert _ties_sorted(output.text(maps)) == _ties_sorted(theirs_text)
+    assert ties_sorted(output.text(maps)) == ties_sorted(theirs_text)
     assert [json.loads(line) for line in output.json_lines(maps)] == theirs_json
 
 
@@ -140,7 +123,7 @@ def test_programs_mean_what_they_mean_in_bpftrace(bpftrace_run):
         result = i * 3 - (i % 7) * 500
         for block in exits:
             run_block(state, block, Hit(block.probes[0], "work", retval=result & ((1 << 64) - 1)))
-    assert _ties_sorted(output.text(list(state.maps.values()))) == _ties_sorted(theirs_text)
+    assert ties_sorted(output.text(list(state.maps.values()))) == ties_sorted(theirs_text)
 
 
 # -- without bpftrace: what it printed for the same maps ------------------------------

@@ -13,29 +13,14 @@ import tempfile
 
 import pytest
 
-from conftest import kernel_tracing_alone, uprobes_unavailable, urewrite
-from test_program_output import _ties_sorted
+from conftest import kernel_tracing_alone, running, uprobes_unavailable, urewrite
+from probe_programs import MATRIX_PROGRAM, PROGRAM, maps_of, ties_sorted
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(ROOT, "samples", "programs", "values.c")
 
 pytestmark = pytest.mark.skipif(platform.machine() != "x86_64",
                                 reason="probe programs run in x86_64 files for now")
-
-PROGRAM = """
-uprobe:{path}:work /arg0 > 10/ {{
-    @c[arg1] = count(); @h = hist(arg0 * 1000); @l = lhist(arg0, 0, 1000, 250);
-    @s[arg1 % 3] = sum(arg0); @a = avg(arg0); @st = stats(arg1); @mi = min(arg0); @ma = max(arg0);
-    $x = arg0 / 3 - (int64)arg1 * 7; @calc = sum($x); @sign[$x < 0] = count();
-    if (arg1 == 3) {{ @three++ }} else {{ @other += 2 }}
-}}
-uprobe:{path}:work {{ @start[tid] = nsecs; }}
-uprobe:{path}:work /arg0 % 100 == 0/ {{ printf("at %d: %d %s %c\\n", arg0, arg1 * 2, comm, 66); }}
-uretprobe:{path}:work /@start[tid]/ {{
-    @r = lhist((int64)retval + 3000, 0, 6000, 1000); @took = count(); delete(@start[tid]);
-}}
-"""
-
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
@@ -65,9 +50,7 @@ def _bpftrace(program: str, command: str, env=None) -> subprocess.CompletedProce
                               text=True, timeout=120, env=env)
 
 
-def _maps(stdout: str) -> str:
-    """What follows the command's own output: the maps."""
-    return stdout.split("\n\n\n", 1)[1]
+
 
 
 def test_the_probes_run_the_program_as_bpftrace_does(files):
@@ -77,7 +60,7 @@ def test_the_probes_run_the_program_as_bpftrace_does(files):
     assert ours.stdout.startswith("0\n")  # the command's own output, left alone
     theirs = _bpftrace(PROGRAM.format(path=plain), f"{plain} 1000")
     assert theirs.returncode == 0, theirs.stderr
-    assert _ties_sorted(_maps(ours.stdout)) == _ties_sorted(_maps(theirs.stdout))
+    assert ties_sorted(maps_of(ours.stdout)) == ties_sorted(maps_of(theirs.stdout))
     printed = ours.stdout.split("\n\n\n", 1)[0].splitlines()
     assert sorted(printed) == sorted(theirs.stdout.split("\n\n\n", 1)[0].splitlines()[1:])
     assert "at 300: 12 values B" in printed and len(printed) == 11  # 10 printf()s, the output
@@ -114,7 +97,7 @@ def test_globs_name_each_probe_they_match_and_a_probe_runs_every_block(files):
                         f"count(); }} uprobe:{out}:work /arg0 > 4/ {{ @n = count(); }} "
                         f"uprobe:{out}:w* {{ @m = count(); }}", "--", out, "10")
         assert ours.returncode == 0, ours.stderr
-        assert _ties_sorted(_maps(ours.stdout)) == _ties_sorted(
+        assert ties_sorted(maps_of(ours.stdout)) == ties_sorted(
             f"@[uprobe:{out}:named, named]: 10\n@[uprobe:{out}:work, work]: 10\n@m: 10\n@n: 5\n")
         program = "uprobe:{path}:w*, uprobe:{path}:named { @[probe] = count(); }"
         ours = urewrite("run", "-e", program.replace("{path}", out), "--", out, "10")
@@ -122,8 +105,8 @@ def test_globs_name_each_probe_they_match_and_a_probe_runs_every_block(files):
         shutil.rmtree(short)
     theirs = _bpftrace(program.replace("{path}", str(plain)), f"{plain} 10")
     assert theirs.returncode == 0, theirs.stderr
-    assert _ties_sorted(_maps(ours.stdout).replace(out, "PATH")) == \
-        _ties_sorted(_maps(theirs.stdout).replace(str(plain), "PATH"))
+    assert ties_sorted(maps_of(ours.stdout).replace(out, "PATH")) == \
+        ties_sorted(maps_of(theirs.stdout).replace(str(plain), "PATH"))
 
 
 def test_a_probe_the_file_lacks_is_named_with_the_rewrite_that_adds_it(files):
@@ -143,8 +126,7 @@ def test_a_probe_the_file_lacks_is_named_with_the_rewrite_that_adds_it(files):
 
 def test_loaded_into_a_running_process_and_unloaded(files):
     _, rewritten = files
-    process = subprocess.Popen([str(rewritten), "4000000000"], stdout=subprocess.DEVNULL)
-    try:
+    with running([str(rewritten), "4000000000"], stdout=subprocess.DEVNULL) as process:
         import time
         time.sleep(0.3)  # (its runtime started)
         program = f"uprobe:{rewritten}:work {{ @n = count(); @parity[arg0 % 2] = count(); }}"
@@ -160,9 +142,6 @@ def test_loaded_into_a_running_process_and_unloaded(files):
         assert stat.returncode == 0, stat.stderr
         work = [line for line in stat.stdout.splitlines() if " work " in line and "entry" in line]
         assert work and int(work[0].split()[-1]) > 1000
-    finally:
-        process.kill()
-        process.wait()
 
 
 @pytest.fixture(scope="module")
@@ -187,32 +166,31 @@ def test_programs_loaded_replaced_and_unloaded_in_a_running_threaded_process(ser
     rewritten = tmp_path / "served.probed"
     proc = urewrite(str(plain), "-p", "work", "--args", "2", "-o", str(rewritten), "-q")
     assert proc.returncode == 0, proc.stderr
-    process = subprocess.Popen([str(rewritten)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               text=True)
-    lines = LineReader(process.stdout)
+    with running([str(rewritten)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                 text=True) as process:
+        lines = LineReader(process.stdout)
 
-    def send(command):
-        process.stdin.write(command + "\n")
-        process.stdin.flush()
-        assert lines.next_line() == f"ok {command}"
+        def send(command):
+            process.stdin.write(command + "\n")
+            process.stdin.flush()
+            assert lines.next_line() == f"ok {command}"
 
-    def loaded(program, commands):
-        tracer = subprocess.Popen([sys.executable, "-m", "urewrite", "run", "-e", program,
-                                   "-p", str(process.pid)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
-        try:
-            errors = LineReader(tracer.stderr)
-            while f"armed pid {process.pid}" not in errors.next_line():
-                pass
-            for command in commands:
-                send(command)
-        finally:
-            tracer.send_signal(signal.SIGINT)
-            out, rest = tracer.communicate(timeout=60)
-        assert tracer.returncode == 0, rest
-        return dict(line.split(": ") for line in out.strip().splitlines())
+        def loaded(program, commands):
+            tracer = subprocess.Popen([sys.executable, "-m", "urewrite", "run", "-e", program,
+                                       "-p", str(process.pid)], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True)
+            try:
+                errors = LineReader(tracer.stderr)
+                while f"armed pid {process.pid}" not in errors.next_line():
+                    pass
+                for command in commands:
+                    send(command)
+            finally:
+                tracer.send_signal(signal.SIGINT)
+                out, rest = tracer.communicate(timeout=60)
+            assert tracer.returncode == 0, rest
+            return dict(line.split(": ") for line in out.strip().splitlines())
 
-    try:
         assert lines.next_line() == "ready"
         send("calls 2 1000")  # before any program
         first = loaded(f"uprobe:{rewritten}:work {{ @n = count(); @t[arg1] = count(); }}",
@@ -226,10 +204,6 @@ def test_programs_loaded_replaced_and_unloaded_in_a_running_threaded_process(ser
         assert second == {"@even": "3000", "@sum": str(3 * sum(range(0, 2000, 2)))}
         process.stdin.close()
         assert process.wait(timeout=60) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
 
 
 def test_usdt_arguments_and_addresses_in_a_program(tmp_path):
@@ -246,7 +220,7 @@ def test_usdt_arguments_and_addresses_in_a_program(tmp_path):
     assert proc.returncode == 0, proc.stderr
     ran = urewrite("run", "-e", program, "--", str(rewritten), "usdt", "3000")
     assert ran.returncode == 0, ran.stderr
-    maps = _maps(ran.stdout)
+    maps = maps_of(ran.stdout)
     # the site passes (i, n - i) for i < n: n - i covers 1..3000
     assert "@mod[0]: 1000\n@mod[1]: 1000\n@mod[2]: 1000\n" in maps
     assert f"@sum: {sum(range(3000))}\n" in maps and "@last: 1\n" in maps
@@ -276,16 +250,6 @@ def test_a_full_map_and_bad_reads_are_reported(files):
         'address): they gave "" or 0']
 
 
-MATRIX_PROGRAM = """
-uprobe:{path}:{work} /arg0 > 10/ {{
-    @c[arg1] = count(); @s[arg1 % 3] = sum(arg0); @h = hist(arg0); @mx = max(arg0);
-}}
-uprobe:{path}:{work} {{ @start[tid] = nsecs; }}
-uretprobe:{path}:{work} /@start[tid]/ {{
-    @r = lhist((int64)retval + 3000, 0, 6000, 1000); @took = count(); delete(@start[tid]);
-}}
-uprobe:{path}:{named} {{ @w[arg1 % 5] = count(); }}
-"""
 # build -> (compiler and flags, the arguments of the run); "shared" puts work and named
 # in a shared object, which the probes name
 MATRIX = {
@@ -339,7 +303,7 @@ def test_builds_and_threads_give_the_maps_bpftrace_gives(tmp_path, name):
     theirs = _bpftrace(program[plain], " ".join([str(plain / "values"), *args]),
                        env=dict(os.environ, LD_LIBRARY_PATH=str(plain)) if shared else None)
     assert theirs.returncode == 0, theirs.stderr
-    assert _ties_sorted(_maps(ours.stdout)) == _ties_sorted(_maps(theirs.stdout))
+    assert ties_sorted(maps_of(ours.stdout)) == ties_sorted(maps_of(theirs.stdout))
 
 
 def test_loaded_into_a_region_directory(files, tmp_path):
@@ -383,10 +347,9 @@ def test_stat_of_a_running_process_shows_its_built_in_program(served, tmp_path):
     proc = urewrite(str(plain), "-e", "uprobe:served:work { @n = count(); @t[arg1] = count(); }",
                     "-o", str(built), "-q")
     assert proc.returncode == 0, proc.stderr
-    process = subprocess.Popen([str(built)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               text=True)
-    lines = LineReader(process.stdout)
-    try:
+    with running([str(built)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                 text=True) as process:
+        lines = LineReader(process.stdout)
         assert lines.next_line() == "ready"
         process.stdin.write("calls 2 500\n")  # before: not armed, not counted
         process.stdin.flush()
@@ -405,9 +368,6 @@ def test_stat_of_a_running_process_shows_its_built_in_program(served, tmp_path):
         assert tracer.returncode == 0, rest
         assert out.endswith("the program built into the probes:\n\n"
                             "@n: 3000\n@t[0]: 1000\n@t[1]: 1000\n@t[2]: 1000\n"), out
-    finally:
-        process.kill()
-        process.wait()
 
 
 def test_maps_of_strings_in_the_probes(files, tmp_path):
@@ -422,7 +382,7 @@ def test_maps_of_strings_in_the_probes(files, tmp_path):
     ours = urewrite("run", "-e", program, "--", str(rewritten), "300")
     assert ours.returncode == 0, ours.stderr
     # (@first: named(words[i % 3], i) stores the word of i - 2 under word i's, "" first)
-    assert _maps(ours.stdout) == ("@first[alpha]: beta\n@first[beta]: gamma\n"
+    assert maps_of(ours.stdout) == ("@first[alpha]: beta\n@first[beta]: gamma\n"
                                   "@first[gamma]: alpha\n@last[0]: alpha\n@last[1]: beta\n"
                                   "@last[2]: gamma\n")
 

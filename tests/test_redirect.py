@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from conftest import run
+
 from urewrite.trampolines.region import read_regions
 
 SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "samples")
@@ -39,8 +41,7 @@ def urewrite(*args, env=None):
     args = list(map(str, args))
     if args[0] not in ("stat", "trace"):
         args += ["--tactics", "jump"]
-    return subprocess.run([sys.executable, "-m", "urewrite", *args],
-                          capture_output=True, text=True, env=env)
+    return run([sys.executable, "-m", "urewrite", *args], env=env)
 
 
 def stat(command, env=None):
@@ -425,50 +426,9 @@ def test_a_return_after_the_thread_pointer_changed(tmp_path):
     assert [(p["name"], p["hits"]) for p in report["probes"]] == [("set_tp", 6)]
 
 
-COROUTINES = r"""
-#include <ucontext.h>
-static ucontext_t main_ctx, co_ctx;
-static char co_stack[64 * 1024];
-static void (*body)(void);
-static void run(void) { body(); }
-void co_start(void (*f)(void)) {
-    body = f;
-    getcontext(&co_ctx);
-    co_ctx.uc_stack.ss_sp = co_stack;
-    co_ctx.uc_stack.ss_size = sizeof co_stack;
-    co_ctx.uc_link = &main_ctx;
-    makecontext(&co_ctx, run, 0);
-}
-void co_resume(void) { swapcontext(&main_ctx, &co_ctx); }
-void co_yield(void) { swapcontext(&co_ctx, &main_ctx); }
-"""
-COROUTINE_USER = r"""
-#include <stdio.h>
-void co_start(void (*)(void)), co_resume(void), co_yield(void);
-static volatile int sink;
-/* entered on the coroutine's stack, suspended there, resumed later */
-__attribute__((noipa)) int inner(int x) {
-    if (x < 0)
-        return 0;
-    co_yield();
-    return x + sink;
-}
-static void coroutine(void) { inner(1); }
-/* returns while inner, entered after it on this thread, is suspended */
-__attribute__((noipa)) int outer(int x) {
-    if (x < 0)
-        return 0;
-    co_resume();
-    return x + sink;
-}
-int main(void) {
-    co_start(coroutine);
-    outer(1);
-    co_resume();
-    puts("done");
-    return 0;
-}
-"""
+# samples/coroutines.c (ucontext) and a program running one (built in one file or apart)
+COROUTINES = open(os.path.join(SAMPLES, "coroutines.c")).read()
+COROUTINE_USER = open(os.path.join(SAMPLES, "coroutine_user.c")).read()
 
 
 def test_stack_switching(tmp_path):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from synthetic_region import PROBES, synthetic_region
 from urewrite.trampolines import region
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -213,40 +214,8 @@ def test_header_builds_as_cxx(build_dir):
 
 # --- a region written from Python --------------------------------------------------
 
-PROBES = [
-    region.ProbeInfo("parse_request", region.KIND_ENTRY, 0x401136),
-    region.ProbeInfo("parse_request+0x1c", region.KIND_ADDRESS, 0x401152),
-    region.ProbeInfo("send_reply", region.KIND_RETURN, 0x4011a0),
-    region.ProbeInfo("provider:mark", region.KIND_USDT, 0x4011f0),
-    region.ProbeInfo("from_the_future", 7, 0xffffffffff600000),  # a kind this reader lacks
-]
-
-
-def _synthetic_region(path: Path, pid: int = 4242, counts=None) -> dict:
-    """A region as a running process would leave it; returns the expected hits."""
-    template, layout = region.build_template(PROBES, "server.probed", bytes(range(20)), 62)
-    data = bytearray(layout.region_size)
-    data[:len(template)] = template
-    struct.pack_into("<i", data, region.OFF_PID, pid)
-    struct.pack_into("<q", data, region.OFF_LOAD_BIAS, 0x7F0000000000)
-    expected = {p.name: 0 for p in PROBES}
-    rows = counts or {0: 1, 3: 10, 200: 1 << 33, layout.slot_count: 1000}  # last row: shared
-    for row, scale in rows.items():
-        if row < layout.slot_count:  # a per-thread row has an owner
-            struct.pack_into("<QQ", data, layout.owners_offset + row * region.OWNER_ENTRY_SIZE,
-                             0x7F00DEAD0000 + row * 0x1000,
-                             0x7F0000000000 + layout.counters_offset + row * layout.slot_stride)
-        for i, probe in enumerate(PROBES):
-            value = scale * (i + 1)
-            struct.pack_into("<Q", data, layout.counters_offset + row * layout.slot_stride + 8 * i,
-                             value)
-            expected[probe.name] += value
-    path.write_bytes(bytes(data))
-    return expected
-
-
 def test_synthetic_region_reads_in_python(tmp_path):
-    expected = _synthetic_region(tmp_path / "server.probed-0123abcd.4242.ure")
+    expected = synthetic_region(tmp_path / "server.probed-0123abcd.4242.ure")
     r = region.read_region(str(tmp_path / "server.probed-0123abcd.4242.ure"))
     assert (r.pid, r.object, r.machine, r.load_bias) == (4242, "server.probed", 62, 0x7F0000000000)
     assert r.build_id == bytes(range(20)).hex()
@@ -296,7 +265,7 @@ def test_python_readers_sum_the_rows_in_use(tmp_path):
 
 def test_reader_matches_python_on_a_synthetic_region(read_region, tmp_path):
     path = tmp_path / "server.probed-0123abcd.4242.ure"
-    expected = _synthetic_region(path)
+    expected = synthetic_region(path)
     code, rows, err = _run_reader(read_region, [path])
     assert code == 0, err
     assert rows == _python_rows([region.read_region(str(path))])
@@ -306,7 +275,7 @@ def test_reader_matches_python_on_a_synthetic_region(read_region, tmp_path):
 
 def test_reader_refuses_bad_files(read_region, tmp_path):
     good = tmp_path / "good.1.ure"
-    _synthetic_region(good)
+    synthetic_region(good)
     data = good.read_bytes()
 
     def variant(name: str, blob: bytes) -> Path:

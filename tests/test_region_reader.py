@@ -9,12 +9,12 @@ import threading
 
 import pytest
 
-from test_region_header import PROBES, _synthetic_region
+from synthetic_region import PROBES, synthetic_region
 from urewrite.trampolines import region, region_reader
 
 
 def _region(path, pid=4242, counts=None):
-    return _synthetic_region(path, pid, counts)
+    return synthetic_region(path, pid, counts)
 
 
 def test_symlinks_fifos_and_hard_links_are_skipped_with_a_line(tmp_path):

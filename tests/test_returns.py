@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from conftest import run
+
 from urewrite.rewriter.elf_file import ElfFile
 
 SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "samples")
@@ -26,8 +28,7 @@ pytestmark = pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc")
 
 
 def urewrite(*args):
-    return subprocess.run([sys.executable, "-m", "urewrite", *map(str, args)],
-                          capture_output=True, text=True)
+    return run([sys.executable, "-m", "urewrite", *args])
 
 
 def stat(command):

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from conftest import run
+
 pytestmark = pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc")
 
 # other_near reaches shared_b's tail with a short jump, other_far with a rel32 one
@@ -37,8 +39,7 @@ int main(void) {
 
 
 def urewrite(*args):
-    return subprocess.run([sys.executable, "-m", "urewrite", *map(str, args)],
-                          capture_output=True, text=True)
+    return run([sys.executable, "-m", "urewrite", *args])
 
 
 def test_a_function_whose_tail_others_enter_takes_no_exit_patch(tmp_path):

@@ -9,7 +9,7 @@ import stat as stat_module
 
 import pytest
 
-from conftest import ENV_VAR, rewrite, run, stat, urewrite
+from conftest import ENV_VAR, rewrite, run, running, stat, urewrite
 from variants import COUNTS_EXPECTED
 from urewrite.trampolines import region as region_layout
 
@@ -246,16 +246,13 @@ def test_ctrl_c_while_the_command_starts_goes_to_the_command(tmp_path):
     import subprocess
     import sys
     report = tmp_path / "report.json"
-    proc = subprocess.Popen([sys.executable, "-m", "urewrite", "stat", "--json", "-o",
-                             str(report), "--", "sh", "-c", "echo ready; exec sleep 30"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
+    with running([sys.executable, "-m", "urewrite", "stat", "--json", "-o",
+                  str(report), "--", "sh", "-c", "echo ready; exec sleep 30"],
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                 start_new_session=True) as proc:
         assert proc.stdout.readline() == "ready\n"
         os.killpg(proc.pid, signal.SIGINT)  # (the terminal sends it to the whole group)
         _, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
     assert proc.returncode == 128 + signal.SIGINT, err
     assert "Traceback" not in err
     assert json.loads(report.read_text())["exit_code"] == 128 + signal.SIGINT

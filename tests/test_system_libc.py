@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 
+import cross
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
 pytestmark = pytest.mark.skipif(not os.path.exists(LIBC) or not shutil.which("gcc"),
                                 reason="needs Debian's x86_64 libc.so.6 and gcc")
@@ -174,8 +175,7 @@ ARM64_PROGRAM = textwrap.dedent("""\
     """)
 
 
-@pytest.mark.skipif(not os.path.exists(ARM64_LIBC) or not shutil.which("qemu-aarch64")
-                    or not shutil.which("aarch64-linux-gnu-gcc"),
+@pytest.mark.skipif(not os.path.exists(ARM64_LIBC) or bool(cross.missing(cross.CC, cross.QEMU)),
                     reason="needs Debian's arm64 libc.so.6, its cross gcc and qemu-aarch64")
 def test_arm64_libc_probed_at_every_entry_and_return(tmp_path):
     import json
@@ -187,9 +187,9 @@ def test_arm64_libc_probed_at_every_entry_and_return(tmp_path):
     assert out.returncode == 0, out.stderr
     (tmp_path / "work.c").write_text(ARM64_PROGRAM)
     program = tmp_path / "work"
-    subprocess.run(["aarch64-linux-gnu-gcc", "-O2", "-pthread", str(tmp_path / "work.c"),
+    subprocess.run([cross.CC, "-O2", "-pthread", str(tmp_path / "work.c"),
                     "-o", str(program)], check=True)
-    qemu = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"]
+    qemu = [cross.QEMU, "-L", "/usr/aarch64-linux-gnu"]  # (where ARM64_LIBC is)
     plain = subprocess.run([*qemu, program], capture_output=True, text=True)
     assert plain.returncode == 0 and plain.stdout == "6898 6.500\n"
     run = subprocess.run([sys.executable, "-m", "urewrite", "stat", "--json", "--", *qemu,

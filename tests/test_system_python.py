@@ -14,6 +14,8 @@ import textwrap
 
 import pytest
 
+from conftest import run
+
 from urewrite.rewriter import usdt
 from urewrite.rewriter.elf_file import ElfFile
 
@@ -45,8 +47,7 @@ WORK = textwrap.dedent("""\
 
 
 def urewrite(*args):
-    return subprocess.run([sys.executable, "-m", "urewrite", *map(str, args)],
-                          capture_output=True, text=True)
+    return run([sys.executable, "-m", "urewrite", *args])
 
 
 def test_every_function_returns_as_often_as_it_is_entered(tmp_path):

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from conftest import run
+
 SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "samples")
 ROUNDS = 40
 
@@ -19,8 +21,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def urewrite(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "urewrite", *map(str, args)],
-                          capture_output=True, text=True, **kw)
+    return run([sys.executable, "-m", "urewrite", *args], **kw)
 
 
 @pytest.fixture(scope="module", params=["-O0", "-O2", "-O3"])

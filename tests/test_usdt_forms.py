@@ -28,7 +28,8 @@ from typing import Dict, List
 
 import pytest
 
-from conftest import check, run, urewrite
+import cross
+from conftest import check, urewrite
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "samples" / "usdt_forms.c"
@@ -78,15 +79,11 @@ def recorded(events_file: Path) -> Dict[str, List[List[int]]]:
 
 def _arm():
     """(compiler, command prefix to run a program) for arm64, or None with a reason."""
-    try:
-        from cross import CC, QEMU, SYSROOT
-    except Exception as e:  # pragma: no cover
-        return None, f"the arm64 helpers: {e}"
-    if not shutil.which(CC) or not shutil.which(QEMU):
+    if cross.missing(cross.CC, cross.QEMU):
         return None, "needs aarch64-linux-gnu-gcc and qemu-aarch64"
-    if not SYSROOT:
+    if not cross.SYSROOT:
         return None, "cannot find the AArch64 libraries for qemu -L"
-    return (CC, [QEMU, "-L", SYSROOT]), ""
+    return (cross.CC, cross.emulator()), ""
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import shutil
 import subprocess
 import sys
@@ -22,23 +21,11 @@ from pathlib import Path
 import pytest
 
 from conftest import SAMPLES, check, rewrite, stat, urewrite
+from users import REQUESTS, SERVED, WORKERS, needs_switching, nobody_ids, switch_users
 from variants import COUNTS_EXPECTED, COUNTS_EXIT
 
 
-def _users():
-    try:
-        nobody, other = pwd.getpwnam("nobody"), pwd.getpwnam("daemon")
-    except KeyError:
-        return None
-    return nobody, other
-
-
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("setpriv") is None or not _users(),
-    reason="needs root (to switch user), setpriv and the users nobody and daemon")
-
-WORKERS, REQUESTS = 5, 40
-SERVED = 2 * REQUESTS + WORKERS * REQUESTS + WORKERS * (WORKERS - 1) // 2
+pytestmark = needs_switching
 
 
 @pytest.fixture(scope="module")
@@ -62,11 +49,6 @@ def programs():
         shutil.rmtree(d, ignore_errors=True)
 
 
-def _nobody_ids():
-    nobody = _users()[0]
-    return nobody.pw_uid, nobody.pw_gid
-
-
 def _check_counts(run) -> None:
     assert run.proc.returncode == COUNTS_EXIT, run.proc.stderr
     assert "no probe region" not in run.proc.stderr, run.proc.stderr
@@ -76,7 +58,7 @@ def _check_counts(run) -> None:
 
 
 def test_setpriv(programs, tmp_path):
-    uid, gid = _nobody_ids()
+    uid, gid = nobody_ids()
     run = stat(["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
                 programs / "counts.probed"], tmp_path)
     _check_counts(run)
@@ -100,7 +82,7 @@ def test_su(programs, tmp_path):
 
 
 def _server(programs, name="server.probed"):
-    uid, gid = _nobody_ids()
+    uid, gid = nobody_ids()
     return [programs / name, uid, gid, WORKERS, REQUESTS]
 
 
@@ -132,7 +114,7 @@ def test_regions_are_their_users_and_no_one_elses(programs, tmp_path, name, work
     owner (a worker's is nobody's when its first hit comes after it switched user,
     else root's: it keeps the region it mapped); another user can neither list the
     directory nor read a region."""
-    other = _users()[1].pw_name
+    other = switch_users()[1].pw_name
     script = f"""
         "$@" > /dev/null || exit 9
         cd "$UREWRITE_DIR" || exit 9
@@ -230,7 +212,7 @@ def test_a_program_runs_in_workers_that_switched_user(programs, tmp_path):
                     *map(str, _server(programs, "server-late.probed")))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     files = [line.split() for line in proc.stdout.splitlines() if line.startswith("600 ")]
-    uid = _nobody_ids()[0]
+    uid = nobody_ids()[0]
     own = [(user, name.split(".")) for _, user, name in files if name.startswith("maps.")]
     assert sorted(user for user, _ in own) == ["nobody"] * WORKERS + ["root"], files
     assert all(len(parts) == 4 and parts[2] == str(uid if user == "nobody" else 0)
@@ -244,7 +226,7 @@ def test_a_program_runs_in_workers_that_switched_user(programs, tmp_path):
 
 
 def test_a_program_runs_in_a_command_of_another_user(programs):
-    uid, gid = _nobody_ids()
+    uid, gid = nobody_ids()
     proc = urewrite("run", "-e", f"uprobe:{programs / 'server-late.probed'}:handle_request "
                     "{ @all = count(); }", "--", "setpriv", f"--reuid={uid}", f"--regid={gid}",
                     "--clear-groups", *map(str, _server(programs, "server-late.probed")))
@@ -263,7 +245,7 @@ def test_a_built_in_program_counts_in_workers_that_switched_user(programs, tmp_p
     os.chmod(tmp_path, 0o755)
     os.chmod(built, 0o755)
     report = tmp_path / "report.json"
-    uid, gid = _nobody_ids()
+    uid, gid = nobody_ids()
     run = urewrite("stat", "--json", "-o", str(report), "--", str(built), str(uid), str(gid),
                    str(WORKERS), str(REQUESTS))
     assert run.returncode == 0, run.stderr

@@ -1,0 +1,197 @@
+"""Probe programs shared by the x86_64 and arm64 tests, and readers of what they print.
+
+The programs the `run` and build-time tests hold to the reference evaluator (and that to
+bpftrace), the work the compiled-code tests feed them, and the arm64 side's builds of
+samples/programs/values.c under qemu.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+from conftest import check, urewrite
+from cross import BP, CC, LIB_INIT, LIB_INIT_C, QEMU
+from urewrite.programs import output
+from urewrite.programs.checks import check as check_program
+from urewrite.programs.evaluate import Hit, State, run_block
+from urewrite.programs.parser import parse
+
+ROOT = Path(__file__).resolve().parent.parent
+VALUES = ROOT / "samples" / "programs" / "values.c"
+
+# -- programs ------------------------------------------------------------------------------
+
+PROGRAM = """
+uprobe:{path}:work /arg0 > 10/ {{
+    @c[arg1] = count(); @h = hist(arg0 * 1000); @l = lhist(arg0, 0, 1000, 250);
+    @s[arg1 % 3] = sum(arg0); @a = avg(arg0); @st = stats(arg1); @mi = min(arg0); @ma = max(arg0);
+    $x = arg0 / 3 - (int64)arg1 * 7; @calc = sum($x); @sign[$x < 0] = count();
+    if (arg1 == 3) {{ @three++ }} else {{ @other += 2 }}
+}}
+uprobe:{path}:work {{ @start[tid] = nsecs; }}
+uprobe:{path}:work /arg0 % 100 == 0/ {{ printf("at %d: %d %s %c\\n", arg0, arg1 * 2, comm, 66); }}
+uretprobe:{path}:work /@start[tid]/ {{
+    @r = lhist((int64)retval + 3000, 0, 6000, 1000); @took = count(); delete(@start[tid]);
+}}
+"""
+
+
+MATRIX_PROGRAM = """
+uprobe:{path}:{work} /arg0 > 10/ {{
+    @c[arg1] = count(); @s[arg1 % 3] = sum(arg0); @h = hist(arg0); @mx = max(arg0);
+}}
+uprobe:{path}:{work} {{ @start[tid] = nsecs; }}
+uretprobe:{path}:{work} /@start[tid]/ {{
+    @r = lhist((int64)retval + 3000, 0, 6000, 1000); @took = count(); delete(@start[tid]);
+}}
+uprobe:{path}:{named} {{ @w[arg1 % 5] = count(); }}
+"""
+
+
+# -- what programs print --------------------------------------------------------------------
+
+def maps_of(stdout: str) -> str:
+    """What follows the command's own output: the maps."""
+    return stdout.split("\n\n\n", 1)[1]
+
+
+def ties_sorted(text: str):
+    """bpftrace leaves entries of equal value in its hash table's order: sort each
+    run of them, so that the comparison holds the rest to the line."""
+    lines, out, run = text.splitlines(), [], []
+    pattern = re.compile(r"(@\w*)\[.*\]: (-?\d+)$")
+    for line in lines + [""]:
+        match = pattern.match(line)
+        if run and (not match or (match.group(1), match.group(2)) != run[0][0]):
+            out.extend(sorted(l for _, l in run))
+            run = []
+        if match:
+            run.append(((match.group(1), match.group(2)), line))
+        else:
+            out.append(line)
+    return out
+
+
+# -- compiled code, fed hits directly (test_program_code, test_aarch64_program_code) --------
+
+WORK = [("uprobe:./v:work", {"args": (i, i % 7)}) for i in range(1000)] + \
+       [("uretprobe:./v:work", {"retval": i * 3 - (i % 7) * 500}) for i in range(1000)]
+
+PROGRAMS = {
+    "aggregations": """
+        uprobe:./v:work { @c[arg1] = count(); @two[arg1, arg1 % 2] = count();
+            @h = hist(arg0 - 300); @hk[arg1 % 2] = hist(arg0 * 1000003);
+            @l = lhist(arg0, 100, 600, 100); @lk[arg1 % 2] = lhist(arg0, 0, 1000, 500);
+            @s[arg1] = sum(arg0); @a = avg(arg0); @ak[arg1 % 2] = avg(arg0);
+            @mi = min(arg0 - 500); @ma = max(arg0); @st = stats(arg0); @stk[arg1 % 3] = stats(arg0);
+            @v = arg0; @z[arg1] = 5; @ = count(); @neg = max((int64)arg0 - 5000); }
+        uretprobe:./v:work /(int64)retval < 0/ { @r = hist(retval); @rmin = min(retval); }""",
+    "arithmetic": """
+        uprobe:./v:work /arg0 - 500 > 100/ {
+            @wrapped = count(); $x = arg0 / 7 + arg0 % 5 - (arg0 << 2 >> 3); @calc = sum($x);
+            $y = (int64)arg0 - 600; @sdiv = sum($y / 7 + $y % 5 + ($y >> 2));
+            @zdiv = sum(arg0 / (arg1 - arg1) + arg0 % (arg1 * 0));
+            if (arg1 > 3) { @big++ } else if (arg1 == 0) { @zero += 2 } else { @small = max(arg1 * 2) }
+            @t[arg0 & 1 ? 10 : 20] = count(); @c8 = sum((int8)arg0); @u16 = sum((uint16)(arg0 * 5000));
+            @neg8[(int8)(arg0 * 3) < 0] = count(); @logic[arg1 > 2 && arg0 % 3 == 0 || !arg1] = count();
+            @bits = sum(~arg0 ^ (arg0 | 3) & 0xff); @m[-(int64)arg0 % 9] = count();
+        }""",
+    "by_constants": """
+        uprobe:./v:work { @d7 = sum(arg0 / 7); @m7 = sum(arg0 % 7); @k[arg0 % 1000] = count();
+            @d1000 = sum(arg0 / 1000); @p = sum(arg0 / 64 + arg0 % 64 + arg0 / 1 + arg0 % 1);
+            @big = sum(arg0 / 0x8000000000000001 + arg0 % 0xfffffffffffffffd);
+            @odd = sum(arg0 / 1000003 + arg0 % 641 + arg0 / -7 + arg0 % -1000);
+            @s = sum((int64)arg0 / 7 + (int64)arg0 % 1000); }""",
+    "reads_maps": """
+        uprobe:./v:work { @seen[arg1] = count(); @last[arg1] = arg0; @acc += arg0;
+            @mean = avg(arg0); @r[arg1] = @seen[arg1] * 100 + @mean; }
+        uretprobe:./v:work /@seen[3] > 100/ { @after = count(); @key[@last[2] % 4] = count(); }""",
+    "printf": """
+        uprobe:./v:work /arg0 % 97 == 0/ { printf("%d %u %x|%-4d %s!\\n", (int64)arg0 - 500,
+            arg1, arg0, arg1, comm); printf("%5d|\\n", arg1);
+            printf("%c%c\\n", 65 + arg1, 97); @n = count(); }
+        uretprobe:./v:work /(int64)retval < -2950/ { printf("ret %d\\n", retval); }""",
+    "map_actions": """
+        uprobe:./v:work { @c[arg1] = count(); @s = sum(arg0); @h = hist(arg0); @lo = min(arg0);
+            if (arg0 % 250 == 3) { print(@c); print(@lo); clear(@c); zero(@s); }
+            if (arg0 % 400 == 7) { zero(@h); zero(@lo); print(@h); } }
+        uretprobe:./v:work /retval % 333 == 0/ { print(@s); }""",
+    "latency": """
+        uprobe:./v:work { @start[tid] = nsecs; }
+        uretprobe:./v:work /@start[tid]/ { @ns = hist(nsecs - @start[tid]); @left[tid] = count();
+            delete(@start[tid]); }""",
+}
+
+CHECKED_READS = """
+    uprobe:./v:named { @w[str(arg0)] = count(); @short[str(arg0, 3)] = count();
+        @is_beta[str(arg0) == "beta"] = count(); @who[comm, arg1 % 2] = count();
+        @u32 = sum(*(uint32 *)arg2); @i16 = sum(*(int16 *)(arg2 + 4)); @i8 = min(*(int8 *)(arg2 + 6));
+        @far = sum(*(uint64 *)(arg2 + 8)); }"""
+
+STRING_MAPS = """
+    uprobe:./v:named { @last[arg1 % 3] = str(arg0); @two[arg1 % 2] = str(arg0, 3);
+        @copy[arg1 % 4] = @last[(arg1 + 1) % 3]; @is[@last[0] == "alpha"] = count();
+        @by[@copy[arg1 % 4]] = count(); if (arg1 == 41) { delete(@two[1]); }
+        if (arg1 % 13 == 0) { printf("%s|\\n", @last[1]); } }"""
+
+
+# -- arm64: values.c under qemu -------------------------------------------------------------
+
+# what comm is under qemu-user: the emulator's name (bpftrace would say the same)
+COMM = os.path.basename(shutil.which(QEMU) or QEMU)[:15]
+
+
+def build_arm64(work: Path, source: Path, name: str, flags, program_for) -> Path:
+    """`source` built for arm64 as work/plain/NAME and rewritten with the probes the
+    program names as work/rw/NAME (so that both have the same name)."""
+    (work / "plain").mkdir(exist_ok=True)
+    (work / "rw").mkdir(exist_ok=True)
+    plain, rewritten = work / "plain" / name, work / "rw" / name
+    check([CC, *flags, str(source), "-o", str(plain)])
+    proc = urewrite(str(plain), "-e", program_for(rewritten), "-o", str(rewritten), "-q")
+    assert proc.returncode == 0, proc.stderr
+    return rewritten
+
+
+def evaluated(program: str, calls: int, threads: int = 1):
+    """(the maps as `run` prints them, the printf() lines) the evaluator gives for
+    values.c's calls: work(i, i % 7) returning 3i - 500 (i % 7), then named(word, i);
+    thread t making the calls i = t, t + T, ... (one call of a thread at a time)."""
+    checked = check_program(parse(program))
+    state = State(checked)
+    by_kind = {}
+    for block in checked.program.blocks:
+        for probe in block.probes:
+            kind = probe.kind + ":" + (probe.function or "")
+            by_kind.setdefault(kind, []).append((block, probe))
+
+    def hit(kind, **fields):
+        for block, probe in by_kind.get(kind, ()):
+            run_block(state, block, Hit(probe, comm=COMM, **fields))
+    clock = 0
+    for i in range(calls):
+        tid = 1 + i % threads
+        clock += 1000
+        hit("uprobe:work", args=(i, i % 7), tid=tid, nsecs=clock)
+        hit("uretprobe:work", retval=(3 * i - 500 * (i % 7)) & (2**64 - 1), tid=tid,
+            nsecs=clock + 10)
+        hit("uprobe:named", args=(0, i), tid=tid, nsecs=clock)
+    return output.text(list(state.maps.values())), state.printed
+
+
+def bti_library(tmp_path):
+    """values.c split in two, the library BTI-marked (no start files: qemu maps its pages
+    guarded), in tmp_path/plain: (the library, where its rewrite goes, the main program)."""
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "rw").mkdir()
+    library, rewritten = tmp_path / "plain" / "libvalues.so", tmp_path / "rw" / "libvalues.so"
+    (tmp_path / "init.c").write_text(LIB_INIT_C)
+    check([CC, "-O2", BP, "-fPIC", "-shared", "-nostartfiles", f"-Wl,-init,{LIB_INIT}",
+           "-DVALUES_LIBRARY", str(VALUES), str(tmp_path / "init.c"), "-o", str(library)])
+    main = tmp_path / "plain" / "values"
+    check([CC, "-O2", "-pthread", "-DVALUES_MAIN", str(VALUES), "-L", str(tmp_path / "plain"),
+           "-lvalues", "-o", str(main)])
+    return library, rewritten, main
