@@ -367,6 +367,7 @@ class Runtime:
     shadow_push: int = 0  # return-address redirection, for backends that have it
     shadow_pop: int = 0
     trace_event_go: int = 0  # (RuntimeRefs.trace_event_go)
+    routines: tuple = ()  # (name, address) of each routine, by address: the output's symbols
 
 
 class Backend(ABC):
@@ -554,10 +555,11 @@ class Backend(ABC):
 
     def moved_instructions(self, address: int, window: Window, points,
                            refs: RuntimeRefs) -> list:
-        """(address in the trampoline, original address) of each instruction of `window`
-        (decoded in detail) in the trampoline that trampoline() makes for it at
-        `address` with `points` and `refs`."""
-        raise NotImplementedError(f"{self.name} has no fault hook")
+        """(address in the trampoline, original address, size there) of each
+        instruction of `window` (decoded in detail) in the trampoline that trampoline()
+        makes for it at `address` with `points` and `refs`: for the fault hook's table
+        and the unwind rows of the output's .debug_frame."""
+        raise NotImplementedError(f"{self.name} cannot say where it moves instructions")
 
     def fault_hook(self, address: int, window: Window, moved) -> bytes:
         """The trampoline at `address` (entered at its first byte) of Go's signal

@@ -13,6 +13,7 @@ braces are substituted first; entry points are read back through a table of
 
 from __future__ import annotations
 
+import re
 import struct
 import threading
 from importlib import resources
@@ -165,7 +166,14 @@ def assemble(package: str, filename: str, ks_arch: str, ks_mode: str, spec: Runt
     text = without_comments(source.format(**common_fields(spec), **fields), COMMENT[ks_arch]) \
         + exports
 
+    names = list(dict.fromkeys(routine_names(source, COMMENT[ks_arch]) +
+                               [name for name in EXPORTS if not name.endswith("_tail")]))
+    text += "routines:\n" + "".join(f"    .quad {name}\n" for name in names)
     code = bytearray(assemble_twice(text, spec.base, ks_arch, ks_mode, filename))
+    # the routines' table: read, then cut off (only the output's symbols name them)
+    routines = sorted(zip(struct.unpack_from(f"<{len(names)}Q", code, len(code) - 8 * len(names)),
+                          names))
+    del code[len(code) - 8 * len(names):]
     entry = dict(zip(EXPORTS, struct.unpack_from(f"<{len(EXPORTS)}Q", code,
                                                   len(code) - 8 * len(EXPORTS))))
     # Keystone drops some directives without a word (.inst on arm64): two labels
@@ -182,4 +190,22 @@ def assemble(package: str, filename: str, ks_arch: str, ks_mode: str, spec: Runt
                      spec.template_size, spec.region_size)
     return Runtime(bytes(code), entry["exe_start"], entry["dso_start"], entry["slow_hit"],
                    entry["lazy_init"], entry["trace_event"], entry["lat_enter"],
-                   entry["lat_exit"], entry["lazy_init_aside"])
+                   entry["lat_exit"], entry["lazy_init_aside"],
+                   routines=tuple((name, address) for address, name in routines))
+
+
+def routine_names(source: str, comment: str) -> list:
+    """The routines of a runtime source, for the output's symbols: each label at the
+    start of a line, after a comment that starts a line, followed by an instruction
+    (not data)."""
+    names, lines = [], source.split("\n")
+    for k, line in enumerate(lines):
+        match = re.match(r"([A-Za-z_][A-Za-z0-9_]*):\s*$", line)
+        if not match:
+            continue
+        before = next((l for l in reversed(lines[:k]) if l.strip()), "")
+        after = next((l.strip() for l in lines[k + 1:] if l.strip()), "")
+        if before.startswith(comment) and not after.startswith(".") \
+                and not re.match(r"\w+:", after):
+            names.append(match.group(1))
+    return names

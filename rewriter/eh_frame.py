@@ -6,7 +6,8 @@ need the frame at an FDE's first address (`entry_frames`): a function entered by
 a call starts with the frame the call made, while a part of a function split off
 by the compiler (a .cold part, named or not) starts inside its parent's frame.
 except_table.py reads C++ landing pads from each FDE's LSDA pointer (`fde_lsdas`),
-with the same value readers (`ValueReader`). Encodings
+with the same value readers (`ValueReader`); unwind_rows.py every row of an FDE, with
+the same interpreter of call frame instructions (`FrameRules`). Encodings
 other than absolute and PC-relative (never seen in linked x86_64 or arm64 files)
 raise UnsupportedEncoding, so the caller can fall back to LIEF. Bytes that do
 not parse end the walk with what was read so far, as unwinders do.
@@ -269,12 +270,13 @@ class _Walker(ValueReader):
                 # nothing before the first advance: the CIE's own frame (most FDEs),
                 # worked out once per CIE
                 if cie.instructions not in self._cie_frames:
-                    state = _Rules(cie)
-                    ok = state.run(self, cie.instructions, cie.end)
+                    state = _entry_rules(self, cie)
+                    ok = state.run(cie.instructions, cie.end, entry=True)
                     self._cie_frames[cie.instructions] = state.frame() if ok else None
                 return self._cie_frames[cie.instructions]
-            state = _Rules(cie)
-            if not state.run(self, cie.instructions, cie.end) or not state.run(self, at, end):
+            state = _entry_rules(self, cie)
+            if not state.run(cie.instructions, cie.end, entry=True) or \
+                    not state.run(at, end, entry=True):
                 return None
         except Truncated:
             return None
@@ -346,6 +348,10 @@ class _Walker(ValueReader):
         return 0x00
 
 
+def _entry_rules(reader: ValueReader, cie: "_Cie") -> "FrameRules":
+    return FrameRules(reader, cie.data_alignment, return_register=cie.return_register)
+
+
 @dataclass(frozen=True)
 class _Cie:
     data_alignment: int
@@ -355,38 +361,73 @@ class _Cie:
     end: int
 
 
-class _Rules:
-    """Call frame instructions run up to the first advance of the location."""
+_ADVANCE_FIXED = {0x02: "<B", 0x03: "<H", 0x04: "<I"}  # advance_loc1, 2, 4
+# what the first rows of a function need (entry frames); the rest: expressions,
+# remember/restore state, arm64's return address signing (unwind_rows reads them)
+_ENTRY_OPS = frozenset({0x00, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0C, 0x0D, 0x0E, 0x11, 0x12, 0x13,
+                        0x14, 0x15, 0x2E, 0x2F})
 
-    def __init__(self, cie: _Cie):
-        self.cie = cie
-        self.cfa: Optional[Tuple[int, int]] = None
+
+class FrameRules:
+    """The rules while call frame instructions run: the CFA (("register", reg, offset)
+    or ("expression", bytes)), each register's rule (unwind_rows.Row says which), and
+    whether arm64's return address is signed; offsets in bytes."""
+
+    def __init__(self, reader: ValueReader, data_alignment: int, code_alignment: int = 1,
+                 return_register: int = -1):
+        self.reader = reader
+        self.data_alignment, self.code_alignment = data_alignment, code_alignment
+        self.return_register = return_register
+        self.cfa: Optional[Tuple] = None
         self.registers: Dict[int, Tuple] = {}
+        self.initial: Dict[int, Tuple] = {}  # the CIE's, for restore (none: unspecified)
+        self.signed = False
+        self.saved: list = []  # remember_state's stack
 
     def frame(self) -> Optional[Frame]:
-        if self.cfa is None:
+        if self.cfa is None or self.cfa[0] != "register":
             return None
-        rule = self.registers.get(self.cie.return_register, ("same",))
-        return Frame(self.cfa[0], self.cfa[1], rule)
+        rule = self.registers.get(self.return_register, ("same",))
+        return Frame(self.cfa[1], self.cfa[2], rule)
 
-    def run(self, walker: "_Walker", at: int, end: int) -> bool:
-        """False at an instruction this reader does not follow."""
-        align = self.cie.data_alignment
-        uleb = lambda: walker.leb(at, end, signed=False)  # noqa: E731
-        sleb = lambda: walker.leb(at, end, signed=True)  # noqa: E731
+    def run(self, at: int, end: int, loc: int = 0, reached=None, entry: bool = False) -> bool:
+        """Runs the instructions in [at, end) from location `loc`. At each advance,
+        `reached(new location)` (it returns False to stop there). `entry`: up to the
+        first advance only, and False at any instruction an entry frame does not read.
+        False at one this reader does not follow."""
+        t, align = self.reader, self.data_alignment
         while at < end:
-            op = walker.byte(at, end)
+            op = t.byte(at, end)
             at += 1
             high, low = op & 0xC0, op & 0x3F
-            if _Walker._advances(op):
-                return True
+            if high == 0x40 or op in _ADVANCE_FIXED or op == 0x01:
+                if entry:
+                    return True
+                if op == 0x01:  # set_loc: an absolute address (never seen in these files)
+                    return False
+                if high == 0x40:
+                    delta = low
+                else:
+                    delta = t._fixed(_ADVANCE_FIXED[op], at)
+                    at += struct.calcsize(_ADVANCE_FIXED[op])
+                loc += delta * self.code_alignment
+                if reached is not None and not reached(loc):
+                    return True
+                continue
+            if entry and high == 0 and op not in _ENTRY_OPS:
+                return False
+            uleb = lambda: t.leb(at, end, signed=False)  # noqa: E731
+            sleb = lambda: t.leb(at, end, signed=True)  # noqa: E731
             if high == 0x80:  # offset
                 n, at = uleb()
                 self.registers[low] = ("offset", n * align)
             elif high == 0xC0 or op == 0x06:  # restore, restore_extended
                 if op == 0x06:
                     low, at = uleb()
-                self.registers.pop(low, None)  # (only seen after an advance)
+                if low in self.initial:
+                    self.registers[low] = self.initial[low]
+                else:
+                    self.registers.pop(low, None)
             elif op == 0x00:  # nop
                 pass
             elif op in (0x05, 0x11, 0x2F):  # offset_extended(_sf), GNU negative offset
@@ -400,26 +441,47 @@ class _Rules:
                 reg, at = uleb()
                 other, at = uleb()
                 self.registers[reg] = ("register", other)
+            elif op == 0x0A:  # remember_state
+                self.saved.append((dict(self.registers), self.cfa, self.signed))
+            elif op == 0x0B:  # restore_state: the CFA too (as GCC's unwinder, gdb, readelf)
+                if not self.saved:
+                    return False
+                self.registers, self.cfa, self.signed = self.saved.pop()
             elif op in (0x0C, 0x12):  # def_cfa(_sf)
                 reg, at = uleb()
                 n, at = uleb() if op == 0x0C else sleb()
-                self.cfa = (reg, n if op == 0x0C else n * align)
-            elif op == 0x0D:  # def_cfa_register
-                reg, at = uleb()
-                if self.cfa is None:
+                self.cfa = ("register", reg, n if op == 0x0C else n * align)
+            elif op in (0x0D, 0x0E, 0x13):  # def_cfa_register, def_cfa_offset(_sf)
+                if self.cfa is None or self.cfa[0] != "register":
                     return False
-                self.cfa = (reg, self.cfa[1])
-            elif op in (0x0E, 0x13):  # def_cfa_offset(_sf)
-                n, at = uleb() if op == 0x0E else sleb()
-                if self.cfa is None:
-                    return False
-                self.cfa = (self.cfa[0], n if op == 0x0E else n * align)
+                _, reg, offset = self.cfa
+                if op == 0x0D:
+                    reg, at = uleb()
+                else:
+                    offset, at = uleb() if op == 0x0E else sleb()
+                    offset = offset if op == 0x0E else offset * align
+                self.cfa = ("register", reg, offset)
             elif op in (0x14, 0x15):  # val_offset(_sf)
                 reg, at = uleb()
                 n, at = uleb() if op == 0x14 else sleb()
                 self.registers[reg] = ("value", n * align)
+            elif op == 0x0F:  # def_cfa_expression
+                block, at = self._block(at, end)
+                self.cfa = ("expression", block)
+            elif op in (0x10, 0x16):  # expression, val_expression
+                reg, at = uleb()
+                block, at = self._block(at, end)
+                self.registers[reg] = ("expression" if op == 0x10 else "value_expression", block)
+            elif op == 0x2D:  # AArch64's negate_ra_state (GNU_window_save elsewhere: SPARC only)
+                self.signed = not self.signed
             elif op == 0x2E:  # GNU_args_size
                 _, at = uleb()
-            else:  # expressions, remember/restore state, vendor ops
+            else:  # vendor ops
                 return False
         return True
+
+    def _block(self, at: int, end: int) -> Tuple[bytes, int]:
+        size, at = self.reader.leb(at, end, signed=False)
+        if at + size > end:
+            raise Truncated
+        return bytes(self.reader.data[at:at + size]), at + size

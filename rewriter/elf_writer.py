@@ -5,9 +5,11 @@
   PT_PHDR pointing at it and the two new PT_LOADs after the last original one, then
   one per run of pages holding punned jumps' stubs, their bytes after the code's;
 - a new section header table goes at the very end, with the new sections
-  (.urewrite.rodata, .urewrite.text, .urewrite.state, .urewrite.live) appended after the
-  original ones so that every section index stays valid; the section name table
-  is re-emitted there with the new names added;
+  (.urewrite.rodata, .urewrite.text, .urewrite.state, .urewrite.live, and what debuggers
+  read: .debug_frame, and .symtab and .strtab where the input has none) appended after
+  the original ones so that every section index stays valid; the section name table
+  is re-emitted there with the new names added, and so are an input's .symtab and
+  .strtab with the new symbols (rewriter/debug_sections.py);
 - the output appears under its name only once complete (temporary file + rename), written
   straight into that file: the original bytes once, then the changes in place.
 """
@@ -23,20 +25,26 @@ from typing import BinaryIO, Callable, Optional
 from urewrite.errors import UrewriteError
 from urewrite.rewriter.elf_file import (PF_R, PF_W, PF_X, PT_LOAD, PT_PHDR,
                                         ElfFile, Section, Segment)
-from urewrite.rewriter import layout
+from urewrite.rewriter import debug_sections, layout
 from urewrite.rewriter.layout import PAGE, Placement, align_up
+from urewrite.rewriter.debug_sections import DebugSections
 from urewrite.rewriter.segment import SegmentImage
+from urewrite.rewriter.unwind_rows import SHF_COMPRESSED
 
-SHT_PROGBITS, SHT_NOBITS = 1, 8
+SHT_PROGBITS, SHT_SYMTAB, SHT_STRTAB, SHT_NOBITS = 1, 2, 3, 8
+SYMBOL_SIZE = 24  # Elf64_Sym
 SHF_WRITE, SHF_ALLOC, SHF_EXECINSTR = 1, 2, 4
 _E_ENTRY, _E_PHOFF, _E_SHOFF = 24, 32, 40
 _E_PHNUM, _E_SHNUM = 56, 60
 
 
 def render(elf: ElfFile, placement: Placement, image: SegmentImage,
-           new_entry: Optional[int], dt_init_slot: Optional[int], out: BinaryIO) -> None:
+           new_entry: Optional[int], dt_init_slot: Optional[int], out: BinaryIO,
+           debug: Optional[Callable[[int], DebugSections]] = None) -> None:
     """Writes the output into the file `out`: the original bytes once, then each change
-    in place, then what follows them; no second copy of a big file in memory."""
+    in place, then what follows them; no second copy of a big file in memory.
+    `debug(index)`: the symbols and unwind rows of the new code, given the index of the
+    section that holds it."""
     out.write(elf.data)
     for address, patch in image.patches:
         out.seek(elf.offset_of(address, len(patch)))
@@ -84,13 +92,13 @@ def render(elf: ElfFile, placement: Placement, image: SegmentImage,
     out.seek(_E_PHNUM)
     out.write(struct.pack("<H", len(table)))
     if elf.sections:
-        _append_sections(elf, out, end, placement, image)
+        _append_sections(elf, out, end, placement, image, debug)
 
 
 def _append_sections(elf: ElfFile, out: BinaryIO, end: int, placement: Placement,
-                     image: SegmentImage) -> None:
+                     image: SegmentImage, debug=None) -> None:
     """The section name table and the section headers, appended at `end` (the end of
-    the file so far)."""
+    the file so far), with the debug sections (not loaded) before them."""
     names_section = elf.sections[elf.shstrndx]
     names = bytearray(elf.data[names_section.offset:names_section.offset + names_section.size])
     new = []
@@ -114,9 +122,45 @@ def _append_sections(elf: ElfFile, out: BinaryIO, end: int, placement: Placement
         new[-1] = replace(new[-1], addr=0, offset=live_at)
         end = live_at + len(image.live)
 
+    replaced = {}  # index -> the section, its contents moved to the end
+    if debug is not None:
+        info = debug(len(elf.sections) + 1)  # (.urewrite.text: the second one added)
+
+        def append(data: bytes) -> int:
+            nonlocal end
+            at = align_up(end, 8)
+            out.seek(end)
+            out.write(bytes(at - end) + data)
+            end = at + len(data)
+            return at
+
+        own = debug_sections.own_debug_frame(elf)
+        if info.debug_frame and own:  # the input's, extended (and no longer compressed)
+            section = own[0]
+            replaced[section.index] = replace(
+                section, offset=append(info.debug_frame), size=len(info.debug_frame),
+                flags=section.flags & ~SHF_COMPRESSED, addralign=8)
+        elif info.debug_frame:
+            add(".debug_frame", SHT_PROGBITS, 0, 0, len(info.debug_frame), 8)
+            new[-1] = replace(new[-1], addr=0, offset=append(info.debug_frame))
+        old = next((s for s in elf.sections if s.type == SHT_SYMTAB), None)
+        if info.symtab is not None and old is not None:  # the same table, grown
+            strings = elf.sections[old.link]
+            replaced[old.index] = replace(old, offset=append(info.symtab),
+                                          size=len(info.symtab), info=info.locals_end)
+            replaced[strings.index] = replace(strings, offset=append(info.strtab),
+                                              size=len(info.strtab))
+        elif info.symtab is not None:
+            strtab_index = len(elf.sections) + len(new) + 1
+            add(".symtab", SHT_SYMTAB, 0, 0, len(info.symtab), 8)
+            new[-1] = replace(new[-1], addr=0, offset=append(info.symtab),
+                              link=strtab_index, info=info.locals_end, entsize=SYMBOL_SIZE)
+            add(".strtab", SHT_STRTAB, 0, 0, len(info.strtab), 1)
+            new[-1] = replace(new[-1], addr=0, offset=append(info.strtab))
+
     names_at = end
-    sections = [replace(s, offset=names_at, size=len(names)) if s.index == elf.shstrndx else s
-                for s in elf.sections] + new
+    sections = [replace(s, offset=names_at, size=len(names)) if s.index == elf.shstrndx else
+                replaced.get(s.index, s) for s in elf.sections] + new
     shoff = align_up(names_at + len(names), 8)
     out.seek(names_at)
     out.write(names + bytes(shoff - names_at - len(names)))

@@ -7,12 +7,12 @@ import hashlib
 import os
 import re
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 from urewrite.arch import backend_for
 from urewrite.errors import UrewriteError
-from urewrite.rewriter import elf_writer, go_abi, layout, parallel, usdt
+from urewrite.rewriter import debug_sections, elf_writer, go_abi, layout, parallel, usdt
 from urewrite.rewriter.elf_file import DT_INIT, ElfFile
 from urewrite.rewriter.functions import Function, discover
 from urewrite.rewriter.go_runtime import go_functions, is_go_program
@@ -52,6 +52,7 @@ class RewriteResult:
     plans: List[Plan]
     refusals: List[Refusal]
     warnings: List[str]
+    spans: list = field(default_factory=list)  # the trampolines (debug_sections.Span)
 
 
 def analyse(path: str, tactics: Optional[tuple] = None) -> Analysis:
@@ -333,10 +334,13 @@ def _rewrite(input_path: str, output_path: str, specs: List[str], keep_going: bo
                         f"{image.histograms_left_out} more count their hits without one")
     entry = image.exe_start if exe_entry is not None else None
     elf_writer.write_atomically(
-        output_path, lambda out: elf_writer.render(elf, placement, image, entry,
-                                                   dt_init[0] if dt_init else None, out),
+        output_path, lambda out: elf_writer.render(
+            elf, placement, image, entry, dt_init[0] if dt_init else None, out,
+            debug=lambda text_section: debug_sections.build(
+                elf, image.spans, image.routines, debug_sections.function_lookup(a.functions),
+                text_section)),
         os.stat(input_path).st_mode)
-    return RewriteResult(output_path, plans, refusals, warnings)
+    return RewriteResult(output_path, plans, refusals, warnings, image.spans)
 
 
 class _ArgumentEncoder:

@@ -19,6 +19,7 @@ from urewrite.arch.base import Backend, CountPoint, RuntimeRefs, RuntimeSpec
 from urewrite.arch.runtime_asm import LINK_PROGRAM
 from urewrite.errors import UrewriteError
 from urewrite.rewriter import parallel
+from urewrite.rewriter.debug_sections import Span
 from urewrite.rewriter.layout import Placement, align_up
 from urewrite.trampolines import arguments, live_note, region
 
@@ -38,6 +39,9 @@ class SegmentImage:
     live: bytes = b""  # the .urewrite.live descriptor (trampolines/live_note.py)
     stubs: List[Tuple[int, bytes]] = field(default_factory=list)  # (address, code) of pun stubs
     histograms_left_out: int = 0  # functions probed at entry and return beyond MAX_HISTOGRAMS
+    spans: List[Span] = field(default_factory=list)  # the trampolines (debug_sections)
+    routines: List[Tuple[str, int, int]] = field(default_factory=list)  # the runtime's: name,
+    # start, end
 
 
 def size_bound(plans, fault_hook: bool = False) -> int:
@@ -62,14 +66,13 @@ PARALLEL_AT = 1000  # trampolines from which each half is made on a core of its 
 
 
 def _trampolines(backend: Backend, plans, start: int, refs: RuntimeRefs, count_point,
-                 detailed, progress=None, in_go_code=None) -> tuple:
-    """(code, patches, stubs, moved) of the trampolines of `plans`, the code starting at
+                 detailed, progress=None) -> tuple:
+    """(code, patches, stubs, spans) of the trampolines of `plans`, the code starting at
     `start` (aligned): each trampoline, and the one of a window its plan moves away, at
-    the next CODE_ALIGN boundary. `detailed(plan)`: the plan with its instructions
-    decoded in detail (done here, by each process for its share). `in_go_code(address)`
-    (with a fault hook): `moved` lists (trampoline address, original address) of every
-    instruction of Go code the trampolines move."""
-    code, patches, stubs, moved_insns = bytearray(), [], [], []
+    the next CODE_ALIGN boundary; each one's span (debug_sections.Span: where it is, and
+    where it moved each instruction). `detailed(plan)`: the plan with its instructions
+    decoded in detail (done here, by each process for its share)."""
+    code, patches, stubs, spans = bytearray(), [], [], []
     for plan in map(detailed, plans):
         at = start + align_up(len(code), CODE_ALIGN)
         code += bytes(at - start - len(code))
@@ -83,16 +86,16 @@ def _trampolines(backend: Backend, plans, start: int, refs: RuntimeRefs, count_p
                 points.append(count_point(point.address, counted, point.flags_live, redirect,
                                           point.taken, point.stays_within))
             code += backend.trampoline(at, plan.window, points, refs)
-            if in_go_code is not None and in_go_code(plan.window.address):
-                moved_insns += backend.moved_instructions(at, plan.window, points, refs)
+            spans.append(Span(at, start + len(code), plan.window.address, tuple(
+                backend.moved_instructions(at, plan.window, points, refs))))
             moved_to, patching = None, plan.patching
             moved = patching.moved
             if moved:  # an evicted neighbour or successor: a trampoline of its own, no probe
                 moved_to = start + align_up(len(code), CODE_ALIGN)
                 code += bytes(moved_to - start - len(code))
                 code += backend.trampoline(moved_to, moved, (), refs)
-                if in_go_code is not None and in_go_code(moved.address):
-                    moved_insns += backend.moved_instructions(moved_to, moved, (), refs)
+                spans.append(Span(moved_to, start + len(code), moved.address, tuple(
+                    backend.moved_instructions(moved_to, moved, (), refs))))
             patches += patching.patches(backend, plan.window, at, moved_to)
             stubs += patching.stubs(backend, at, moved_to)
         except OverflowError:
@@ -100,7 +103,7 @@ def _trampolines(backend: Backend, plans, start: int, refs: RuntimeRefs, count_p
                                 f"reach of {plan.window.address:#x}")
         if progress:
             progress(1)
-    return code, patches, stubs, moved_insns
+    return code, patches, stubs, spans
 
 
 def _expected_size(trampolines, plans, start: int) -> int:
@@ -211,13 +214,12 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
                           from_go)
 
     def trampolines(part, start: int, step=None) -> tuple:
-        return _trampolines(backend, part, start, refs, count_point, detailed, step,
-                            in_go_code if fault_hook is not None else None)
+        return _trampolines(backend, part, start, refs, count_point, detailed, step)
 
     first_at = base + align_up(len(code), CODE_ALIGN)
     half = len(plans) // 2
     if half < PARALLEL_AT:
-        chunk, patches, stubs, moved = trampolines(plans, first_at, progress)
+        chunk, patches, stubs, spans = trampolines(plans, first_at, progress)
     else:
         # The second half goes after the room the first half is expected to take,
         # and is made meanwhile on another core; where the first half takes more, it
@@ -226,7 +228,7 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
         second_at = align_up(first_at + _expected_size(trampolines, plans[:half], first_at),
                              CODE_ALIGN)
         second = parallel.Forked(lambda: trampolines(plans[half:], second_at))
-        chunk, patches, stubs, moved = trampolines(plans[:half], first_at, progress)
+        chunk, patches, stubs, spans = trampolines(plans[:half], first_at, progress)
         rest, rest_at = second.result(), second_at
         if first_at + len(chunk) > second_at:
             rest_at = align_up(first_at + len(chunk), CODE_ALIGN)
@@ -237,13 +239,14 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
         chunk += rest[0]
         patches += rest[1]
         stubs += rest[2]
-        moved += rest[3]
+        spans += rest[3]
     code += bytes(first_at - base - len(code))
     code += chunk
     if fault_hook is not None:  # last: it lists where the others moved Go's instructions
         hook = detailed(fault_hook)
         hook_at = base + align_up(len(code), CODE_ALIGN)
         code += bytes(hook_at - base - len(code))
+        moved = [(t, o) for span in spans if in_go_code(span.window) for t, o, _ in span.moved]
         code += backend.fault_hook(hook_at, hook.window, moved)
         patches.append((hook.window.address, backend.site_patch(hook.window, hook_at)))
     program = built_in(probes, backend.elf_machine) if built_in is not None else None
@@ -256,6 +259,8 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
     live = live_note.build(backend.elf_machine, runtime_at, placement.state_vaddr,
                            placement.state_size, template_at + align_up(copied, 8),
                            backend.live_state, file_tag) if backend.live_state else b""
+    ends = [address for _, address in runtime.routines[1:]] + [runtime_at + len(runtime.code)]
+    routines = [(name, address, end) for (name, address), end in zip(runtime.routines, ends)]
     return SegmentImage(bytes(code), patches, runtime.exe_start, runtime.dso_start,
                         (template_at, len(template)), (runtime_at, base + len(code) - runtime_at),
-                        probes, live, stubs, len(left_out))
+                        probes, live, stubs, len(left_out), spans, routines)

@@ -144,6 +144,17 @@ _serial = itertools.count(1)  # (a C iterator: safe to share between threads)
 
 # -- ELF facts, read independently of urewrite --------------------------------------
 
+NEW_CODE_SYMBOL = re.compile(r"\.urewrite$|^urewrite\.")  # what a rewrite names (debug_sections)
+
+
+def without_new_code(symbol_lines: str) -> str:
+    """nm's (or readelf -s's) lines but those of the symbols a rewrite adds for its new
+    code, and readelf's entry numbers (locals added before the globals move them)."""
+    kept = [re.sub(r"^\s*\d+:", "", line) for line in symbol_lines.splitlines()
+            if not (line.split() and NEW_CODE_SYMBOL.search(line.split()[-1]))]
+    return "\n".join(line for line in kept if not line.startswith("Symbol table"))
+
+
 def function_symbols(path) -> Dict[str, int]:
     """Defined FUNC symbols of a file (symtab, or dynsym without one): name -> address.
 

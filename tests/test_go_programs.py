@@ -513,3 +513,22 @@ def test_go_package_of_a_function_name():
     assert package_of("features/asm.Sub.abi0") == "features/asm"
     assert package_of("main.Map[go.shape.int,example.com/x.T]") == "main"
     assert package_of("crosscall2") == "crosscall2"
+
+
+@pytest.mark.skipif(shutil.which("gdb") is None, reason="needs gdb")
+def test_gdb_unwinds_a_fault_in_a_moved_instruction(go_work):
+    """gdb stops at the fault before Go's handler (and the fault hook) runs: at the
+    trampoline's PC, named main.(*Box).Get.urewrite, from where the output's .debug_frame
+    (Go's own, compressed in the input, with the moved instructions' rows added) unwinds
+    to the caller as in the original."""
+    program, probed = build(go_work, "static"), probed_all(go_work, "static")
+
+    def frames(path):
+        out = run(["gdb", "-q", "-batch", "-nx", "-ex", "run", "-ex", "bt", "--args", path,
+                   "nil"]).stdout
+        assert "SIGSEGV" in out, out
+        return re.findall(r"^#\d+\s+(?:(0x[0-9a-f]+) in )?(\S+)", out, re.M)
+
+    want, got = frames(program), frames(probed)
+    assert want[0][1] == "main.(*Box).Get" and got[0][1] == "main.(*Box).Get.urewrite", got
+    assert got[1:] == want[1:] and want[1][1] == "main.main", (want, got)

@@ -27,6 +27,7 @@ import pytest
 import cross
 from conftest import SAMPLES, Uprobes, check, rewrite, run, stat, uprobes_unavailable, urewrite
 from urewrite.rewriter import eh_frame, except_table
+from urewrite.rewriter.debug_sections import uleb128
 from urewrite.rewriter.eh_frame import ValueReader
 from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.pipeline import analyse
@@ -109,15 +110,6 @@ def test_system_libstdcxx_landing_pads_lie_in_their_functions():
 
 # -- encodings GCC does not write: hand-made LSDAs -----------------------------------------
 
-def _uleb(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def _entry(body: bytes) -> bytes:
     return struct.pack("<I", len(body)) + body
 
@@ -154,16 +146,17 @@ def test_lsda_with_lpstart_ttype_and_udata4_call_sites():
     # LPStart pcrel|sdata4 (-0x40 from its own field), TType udata4 + offset, call sites udata4
     sites = struct.pack("<IIIB", 0x10, 5, 0x20, 0) + struct.pack("<IIIB", 0x30, 5, 0, 0) \
         + struct.pack("<IIIB", 0x40, 2, 0x48, 1)
-    lsda = b"\x1b" + struct.pack("<i", -0x40) + b"\x03" + _uleb(200) + b"\x03" \
-        + _uleb(len(sites)) + sites
+    lsda = b"\x1b" + struct.pack("<i", -0x40) + b"\x03" + uleb128(200) + b"\x03" \
+        + uleb128(len(sites)) + sites
     base = 0x5000
     pads = except_table.read_lsda(ValueReader(lsda, base), 0, len(lsda), 0x1234)
     assert pads == [base + 1 - 0x40 + 0x20, base + 1 - 0x40 + 0x48]
 
 
 def test_lsda_defaults_lpstart_to_the_function_and_reads_uleb_sites():
-    sites = _uleb(0) + _uleb(300) + _uleb(0x105) + _uleb(0) + _uleb(300) + _uleb(4) + b"\0\0"
-    lsda = b"\xff\xff\x01" + _uleb(len(sites)) + sites
+    sites = uleb128(0) + uleb128(300) + uleb128(0x105) + uleb128(0) + uleb128(300) \
+        + uleb128(4) + b"\0\0"
+    lsda = b"\xff\xff\x01" + uleb128(len(sites)) + sites
     assert except_table.read_lsda(ValueReader(lsda, 0), 0, len(lsda), 0x401000) == [0x401105]
 
 

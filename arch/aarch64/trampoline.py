@@ -108,14 +108,15 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
 
 
 def moved_instructions(address: int, window: Window, points, refs: RuntimeRefs) -> list:
-    """(address in the trampoline build() makes, original address) of the window's
-    instruction; none for a conditional tail call's (a branch: it never faults)."""
+    """(address in the trampoline build() makes, original address, size there) of the
+    window's instruction; none for a conditional tail call's (a branch: it never faults)."""
     (point,) = points
     if point.taken:
         return []
     w, at = Writer(address), []
     _body(w, window, point, refs, lambda: at.append(w.pc))
-    return [(at[0], window.address)]
+    code, _ = relocator.relocate(window.insns, at[0])
+    return [(at[0], window.address, len(code))]
 
 
 def _body(w: Writer, window: Window, point, refs: RuntimeRefs, displaced) -> None:

@@ -99,11 +99,12 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
 
 
 def moved_instructions(address: int, window: Window, points) -> list:
-    """(address in the trampoline build() makes, original address) of each instruction."""
+    """(address in the trampoline build() makes, original address, size there) of each
+    instruction."""
     gaps = _gaps(points)  # (a point's check goes where layout() puts its instruction)
     where = relocator.layout(window.insns, address, gaps)
-    return [(where[insn.address] + gaps.get(insn.address, 0), insn.address)
-            for insn in window.insns]
+    return [(where[insn.address] + gaps.get(insn.address, 0), insn.address,
+             relocator.relocated_size(insn)) for insn in window.insns]
 
 
 def _gaps(points) -> dict:
