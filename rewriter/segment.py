@@ -250,17 +250,19 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
         code += backend.fault_hook(hook_at, hook.window, moved)
         patches.append((hook.window.address, backend.site_patch(hook.window, hook_at)))
     program = built_in(probes, backend.elf_machine) if built_in is not None else None
+    ends = [address for _, address in runtime.routines[1:]] + [runtime_at + len(runtime.code)]
+    routines = [(name, address, end) for (name, address), end in zip(runtime.routines, ends)]
     if program:
         # at a page boundary: its code may address its data by pages (arm64's adrp
         # in a C callback), and the program file keeps its code page-aligned
         program_at = align_up(base + len(code), PROGRAM_ALIGN)
         code += bytes(program_at - base - len(code)) + program
         struct.pack_into("<q", code, runtime_at - base + LINK_PROGRAM, program_at - runtime_at)
+        routines.append(("built_in_program", program_at, program_at + len(program)))  # (its file:
+        # header, code, stubs)
     live = live_note.build(backend.elf_machine, runtime_at, placement.state_vaddr,
                            placement.state_size, template_at + align_up(copied, 8),
                            backend.live_state, file_tag) if backend.live_state else b""
-    ends = [address for _, address in runtime.routines[1:]] + [runtime_at + len(runtime.code)]
-    routines = [(name, address, end) for (name, address), end in zip(runtime.routines, ends)]
     return SegmentImage(bytes(code), patches, runtime.exe_start, runtime.dso_start,
                         (template_at, len(template)), (runtime_at, base + len(code) - runtime_at),
                         probes, live, stubs, len(left_out), spans, routines)

@@ -19,12 +19,13 @@ import zlib
 from dataclasses import dataclass
 from typing import Dict, Iterable, Optional, Tuple
 
-from urewrite.rewriter.eh_frame import (DW_EH_PE_OMIT, FrameRules, Truncated,
+from urewrite.rewriter.eh_frame import (DW_EH_PE_OMIT, PCREL_SDATA4, FrameRules, Truncated,
                                         UnsupportedEncoding, ValueReader)
 from urewrite.rewriter.elf_file import ElfFile
 
 SHF_COMPRESSED, ELFCOMPRESS_ZLIB = 0x800, 1
-_DATAREL_SDATA4 = 0x3B  # .eh_frame_hdr's table, as linkers write it
+_DATAREL_SDATA4 = 0x3B
+_TWO_SDATA4 = struct.Struct("<ii")  # .eh_frame_hdr's table, as linkers write it
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class UnwindTable(ValueReader):
         self.debug = debug
         self._cies: Dict[int, Optional[_Cie]] = {}
         self._initials: Dict[_Cie, Optional[tuple]] = {}
+        self._rows: Dict[tuple, Dict[int, Row]] = {}
 
     @classmethod
     def of(cls, elf: ElfFile) -> Optional["UnwindTable"]:
@@ -138,7 +140,19 @@ class UnwindTable(ValueReader):
         if found is None:
             return {}
         cie, start, size, instructions = found
-        left = [t for t in reversed(targets) if start <= t < start + size]  # (last first)
+        offsets = tuple(t - start for t in targets if start <= t < start + size)
+        # (many functions share their call frame instructions, and the offsets asked:
+        # leaf functions, prologues; their rows are worked out once)
+        key = (id(cie), bytes(self.data[instructions[0]:instructions[1]]), offsets)  # (CIEs
+        # stay in self._cies: an id names one)
+        if key not in self._rows:
+            self._rows[key] = self._rows_at(cie, instructions, offsets)
+        return {start + offset: row for offset, row in self._rows[key].items()}
+
+    def _rows_at(self, cie: _Cie, instructions, offsets) -> Dict[int, Row]:
+        """The rows at `offsets` (sorted) from the start of an FDE of `cie` with
+        `instructions` ((start, end) in the data)."""
+        left = list(reversed(offsets))  # (last first)
         initial = self._initial(cie)
         if initial is None:
             return {}
@@ -157,7 +171,7 @@ class UnwindTable(ValueReader):
             return bool(left)
 
         try:
-            if rules.run(*instructions, start, reached):
+            if rules.run(*instructions, 0, reached):
                 reached(1 << 64)  # (the last rules hold to the FDE's end)
         except (Truncated, UnsupportedEncoding):
             pass
@@ -190,9 +204,16 @@ class UnwindTable(ValueReader):
             cie = self._cie(pointer if self.debug else body - pointer)
             if cie is None:
                 return None
-            start, rest = self.pointer(body + 4, cie.pointer_encoding, end)
-            size, rest = self.pointer(rest, cie.pointer_encoding & 0x0F, end)
-            if cie.augmented:
+            if cie.pointer_encoding == PCREL_SDATA4 and body + 13 <= end:  # GCC's and Clang's
+                start, size = _TWO_SDATA4.unpack_from(self.data, body + 4)
+                start = (self.address + body + 4 + start) & 0xFFFFFFFFFFFFFFFF
+                rest = body + 12
+            else:
+                start, rest = self.pointer(body + 4, cie.pointer_encoding, end)
+                size, rest = self.pointer(rest, cie.pointer_encoding & 0x0F, end)
+            if cie.augmented and self.data[rest] < 0x80:  # (a one-byte length: most)
+                rest += 1 + self.data[rest]
+            elif cie.augmented:
                 skip, rest = self.leb(rest, end, signed=False)
                 rest += skip
         except (Truncated, UnsupportedEncoding):

@@ -192,3 +192,17 @@ def test_symbols_name_the_trampolines_and_keep_the_inputs(tmp_path, strip):
     # (nm reads the table through libbfd: a second reader)
     nm = check(["nm", out]).stdout
     assert re.search(r"^[0-9a-f]+ t urewrite\.trace_event$", nm, re.M)
+
+
+def test_a_built_in_callback_is_named(tmp_path):
+    """perf and gdb name a callback built into the probes (its program file) too."""
+    program = build(tmp_path, "-O2", "pie")
+    callback = tmp_path / "cb.c"
+    callback.write_text('#include "urewrite.h"\nUREWRITE_READS(UREWRITE_ARGS(0));\n'
+                        'void hit(struct urewrite_context *ctx) { (void)ctx; }\n')
+    out = tmp_path / "out"
+    proc = urewrite(program, "-p", "deref", "--call", f"{callback}:hit", "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    named = symbols(out)
+    start, size = named["urewrite.built_in_program"]
+    assert size > 0 and start % 4096 == 0  # (where the program file goes: page-aligned)
