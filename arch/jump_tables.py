@@ -110,7 +110,7 @@ class JumpTable:
 
 @dataclass(frozen=True)
 class WriterFacts:
-    """What _writers() asks of an instruction, the same wherever its bytes lie: whether
+    """What writers() asks of an instruction, the same wherever its bytes lie: whether
     the quick decoder finds it as the sweep does (one instruction, all of its bytes),
     whether that is a call, and the register families it writes (None: it does not
     decode in detail)."""
@@ -126,7 +126,7 @@ class Semantics:
 
     callee_saved: FrozenSet[str] = frozenset()
     # instruction bytes -> WriterFacts, kept by the backend across functions, where its
-    # may_write() says nothing (every instruction decoded): _writers() then looks up
+    # may_write() says nothing (every instruction decoded): writers() then looks up
     # each instruction's bytes instead of decoding the whole function
     facts: Optional[Dict[bytes, "WriterFacts"]] = None
 
@@ -135,7 +135,7 @@ class Semantics:
         self.read = read
         # facts of the function, shared by the walks from each of its indirect jumps
         self._details: Dict[int, object] = {}
-        self._owners: Dict[str, object] = {}  # register -> _writers()
+        self._owners: Dict[str, object] = {}  # register -> writers()
         self._targets: Optional[Dict[int, List[int]]] = None
         self._position: Optional[Dict[int, int]] = None
         self._facts_list: Optional[list] = None
@@ -248,7 +248,7 @@ class Semantics:
             self._invariants[family] = self._find_invariant(family)
         return self._invariants[family]
 
-    def _writers(self, family: str) -> Optional[list]:
+    def writers(self, family: str) -> Optional[list]:
         """(position, detailed) of every instruction of the function that writes the
         register; None when a call may change it or an instruction does not decode."""
         if family not in self._owners:
@@ -258,7 +258,7 @@ class Semantics:
                 return None
             facts = self._all_facts()
             if facts is not None:
-                self._owners[family] = self._writers_by_facts(family, facts)
+                self._owners[family] = self.writers_by_facts(family, facts)
                 return self._owners[family]
             for k, insn in enumerate(self.insns):
                 if self.is_call(insn) and family not in self.callee_saved:
@@ -296,8 +296,8 @@ class Semantics:
             self._facts_list = found if all(f.as_swept for f in found) else ()
         return self._facts_list or None
 
-    def _writers_by_facts(self, family: str, facts: list) -> Optional[list]:
-        """_writers() from each instruction's facts: the same answer, with only the
+    def writers_by_facts(self, family: str, facts: list) -> Optional[list]:
+        """writers() from each instruction's facts: the same answer, with only the
         writers themselves decoded where they lie."""
         owners = []
         for k, fact in enumerate(facts):
@@ -315,14 +315,14 @@ class Semantics:
 
     def _has_direct_call(self) -> bool:
         """Whether the function has a direct call, found among the rows of its sweep
-        when `insns` come from one (else False: _writers() finds any call anyway)."""
+        when `insns` come from one (else False: writers() finds any call anyway)."""
         if not isinstance(self.insns, SweptCode):
             return False
         sweep = self.insns.sweep
         return any(self.is_call(self.insns[k]) for k in sweep.rows[sweep.kinds == CALL].tolist())
 
     def _find_invariant(self, family: str):
-        owners = self._writers(family)
+        owners = self.writers(family)
         if owners is None:
             return None
         if len(owners) == 1:

@@ -169,6 +169,10 @@ class StubSpace:
         self._later.append(stub)
         self.pages |= self._pages_of(stub)
 
+    def taken(self) -> np.ndarray:
+        """The stubs taken, sorted."""
+        return self._arrays()[0]
+
     def _arrays(self) -> tuple:
         """fit()'s arrays, up to date: the stubs taken since put in place, not the
         arrays made again from all of them at each stub taken."""

@@ -32,7 +32,7 @@ class Code:
         else:
             self.cs = capstone.Cs(capstone.CS_ARCH_ARM64, capstone.CS_MODE_ARM)
         self._cache = {}
-        self._callees = {}
+        self.callees = {}
         # routines a branch enters only where the room they need was checked at run
         # time: the walk stops there (their own depth is checked against that room)
         self.stops = set()
@@ -85,9 +85,9 @@ class Code:
         return deepest, popped or 0
 
     def _callee(self, target: int):
-        if target not in self._callees:
-            self._callees[target] = self.depth(target)
-        return self._callees[target]
+        if target not in self.callees:
+            self.callees[target] = self.depth(target)
+        return self.callees[target]
 
     def _leave(self, address: int, offset: int, aside: bool):
         """A jump out of the code: back to the program, at the site's stack pointer."""

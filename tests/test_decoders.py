@@ -35,7 +35,7 @@ def test_arm64_decode_is_word_by_word():
     of decoding each word alone, an undecodable one kept as .word (at the start, in the
     middle, at the end, several in a row), a last partial word left out."""
     backend = AArch64Backend()
-    lite = backend._lite
+    lite = backend.lite
     rng = random.Random(7)
     bad = bytes.fromhex("ffffffff")  # (no instruction)
     nop, ret = bytes.fromhex("1f2003d5"), bytes.fromhex("c0035fd6")
@@ -242,7 +242,7 @@ def test_direct_branches_made_without_decoding_are_as_decoded():
                 insn = backend.direct_branch(part, start, target)
                 assert insn is None or [insn] == expected, (fn.name, hex(start))
             made += insn is not None
-    assert made > 50_000 and backend._branch_mnemonics
+    assert made > 50_000 and backend.branch_mnemonics
 
 
 def _verdict(windows, insns) -> str:
@@ -264,7 +264,7 @@ def test_windows_with_a_call_are_judged_as_in_detail(shadow_stack):
     stack."""
     a = analyse(LIBC)
     planner, backend = a.planner, a.planner.backend
-    planner.windows._shadow_stack = shadow_stack
+    planner.windows.shadow_stack = shadow_stack
     quick = backend.quick_relocation_problem
     verdicts, answered, indirect = set(), 0, set()
     for fn in a.functions[::5]:
@@ -319,7 +319,7 @@ def _bare_windows(elf, backend):
     windows, model = Windows.__new__(Windows), BinaryModel.__new__(BinaryModel)
     windows.elf = model.elf = elf
     windows.backend = model.backend = backend
-    windows.model, windows._shadow_stack, model.lengths = model, False, {}
+    windows.model, windows.shadow_stack, model.lengths = model, False, {}
     windows.go_faults = _NoGoCode()
     return windows
 

@@ -63,7 +63,7 @@ def _made(arch: str, point):
 def _depth(arch: str, point, writes=None, without=()) -> int:
     code, rt = _made(arch, point)
     for name in without:  # (a routine left out: counted as using nothing)
-        code._callees[getattr(rt, name)] = (0, 0)
+        code.callees[getattr(rt, name)] = (0, 0)
     return code.depth(TRAMPOLINE, writes)[0]
 
 

@@ -15,16 +15,16 @@ FILES = ["/usr/lib/x86_64-linux-gnu/libstdc++.so.6", "/lib/x86_64-linux-gnu/libc
 
 
 def tables(path: str, facts: bool, monkeypatch) -> tuple:
-    """(jump address -> (table, count, targets) of every function, _writers() answers
+    """(jump address -> (table, count, targets) of every function, writers() answers
     given from facts)."""
     answered = []
-    by_facts = jump_tables.Semantics._writers_by_facts
+    by_facts = jump_tables.Semantics.writers_by_facts
 
     def counted(self, family, found):
         owners = by_facts(self, family, found)
         answered.append(owners is not None)
         return owners
-    monkeypatch.setattr(jump_tables.Semantics, "_writers_by_facts", counted)
+    monkeypatch.setattr(jump_tables.Semantics, "writers_by_facts", counted)
     planner = analyse(path).planner
     if not facts:
         planner.backend.jump_table_facts = None
@@ -51,7 +51,7 @@ FAMILIES = "rax rbx rcx rdx rsi rdi rbp r8 r12 r13 r14 r15".split()
 
 @pytest.mark.parametrize("path", FILES[1:2], ids=os.path.basename)
 def test_writers_from_facts_are_those_of_the_decoded_function(path):
-    """Semantics._writers(), register by register: the same writers (or None) from facts
+    """Semantics.writers(), register by register: the same writers (or None) from facts
     as from decoding the function, on functions with an indirect jump and a sample of
     the others."""
     from urewrite.arch.base import SweptCode
@@ -73,7 +73,7 @@ def test_writers_from_facts_are_those_of_the_decoded_function(path):
             return sem
         by_facts, decoded = semantics({}), semantics(None)
         for family in FAMILIES:
-            a, b = by_facts._writers(family), decoded._writers(family)
+            a, b = by_facts.writers(family), decoded.writers(family)
             assert (a is None) == (b is None), (fn.name, family)
             if a is not None:
                 assert [(k, d.address, d.size) for k, d in a] == \

@@ -248,7 +248,7 @@ def test_tables_prepared_while_the_command_runs(tmp_path):
     for pid in (12, 13):
         _region(d / f"server.probed-0123abcd.{pid}.ure", pid=pid, counts={pid % 3: pid})
     assert tables.prepare(str(setting_up))
-    assert len(tables._tables) == 1
+    assert len(tables.by_template) == 1
     broken = d / "other.probed-89abcdef.14.ure"  # set up, its names cut short
     probes = [region.ProbeInfo("f", region.KIND_ENTRY, 0x1000)]
     template, layout = region.build_template(probes, "other.probed", b"", 62)
@@ -258,7 +258,7 @@ def test_tables_prepared_while_the_command_runs(tmp_path):
     struct.pack_into("<I", blob, layout.probes_offset + 12, 1 << 20)  # (name offset)
     broken.write_bytes(bytes(blob))
     assert tables.prepare(str(broken))  # (nothing more to do: not tried again)
-    assert sum(len(parsed) for parsed in tables._tables.values()) == 1
+    assert sum(len(parsed) for parsed in tables.by_template.values()) == 1
     problems = []
     region_reader.collect(str(d), problems, tables)
     assert len(problems) == 1 and problems[0].startswith(str(broken))

@@ -112,7 +112,7 @@ def test_a_record_published_while_the_reader_copies_it_is_delivered(tmp_path):
     # finished in between is complete by the second read, and must not count as lost
     path, _, ring = ring_with_a_gap(tmp_path)
     reads = []
-    sequences = ring._sequences
+    sequences = ring.sequences
 
     def publishing_meanwhile(first, count):
         reads.append(first)
@@ -122,7 +122,7 @@ def test_a_record_published_while_the_reader_copies_it_is_delivered(tmp_path):
             return found
         return sequences(first, count)
 
-    ring._sequences = publishing_meanwhile
+    ring.sequences = publishing_meanwhile
     events = ring.poll()
     assert [(e.args, e.after_loss) for e in events] == [([10], False), ([11], False),
                                                       ([12], False)]

@@ -85,7 +85,7 @@ def _fits_by_rules(space: StubSpace, stub: int, source: int, taken=()) -> bool:
     reach of its source, clear of every stub taken (and of `taken`), and on pages that
     keep the stubs' pages within the cap."""
     size = space.size
-    others = [int(s) for s in space._starts] + list(taken)
+    others = [int(s) for s in space.taken()] + list(taken)
     pages = set(space.pages)
     for s in list(taken) + [stub]:
         pages |= {s & -layout.PAGE, (s + size - 1) & -layout.PAGE}

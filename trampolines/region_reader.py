@@ -194,7 +194,7 @@ class TableCache:
     rewrite costs a byte comparison, not a parse. (And the run's scratch buffer.)"""
 
     def __init__(self):
-        self._tables: Dict[tuple, List[Tuple[bytes, ProbeTable]]] = {}
+        self.by_template: Dict[tuple, List[Tuple[bytes, ProbeTable]]] = {}
         self._derived: Dict[tuple, object] = {}
         self.scratch = Scratch()
 
@@ -223,7 +223,7 @@ class TableCache:
             os.close(fd)
             return False
         try:
-            if header.template_key not in self._tables:
+            if header.template_key not in self.by_template:
                 self.table(fd, header, path)
         except (OSError, R.RegionError):
             pass  # (a table read in vain is not read again: it may be 256 MB)
@@ -233,7 +233,7 @@ class TableCache:
 
     def table(self, fd: int, header: Header, path: str) -> ProbeTable:
         blob = _pread_exact(fd, header.owners_off - header.probes_off, header.probes_off, path)
-        known = self._tables.setdefault(header.template_key, [])
+        known = self.by_template.setdefault(header.template_key, [])
         for seen, table in known:
             if seen == blob:
                 return table

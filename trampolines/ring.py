@@ -134,9 +134,9 @@ class RingReader:
         index = pos % self.entries
         count = min(head - pos, self.entries - index)
         first = (self.ring + R.RING_RECORDS + index * R.RECORD_SIZE) // 8
-        before = self._sequences(first, count)
+        before = self.sequences(first, count)
         copy = self._words[first:first + count * _WORDS_PER_RECORD].tobytes()
-        after = self._sequences(first, count)
+        after = self.sequences(first, count)
         probes = self.info.probes
         for i, record in enumerate(_RECORD.iter_unpack(copy)):
             want = 2 * (pos + i) + 2
@@ -167,7 +167,7 @@ class RingReader:
         self.next = pos + count
         return True
 
-    def _sequences(self, first: int, count: int) -> List[int]:
+    def sequences(self, first: int, count: int) -> List[int]:
         """The sequences of `count` records from word `first` on."""
         sequences = self._words[first:first + count * _WORDS_PER_RECORD:_WORDS_PER_RECORD]
         try:

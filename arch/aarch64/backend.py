@@ -34,7 +34,7 @@ class AArch64Backend(Backend):
     shadow_stack_name = "the Guarded Control Stack (GCS)"
 
     def __init__(self):
-        self._lite = capstone.Cs(capstone.CS_ARCH_ARM64, capstone.CS_MODE_ARM)
+        self.lite = capstone.Cs(capstone.CS_ARCH_ARM64, capstone.CS_MODE_ARM)
 
     # -- reading -----------------------------------------------------------
     def decode(self, code: bytes, address: int, detail: bool = False) -> list:
@@ -44,7 +44,7 @@ class AArch64Backend(Backend):
         # word decodes alone: no instruction depends on the one before it).
         out, at, end = [], 0, len(code) // 4 * 4
         while at < end:
-            for start, _, mnemonic, op_str in self._lite.disasm_lite(code[at:end], address + at):
+            for start, _, mnemonic, op_str in self.lite.disasm_lite(code[at:end], address + at):
                 k = start - address
                 out.append(Insn(start, 4, mnemonic, op_str, code[k:k + 4]))
             at = len(out) * 4

@@ -110,10 +110,10 @@ class X86_64Backend(Backend):
     shadow_stack_name = "the CET shadow stack"
 
     def __init__(self):
-        self._lite = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+        self.lite = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
         self._full = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
         self._full.detail = True
-        self._branch_mnemonics: dict = {}  # _branch_opcode() -> mnemonic (direct_branch)
+        self.branch_mnemonics: dict = {}  # _branch_opcode() -> mnemonic (direct_branch)
         self.jump_table_facts: dict = {}  # instruction bytes -> jump_tables.WriterFacts
 
     # -- reading -----------------------------------------------------------
@@ -123,10 +123,10 @@ class X86_64Backend(Backend):
                     for i in self._full.disasm(code, address)]
         # (mnemonics interned: a big file has millions of instructions and few mnemonics)
         return [Insn(at, size, intern(mnemonic), op_str, b"")
-                for at, size, mnemonic, op_str in self._lite.disasm_lite(code, address)]
+                for at, size, mnemonic, op_str in self.lite.disasm_lite(code, address)]
 
     def boundaries(self, code: bytes, address: int) -> list:
-        rows = list(self._lite.disasm_lite(code, address))
+        rows = list(self.lite.disasm_lite(code, address))
         return [at for at, _, _, _ in rows] + [rows[-1][0] + rows[-1][1] if rows else address]
 
     def sweep(self, code: bytes, address: int) -> Sweep:
@@ -239,14 +239,14 @@ class X86_64Backend(Backend):
         # target in hex: learnt from the first of each opcode, then made without a
         # decode; most instructions a window reads are calls)
         opcode = _branch_opcode(code)
-        mnemonic = self._branch_mnemonics.get(opcode) if opcode else None
+        mnemonic = self.branch_mnemonics.get(opcode) if opcode else None
         if mnemonic is not None:
             return Insn(address, len(code), mnemonic, f"{target:#x}", b"")
         decoded = self.decode(code, address)
         if len(decoded) != 1 or decoded[0].size != len(code):
             return None
         if opcode and decoded[0].op_str == f"{target:#x}":
-            self._branch_mnemonics[opcode] = decoded[0].mnemonic
+            self.branch_mnemonics[opcode] = decoded[0].mnemonic
         return decoded[0]
 
     def computed_addresses(self, code: bytes, address: int) -> list:

@@ -146,7 +146,7 @@ def _counting(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
     """The armed path and the trace path of `point`, copied from the template of its
     shape: points differ in little more than their probes' indexes (a big file has
     100,000s of points, of a few shapes)."""
-    template = _counting_template(refs, len(w.code) % ARGUMENTS_ALIGN, point.flags_live,
+    template = counting_template(refs, len(w.code) % ARGUMENTS_ALIGN, point.flags_live,
                                   len(point.probes), point.enters, len(point.leaves),
                                   point.redirect is not None, point.arguments, point.go_code,
                                   point.g_register)
@@ -154,7 +154,7 @@ def _counting(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
 
 
 @functools.lru_cache(maxsize=4096)
-def _counting_template(refs: RuntimeRefs, phase: int, flags_live: bool, probes: int,
+def counting_template(refs: RuntimeRefs, phase: int, flags_live: bool, probes: int,
                        enters: bool, leaves: int, redirect: bool, arguments: tuple,
                        go_code: bool, g_register: bool = False):
     """The armed and trace paths of a point of this shape, written `phase` bytes past an

@@ -46,7 +46,7 @@ class Windows:
         self._unknown_known: Dict[int, Optional[str]] = {}
         self._verbatim: Dict[bytes, list] = {}  # code -> its instructions, or [] (moves_verbatim)
         self._padding_runs: Dict[bytes, list] = {}  # code -> padding_run()
-        self._shadow_stack = model.elf.shadow_stack
+        self.shadow_stack = model.elf.shadow_stack
         self.go_faults = GoFaults(model, self.window)
 
     def counts_when_taken(self, site: Site) -> bool:
@@ -119,7 +119,7 @@ class Windows:
         start, end = insns[0].address, insns[-1].end
         last = len(insns) - 1
         # (what the quick decode tells of those relocation_problem() asks in detail)
-        problems = [self.backend.quick_relocation_problem(insn, k == last, self._shadow_stack)
+        problems = [self.backend.quick_relocation_problem(insn, k == last, self.shadow_stack)
                     for k, insn in enumerate(insns) if self.backend.needs_detail(insn)]
         if None in problems:
             problem = self.in_detail(insns)[1] or self.go_faults.problem(start, end)
@@ -158,7 +158,7 @@ class Windows:
             return detailed, f"its instructions at {start:#x} decode differently in detail"
         for k, insn in enumerate(detailed):
             problem = self.backend.relocation_problem(insn, k == len(detailed) - 1,
-                                                      self._shadow_stack)
+                                                      self.shadow_stack)
             if problem:
                 return detailed, f"cannot relocate {problem}"
         return detailed, None
