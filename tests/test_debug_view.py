@@ -4,7 +4,8 @@ A fault in an instruction a window moved, under gdb and in a core dump, gives th
 original's backtrace but for its first frame, which names the function as
 `FUNCTION.urewrite` (gdb prints `FUNCTION[urewrite]`): samples/faults.c at several
 optimisation levels and link modes, with unwind tables in .eh_frame or only in
-.debug_frame; a Go program in test_go_programs. The unwind rows the output gives each
+.debug_frame; on arm64 under qemu-aarch64's gdb stub, return address signing on and
+off; a Go program in test_go_programs. The unwind rows the output gives each
 moved instruction are the original's at its original address, both read by binutils'
 readelf (x86_64 and arm64), and on arm64 whether the return address is signed, read by
 our reader. Symbols name every trampoline and the runtime's routines; the input's
@@ -15,12 +16,15 @@ from __future__ import annotations
 
 import re
 import shutil
+import socket
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 import cross
-from conftest import SAMPLES, check, run, urewrite
+from conftest import SAMPLES, check, run, running, urewrite
 from urewrite.rewriter import pipeline, unwind_rows
 from urewrite.rewriter.elf_file import ElfFile
 
@@ -205,3 +209,56 @@ def test_a_built_in_callback_is_named(tmp_path):
     named = symbols(out)
     start, size = named["urewrite.built_in_program"]
     assert size > 0 and start % 4096 == 0  # (where the program file goes: page-aligned)
+
+
+GDB_MULTIARCH = shutil.which("gdb-multiarch")
+
+
+def _listening(port: int) -> bool:
+    """Whether a TCP socket listens on `port` (qemu's gdb stub, before gdb connects:
+    a probe connection would take the stub's one client)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                if any(line.split()[1].endswith(f":{port:04X}") and line.split()[3] == "0A"
+                       for line in list(f)[1:]):
+                    return True
+        except OSError:
+            pass
+    return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def arm64_backtrace(program: Path, *args: str) -> list:
+    """The backtrace gdb-multiarch prints where `program args`, run by qemu-aarch64's
+    gdb stub, faults; return addresses with their pointer authentication code cleared
+    (qemu's gdb stub does not say where it is, so gdb keeps it)."""
+    port = _free_port()
+    with running(cross.emulator() + ["-g", str(port), str(program), *args],
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
+        deadline = time.monotonic() + 30
+        while not _listening(port) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc = run([GDB_MULTIARCH, "-q", "-batch", "-nx", "-ex", f"set sysroot {cross.SYSROOT}",
+                    "-ex", f"target remote :{port}", "-ex", "continue", "-ex", "bt", program])
+    assert "SIGSEGV" in proc.stdout, proc.stdout + proc.stderr
+    return [(pc and hex(int(pc, 16) & 0xFFFFFFFFFFFF), name) for pc, name in frames(proc.stdout)]
+
+
+@pytest.mark.skipif(GDB_MULTIARCH is None, reason="needs gdb-multiarch (Debian: apt-get "
+                                                  "install gdb-multiarch)")
+@cross.needs()
+@pytest.mark.parametrize("flags", ["-O2", "-O2 -mbranch-protection=standard"],
+                         ids=["plain", "pac-bti"])
+def test_arm64_a_fault_in_a_moved_instruction_unwinds_as_in_the_original(tmp_path, flags):
+    cross.require_sysroot()
+    program = build(tmp_path, flags, "pie", cross.CC)
+    out = probed(program, "-p", "deref", "-p", "outer", "-r", "outer", "-p", "main")
+    want, got = arm64_backtrace(program, "null"), arm64_backtrace(out, "null")
+    assert [name for _, name in want[:2]] == ["deref", "outer"], want
+    assert got[0][1] == "deref.urewrite" and got[1:] == want[1:], (want, got)
