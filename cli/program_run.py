@@ -324,12 +324,12 @@ class _Printed:
                 lines.append(printf_text(text, printf_values(kinds, event.args)))
         _print(lines)
 
-    def act(self, action: str, index: int) -> list:
+    def act(self, action: str, index: int, top: int = 0, div: int = 1) -> list:
         from urewrite.programs import output as printer
         from urewrite.reader.probe_programs import current_maps, reset_map
         if action == "print":
             name = self.shapes[index].name
-            return [printer.text([m]) for m in current_maps(self.paths, self.shapes)
+            return [printer.text([m], top, div) for m in current_maps(self.paths, self.shapes)
                     if m.name == name]
         for path in self.paths:
             reset_map(path, self.shapes, index, forget=action == "clear")

@@ -300,10 +300,17 @@ class BlockChecker:
             raise ProgramError(f"{name}() gives no value", call.at)
         if name == "printf":
             return self.printf(call)
+        if name == "print" and 1 < len(arguments) <= 3 and isinstance(arguments[0], Map):
+            for limit in arguments[1:]:  # (as bpftrace: numbers written out)
+                if not isinstance(limit, Integer):
+                    raise ProgramError("print(@name, top, div): top and div are integers "
+                                       "written as numbers", limit.at)
+            arguments = arguments[:1]
         if name in ("delete", "clear", "print", "zero"):
             if len(arguments) != 1 or not isinstance(arguments[0], Map):
                 raise ProgramError(f"{name}() takes one map: {name}(@name"
-                                   f"{'[key]' if name == 'delete' else ''})", call.at)
+                                   f"{'[key]' if name == 'delete' else ''}"
+                                   f"{'[, top[, div]]' if name == 'print' else ''})", call.at)
             target = arguments[0]
             known = self.checked.maps.get(target.name)
             if known is None:
@@ -353,3 +360,9 @@ def _described(info: MapInfo) -> str:
 def cast_size(type_name: str) -> Tuple[int, bool]:
     """A cast's or a pointer read's size in bytes, and whether it is signed."""
     return TYPES[type_name]
+
+
+def print_limits(call: Call) -> Tuple[int, int]:
+    """print(@m, top, div)'s top and div (0 and 1 when not given)."""
+    given = [a.value for a in call.arguments[1:]]
+    return tuple((given + [0, 1][len(given):])[:2])

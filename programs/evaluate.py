@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 from urewrite.programs import output
-from urewrite.programs.checks import CONVERSION, STR, Checked, cast_size
+from urewrite.programs.checks import CONVERSION, STR, Checked, cast_size, print_limits
 from urewrite.programs.output import (HIST_BUCKETS, MapData, average, hist_bucket,
                                       lhist_bucket)
 from urewrite.programs.parser import ProgramError
@@ -173,7 +173,8 @@ class _Frame:
                 data.entries[key] = (0, 0) if isinstance(value, tuple) else \
                     [0] * len(value) if isinstance(value, list) else 0
         elif name == "print":
-            self.state.printed.append(output.text([self.state.maps[call.arguments[0].name]]))
+            self.state.printed.append(output.text([self.state.maps[call.arguments[0].name]],
+                                                  *print_limits(call)))
         else:
             self.value(call)
 

@@ -42,7 +42,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from urewrite.programs import maps as map_layout
-from urewrite.programs.checks import BUILTINS, STR, BlockChecker, Checked, cast_size
+from urewrite.programs.checks import (BUILTINS, STR, BlockChecker, Checked, cast_size,
+                                      print_limits)
 from urewrite.programs.parser import ProgramError
 from urewrite.programs.syntax import (Assign, Binary, Block, Builtin, Call, Cast,
                                       Conditional, Dereference, If, Integer, Map,
@@ -58,18 +59,21 @@ _COMPARE = {"==": "eq", "!=": "ne", "<": "lt", ">": "gt", "<=": "le", ">=": "ge"
 
 
 EXIT = "\0exit()"  # the format of a printf() that is an exit() (Lowered.printfs)
-# print(@m), clear(@m), zero(@m): printf()s of no value whose format is ACTION + the
-# action and the map's index; the tracer does them, when it reads the event (as
-# bpftrace's user space does its own)
+# print(@m[, top[, div]]), clear(@m), zero(@m): printf()s of no value whose format is
+# ACTION + the action, the map's index (and print()'s top and div); the tracer does them,
+# when it reads the event (as bpftrace's user space does its own)
 ACTION = "\0map "
 
 
 def map_action(text: str):
-    """(action, map index) of a printf() format that is a map action, else None."""
+    """(action, map index, top, div) of a printf() format that is a map action, else
+    None (top 0: every entry; div 1: the values as they are)."""
     if not text.startswith(ACTION):
         return None
-    action, index = text[len(ACTION):].split()
-    return action, int(index)
+    action, index, *limits = text[len(ACTION):].split()
+    top, div = (list(map(int, limits)) + [0, 1])[:2] if limits else (0, 1)
+    return action, int(index), top, div
+
 
 
 @dataclass
@@ -252,7 +256,8 @@ class _Lowering:
             self.ops += [("printf", len(self.printfs) - 1, ()), ("jump", self.block_end)]
         elif name in ("clear", "zero", "print"):
             index = self.map_index[call.arguments[0].name]
-            self.printfs.append((f"{ACTION}{name} {index}", ()))
+            limits = " {} {}".format(*print_limits(call)) if len(call.arguments) > 1 else ""
+            self.printfs.append((f"{ACTION}{name} {index}{limits}", ()))
             self.ops.append(("printf", len(self.printfs) - 1, ()))
         else:
             self.expression(call)

@@ -5,8 +5,10 @@ The rules, as bpftrace 0.17 prints (tests/test_program_output.py holds it to the
 maps in the order of their names; a map's entries by value, smallest first (a
 histogram's by its total); a histogram drops its empty buckets at both ends and
 draws each bar 52 characters wide at its largest count; a blank line follows each
-histogram, and each avg() and stats() map; a map that holds nothing prints an empty
-line, or `@name: 0` for a count, sum or value without keys.
+histogram, and each avg() and stats() map (an empty one too); a map that holds nothing
+prints an empty line, or `@name: 0` for a count, sum or value without keys. print(@m,
+top, div) prints the largest `top` entries, values divided by `div` (a histogram's
+counts, not its bars; neither an lhist()'s nor a stats()'s).
 """
 
 from __future__ import annotations
@@ -116,41 +118,61 @@ def _bars(labels_counts: List[Tuple[str, int]]) -> List[str]:
     return lines
 
 
-def _histogram_lines(data: MapData, buckets: List[int]) -> List[str]:
+def _histogram_lines(data: MapData, buckets: List[int], div: int = 1) -> List[str]:
     used = [i for i, count in enumerate(buckets) if count]
     if not used:
         return []
     span = range(used[0], used[-1] + 1)
     if data.kind == "hist":
-        return _bars([(_hist_label(i), buckets[i]) for i in span])
-    low, high, step = data.lhist
+        lines = _bars([(_hist_label(i), buckets[i]) for i in span])
+        if div == 1:
+            return lines
+        # bpftrace 0.17 divides the counts it writes, not the bars (nor the buckets shown)
+        return [f"{line[:16]}{_divided(buckets[i], div):>8}{line[24:]}"
+                for i, line in zip(span, lines)]
+    low, high, step = data.lhist  # (whose counts bpftrace 0.17 leaves whole)
     last = (high - low) // step + 1
     return _bars([(_lhist_label(i, low, high, step, last), buckets[i]) for i in span])
 
 
-def text(maps: List[MapData]) -> str:
-    """Every map, as bpftrace prints them when it exits."""
+def _divided(value: int, div: int) -> int:
+    """value / div as C divides (toward zero)."""
+    quotient = abs(value) // div
+    return quotient if value >= 0 else -quotient
+
+
+def text(maps: List[MapData], top: int = 0, div: int = 1) -> str:
+    """Every map, as bpftrace prints them when it exits; with print(@m, top, div)'s
+    `top` (0: all), only the last `top` entries of its order (the largest), and with its
+    `div` (0 as 1), values divided (neither for a stats() map, as bpftrace 0.17)."""
     lines: List[str] = []
+    div = div or 1
     for data in sorted(maps, key=lambda m: m.name):
         shown = f"@{data.name}"
         if not data.entries:  # as bpftrace prints a map no hit (or delete()) left anything in
             lines.append(f"{shown}: 0" if data.kind in _ZERO_WHEN_EMPTY and not data.keyed
                          else "")
+            if data.kind in ("avg", "stats"):  # (its blank line after, as bpftrace 0.17)
+                lines.append("")
             continue
-        for key, value in _ordered(data):
+        ordered = _ordered(data)
+        if top and data.kind != "stats":
+            ordered = ordered[-top:]
+        for key, value in ordered:
             name = f"{shown}[{_key_text(key)}]" if key else shown
             if data.kind in ("hist", "lhist"):
                 lines.append(f"{name}: ")
-                lines.extend(_histogram_lines(data, value))
+                lines.extend(_histogram_lines(data, value, div))
                 lines.append("")
             elif data.kind == "stats":
                 count, total = value
                 lines.append(f"{name}: count {count}, average {average(count, total)}, "
                              f"total {total}")
             elif data.kind == "avg":
-                lines.append(f"{name}: {average(*value)}")
+                lines.append(f"{name}: {_divided(average(*value), div)}")
             else:
-                lines.append(f"{name}: {value}")
+                shown_value = _divided(value, div) if isinstance(value, int) else value
+                lines.append(f"{name}: {shown_value}")
         if data.kind in ("avg", "stats") and data.entries:
             lines.append("")
     return "".join(line + "\n" for line in lines)

@@ -57,10 +57,11 @@ class Compiled:
                 return
             action = L.map_action(text)
             if action:  # print(), clear(), zero(): what the tracer does on the event
-                what, number = action
+                what, number, top, div = action
                 if what == "print":
                     name = self.lowered.maps[number].name
-                    self.printed += [output.text([m]) for m in self.maps() if m.name == name]
+                    self.printed += [output.text([m], top, div) for m in self.maps()
+                                     if m.name == name]
                 else:
                     M.reset(self.area, self.lowered.maps, number, forget=what == "clear")
                 return

@@ -224,3 +224,29 @@ def test_scalars_averages_and_stats_as_bpftrace_prints_them():
                                            "2": {"count": 286, "average": 500, "total": 143143}}}},
         {"type": "map", "data": {"@w": {"beta,1": 2, ",0": 249500}}},
     ]
+
+
+def test_print_with_top_and_div_as_bpftrace_prints_it():
+    """print(@m, top, div) (checked against bpftrace end to end in test_program_run):
+    the largest `top` entries (0: all), values divided toward zero by `div` (0: as 1);
+    a histogram's counts divided but its bars and buckets as they were; an lhist()'s
+    and a stats()'s left whole; an empty avg() or stats() map prints two blank lines."""
+    s = MapData("s", "sum", {(0,): 71500, (1,): -71550, (2,): 71600})
+    h = MapData("h", "hist", {(0,): [0, 0, 0, 9] + [0] * 62, (1,): [0, 0, 0, 99, 14] + [0] * 61})
+    st = MapData("st", "stats", {(0,): (4, 8), (1,): (2, 2)})
+    empty = MapData("e", "avg", {})
+    assert output.text([s], 2, 10) == "@s[0]: 7150\n@s[2]: 7160\n"
+    assert output.text([s], 0, 0) == output.text([s]) and output.text([s], 9) == output.text([s])
+    assert output.text([s], 1, 3) == "@s[2]: 23866\n" and "@s[1]: -23850" in output.text([s], 0, 3)
+    assert output.text([h], 1, 10) == f"""\
+@h[1]: 
+[2, 4)                 9 |{'@' * 52}|
+[4, 8)                 1 |{'@' * 7:<52}|
+
+"""
+    assert output.text([st], 1, 10) == output.text([st])
+    assert output.text([empty]) == "\n\n"
+    checked = check(parse('uprobe:a:f { @m = count(); print(@m, 2, 10); print(@m, 3); }'))
+    assert checked is not None
+    with pytest.raises(Exception, match="top and div are integers written as numbers"):
+        check(parse('uprobe:a:f { @m = count(); $t = 2; print(@m, $t); }'))

@@ -440,3 +440,27 @@ def test_print_clear_and_zero_in_the_probes(slow):
     assert ours.returncode == 0, ours.stderr
     assert ours.stdout == ("@k[0]: 2\n@k[1]: 2\n@c: 3\n\n\n@c: 3\n@k[1]: 1\n@k[0]: 2\n"), \
         ours.stdout
+
+
+PRINT_PROGRAM = """
+uprobe:{path}:work {{ @s[arg1] = sum(arg0); @h[arg0 * arg0 / 200000] = hist(arg0);
+    @l[arg0 * arg0 / 200000] = lhist(arg0, 0, 1000, 100); @a[arg0 * arg0 / 200000] = avg(arg0);
+    @m[arg1] = max(arg0); @n = count(); if (arg0 == 999) {{ print(@s, 3, 10); }} }}
+END {{ print(@s, 2); print(@h, 2, 10); print(@l, 2, 3); print(@a, 3, 7); print(@m, 0, 0);
+    print(@n, 1, 3); clear(@s); clear(@h); clear(@l); clear(@a); clear(@m); clear(@n); }}
+"""
+
+
+def test_print_with_top_and_div_prints_what_bpftrace_prints(files):
+    """print(@m, top, div) in a probe and in END, on every kind of map (keys of
+    distinct values: bpftrace leaves ties in its hash table's order), then the maps
+    cleared (an empty avg() map's two blank lines): the same text as bpftrace's."""
+    plain, rewritten = files
+    ours = urewrite("run", "-e", PRINT_PROGRAM.format(path=rewritten), "--", str(rewritten),
+                    "1000")
+    assert ours.returncode == 0, ours.stderr
+    theirs = _bpftrace(PRINT_PROGRAM.format(path=plain), f"{plain} 1000")
+    assert theirs.returncode == 0, theirs.stderr
+    assert theirs.stdout.startswith("Attaching")
+    assert ours.stdout == theirs.stdout.split("\n", 1)[1]
+    assert "@s[4]: 7164\n" in ours.stdout and "@n: 333\n" in ours.stdout
