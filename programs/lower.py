@@ -38,8 +38,8 @@ Operations (each a tuple, its name first):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass, field, replace
+from typing import Dict, List, Optional, Set, Tuple
 
 from urewrite.programs import maps as map_layout
 from urewrite.programs.checks import (BUILTINS, STR, BlockChecker, Checked, cast_size,
@@ -47,7 +47,7 @@ from urewrite.programs.checks import (BUILTINS, STR, BlockChecker, Checked, cast
 from urewrite.programs.parser import ProgramError
 from urewrite.programs.syntax import (Assign, Binary, Block, Builtin, Call, Cast,
                                       Conditional, Dereference, If, Integer, Map,
-                                      String, Unary, Variable)
+                                      String, Unary, Variable, nodes)
 from urewrite.trampolines.program_file import (ARGUMENTS, CTX_COMM, CTX_NSECS, CTX_PID,
                                                CTX_TID, USES_COMM, USES_NSECS, USES_TID)
 
@@ -119,9 +119,9 @@ def lower(checked: Checked, probe_names: Dict[str, Tuple[str, str]] = None,
     values of each probe of a file it stands for (a glob's matches), by a key of
     theirs: the code of a text that reads `probe` or `func` is made once per key too
     (code[key]), with its values."""
-    shapes = map_layout.shapes(checked, map_size)
+    shapes = map_layout.shapes(checked, map_size, probe_keys(checked.program))
     lowering = _Lowering(checked, {s.name: i for i, s in enumerate(shapes)},
-                         dict(probe_names or {}))
+                         dict(probe_names or {}), shapes)
     code: Dict[str, List[tuple]] = {}
     blocks = [(block, probe.text) for block in checked.program.blocks for probe in block.probes
               if probe.kind not in ("BEGIN", "END")]
@@ -137,16 +137,34 @@ def lower(checked: Checked, probe_names: Dict[str, Tuple[str, str]] = None,
                     lowering.block(block, key, code.setdefault(key, []))
     for ops in code.values():
         ops.append(("return",))
+    shapes = [replace(s, names=tuple(lowering.names)) if map_layout.PROBE in s.key_types else s
+              for s in shapes]
     return Lowered(code, lowering.strings, max(len(lowering.locals), 1),
                    max((s.key_words for s in shapes), default=1), lowering.scratch, shapes,
                    lowering.printfs)
 
 
+def probe_keys(program) -> Dict[str, Set[int]]:
+    """By map, the places of its keys where every key the program writes is the `probe`
+    builtin (`@[probe] = count()`): a word there, the index of the probe's name, where
+    a string is 64 bytes to copy, hash and compare at every hit."""
+    places: Dict[str, Set[int]] = {}
+    others: Dict[str, Set[int]] = {}
+    for node in nodes(program.blocks):
+        if isinstance(node, Map):
+            for k, key in enumerate(node.keys):
+                probe = isinstance(key, Builtin) and key.name == "probe"
+                (places if probe else others).setdefault(node.name, set()).add(k)
+    return {name: found - others.get(name, set()) for name, found in places.items()}
+
+
 class _Lowering:
-    def __init__(self, checked: Checked, map_index: Dict[str, int], probe_names):
+    def __init__(self, checked: Checked, map_index: Dict[str, int], probe_names, shapes=()):
         self.checked = checked
         self.map_index = map_index
+        self.shapes = shapes
         self.probe_names = probe_names
+        self.names: List[str] = []  # what PROBE keys' indexes name
         self.named = set()  # the probe texts whose code reads `probe` or `func`
         self.strings: List[str] = []
         self.printfs: List[Tuple[str, Tuple[str, ...]]] = []  # format, value kinds
@@ -236,10 +254,19 @@ class _Lowering:
         """The key buffer filled with the map's keys: all evaluated first (one may read
         another map, which fills the buffer with its own), then stored, last first."""
         places, word = [], 0
-        for key in target.keys:
-            self.expression(key)
-            places.append(("key_string", word) if self.is_string(key) else ("key_word", word))
-            word += STRING // 8 if self.is_string(key) else 1
+        kinds = self.shapes[self.map_index[target.name]].key_types
+        for key, kind in zip(target.keys, kinds):
+            if kind == map_layout.PROBE:  # (always `probe` there: its name's index)
+                self.named.add(self.probe)
+                name = self.probe_names.get(self.probe, (self.probe, ""))[0]
+                name = name.encode()[:STRING - 1].decode(errors="ignore")  # (as a string's)
+                if name not in self.names:
+                    self.names.append(name)
+                self.ops.append(("const", self.names.index(name)))
+            else:
+                self.expression(key)
+            places.append(("key_string", word) if kind == STR else ("key_word", word))
+            word += STRING // 8 if kind == STR else 1
         self.ops += reversed(places)
 
     def call(self, call):

@@ -3,14 +3,13 @@ file with them, so that `urewrite IN -e PROGRAM` rewrites in one step."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 from dataclasses import dataclass, field
 from typing import List
 
 from urewrite.programs.parser import ProgramError
-from urewrite.programs.syntax import Builtin, Call, Probe, Program
+from urewrite.programs.syntax import Builtin, Call, Probe, Program, nodes
 
 
 @dataclass
@@ -70,7 +69,7 @@ def rewrite_specs(program: Program, paths: List[str]) -> Specs:
 def arguments_used(program: Program) -> int:
     """How many of its probes' first arguments a program reads (arg0 .. argN): what a
     rewrite records at its entry probes."""
-    used = [int(node.name[3:]) + 1 for node in _nodes(program.blocks)
+    used = [int(node.name[3:]) + 1 for node in nodes(program.blocks)
             if isinstance(node, Builtin) and re.fullmatch(r"arg\d+", node.name)]
     return max(used, default=0)
 
@@ -80,15 +79,4 @@ def prints(program: Program) -> bool:
     clear() or zero(): what it does goes to a tracer, as events."""
     blocks = [b for b in program.blocks if any(p.kind not in ("BEGIN", "END") for p in b.probes)]
     return any(isinstance(node, Call) and node.function in ("printf", "exit", "print", "clear",
-                                                             "zero") for node in _nodes(blocks))
-
-
-def _nodes(node):
-    """Every node under `node`."""
-    if isinstance(node, (list, tuple)):
-        for item in node:
-            yield from _nodes(item)
-    elif dataclasses.is_dataclass(node):
-        yield node
-        for f in dataclasses.fields(node):
-            yield from _nodes(getattr(node, f.name))
+                                                             "zero") for node in nodes(blocks))

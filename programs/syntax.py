@@ -7,6 +7,7 @@ point at the text it refuses.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional, Tuple, Union
 
@@ -164,3 +165,14 @@ class Block:
 class Program:
     blocks: Tuple[Block, ...]
     text: str = field(repr=False, default="")
+
+
+def nodes(node):
+    """Every node under `node` (a node, or a list or tuple of them), itself first."""
+    if isinstance(node, (list, tuple)):
+        for item in node:
+            yield from nodes(item)
+    elif dataclasses.is_dataclass(node):
+        yield node
+        for f in dataclasses.fields(node):
+            yield from nodes(getattr(node, f.name))

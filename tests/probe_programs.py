@@ -81,6 +81,9 @@ WORK = [("uprobe:./v:work", {"args": (i, i % 7)}) for i in range(1000)] + \
        [("uretprobe:./v:work", {"retval": i * 3 - (i % 7) * 500}) for i in range(1000)]
 
 PROGRAMS = {
+    "probe_keys": """
+        uprobe:./v:work { @[probe] = count(); @k[probe, arg1 % 3] = sum(arg0); }
+    """,
     "aggregations": """
         uprobe:./v:work { @c[arg1] = count(); @two[arg1, arg1 % 2] = count();
             @h = hist(arg0 - 300); @hk[arg1 % 2] = hist(arg0 * 1000003);

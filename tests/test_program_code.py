@@ -202,3 +202,23 @@ def test_threads_count_exactly_and_a_full_table_says_so():
     assert sum(maps["k"].entries.values()) == sum(range(12000))
     assert len(maps["many"].entries) == M.KEYED_CAPACITY
     assert compiled.dropped == 12000 - M.KEYED_CAPACITY
+
+
+def test_probe_keys_are_words_and_read_back_as_names():
+    """A map key that is `probe` wherever the program writes it is a word (the index of
+    the probe's name, kept in the map's shape, in the area's own description too), not
+    64 bytes: the maps read back as the evaluator's; a key place that is anything else
+    somewhere stays a string."""
+    text = ("uprobe:./v:work { @[probe] = count(); @k[probe, arg0 % 3] = sum(arg0); "
+            "@m[probe] = count(); } "
+            "uprobe:./v:named { @[probe] = count(); @m[\"named\"] = count(); @x = @m[probe]; }")
+    hits = [("uprobe:./v:work", {"args": (i,)}) for i in range(40)] + \
+           [("uprobe:./v:named", {"args": (0, i)}) for i in range(7)]
+    theirs, ours, compiled = _both(text, hits)
+    assert ours == theirs and "@[uprobe:./v:named]: 7\n" in ours and "@m[named]: 7" in ours
+    kinds = {s.name: s.key_types for s in compiled.lowered.maps}
+    assert kinds == {"": (M.PROBE,), "k": (M.PROBE, "int"), "m": ("string",), "x": ()}
+    named = {s.name: s.names for s in compiled.lowered.maps}
+    assert set(named[""]) == {"uprobe:./v:work", "uprobe:./v:named"} and named["m"] == ()
+    # (a reader with only the file: `stat` of a built-in program, `top`, `export`)
+    assert M.shapes_of(compiled.area) == compiled.lowered.maps
