@@ -6,8 +6,8 @@ import numpy as np
 
 
 def unique(values: np.ndarray) -> np.ndarray:
-    """The distinct values, sorted: np.unique's result. (numpy 2's np.unique hashes;
-    on a million addresses that took 1.1 s where a sort takes 0.07 s.)"""
+    """The distinct values, sorted: np.unique's result, by a sort (numpy 2's np.unique
+    hashes, which is slower on addresses: docs/benchmarks.md section 11)."""
     ordered = np.sort(values)
     if len(ordered) < 2:
         return ordered

@@ -286,8 +286,9 @@ fn sweep_functions<'py>(
 /// The addresses a function's code computes, in order, as X86_64Backend.computed_addresses
 /// finds them with the Python package: the target of each RIP-relative `lea`, and each
 /// immediate of 0x1000 or more that a `mov` puts in a register (as the register holds
-/// it), up to the first instruction that does not decode. (node: 3,000 functions with
-/// an indirect jump that is no table, 0.4 s of CPU time in the Python loop.)
+/// it), up to the first instruction that does not decode. (Here, because the Python loop
+/// over every function with an indirect jump that is no table was too slow on big
+/// files: docs/benchmarks.md section 11.)
 #[pyfunction]
 fn computed_addresses(py: Python<'_>, code: &[u8], address: u64) -> Vec<u64> {
     py.detach(|| {
