@@ -113,7 +113,7 @@ def select(specs: List[str], functions: List[Function], boundaries,
         _add_named(sites, _named_sites(spec, names, KIND_RETURN), notes)
     ordered = [sites[k] for k in sorted(sites, key=lambda k: (k[0], str(k[1])))]
     if exclude:
-        matchers = [(glob, _matcher(glob), _core(glob)) for glob in exclude]
+        matchers = [(glob, matcher(glob), _core(glob)) for glob in exclude]
         ordered = [s for s in ordered if not _excluded(s, matchers, names)]
     return ordered
 
@@ -209,7 +209,7 @@ def _named_sites(spec: str, names: _Names, kind: int) -> List[Site]:
         return [Site(fn, fn.address, kind, spec, spec, exact=True) for fn in exact]
     if not _is_glob(spec):
         raise UrewriteError(f"no function named '{spec}'{_close_matches(spec, names)}")
-    matches, core = _matcher(spec), _core(spec)  # (10,000 names given: no regex each)
+    matches, core = matcher(spec), _core(spec)  # (10,000 names given: no regex each)
     out = []
     for fn in names.functions:
         name = names.display_matching(fn, matches, core)
@@ -248,7 +248,7 @@ def _close_matches(spec: str, names: _Names) -> str:
 
 
 def _excluded(site: Site, globs: list, names: _Names) -> bool:
-    """Whether --exclude leaves the site out (`globs`: (glob, its _matcher(), _core())):
+    """Whether --exclude leaves the site out (`globs`: (glob, its matcher(), _core())):
     a glob matches a name of its function (any alias, demangled names too), or, for a
     USDT site, its usdt:PROVIDER:NAME; or is one of them (Go's `main.Map[...]`, a name
     with a glob's characters)."""
@@ -261,7 +261,7 @@ def _excluded(site: Site, globs: list, names: _Names) -> bool:
     return False
 
 
-def _matcher(glob: str):
+def matcher(glob: str):
     """match(name) for fnmatch.fnmatchcase(name, glob), without its cache lookup on
     each call (-p '*' on a big file asks for 100,000s of names)."""
     return re.compile(fnmatch.translate(glob)).match

@@ -380,7 +380,17 @@ def _section_at_by_walk(elf: ElfFile, vaddr: int):
                  and s.type != 8), None)  # (8: SHT_NOBITS)
 
 
-def test_section_at_is_the_first_section_holding_the_address(built):
+def _patched(path: Path, out: Path, *writes) -> ElfFile:
+    """The ELF file at `path` with `writes` ((offset, struct format, values...)) done,
+    written to `out` and read: cases no linker makes, through the reader's front door."""
+    data = bytearray(path.read_bytes())
+    for offset, fmt, *values in writes:
+        struct.pack_into(fmt, data, offset, *values)
+    out.write_bytes(bytes(data))
+    return ElfFile.open(str(out))
+
+
+def test_section_at_is_the_first_section_holding_the_address(built, tmp_path):
     """ElfFile.section_at() finds sections by bisection where they do not overlap: the
     section a walk in order finds, at each section's edges and inside, on every file;
     and where two overlap, the first of them, as the walk."""
@@ -390,17 +400,19 @@ def test_section_at_is_the_first_section_holding_the_address(built):
                                                    s.addr + s.size // 2, s.end - 1, s.end)}
         for vaddr in sorted(edges | {0, 1 << 40}):
             assert elf.section_at(vaddr) is _section_at_by_walk(elf, vaddr), (path, vaddr)
-    elf = ElfFile.open(str(_files(built)[0]))
+    path = _files(built)[0]
+    elf = ElfFile.open(str(path))
     text = elf.section_named(".text")
-    wider = type(text)(**{**text.__dict__, "name": ".wider", "addr": text.addr - 16,
-                          "size": text.size + 32})
-    elf.sections.insert(0, wider)  # (a made-up section over .text, and before it)
-    elf._section_starts = None
+    # section 1 made a section over .text (and before it in the table)
+    at = elf.shoff + 64  # (Elf64_Shdr: type at 4, addr at 16, size at 32)
+    elf = _patched(path, tmp_path / "wider", (at + 4, "<I", 1),
+                   (at + 16, "<QQQ", text.addr - 16, elf.sections[1].offset, text.size + 32))
+    wider = elf.sections[1]
     for vaddr in (text.addr - 16, text.addr, text.end - 1, text.end + 15):
         assert elf.section_at(vaddr) is wider
 
 
-def test_offset_of_is_the_first_load_holding_the_bytes(built):
+def test_offset_of_is_the_first_load_holding_the_bytes(built, tmp_path):
     """ElfFile.offset_of() tries the segment of its last answer first: the offset of the
     first loaded segment holding all the bytes asked, as a walk in order gives, for
     addresses and sizes at every segment's edges, in any order; where two loads
@@ -419,12 +431,17 @@ def test_offset_of_is_the_first_load_holding_the_bytes(built):
         rng.shuffle(asked)
         for vaddr, size in asked + asked:
             assert elf.offset_of(vaddr, size) == walk(elf, vaddr, size), (path, vaddr, size)
-    elf = ElfFile.open(str(_files(built)[0]))
+    path = _files(built)[0]
+    elf = ElfFile.open(str(path))
     first = elf.loads[0]
-    half = first.filesz // 2  # (a made-up load over the second half of the first one)
-    over = type(first)(**{**first.__dict__, "vaddr": first.vaddr + half, "offset": 0})
-    elf._loads = (first, over) + elf.loads[1:]
-    elf._loads_apart, elf._last_load = False, None  # (as the reader finds them)
+    half = first.filesz // 2
+    # the last program header made a load over the second half of the first one
+    last = elf.phnum - 1
+    assert elf.segments[last].type != 1  # (PT_LOAD: the others come first)
+    elf = _patched(path, tmp_path / "over", (elf.phoff + 56 * last, "<IIQQQQQ", 1, 4, 0,
+                                             first.vaddr + half, first.vaddr + half,
+                                             first.filesz, first.memsz))
+    assert elf.loads[0] == first and elf.loads[-1].vaddr == first.vaddr + half
     for vaddr in (first.vaddr + first.filesz + 8, first.vaddr + first.filesz - 8):
         assert elf.offset_of(vaddr) == walk(elf, vaddr, 1)  # (over's alone, then both's)
     assert elf.offset_of(first.vaddr + first.filesz - 8) == first.offset + first.filesz - 8

@@ -211,6 +211,6 @@ def test_globs_and_exact_names_select_as_fnmatch_does(monkeypatch):
     assert [(s.name, s.kind, s.exact) for s in sites] == [
         ("alone", KIND_ENTRY, False), ("sum", KIND_RETURN, False), ("sum", KIND_ENTRY, False)]
     assert [s.name for s in select(["[a_]*"], [alone, named], None)] == ["alone", "_total"]
-    monkeypatch.setattr(selectors, "_matcher", None)
+    monkeypatch.setattr(selectors, "matcher", None)
     sites = select(["alone", "sum"], [alone, named], None)
     assert [(s.name, s.exact) for s in sites] == [("alone", True), ("sum", True)]

@@ -56,7 +56,7 @@ def test_counting_code_from_a_template_is_the_code_written_out(address, monkeypa
         points = _points(insns, shape)
         made.append(trampoline.build(address, window, points, REFS))
     assert trampoline.counting_template.cache_info().hits > 0  # (templates were used)
-    monkeypatch.setattr(trampoline, "_counting", _written_out)
+    monkeypatch.setattr(trampoline, "counting", _written_out)
     for shape, code in zip(SHAPES, made):
         assert trampoline.build(address, window, _points(insns, shape), REFS) == code, shape
 
@@ -67,7 +67,7 @@ def test_a_template_out_of_branch_reach_fails_as_written_out(monkeypatch):
     far = 0x400000000  # (the runtime's routines 16 GB away)
     with pytest.raises(OverflowError):
         trampoline.build(far, window, _points(insns, SHAPES[0]), REFS)
-    monkeypatch.setattr(trampoline, "_counting", _written_out)
+    monkeypatch.setattr(trampoline, "counting", _written_out)
     with pytest.raises(OverflowError):
         trampoline.build(far, window, _points(insns, SHAPES[0]), REFS)
 

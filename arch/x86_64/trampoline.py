@@ -45,7 +45,7 @@ rbx, rbp, rdi, r8 ... r15): arguments.py's frame slots.
 
 The armed and trace paths of a point are written once per shape, as a template with
 holes for the probes' and histograms' numbers, and copied to each point of that
-shape (`_counting`): the same bytes as writing them out (tests/test_x86_templates.py).
+shape (`counting`): the same bytes as writing them out (tests/test_x86_templates.py).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
             w.jmp(relocator.direct_target(branch))
         if point.stays_within:
             _exit_check(w, _Labels(k), point, window)
-        _counting(w, _Labels(k), point, refs)
+        counting(w, _Labels(k), point, refs)
         if point.redirect:
             _return_stub(w, _Labels(k), _Labels(f"r{k}"), point.redirect, refs)
     return w.bytes()
@@ -129,7 +129,7 @@ def _return_stub(w: Writer, entry: _Labels, L: _Labels, point, refs: RuntimeRefs
     w.call(refs.shadow_pop)
     _check(w, L, point, refs, flags_live=False)
     w.ret()
-    _counting(w, L, point, refs)
+    counting(w, L, point, refs)
 
 
 class _Labels:
@@ -142,7 +142,7 @@ class _Labels:
         return self.prefix + name
 
 
-def _counting(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
+def counting(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
     """The armed path and the trace path of `point`, copied from the template of its
     shape: points differ in little more than their probes' indexes (a big file has
     100,000s of points, of a few shapes)."""
