@@ -119,7 +119,7 @@ def lower(checked: Checked, probe_names: Dict[str, Tuple[str, str]] = None,
     values of each probe of a file it stands for (a glob's matches), by a key of
     theirs: the code of a text that reads `probe` or `func` is made once per key too
     (code[key]), with its values."""
-    shapes = map_layout.shapes(checked, map_size, probe_keys(checked.program))
+    shapes = map_layout.shapes(checked, map_size, name_keys(checked.program))
     lowering = _Lowering(checked, {s.name: i for i, s in enumerate(shapes)},
                          dict(probe_names or {}), shapes)
     code: Dict[str, List[tuple]] = {}
@@ -137,25 +137,30 @@ def lower(checked: Checked, probe_names: Dict[str, Tuple[str, str]] = None,
                     lowering.block(block, key, code.setdefault(key, []))
     for ops in code.values():
         ops.append(("return",))
-    shapes = [replace(s, names=tuple(lowering.names)) if map_layout.PROBE in s.key_types else s
+    shapes = [replace(s, names=tuple(lowering.names)) if map_layout.NAME in s.key_types else s
               for s in shapes]
     return Lowered(code, lowering.strings, max(len(lowering.locals), 1),
                    max((s.key_words for s in shapes), default=1), lowering.scratch, shapes,
                    lowering.printfs)
 
 
-def probe_keys(program) -> Dict[str, Set[int]]:
-    """By map, the places of its keys where every key the program writes is the `probe`
-    builtin (`@[probe] = count()`): a word there, the index of the probe's name, where
-    a string is 64 bytes to copy, hash and compare at every hit."""
-    places: Dict[str, Set[int]] = {}
-    others: Dict[str, Set[int]] = {}
+def name_keys(program) -> Dict[str, Dict[int, str]]:
+    """By map, the places of its keys where every key the program writes is the same
+    one of the builtins `probe` and `func` (`@[probe] = count()`), and which: a word
+    there, the index of the name, where a string is 64 bytes to copy, hash and compare
+    at every hit."""
+    seen: Dict[Tuple[str, int], Set[str]] = {}
     for node in nodes(program.blocks):
         if isinstance(node, Map):
             for k, key in enumerate(node.keys):
-                probe = isinstance(key, Builtin) and key.name == "probe"
-                (places if probe else others).setdefault(node.name, set()).add(k)
-    return {name: found - others.get(name, set()) for name, found in places.items()}
+                name = key.name if isinstance(key, Builtin) and key.name in ("probe", "func") \
+                    else ""
+                seen.setdefault((node.name, k), set()).add(name)
+    out: Dict[str, Dict[int, str]] = {}
+    for (name, k), kinds in seen.items():
+        if len(kinds) == 1 and "" not in kinds:
+            out.setdefault(name, {})[k] = kinds.pop()
+    return out
 
 
 class _Lowering:
@@ -164,7 +169,7 @@ class _Lowering:
         self.map_index = map_index
         self.shapes = shapes
         self.probe_names = probe_names
-        self.names: List[str] = []  # what PROBE keys' indexes name
+        self.names: List[str] = []  # what NAME keys' indexes name
         self.named = set()  # the probe texts whose code reads `probe` or `func`
         self.strings: List[str] = []
         self.printfs: List[Tuple[str, Tuple[str, ...]]] = []  # format, value kinds
@@ -256,9 +261,10 @@ class _Lowering:
         places, word = [], 0
         kinds = self.shapes[self.map_index[target.name]].key_types
         for key, kind in zip(target.keys, kinds):
-            if kind == map_layout.PROBE:  # (always `probe` there: its name's index)
+            if kind == map_layout.NAME:  # (always `probe`, or `func`, there: its index)
                 self.named.add(self.probe)
-                name = self.probe_names.get(self.probe, (self.probe, ""))[0]
+                names = self.probe_names.get(self.probe, (self.probe, ""))
+                name = names[0] if key.name == "probe" else names[1]
                 name = name.encode()[:STRING - 1].decode(errors="ignore")  # (as a string's)
                 if name not in self.names:
                     self.names.append(name)

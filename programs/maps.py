@@ -12,8 +12,8 @@ and the tracer reads (docs/programs.md, "Maps").
     entry: u64 state: 0 free, 2 being claimed, else (hash | 1): its key is written
            u64 present: 1 once updated, 0 again after delete()
            key words (an integer key is a word, a string key 8; `probe` where every key
-           at that place is `probe`, a word: the index of its name in the shape's
-           names), value words (a string value, @m[k] = str(...), 8)
+           at that place is `probe` (or every one `func`), a word: the index of that
+           name in the shape's names), value words (a string value, @m[k] = str(...), 8)
 
 A probe claims a free entry with a compare-and-swap of its state from 0 to 2, writes
 the key, then stores the hash with bit 0 set; one that finds state 2 waits for that
@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from urewrite.programs.checks import STR, Checked
 from urewrite.programs.output import HIST_BUCKETS, MapData
@@ -40,7 +40,7 @@ HEADER_WORDS = 8  # of a table
 TABLE_DROPPED = 32  # a table's count of the updates it could not take
 ENTRY_HEAD = 2  # state, present
 STRING_WORDS = 8
-PROBE = "probe"  # a key type: a probe's name, kept as its index (a word, not 64 bytes)
+NAME = "name"  # a key type: `probe`'s or `func`'s value, kept as its index (a word, not 64 bytes)
 AGGREGATIONS = ("count", "sum", "min", "max", "avg", "stats", "hist", "lhist")
 KEYED_CAPACITY = 4096  # entries of a map with keys, as bpftrace's default
 INT64_MAX, INT64_MIN = (1 << 63) - 1, 1 << 63  # (INT64_MIN as a word)
@@ -55,7 +55,7 @@ class MapShape:
     capacity: int
     signed: bool
     lhist: Optional[Tuple[int, int, int]] = None
-    names: Tuple[str, ...] = ()  # what a PROBE key's index names
+    names: Tuple[str, ...] = ()  # what a NAME key's index names
 
     @property
     def key_words(self) -> int:
@@ -80,11 +80,12 @@ class MapShape:
 
 
 def shapes(checked: Checked, capacity: int = KEYED_CAPACITY,
-           probe_keys: Dict[str, Set[int]] = None) -> List[MapShape]:
+           name_keys: Dict[str, Dict[int, str]] = None) -> List[MapShape]:
     """Each map's shape; `capacity`: the entries of a map with keys (a power of two
-    is taken at or above it); `probe_keys`: by map, the places of its keys that are
-    always `probe` (of type PROBE: their names are the lowering's to fill in)."""
-    probe_keys = probe_keys or {}
+    is taken at or above it); `name_keys`: by map, the places of its keys that are
+    always `probe` or always `func` (of type NAME: their names are the lowering's to
+    fill in)."""
+    name_keys = name_keys or {}
     capacity = 1 << max(capacity - 1, 1).bit_length()
     out = []
     for name, info in checked.maps.items():
@@ -99,7 +100,7 @@ def shapes(checked: Checked, capacity: int = KEYED_CAPACITY,
             words = STRING_WORDS  # a string's 64 bytes
         else:
             words = 1
-        keys = tuple(PROBE if k in probe_keys.get(name, ()) else t
+        keys = tuple(NAME if k in name_keys.get(name, {}) else t
                      for k, t in enumerate(info.keys))
         out.append(MapShape(name, info.kind, keys, words,
                             capacity if info.keys else 1, info.signed, info.lhist))
@@ -200,7 +201,7 @@ def read(area, maps: List[MapShape]) -> Tuple[List[MapData], int]:
                     raw = struct.pack(f"<{STRING_WORDS}Q", *entry[at:at + STRING_WORDS])
                     key.append(raw.split(b"\0", 1)[0].decode("utf-8", "replace"))
                     at += STRING_WORDS
-                elif kind == PROBE:
+                elif kind == NAME:
                     names = shape.names
                     key.append(names[entry[at]] if entry[at] < len(names) else "")
                     at += 1

@@ -205,20 +205,22 @@ def test_threads_count_exactly_and_a_full_table_says_so():
 
 
 def test_probe_keys_are_words_and_read_back_as_names():
-    """A map key that is `probe` wherever the program writes it is a word (the index of
-    the probe's name, kept in the map's shape, in the area's own description too), not
-    64 bytes: the maps read back as the evaluator's; a key place that is anything else
-    somewhere stays a string."""
+    """A map key that is `probe` wherever the program writes it (or `func` wherever) is
+    a word (the index of the name, kept in the map's shape, in the area's own
+    description too), not 64 bytes: the maps read back as the evaluator's; a key place
+    that is anything else somewhere stays a string."""
     text = ("uprobe:./v:work { @[probe] = count(); @k[probe, arg0 % 3] = sum(arg0); "
-            "@m[probe] = count(); } "
-            "uprobe:./v:named { @[probe] = count(); @m[\"named\"] = count(); @x = @m[probe]; }")
+            "@m[probe] = count(); @f[func] = count(); @pf[probe] = count(); } "
+            "uprobe:./v:named { @[probe] = count(); @m[\"named\"] = count(); @x = @m[probe]; "
+            "@f[func] = count(); @pf[func] = count(); }")
     hits = [("uprobe:./v:work", {"args": (i,)}) for i in range(40)] + \
            [("uprobe:./v:named", {"args": (0, i)}) for i in range(7)]
     theirs, ours, compiled = _both(text, hits)
     assert ours == theirs and "@[uprobe:./v:named]: 7\n" in ours and "@m[named]: 7" in ours
     kinds = {s.name: s.key_types for s in compiled.lowered.maps}
-    assert kinds == {"": (M.PROBE,), "k": (M.PROBE, "int"), "m": ("string",), "x": ()}
+    assert kinds == {"": (M.NAME,), "k": (M.NAME, "int"), "m": ("string",), "x": (),
+                     "f": (M.NAME,), "pf": ("string",)}
     named = {s.name: s.names for s in compiled.lowered.maps}
-    assert set(named[""]) == {"uprobe:./v:work", "uprobe:./v:named"} and named["m"] == ()
+    assert {"uprobe:./v:work", "uprobe:./v:named"} <= set(named[""]) and named["m"] == ()
     # (a reader with only the file: `stat` of a built-in program, `top`, `export`)
     assert M.shapes_of(compiled.area) == compiled.lowered.maps
