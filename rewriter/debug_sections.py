@@ -14,8 +14,9 @@ loader reads (they change nothing at run time):
   (a call made a push and a jump) has its first instruction's row throughout.
 
 An input with a symbol table keeps it: its entries, then the new local symbols after its
-own, then its global ones (an index of a global moves: only relocations in an object file
-name them, and a file whose sections refer to its table gets no new symbols).
+own, then its global ones (an index of a global moves: a file whose relocations name one
+of its globals, as an object file's do, or whose table has a section group or extended
+indexes, or names in a loaded section, gets no new symbols).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from urewrite.rewriter.elf_file import ElfFile
 from urewrite.rewriter.unwind_rows import Row, rows_at, section_contents
 
 SHT_PROGBITS, SHT_SYMTAB, SHT_REL, SHT_RELA, SHT_GROUP, SHT_SYMTAB_SHNDX = 1, 2, 9, 4, 17, 18
+SHF_ALLOC = 2
 STT_FUNC, STB_LOCAL = 2, 0
 SYMBOL = struct.Struct("<IBBHQQ")  # Elf64_Sym
 SUFFIX = ".urewrite"
@@ -87,7 +89,8 @@ def _symbol_table(elf: ElfFile, symbols, shndx: int):
         if any(s.link == old.index and (s.type in (SHT_GROUP, SHT_SYMTAB_SHNDX) or
                                         _names_globals(elf, s, old.info)) for s in elf.sections) \
                 or old.link == elf.shstrndx or old.entsize != SYMBOL.size \
-                or not 0 < old.link < len(elf.sections):
+                or not 0 < old.link < len(elf.sections) \
+                or elf.sections[old.link].flags & SHF_ALLOC:  # (names loaded: .dynstr's)
             return None, None, 0
         names_section = elf.sections[old.link]
         strings = bytearray(elf.data[names_section.offset:
