@@ -52,12 +52,13 @@ class _Cie:
 
 
 def rows_at(elf: ElfFile, addresses: Iterable[int]) -> Dict[int, Row]:
-    """The row at each of `addresses` that an FDE of .eh_frame covers and this reader
-    follows."""
+    """The row at each of `addresses` that an FDE of .eh_frame (else of .debug_frame)
+    covers and this reader follows."""
     out: Dict[int, Row] = {}
     left = sorted(set(addresses))
-    for table in (UnwindTable.of(elf), UnwindTable.of_debug_frame(elf)):
-        if table is None or not left:
+    for read in (UnwindTable.of, UnwindTable.of_debug_frame):
+        table = read(elf) if left else None  # (.debug_frame only for what is left)
+        if table is None:
             continue
         by_fde: Dict[int, list] = {}
         for address in left:
