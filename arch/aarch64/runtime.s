@@ -283,15 +283,8 @@ sr_setup:
     strb w9, [x0], #1
     adr x1, file_tag
     bl append_str
-    mov w9, #0x2e
-    strb w9, [x0], #1
-    mov x14, x0
     mov x8, #172                           // getpid
-    svc #0
-    mov x15, x0                            // x15 = pid
-    mov x0, x14
-    mov x1, x15
-    bl append_decimal
+    bl append_dot_call                     // x15 = pid
     mov x21, x0                            // where the suffix goes
     mov x22, #0                            // attempt: the same pid after exec gets "-1", "-2", ...
 sr_try:
@@ -488,6 +481,21 @@ ad_out:
     cmp x9, x10
     b.ne ad_out
     add sp, sp, #32
+    ret
+
+// x8 = a system call of no argument (getpid, getuid): "." and its result in decimal,
+// appended at x0 (as append_decimal); x15 = the result. Clobbers x1, x9-x12, x14.
+append_dot_call:
+    mov x14, x30
+    mov w9, #0x2e
+    strb w9, [x0], #1
+    mov x15, x0
+    svc #0
+    mov x1, x0
+    mov x0, x15
+    mov x15, x1
+    bl append_decimal
+    mov x30, x14
     ret
 
 // A hit whose hashed owner entry is not this thread's: x16 = region, x17 = thread
@@ -1261,7 +1269,7 @@ ps_done:
     ret
 
 // x0 = a buffer, x23 = the program -> DIR "/maps." RUN "." UID "." PID there, NUL-terminated;
-// x0 past the NUL. Clobbers x1, x8-x14.
+// x0 past the NUL. Clobbers x1, x8-x15.
 own_maps_name:
     mov x13, x30
     add x1, x20, #{PS_DIR}
@@ -1270,22 +1278,10 @@ own_maps_name:
     bl append_str
     ldr x1, [x23, #40]                     // the run
     bl append_decimal
-    mov w9, #0x2e
-    strb w9, [x0], #1
-    mov x14, x0
     mov x8, #174                           // getuid
-    svc #0
-    mov x1, x0
-    mov x0, x14
-    bl append_decimal
-    mov w9, #0x2e
-    strb w9, [x0], #1
-    mov x14, x0
+    bl append_dot_call
     mov x8, #172                           // getpid
-    svc #0
-    mov x1, x0
-    mov x0, x14
-    bl append_decimal
+    bl append_dot_call
     strb wzr, [x0], #1
     mov x30, x13
     ret
