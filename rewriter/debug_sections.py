@@ -21,13 +21,13 @@ indexes, or names in a loaded section, gets no new symbols).
 
 from __future__ import annotations
 
-import bisect
 import functools
 import struct
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from urewrite.rewriter.elf_file import ElfFile
+from urewrite.rewriter.elf_file import ElfFile, Section
+from urewrite.rewriter.functions import containing
 from urewrite.rewriter.unwind_rows import Row, rows_at, section_contents
 
 SHT_PROGBITS, SHT_SYMTAB, SHT_REL, SHT_RELA, SHT_GROUP, SHT_SYMTAB_SHNDX = 1, 2, 9, 4, 17, 18
@@ -53,6 +53,7 @@ class DebugSections:
     strtab: Optional[bytes]
     locals_end: int  # the table's sh_info: the first global's index
     debug_frame: bytes  # the input's own entries first, where it has the section
+    extends: Optional[Section] = None  # that section, whose place the output's takes
 
 
 def build(elf: ElfFile, spans: Sequence[Span], routines: Sequence[Tuple[str, int, int]],
@@ -66,10 +67,13 @@ def build(elf: ElfFile, spans: Sequence[Span], routines: Sequence[Tuple[str, int
         if name:
             symbols.append((name + SUFFIX, span.start, span.end - span.start))
     symtab, strtab, locals_end = _symbol_table(elf, symbols, text_section)
-    return DebugSections(symtab, strtab, locals_end, _debug_frame(elf, spans))
+    own = _own_debug_frame(elf)
+    frames = _debug_frame(elf, spans, own)
+    return DebugSections(symtab, strtab, locals_end, frames,
+                         own[0] if frames and own else None)
 
 
-def own_debug_frame(elf: ElfFile):
+def _own_debug_frame(elf: ElfFile):
     """The input's .debug_frame section, which the output's extends (a debugger reads one
     section of the name: Go programs, and C built with -g and no .eh_frame, have one),
     and its contents (inflated: the output's is not compressed); None if none, False if
@@ -120,14 +124,14 @@ def _names_globals(elf: ElfFile, section, first_global: int) -> bool:
                >= first_global for k in range(0, len(data), size))
 
 
-def _debug_frame(elf: ElfFile, spans: Sequence[Span]) -> bytes:
-    """The input's .debug_frame entries (CIE pointers are offsets in the section: its
-    stay valid), then the rows of `spans`; b"" where there is nothing to add or no
-    section it can go into."""
-    own = own_debug_frame(elf)
+def _debug_frame(elf: ElfFile, spans: Sequence[Span], own) -> bytes:
+    """The input's .debug_frame entries (`own`: _own_debug_frame's; CIE pointers are
+    offsets in the section: its stay valid), then the rows of `spans`; b"" where there is
+    nothing to add or no section it can go into."""
     if own is False:
         return b""
-    rows = rows_at(elf, sorted({o for span in spans for _, o, _ in span.moved}))
+    rows = rows_at(elf, sorted({o for span in spans for _, o, _ in span.moved}),
+                   own[1] if own else None)
     if not rows:
         return b""
     out = bytearray(own[1] if own else b"")
@@ -243,14 +247,11 @@ def sleb128(value: int) -> bytes:
 
 
 def function_lookup(functions) -> Callable[[int], Optional[str]]:
-    """function_at(address) over `functions` (sorted by address, with sizes)."""
+    """function_at(address): the name of the function of `functions` (sorted by
+    address) that holds it, or None."""
     starts = [fn.address for fn in functions]
 
     def function_at(address: int) -> Optional[str]:
-        k = bisect.bisect_right(starts, address) - 1
-        if k >= 0:
-            fn = functions[k]
-            if address < fn.address + max(fn.size, 1):
-                return fn.name
-        return None
+        fn = containing(functions, starts, address)
+        return fn.name if fn is not None else None
     return function_at

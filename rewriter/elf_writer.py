@@ -25,7 +25,7 @@ from typing import BinaryIO, Callable, Optional
 from urewrite.errors import UrewriteError
 from urewrite.rewriter.elf_file import (PF_R, PF_W, PF_X, PT_LOAD, PT_PHDR,
                                         ElfFile, Section, Segment)
-from urewrite.rewriter import debug_sections, layout
+from urewrite.rewriter import layout
 from urewrite.rewriter.layout import PAGE, Placement, align_up
 from urewrite.rewriter.debug_sections import DebugSections
 from urewrite.rewriter.segment import SegmentImage
@@ -134,9 +134,8 @@ def _append_sections(elf: ElfFile, out: BinaryIO, end: int, placement: Placement
             end = at + len(data)
             return at
 
-        own = debug_sections.own_debug_frame(elf)
-        if info.debug_frame and own:  # the input's, extended (and no longer compressed)
-            section = own[0]
+        if info.extends is not None:  # the input's, extended (and no longer compressed)
+            section = info.extends
             replaced[section.index] = replace(
                 section, offset=append(info.debug_frame), size=len(info.debug_frame),
                 flags=section.flags & ~SHF_COMPRESSED, addralign=8)

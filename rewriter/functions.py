@@ -17,7 +17,8 @@ whose pointer encodings ours does not know.
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+import bisect
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -51,6 +52,15 @@ class Function:
     @property
     def names(self) -> tuple:
         return (self.name,) + self.aliases
+
+
+def containing(functions: List[Function], starts: List[int], address: int) -> Optional[Function]:
+    """The function of `functions` (sorted by address, `starts` their addresses) that
+    holds `address`; one of unknown size holds its first byte."""
+    k = bisect.bisect_right(starts, address) - 1
+    fn = functions[k] if k >= 0 else None
+    return fn if fn is not None and fn.address <= address < max(fn.end, fn.address + 1) \
+        else None
 
 
 def discover(elf: ElfFile) -> List[Function]:

@@ -12,7 +12,7 @@ from typing import List, Optional
 from urewrite.arch.base import value_class
 from urewrite.errors import UrewriteError
 from urewrite.rewriter import demangle
-from urewrite.rewriter.functions import Function
+from urewrite.rewriter.functions import Function, containing
 from urewrite.rewriter.usdt import UsdtSite
 from urewrite.trampolines.region import KIND_ADDRESS, KIND_ENTRY, KIND_RETURN, KIND_USDT
 
@@ -325,9 +325,8 @@ def _address_site(spec: str, functions, starts, boundaries) -> Site:
         address = int(spec, 16)
     except ValueError:
         raise UrewriteError(f"'{spec}' is not a hexadecimal address")
-    k = bisect.bisect_right(starts, address) - 1
-    fn = functions[k] if k >= 0 else None
-    if fn is None or not fn.address <= address < max(fn.end, fn.address + 1):
+    fn = containing(functions, starts, address)
+    if fn is None:
         raise UrewriteError(f"address {address:#x} is not inside a known function")
     if address == fn.address:
         return Site(fn, address, KIND_ENTRY, fn.name, spec, exact=True)

@@ -51,12 +51,14 @@ class _Cie:
     instructions: Tuple[int, int]  # (start, end) offsets
 
 
-def rows_at(elf: ElfFile, addresses: Iterable[int]) -> Dict[int, Row]:
+def rows_at(elf: ElfFile, addresses: Iterable[int],
+            debug_frame: Optional[bytes] = None) -> Dict[int, Row]:
     """The row at each of `addresses` that an FDE of .eh_frame (else of .debug_frame)
-    covers and this reader follows."""
+    covers and this reader follows. `debug_frame`: the .debug_frame's contents, where
+    the caller has them already (inflated)."""
     out: Dict[int, Row] = {}
     left = sorted(set(addresses))
-    for read in (UnwindTable.of, UnwindTable.of_debug_frame):
+    for read in (UnwindTable.of, lambda elf: UnwindTable.of_debug_frame(elf, debug_frame)):
         table = read(elf) if left else None  # (.debug_frame only for what is left)
         if table is None:
             continue
@@ -109,8 +111,9 @@ class UnwindTable(ValueReader):
         return cls(data, frame.addr, starts, fdes)
 
     @classmethod
-    def of_debug_frame(cls, elf: ElfFile) -> Optional["UnwindTable"]:
-        data = section_contents(elf, ".debug_frame")
+    def of_debug_frame(cls, elf: ElfFile, data: Optional[bytes] = None) \
+            -> Optional["UnwindTable"]:
+        data = data if data is not None else section_contents(elf, ".debug_frame")
         return cls._walked(data, 0, debug=True) if data else None
 
     @classmethod
