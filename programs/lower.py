@@ -71,9 +71,8 @@ def map_action(text: str):
     if not text.startswith(ACTION):
         return None
     action, index, *limits = text[len(ACTION):].split()
-    top, div = (list(map(int, limits)) + [0, 1])[:2] if limits else (0, 1)
+    top, div = map(int, limits) if limits else (0, 1)  # (print() writes both, or neither)
     return action, int(index), top, div
-
 
 
 @dataclass

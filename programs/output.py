@@ -55,12 +55,15 @@ class MapData:
     keyed: bool = True  # (what an empty map prints depends on it)
 
 
+def _divided(value: int, div: int) -> int:
+    """value / div as C divides (toward zero)."""
+    quotient = abs(value) // div
+    return quotient if value >= 0 else -quotient
+
+
 def average(count: int, total: int) -> int:
     """bpftrace's integer average: rounded toward zero, as C divides."""
-    if count == 0:
-        return 0
-    quotient = abs(total) // count
-    return quotient if total >= 0 else -quotient
+    return _divided(total, count) if count else 0
 
 
 def _sort_value(data: MapData, value) -> int:
@@ -109,12 +112,14 @@ def _lhist_label(index: int, low: int, high: int, step: int, last: int) -> str:
     return f"[{start}, {start + step})"
 
 
-def _bars(labels_counts: List[Tuple[str, int]]) -> List[str]:
+def _bars(labels_counts: List[Tuple[str, int]], div: int = 1) -> List[str]:
+    """Each bucket's line; its count written divided by `div`, its bar drawn from the
+    count itself (as bpftrace 0.17's print(@h, top, div))."""
     top = max((count for _, count in labels_counts), default=0)
     lines = []
     for label, count in labels_counts:
         width = int(count / top * BAR) if top else 0
-        lines.append(f"{label:<16}{count:>8} |{'@' * width:<{BAR}}|")
+        lines.append(f"{label:<16}{_divided(count, div):>8} |{'@' * width:<{BAR}}|")
     return lines
 
 
@@ -123,22 +128,11 @@ def _histogram_lines(data: MapData, buckets: List[int], div: int = 1) -> List[st
     if not used:
         return []
     span = range(used[0], used[-1] + 1)
-    if data.kind == "hist":
-        lines = _bars([(_hist_label(i), buckets[i]) for i in span])
-        if div == 1:
-            return lines
-        # bpftrace 0.17 divides the counts it writes, not the bars (nor the buckets shown)
-        return [f"{line[:16]}{_divided(buckets[i], div):>8}{line[24:]}"
-                for i, line in zip(span, lines)]
+    if data.kind == "hist":  # (the buckets shown: those of the counts before division)
+        return _bars([(_hist_label(i), buckets[i]) for i in span], div)
     low, high, step = data.lhist  # (whose counts bpftrace 0.17 leaves whole)
     last = (high - low) // step + 1
     return _bars([(_lhist_label(i, low, high, step, last), buckets[i]) for i in span])
-
-
-def _divided(value: int, div: int) -> int:
-    """value / div as C divides (toward zero)."""
-    quotient = abs(value) // div
-    return quotient if value >= 0 else -quotient
 
 
 def text(maps: List[MapData], top: int = 0, div: int = 1) -> str:
