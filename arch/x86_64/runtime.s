@@ -291,12 +291,9 @@ sr_setup:
     inc rdi
     lea rsi, [rip + file_tag]
     call append_str
-    mov byte ptr [rdi], 0x2e
-    inc rdi
     mov eax, 39                            # getpid
-    syscall
+    call append_dot_call
     push rax                               # [rsp] = pid
-    call append_decimal
     mov r9, rdi
     xor r8d, r8d                           # attempt: the same pid after exec gets "-1", "-2", ...
 sr_try:
@@ -484,6 +481,17 @@ ad_out:
     inc rdi
     dec ecx
     jnz ad_out
+    ret
+
+# eax = a system call of no argument (getpid, getuid): "." and its result in decimal,
+# appended at rdi (as append_decimal); rax = the result. Clobbers rcx, rdx, r11.
+append_dot_call:
+    mov byte ptr [rdi], 0x2e
+    inc rdi
+    syscall
+    push rax
+    call append_decimal
+    pop rax
     ret
 
 # -> rcx = this thread's identity, as the trampolines compute it: its thread pointer
@@ -1270,20 +1278,10 @@ own_maps_name:
     push qword ptr [r12 + 40]              # the run
     call append_decimal
     add rsp, 8
-    mov byte ptr [rdi], 0x2e
-    inc rdi
     mov eax, 102                           # getuid
-    syscall
-    push rax
-    call append_decimal
-    add rsp, 8
-    mov byte ptr [rdi], 0x2e
-    inc rdi
+    call append_dot_call
     mov eax, 39                            # getpid
-    syscall
-    push rax
-    call append_decimal
-    add rsp, 8
+    call append_dot_call
     mov byte ptr [rdi], 0
     inc rdi
     ret
