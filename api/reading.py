@@ -46,24 +46,27 @@ def read_regions(directory: str) -> Counts:
     return counts_of(regions, problems, built_in_maps_in(directory))
 
 
-def run(command: Sequence[str]) -> CommandRun:
+def run(command: Sequence[str], *, latency: bool = False) -> CommandRun:
     """Run `command` with a fresh region directory (its probes armed), wait for it, and
-    read what it counted: `stat -- COMMAND`. Ctrl-C goes to the command; its output
-    is its own. Raises UrewriteError when it cannot be started."""
+    read what it counted: `stat -- COMMAND` (`latency`: `stat --latency`, calls timed).
+    Ctrl-C goes to the command; its output is its own. Raises UrewriteError when it
+    cannot be started."""
     from urewrite.reader.command_run import run_and_collect
 
     if not command:
         raise UrewriteError("give a command to run")
-    exit_code, regions, problems, programs = run_and_collect([str(c) for c in command])
+    exit_code, regions, problems, programs = run_and_collect([str(c) for c in command],
+                                                             latency)
     return CommandRun(exit_code, counts_of(regions, problems, programs))
 
 
 @contextmanager
-def arm(pids: Union[None, int, Iterable[int]] = None, *, file: Optional[str] = None
-        ) -> Iterator[ArmedProcesses]:
+def arm(pids: Union[None, int, Iterable[int]] = None, *, file: Optional[str] = None,
+        latency: bool = False) -> Iterator[ArmedProcesses]:
     """Arm running processes for the block (`stat -p PID,...`; pids None: every process
-    mapping `file`, or any rewritten object, as `--all`), then disarm them and read what
-    they counted meanwhile into the result's `counts`. Main thread only (it handles
+    mapping `file`, or any rewritten object, as `--all`; `latency`: calls timed, as
+    `--latency`), then disarm them and read what they counted meanwhile into the
+    result's `counts`. Main thread only (it handles
     SIGTERM and SIGHUP as Ctrl-C while armed); Ctrl-C in the block disarms, reads the
     counts, and is raised again."""
     from urewrite.reader import arming
@@ -79,7 +82,7 @@ def arm(pids: Union[None, int, Iterable[int]] = None, *, file: Optional[str] = N
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
     session, interrupted = None, False
     try:
-        with arming.armed(pids_text, all_of, None) as session:
+        with arming.armed(pids_text, all_of, None, latency=latency) as session:
             result = ArmedProcesses([p.pid for p in session.processes])
             try:
                 yield result

@@ -17,7 +17,7 @@ from urewrite import __version__, console
 from urewrite.console import EXIT_ERROR, end_now, fail
 from urewrite.errors import UrewriteError
 from urewrite.listing import list_command, parse_tactics, progress_bar
-from urewrite.live_options import live_options, live_or_command
+from urewrite.live_options import check_latency, latency_option, live_options, live_or_command
 from urewrite.long_options import LongOptionsCommand
 
 
@@ -181,15 +181,17 @@ def _report_rewrite(result, output: str, as_json: bool, quiet: bool) -> None:
 @click.option("--dir", "directory", metavar="DIR", type=click.Path(file_okay=False),
               help="Read the regions of running processes started with UREWRITE_DIR=DIR "
                    "(instead of a command), until Ctrl-C or --duration.")
+@latency_option
 @live_options
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def stat(as_json, output, interval, directory, pids, all_of, duration, command):
+def stat(as_json, output, interval, directory, latency, pids, all_of, duration, command):
     """Run COMMAND, then print the hits of every probe in it; or arm running
     processes (-p, --all) and print their hits when they are disarmed; or read
     the regions of running processes (--dir).
 
     \b
       urewrite stat -- ./app.probed ARGS
+      urewrite stat --latency -- ./app.probed ARGS      and a histogram per function
       urewrite stat --interval 1 -- ./app.probed ARGS
       urewrite stat -p 1234 --duration 10 [--interval 1]
       urewrite stat --dir /dev/shm/app --interval 1 --duration 10
@@ -198,28 +200,29 @@ def stat(as_json, output, interval, directory, pids, all_of, duration, command):
     from urewrite import stat_report
     from urewrite.sink import Sink
 
+    check_latency(latency, directory)
     if pids is not None or all_of is not None:
         if directory is not None:
             raise click.UsageError("-p and --all go without --dir")
         live_or_command(pids, all_of, duration, command)
         from urewrite.live_report import stat_intervals, stat_live as stat_armed
         sys.exit(stat_armed(pids, all_of, duration, as_json, output,
-                            stat_report.report_saying_missed)
+                            stat_report.report_saying_missed, latency)
                  if interval is None else
                  stat_intervals(pids, all_of, duration, interval, as_json, output,
-                                stat_report.report_saying_missed))
+                                stat_report.report_saying_missed, latency))
     if bool(command) == (directory is not None):
         raise click.UsageError("give a command (after --) or --dir DIR, not both"
                                if command else "give a command (after --), -p PID or --dir DIR")
     if duration is not None and directory is None:
         raise click.UsageError("--duration goes with --dir, -p or --all")
     if interval is None and directory is None:
-        sys.exit(stat_report.run_command(list(command), as_json, output))
+        sys.exit(stat_report.run_command(list(command), as_json, output, latency))
     from urewrite.interval_report import stat_live
     sink = Sink(output, sys.stdout)
     try:
         exit_code, regions, problems, programs = stat_live(list(command), directory, interval,
-                                                           duration, as_json, sink)
+                                                           duration, as_json, sink, latency)
     except UrewriteError as e:
         click.echo(f"urewrite: {e}", err=True)
         sys.exit(127 if command else EXIT_ERROR)

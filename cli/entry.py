@@ -1,6 +1,6 @@
 """The program's entry point (the `urewrite` script, `python -m urewrite`).
 
-`urewrite stat [--json] [-o FILE] -- COMMAND...` starts COMMAND first, then reads and
+`urewrite stat [--json] [-o FILE] [--latency] -- COMMAND...` starts COMMAND first, then reads and
 reports without loading the command line (click and the commands: 0.04 to 0.1 s of
 CPU beside a loop of short runs of 0.4 s, #37). Any other form of the command line,
 anything this does not recognise for certain, or a COMMAND that cannot be started,
@@ -15,23 +15,26 @@ class StatCommand(NamedTuple):
     command: List[str]
     as_json: bool
     output: Optional[str]
+    latency: bool = False
 
 
 def stat_command(args: List[str]) -> Optional[StatCommand]:
-    """`args` as stat's options would be, when they are `stat`, then only --json and
-    -o/--output FILE (the last one counts, as in click), then `--` and COMMAND; else
-    None. tests/test_stat.py holds it to what click parses."""
+    """`args` as stat's options would be, when they are `stat`, then only --json,
+    --latency and -o/--output FILE (the last one counts, as in click), then `--` and
+    COMMAND; else None. tests/test_stat.py holds it to what click parses."""
     if len(args) < 3 or args[0] != "stat":
         return None
-    as_json, output = False, None
+    as_json, output, latency = False, None, False
     i = 1
     while i < len(args):
         arg = args[i]
         if arg == "--":
             command = args[i + 1:]
-            return StatCommand(command, as_json, output) if command else None
+            return StatCommand(command, as_json, output, latency) if command else None
         if arg == "--json":
             as_json, i = True, i + 1
+        elif arg == "--latency":
+            latency, i = True, i + 1
         elif arg in ("-o", "--output") and i + 1 < len(args) \
                 and not args[i + 1].startswith("-"):
             output, i = args[i + 1], i + 2
@@ -46,10 +49,10 @@ def run() -> None:
     stat = stat_command(sys.argv[1:])
     if stat:
         from urewrite.reader import command_run
-        if command_run.start_early(stat.command):
+        if command_run.start_early(stat.command, stat.latency):
             try:
                 from urewrite.stat_report import run_command
-                sys.exit(run_command(stat.command, stat.as_json, stat.output))
+                sys.exit(run_command(stat.command, stat.as_json, stat.output, stat.latency))
             except (EOFError, KeyboardInterrupt, BrokenPipeError) as e:
                 _as_click_would(e)
             finally:

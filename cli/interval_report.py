@@ -57,7 +57,7 @@ class IntervalPrinter:
 
 
 def stat_live(command: List[str], directory: Optional[str], interval: Optional[float],
-              duration: Optional[float], as_json: bool, sink: Sink
+              duration: Optional[float], as_json: bool, sink: Sink, latency: bool = False
               ) -> Tuple[Optional[int], List[Region], List[str], Optional[list]]:
     """Run `command` or watch `directory`, printing intervals to `sink`. Returns the
     exit status (None for a directory), the regions at the end, a line per region
@@ -67,4 +67,4 @@ def stat_live(command: List[str], directory: Optional[str], interval: Optional[f
         return IntervalPrinter(sink, as_json, start)
     if directory is not None:
         return (None,) + watch_directory(directory, interval, duration, printer) + (None,)
-    return watch_command(command, interval, printer)
+    return watch_command(command, interval, printer, latency)

@@ -4,7 +4,6 @@ sources.py, ticker.py, prometheus.py, arming.py)."""
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from typing import Tuple
@@ -13,7 +12,7 @@ import click
 
 from urewrite.console import fail
 from urewrite.errors import UrewriteError
-from urewrite.live_options import arm_options
+from urewrite.live_options import arm_options, check_latency, latency_option
 
 
 def _source_options(f):
@@ -58,9 +57,10 @@ def _deadline(duration):
                    "terminal).")
 @click.option("--duration", type=click.FloatRange(min=0), metavar="S",
               help="With --dir, -p or --all: stop after S seconds (-p, --all: then disarm).")
+@latency_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def top(directory, pids, all_of, interval, refreshes, once, plain, duration, command):
-    """Probes sorted by hits/s, refreshed in place: hits/s, total, and p50/p99
+def top(directory, pids, all_of, interval, refreshes, once, plain, duration, latency, command):
+    """Probes sorted by hits/s, refreshed in place: hits/s, total, and (--latency) p50/p99
     latency for functions probed at entry and return.
 
     \b
@@ -71,14 +71,14 @@ def top(directory, pids, all_of, interval, refreshes, once, plain, duration, com
     q or Ctrl-C quits (-p, --all: and disarms; so does the processes' exit). With a
     command, its exit status is passed through.
     """
-    from urewrite.reader.command_run import exit_status, interrupts_to
+    from urewrite.reader.command_run import armed_environment, exit_status, interrupts_to
     from urewrite.reader.directories import region_directory, remove_region_directory
     from urewrite.reader.snapshots import Watcher
     from urewrite.reader.sources import DirectorySource
     from urewrite.reader.ticker import Ticker
     from urewrite.top import run_top
-    from urewrite.trampolines.region import ENV_VAR
 
+    check_latency(latency, directory)
     armed = _armed(pids, all_of)
     if bool(command) + (directory is not None) + armed != 1:
         raise click.UsageError("give one of: a command (after --), --dir DIR, -p PID, --all")
@@ -92,7 +92,7 @@ def top(directory, pids, all_of, interval, refreshes, once, plain, duration, com
         def during(watcher, over):
             ticker = Ticker(watcher, interval, None, from_zero=True)
             run_top(ticker, watcher.source.label, interval, over, refreshes, sys.stdout, plain)
-        sys.exit(view_armed(pids, all_of, duration, during))
+        sys.exit(view_armed(pids, all_of, duration, during, latency=latency))
     problems = []
     if directory is not None:
         try:
@@ -111,7 +111,7 @@ def top(directory, pids, all_of, interval, refreshes, once, plain, duration, com
     run_dir = region_directory()
     try:
         ticker = Ticker(Watcher(DirectorySource(run_dir)), interval, None)
-        with interrupts_to(list(command), dict(os.environ, **{ENV_VAR: run_dir})) as process:
+        with interrupts_to(list(command), armed_environment(run_dir, latency)) as process:
             run_top(ticker, command[0], interval, lambda: process.poll() is not None,
                     refreshes, sys.stdout, plain)
             returncode = process.wait()
@@ -131,18 +131,21 @@ def top(directory, pids, all_of, interval, refreshes, once, plain, duration, com
 @click.option("--duration", type=click.FloatRange(min=0), metavar="S",
               help="Stop after S seconds [default: until Ctrl-C; -p, --all: or until the "
                    "processes exit, then disarm].")
-def export(directory, pids, all_of, listen, duration):
+@latency_option
+def export(directory, pids, all_of, listen, duration, latency):
     """Serve the probes' counts as Prometheus metrics, read at every scrape.
 
     \b
       urewrite export -p 1234 --listen 127.0.0.1:9464     arm a running process
       urewrite export --dir /dev/shm/app --listen 127.0.0.1:9464
     A counter per probe (urewrite_probe_hits_total), a histogram per function probed
-    at entry and return (urewrite_probe_latency_seconds), the event ring's counters.
+    at entry and return (urewrite_probe_latency_seconds; -p, --all: with --latency),
+    the event ring's counters.
     """
     from urewrite.reader.prometheus import serve
     from urewrite.reader.sources import DirectorySource
 
+    check_latency(latency, directory)
     armed = _armed(pids, all_of)
     if (directory is not None) == armed:
         raise click.UsageError("give --dir DIR (the UREWRITE_DIR of the processes to "
@@ -164,7 +167,8 @@ def export(directory, pids, all_of, listen, duration):
                 pass
     if armed:
         from urewrite.live_report import view_armed
-        sys.exit(view_armed(pids, all_of, duration, lambda w, over: serving(w.source, over)))
+        sys.exit(view_armed(pids, all_of, duration, lambda w, over: serving(w.source, over),
+                            latency=latency))
     try:
         serving(DirectorySource(directory), _deadline(duration))
     except UrewriteError as e:

@@ -24,6 +24,21 @@ def arm_options(f):
                              "disarm them at the end.")(f)
 
 
+def latency_option(f):
+    """--latency: stat, top and export time calls only when asked (two clock reads a call)."""
+    return click.option("--latency", is_flag=True,
+                        help="Also time every call of the functions probed at entry and "
+                             "return, into a latency histogram each (two clock reads a "
+                             "call); without it they are only counted.")(f)
+
+
+def check_latency(latency: bool, directory) -> None:
+    if latency and directory is not None:
+        raise click.UsageError("--latency goes with a command, -p or --all: processes "
+                               "started with UREWRITE_DIR time their calls when started "
+                               "with UREWRITE_LATENCY=1 too")
+
+
 def live_or_command(pids, all_of, duration, command) -> bool:
     if pids is not None and all_of is not None:
         raise click.UsageError("-p and --all exclude each other")

@@ -31,13 +31,14 @@ def _warn(problems: List[str]) -> None:
 
 def view_armed(pids, all_of, duration,
                during: Callable[[Watcher, Callable[[], bool]], None],
-               after: Optional[Callable[[Watcher], None]] = None) -> int:
+               after: Optional[Callable[[Watcher], None]] = None, latency: bool = False) -> int:
     """Arms the processes, runs during(watcher, over) on their regions while they are
     armed (`over()`: --duration ended or every process exited; Ctrl-C ends it too),
-    disarms them, then calls after(watcher) on what they hold. Returns the exit status."""
+    disarms them, then calls after(watcher) on what they hold. Returns the exit status.
+    `latency`: they time the calls of functions probed at entry and return."""
     session, watcher, problems = None, None, []
     try:
-        with arming.armed(pids, all_of, duration) as session:
+        with arming.armed(pids, all_of, duration, latency=latency) as session:
             watcher = Watcher(ArmedSource(session.processes), problems.append)
             if not session.interrupted:
                 announce(session.processes)
@@ -57,7 +58,7 @@ def view_armed(pids, all_of, duration,
 
 
 def stat_intervals(pids, all_of, duration, interval: float, as_json: bool, output,
-                   report: Callable) -> int:
+                   report: Callable, latency: bool = False) -> int:
     """`stat -p --interval`: a table every S seconds while armed, then the report of
     the last snapshot, taken after disarming: the intervals add up to it."""
     from urewrite.interval_report import IntervalPrinter
@@ -90,17 +91,18 @@ def stat_intervals(pids, all_of, duration, interval: float, as_json: bool, outpu
             click.echo("urewrite: no probe was hit while armed", err=True)
 
     try:
-        return view_armed(pids, all_of, duration, during, after)
+        return view_armed(pids, all_of, duration, during, after, latency)
     finally:
         sink.close()
 
 
-def stat_live(pids, all_of, duration, as_json: bool, output, report: Callable) -> int:
+def stat_live(pids, all_of, duration, as_json: bool, output, report: Callable,
+              latency: bool = False) -> int:
     """Arms, waits, disarms, then prints the hits the processes made while armed (and
     those of children they forked meanwhile). Returns the exit status."""
     session = None
     try:
-        session = arming.run(pids, all_of, duration, 0, announce, lambda *_: None)
+        session = arming.run(pids, all_of, duration, 0, announce, lambda *_: None, latency)
         problems: List[str] = []
         regions = arming.regions_of(session.processes, problems)
         from urewrite.reader.command_run import built_in_maps_in

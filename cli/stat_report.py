@@ -11,9 +11,10 @@ from urewrite.errors import UrewriteError
 from urewrite.reader.counts import histogram_buckets, probe_totals
 
 
-def run_command(command: List[str], as_json: bool, output: Optional[str]) -> int:
-    """`stat [--json] [-o FILE] -- COMMAND`: run it (or take it over, started early),
-    read its regions, report; the exit status."""
+def run_command(command: List[str], as_json: bool, output: Optional[str],
+                latency: bool = False) -> int:
+    """`stat [--json] [-o FILE] [--latency] -- COMMAND`: run it (or take it over, started
+    early), read its regions, report; the exit status."""
     import gc
     from urewrite.reader.command_run import run_and_collect
     from urewrite.sink import Sink
@@ -21,7 +22,7 @@ def run_command(command: List[str], as_json: bool, output: Optional[str]) -> int
     gc.disable()
     sink = Sink(output, sys.stdout)
     try:
-        exit_code, regions, problems, programs = run_and_collect(command)
+        exit_code, regions, problems, programs = run_and_collect(command, latency)
     except UrewriteError as e:
         _say(f"urewrite: {e}")
         return 127

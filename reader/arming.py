@@ -268,9 +268,12 @@ def _check_armable(pid: int, memory: ProcessMemory, obj: MappedObject) -> Option
 
 
 def arm(pid: int, ring_entries: int = 0, only: Optional[tuple] = None,
-        prepare: Optional[Callable[[str], None]] = None) -> LiveProcess:
+        prepare: Optional[Callable[[str], None]] = None, latency: bool = False
+        ) -> LiveProcess:
     """Arms every rewritten object the process maps (`only`: those of one file).
-    `prepare(directory)` puts what the set-up reads there first (a probe program)."""
+    `prepare(directory)` puts what the set-up reads there first (a probe program);
+    `latency`: time the calls of functions probed at entry and return (an object
+    rewritten before this could be asked times them always)."""
     maps_first = mapped_objects(pid, only=only)  # a clear error before asking for more
     if not maps_first:
         what = "maps no object rewritten by urewrite" if only is None else \
@@ -296,15 +299,22 @@ def arm(pid: int, ring_entries: int = 0, only: Optional[tuple] = None,
                 saved = {"dir": memory.read(obj.at("dir"), len(path)),
                          "dir_too_long": memory.read(obj.at("dir_too_long"), 1),
                          "ring_entries": memory.read(obj.at("ring_entries"), 8)}
+                timed = "latency" in obj.note.offsets
+                if timed:
+                    saved["latency"] = memory.read(obj.at("latency"), 1)
                 if dead_tracer:  # nothing of the program's to keep; its set-up's
                     saved["dir"] = b"\0" * len(path)  # semaphore increment to undo too
                     saved["ring_entries"] = bytes(8)
+                    if timed:
+                        saved["latency"] = b"\0"
                     remove_region_directory(dead_tracer)
                 process.objects.append(ArmedObject(obj, saved, int(bool(dead_tracer))))
                 # what the set-up reads first, then the state word that makes it run
                 memory.write(obj.at("dir"), path)
                 memory.write(obj.at("dir_too_long"), b"\0")
                 memory.put_u64(obj.at("ring_entries"), ring_entries)
+                if timed:
+                    memory.write(obj.at("latency"), b"\1" if latency else b"\0")
                 memory.put_u64(obj.at("region"), NOT_SET_UP)
         except BaseException:
             for armed in process.objects:  # undo what was armed before the failure
@@ -509,8 +519,8 @@ def _targets(pids_text: Optional[str], all_of: Optional[str]) -> tuple:
 
 @contextmanager
 def armed(pids_text: Optional[str], all_of: Optional[str], duration: Optional[float],
-          ring_entries: int = 0, prepare: Optional[Callable[[str], None]] = None
-          ) -> Iterator[Session]:
+          ring_entries: int = 0, prepare: Optional[Callable[[str], None]] = None,
+          latency: bool = False) -> Iterator[Session]:
     """Arms the processes for the block, then disarms them, however it ends. Ctrl-C
     in the block ends it as `session.over()` does; the regions stay for the caller to
     read (arming.remove deletes them) unless the block failed. A process we cannot arm
@@ -524,7 +534,7 @@ def armed(pids_text: Optional[str], all_of: Optional[str], duration: Optional[fl
         try:
             for pid in pids:
                 try:
-                    session.processes.append(arm(pid, ring_entries, only, prepare))
+                    session.processes.append(arm(pid, ring_entries, only, prepare, latency))
                 except LiveError as e:
                     if all_of is None:
                         raise
@@ -556,10 +566,11 @@ def armed(pids_text: Optional[str], all_of: Optional[str], duration: Optional[fl
 
 def run(pids_text: Optional[str], all_of: Optional[str], duration: Optional[float],
         ring_entries: int, on_armed: Callable[[List[LiveProcess]], None],
-        on_poll: Callable[[List[LiveProcess], bool], None]) -> Session:
+        on_poll: Callable[[List[LiveProcess], bool], None], latency: bool = False
+        ) -> Session:
     """Arms the processes, calls on_poll every POLL_SECONDS until the session is over
     (or Ctrl-C), and disarms them."""
-    with armed(pids_text, all_of, duration, ring_entries) as session:
+    with armed(pids_text, all_of, duration, ring_entries, latency=latency) as session:
         if not session.interrupted:
             on_armed(session.processes)
         while True:

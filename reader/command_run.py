@@ -15,9 +15,20 @@ from urewrite.reader.directories import region_directory, remove_region_director
 if TYPE_CHECKING:
     from urewrite.trampolines.region import Region
 
-# region.ENV_VAR, which the runtime reads (tests/test_stat.py checks): region.py loads
-# dataclasses, 8 ms before `stat -- COMMAND` could start the command
+# region.ENV_VAR and LATENCY_ENV_VAR, which the runtime reads (tests/test_stat.py
+# checks): region.py loads dataclasses, 8 ms before `stat -- COMMAND` could start it
 ENV_VAR = "UREWRITE_DIR"
+LATENCY_ENV_VAR = "UREWRITE_LATENCY"
+
+
+def armed_environment(directory: str, latency: bool = False) -> dict:
+    """Our environment for a command whose probes write regions into `directory`; with
+    `latency`, the calls of functions probed at entry and return are timed too (else
+    as the environment says: unset, they only count)."""
+    env = dict(os.environ, **{ENV_VAR: directory})
+    if latency:
+        env[LATENCY_ENV_VAR] = "1"
+    return env
 
 
 def exit_status(returncode: int) -> int:
@@ -44,11 +55,12 @@ def interrupts_to(command: List[str], env: dict):
 class _Started:
     """A command started with a fresh region directory, until it is waited for."""
 
-    def __init__(self, command: List[str]):
+    def __init__(self, command: List[str], latency: bool):
         self.command = list(command)
+        self.latency = latency
         self.directory = region_directory()
         self._interrupts = interrupts_to(self.command,
-                                         dict(os.environ, **{ENV_VAR: self.directory}))
+                                         armed_environment(self.directory, latency))
         try:
             self.process = self._interrupts.__enter__()
         except BaseException:
@@ -66,13 +78,13 @@ class _Started:
 _started = None  # the command start_early started, until run_and_collect takes it over
 
 
-def start_early(command: List[str]) -> bool:
+def start_early(command: List[str], latency: bool = False) -> bool:
     """Start `command` now, as run_and_collect(command) will want it (entry.py: before
     the imports of what reads and reports). False, and nothing started, when it cannot
     be: run_and_collect then tries again and says why."""
     global _started
     try:
-        _started = _Started(command)
+        _started = _Started(command, latency)
     except UrewriteError:
         return False
     return True
@@ -90,10 +102,12 @@ def end_early() -> None:
             remove_region_directory(started.directory)
 
 
-def run_and_collect(command: List[str]) -> Tuple[int, List[Region], List[str], list]:
+def run_and_collect(command: List[str], latency: bool = False
+                    ) -> Tuple[int, List[Region], List[str], list]:
     """Run `command` with a fresh region directory (or take it over, started by
     start_early).
 
+    `latency`: time the calls of functions probed at entry and return.
     Returns its exit status, the regions (those of one rewrite with their counts
     added up in the first, see `region_reader.collect`), a line for each region
     file that could not be read, and the maps of programs built into the probes
@@ -103,10 +117,11 @@ def run_and_collect(command: List[str]) -> Tuple[int, List[Region], List[str], l
     file there. Ctrl-C reaches the command (same process group); we wait for it.
     """
     global _started
-    if _started is not None and _started.command == list(command):
+    if _started is not None and (_started.command, _started.latency) == (list(command),
+                                                                         latency):
         started, _started = _started, None
     else:
-        started = _Started(command)
+        started = _Started(command, latency)
     try:
         try:  # the reader's imports while the command runs, not before
             from urewrite.trampolines.region_reader import TableCache, collect

@@ -5,17 +5,17 @@ UREWRITE_DIR=DIR write into, watched until Ctrl-C or a duration (`stat --interva
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from typing import Callable, List, Optional, Tuple
 
-from urewrite.reader.command_run import built_in_maps_in, exit_status, interrupts_to
+from urewrite.reader.command_run import (armed_environment, built_in_maps_in, exit_status,
+                                         interrupts_to)
 from urewrite.reader.directories import region_directory, remove_region_directory
 from urewrite.reader.snapshots import Snapshot, Watcher
 from urewrite.reader.sources import DirectorySource
 from urewrite.reader.ticker import Ticker
-from urewrite.trampolines.region import ENV_VAR, Region
+from urewrite.trampolines.region import Region
 from urewrite.trampolines.region_reader import collect
 
 # on_interval_from(start): what to call with each interval (before, after), given the
@@ -48,16 +48,18 @@ def watch_directory(directory: str, interval: Optional[float], duration: Optiona
 
 
 def watch_command(command: List[str], interval: Optional[float],
-                  on_interval_from: OnIntervalFrom) -> Tuple[int, List[Region], List[str], list]:
+                  on_interval_from: OnIntervalFrom, latency: bool = False
+                  ) -> Tuple[int, List[Region], List[str], list]:
     """Until the command exits: its exit status, the regions it left, a line per region
     file that could not be read, and the maps of programs built into the probes
-    (probe_programs.built_in_maps)."""
+    (probe_programs.built_in_maps). `latency`: time the calls of functions probed at
+    entry and return."""
     directory = region_directory()
     watcher = Watcher(DirectorySource(directory))
     try:
         ticker = Ticker(watcher, interval, lambda b, a: on_interval(b, a))
         on_interval = on_interval_from(ticker.start)
-        with interrupts_to(command, dict(os.environ, **{ENV_VAR: directory})) as process:
+        with interrupts_to(command, armed_environment(directory, latency)) as process:
             ticker.run(lambda: process.poll() is not None)
             returncode = process.wait()
         ticker.finish()

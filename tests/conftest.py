@@ -43,10 +43,12 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 # -- running things ----------------------------------------------------------------
 
 def clean_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    """The test's environment without UREWRITE_DIR (probes disarmed), plus `extra`.
-    Without COLUMNS and LINES too: pytest-xdist's workers set them (80x24), and a
-    command in a real terminal (tmux) would take them over the terminal's size."""
-    env = {k: v for k, v in os.environ.items() if k not in (ENV_VAR, "COLUMNS", "LINES")}
+    """The test's environment without UREWRITE_DIR (probes disarmed) and
+    UREWRITE_LATENCY (calls untimed), plus `extra`. Without COLUMNS and LINES too:
+    pytest-xdist's workers set them (80x24), and a command in a real terminal (tmux)
+    would take them over the terminal's size."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in (ENV_VAR, "UREWRITE_LATENCY", "COLUMNS", "LINES")}
     env.update(extra or {})
     return env
 
@@ -130,10 +132,13 @@ class StatRun:
         return out
 
 
-def stat(cmd: Sequence, tmp_dir: Path, env: Optional[Dict[str, str]] = None) -> StatRun:
-    """Run `cmd` under `urewrite stat --json -o FILE`; the program's own output stays in proc."""
+def stat(cmd: Sequence, tmp_dir: Path, env: Optional[Dict[str, str]] = None,
+         latency: bool = False) -> StatRun:
+    """Run `cmd` under `urewrite stat --json -o FILE` (`latency`: and --latency); the
+    program's own output stays in proc."""
     report = Path(tmp_dir) / f"report-{os.getpid()}-{next(_serial)}.json"
-    proc = urewrite("stat", "--json", "-o", str(report), "--", *map(str, cmd), env=env)
+    proc = urewrite("stat", "--json", "-o", str(report), *["--latency"] * latency, "--",
+                    *map(str, cmd), env=env)
     assert "Traceback" not in proc.stderr, proc.stderr
     assert report.exists(), f"stat wrote no report (exit {proc.returncode}):\n{proc.stderr}"
     return StatRun(proc, json.loads(report.read_text()))

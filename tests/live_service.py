@@ -61,15 +61,18 @@ class LineReader:
 
 
 class Service:
-    """A running service.probed with UREWRITE_DIR set (or not); `command` runs it
-    some other way (under qemu)."""
+    """A running service.probed with UREWRITE_DIR set (or not), and then calls timed
+    (UREWRITE_LATENCY=1) unless not `latency`, as docs/production.md starts one;
+    `command` runs it some other way (under qemu)."""
 
     def __init__(self, probed: Path, directory: Optional[Path],
                  extra_env: Optional[Dict[str, str]] = None,
-                 command: Optional[List[str]] = None):
+                 command: Optional[List[str]] = None, latency: bool = True):
         env = dict(extra_env or {})
         if directory is not None:
             env["UREWRITE_DIR"] = str(directory)
+            if latency:
+                env["UREWRITE_LATENCY"] = "1"
         self.proc = subprocess.Popen(command or [str(probed)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env=clean_env(env))
         self.pid = self.proc.pid

@@ -425,8 +425,10 @@ def trace(b: Build, *argv, ring: Optional[int] = None,
 
 
 def stat(b: Build, *argv) -> Tuple[str, dict]:
+    """`stat --latency` of the build: its output, the report."""
     report = b.probed.parent / f"{b.probed.name}-stat.json"
-    out = urewrite("stat", "--json", "-o", report, "--", *emulate(b.probed), *argv)
+    out = urewrite("stat", "--json", "--latency", "-o", report, "--", *emulate(b.probed),
+                   *argv)
     assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
     return out.stdout, json.loads(report.read_text())
 
@@ -614,7 +616,8 @@ class Rows:
 
 def run_traced(b: Build, argv: List[str], directory: Path) -> Rows:
     proc = run(emulate(b.probed) + argv,
-               env={R.ENV_VAR: str(directory), R.TRACE_ENV_VAR: str(1 << 17)})
+               env={R.ENV_VAR: str(directory), R.TRACE_ENV_VAR: str(1 << 17),
+                    R.LATENCY_ENV_VAR: "1"})
     assert (exit_status(proc.returncode), steady(proc.stdout)) \
         == (b.original[0], steady(b.original[1])), proc.stderr
     (path,) = directory.glob("*.ure")

@@ -39,7 +39,7 @@ def test_a_rewrite_reports_its_probes(rewritten):
 
 
 def test_a_command_run_counts_exactly(rewritten):
-    ran = api.run([rewritten.output])
+    ran = api.run([rewritten.output], latency=True)
     assert ran.exit_code == 3  # (counts.c exits with 3)
     for name, hits in EXPECTED.items():
         assert ran.counts.hits(name, "entry") == hits, name

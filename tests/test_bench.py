@@ -363,8 +363,8 @@ def test_collection_row():
 def test_python_loop_row(tmp_path):
     """--python FILE (#37: python3.11): FILE with every function probed at entry, and at
     entry and return, its loop of short runs (`FILE -S -c pass`) plain, armed and under
-    stat; the target judges the entries' ratio. (A short C program stands in for
-    python: it ignores its arguments.)"""
+    stat, then under stat --latency; the target judges the untimed rows. (A short C
+    program stands in for python: it ignores its arguments.)"""
     from urewrite.bench import collection
     source = tmp_path / "short.c"
     source.write_text("__attribute__((noinline)) int one(int x) { return x + 1; }\n"
@@ -372,7 +372,9 @@ def test_python_loop_row(tmp_path):
     program = str(tmp_path / "short")
     check(["gcc", "-O2", source, "-o", program])
     rows = collection.python_loops(str(tmp_path), program, runs=2, rounds=1)
-    assert [r["probes_given"] for r in rows] == ["entries", "entries and returns"]
+    assert [r["probes_given"] for r in rows] == ["entries", "entries and returns",
+                                                 "entries and returns, --latency"]
+    assert [r["latency"] for r in rows] == [False, False, True]
     for row in rows:
         assert row["probes"] >= 2 and row["runs"] == 2  # (one, main and the C runtime's)
         assert row["program"] == program
@@ -383,12 +385,14 @@ def test_python_loop_row(tmp_path):
     c = {"probes": 1, "runs": 2, "ms_per_process": 1, "stat_ratio": 1, "python": rows}
     judged = [t[0] for t in collection.collection_targets(c)]
     assert any("short, every function probed (entries)" in t for t in judged)
-    assert not any("entries and returns" in t for t in judged)
+    assert any("short, every function probed (entries and returns)" in t for t in judged)
+    assert not any("--latency" in t for t in judged)
     table = collection.format_collection_table(
         dict(c, functions=1, cpu_ms_per_process=1, first_region_ms=1, plain_s=1,
              armed_s=1, stat_s=1, stat_ratio_armed=1, stat_ms_per_process=1))
     assert "-S -c pass, every function probed (entries:" in table
-    assert "(entries and returns:" in table and "[not judged]" in table
+    assert "(entries and returns:" in table
+    assert "(entries and returns, --latency:" in table and "[not judged]" in table
 
 
 def test_big_file_rows(builder):

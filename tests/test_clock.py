@@ -29,12 +29,13 @@ pytestmark = pytest.mark.skipif(platform.machine() != "x86_64",
 NAPS = 3
 
 
-def _run(probed: Path, directory: Path):
-    """One run of the service with NAPS naps, armed in `directory`: its region, and
-    the clock fields of its header."""
+def _run(probed: Path, directory: Path, latency: bool = True):
+    """One run of the service with NAPS naps, armed in `directory` (calls timed, unless
+    not `latency`): its region, and the clock fields of its header."""
     before = set(directory.glob("*" + R.FILE_SUFFIX))
+    env = {R.ENV_VAR: str(directory), **({R.LATENCY_ENV_VAR: "1"} if latency else {})}
     proc = subprocess.run([probed], input=f"nap {NAPS}\nquit\n", capture_output=True,
-                          text=True, env=clean_env({R.ENV_VAR: str(directory)}), timeout=60)
+                          text=True, env=clean_env(env), timeout=60)
     assert proc.returncode == 0 and proc.stdout == f"ok nap {NAPS}\n", proc
     (path,) = set(directory.glob("*" + R.FILE_SUFFIX)) - before
     return R.read_region(str(path)), _clock(path)
@@ -138,10 +139,22 @@ def test_another_users_clock_file_is_not_trusted(probed, tmp_path):
 def test_latency_under_stat_uses_the_shared_rate(probed, tmp_path):
     script = tmp_path / "naps"
     script.write_text(f"nap {NAPS}\nquit\n")
-    run = stat(["sh", "-c", f'"{probed}" < "{script}"; "{probed}" < "{script}"'], tmp_path)
+    run = stat(["sh", "-c", f'"{probed}" < "{script}"; "{probed}" < "{script}"'], tmp_path,
+               latency=True)
     assert run.proc.returncode == 0, run.proc.stderr
     (nap,) = [p for p in run.probes if p["name"] == "nap" and p["kind"] == "return"]
     assert nap["hits"] == 2 * NAPS
     buckets = [b for b in nap["histogram"] if b["count"]]
     assert sum(b["count"] for b in buckets) == 2 * NAPS
     assert all(b["hi_ns"] > NAP_NS and b["lo_ns"] <= 8 * NAP_NS for b in buckets), buckets
+
+
+def test_untimed_calls_need_no_clock(probed, tmp_path):
+    """Latency not asked for (no event ring, no program): the set-up neither measures
+    the clock (2 ms a process) nor reads or leaves a clock file; the counts are exact."""
+    region, clock = _run(probed, tmp_path, latency=False)
+    assert clock == (0, 0, 0, 0, 0)
+    assert not (tmp_path / R.CLOCK_FILE).exists()
+    nap = [p for p in region.probes if p.name == "nap"]
+    assert [(p.kind, p.hits, p.histogram) for p in nap] == [("entry", NAPS, None),
+                                                            ("return", NAPS, None)]

@@ -118,9 +118,9 @@ def test_every_function_probed_runs_as_the_original(go_work, name):
     got = execute(probed)
     assert (got.returncode, got.stdout) == (0, want.stdout), got.stderr[-3000:]
     if "arm64" in name:
-        armed = stat([QEMU, probed], go_work)
+        armed = stat([QEMU, probed], go_work, latency=True)
     else:
-        armed = stat([probed], go_work)
+        armed = stat([probed], go_work, latency=True)
     assert (armed.proc.returncode, armed.proc.stdout) == (0, want.stdout), \
         armed.proc.stderr[-3000:]
     if name == "cgo":  # (exact where threads are told apart today: see the docstring)

@@ -95,7 +95,7 @@ def test_counts_equal_the_programs_own(programs, kind, tmp_path):
     original, probed = programs[kind]
     plain = check(_command(kind, original, GOROUTINES, EACH))
     assert check(_command(kind, probed, GOROUTINES, EACH)).stdout == plain.stdout  # disarmed
-    run_ = stat(_command(kind, probed, GOROUTINES, EACH), tmp_path)
+    run_ = stat(_command(kind, probed, GOROUTINES, EACH), tmp_path, latency=True)
     assert run_.proc.returncode == 0, run_.proc.stderr
     assert run_.proc.stdout == plain.stdout
     calls = _own_count(plain.stdout)
@@ -112,7 +112,7 @@ def _regions(kind: str, program: Path, tmp_path: Path, locked: bool = False):
     regions = tmp_path / "regions"
     regions.mkdir()
     check(_command(kind, program, GOROUTINES, EACH, *([1] if locked else [])),
-          env={"UREWRITE_DIR": str(regions)})
+          env={"UREWRITE_DIR": str(regions), "UREWRITE_LATENCY": "1"})
     (region,) = read_regions(str(regions))
     return region
 
@@ -200,7 +200,7 @@ def test_a_call_that_grows_its_stack_enters_twice_and_returns_once(growth, kind,
     original, probed = growth[kind]
     depth, rounds = 5000, 20
     plain = check(_command(kind, original, depth, rounds))
-    run_ = stat(_command(kind, probed, depth, rounds), tmp_path)
+    run_ = stat(_command(kind, probed, depth, rounds), tmp_path, latency=True)
     assert run_.proc.returncode == 0, run_.proc.stderr
     assert run_.proc.stdout == plain.stdout
     calls = _own_count(plain.stdout)
@@ -222,7 +222,7 @@ def test_calls_beyond_the_table_of_open_go_calls_are_counted(growth, kind, tmp_p
     holds: the entries that find no room give no sample, and their returns are counted
     as missed, never dropped; the table fills (nearly) up before any is missed."""
     depth = GO_CALLS + 20000
-    run_ = stat(_command(kind, growth[kind][1], depth, 1), tmp_path)
+    run_ = stat(_command(kind, growth[kind][1], depth, 1), tmp_path, latency=True)
     assert run_.proc.returncode == 0, run_.proc.stderr
     calls = _own_count(run_.proc.stdout)
     assert calls == depth + 1

@@ -26,7 +26,8 @@ SAMPLED = LATENCY_DEPTH * ROUNDS * THREADS
 def _region_after(command, tmp_path: Path):
     regions = tmp_path / "regions"
     regions.mkdir()
-    out = check([*command, DEPTH, ROUNDS, THREADS], env={"UREWRITE_DIR": str(regions)})
+    out = check([*command, DEPTH, ROUNDS, THREADS], env={"UREWRITE_DIR": str(regions),
+                                                        "UREWRITE_LATENCY": "1"})
     assert out.stdout.strip() == f"calls={CALLS}"  # (descend(n) returns n)
     (region,) = read_regions(str(regions))
     return region
@@ -48,19 +49,21 @@ def test_calls_beyond_the_stack_of_open_calls_are_counted(tmp_path):
     rewrite(program, probed, "descend", extra=["-r", "descend"])
     _check_region(_region_after([probed], tmp_path))
     # and `stat --json` reports them, as stat's stderr does
-    urewrite("stat", "--json", "-o", tmp_path / "stat.json", "--", probed, DEPTH, ROUNDS, THREADS)
+    urewrite("stat", "--json", "--latency", "-o", tmp_path / "stat.json", "--", probed, DEPTH,
+             ROUNDS, THREADS)
     report = json.loads((tmp_path / "stat.json").read_text())
     assert report["latency_missed"] == CALLS - SAMPLED and report["returns_missed"] == 0
     # and so does a live reader of a directory (stat --dir: the regions mapped)
     regions = tmp_path / "live"
     regions.mkdir()
-    check([probed, DEPTH, ROUNDS, THREADS], env={"UREWRITE_DIR": str(regions)})
+    check([probed, DEPTH, ROUNDS, THREADS], env={"UREWRITE_DIR": str(regions),
+                                                 "UREWRITE_LATENCY": "1"})
     live = urewrite("stat", "--dir", regions, "--duration", "0", "--json")
     assert json.loads(live.stdout)["latency_missed"] == CALLS - SAMPLED
     assert f"{CALLS - SAMPLED} returns of functions measured" in live.stderr
     # a loop of runs says so once, for all its processes
-    loop = urewrite("stat", "--", "sh", "-c", f"for i in 1 2 3; do {probed} {DEPTH} {ROUNDS} "
-                                             f"{THREADS}; done")
+    loop = urewrite("stat", "--latency", "--", "sh", "-c",
+                    f"for i in 1 2 3; do {probed} {DEPTH} {ROUNDS} {THREADS}; done")
     missed = [line for line in loop.stderr.splitlines() if "gave no sample" in line]
     assert missed == [f"urewrite: latency_depth.probed (3 processes): {3 * (CALLS - SAMPLED)} "
                       f"returns of functions measured for latency gave no sample (more than "

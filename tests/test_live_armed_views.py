@@ -75,7 +75,22 @@ def test_top_pid_shows_the_exact_totals_then_disarms(programs):
         code, out, err = stat.finish()
         assert code == 0, err
         assert hits(json.loads(out), "handle_request") == 321
+        assert not any("histogram" in p for p in json.loads(out)["probes"])  # calls untimed
         assert_disarmed(server, program)
+        # armed once more, timing calls: a sample per call, then untimed again
+        for latency, samples in ((True, 55), (False, None)):
+            stat = Tracer("stat", "--json", "-p", server.pid, "--duration", 1,
+                          *["--latency"] * latency)
+            stat.armed()
+            server.work(55)
+            code, out, err = stat.finish()
+            assert code == 0, err
+            (ret,) = [p for p in json.loads(out)["probes"]
+                      if (p["name"], p["kind"]) == ("handle_request", "return")]
+            assert ret["hits"] == 55
+            assert (sum(b["count"] for b in ret["histogram"]) if "histogram" in ret
+                    else None) == samples
+            assert_disarmed(server, program)
         assert server.stop() == 0
 
 
@@ -200,7 +215,7 @@ class ArmedExporter(Tracer):
     """`urewrite export -p PID --listen 127.0.0.1:0`: armed, then serving."""
 
     def __init__(self, pid):
-        super().__init__("export", "-p", pid, "--listen", "127.0.0.1:0")
+        super().__init__("export", "-p", pid, "--listen", "127.0.0.1:0", "--latency")
         self.armed()
         line = self.proc.stderr.readline()
         assert line.startswith("urewrite: serving http://"), line

@@ -86,6 +86,13 @@ def test_stat_dir_errors(tmp_path):
     assert neither.returncode == 2
     lone = urewrite("stat", "--duration", "1", "--", "true")
     assert lone.returncode == 2 and "--duration goes with --dir" in lone.stderr
+    # processes started with UREWRITE_DIR time calls as their own environment says
+    for command in ("stat", "top", "export"):
+        timed = urewrite(command, "--latency", "--dir", str(tmp_path), "--duration", "0",
+                         *(["--listen", "127.0.0.1:0"] if command == "export" else []))
+        assert timed.returncode == 2, timed.stderr
+        assert "--latency goes with a command, -p or --all" in timed.stderr
+        assert "UREWRITE_LATENCY=1" in timed.stderr and "Traceback" not in timed.stderr
 
 
 def test_stat_dir_skips_a_file_that_is_not_a_region_and_waits_for_one_being_set_up(

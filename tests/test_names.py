@@ -77,7 +77,7 @@ def test_entry_and_return_under_two_names(aliases, tmp_path):
     probed, result, _ = _rewrite(aliases, tmp_path, "-p", "total", "-r", "sum")
     assert _probes_at(result, aliases.own_functions["sum"]) == [("sum", "return"),
                                                                 ("total", "entry")]
-    run = stat([probed], tmp_path)
+    run = stat([probed], tmp_path, latency=True)
     hits = {(p["name"], p["kind"]): p["hits"] for p in run.probes}
     assert hits == {("total", "entry"): CALLS, ("sum", "return"): CALLS}
     [measured] = [p for p in run.probes if "histogram" in p]

@@ -61,7 +61,8 @@ def test_threads_that_hash_alike_still_get_rows_of_their_own(builder, tmp_path):
     rewrite(built.path, probed, "work", extra=["-r", "work"])
     regions = tmp_path / "regions"
     regions.mkdir()
-    assert run([probed, threads, calls, 1], env={ENV_VAR: str(regions)}).returncode == 0
+    assert run([probed, threads, calls, 1],
+               env={ENV_VAR: str(regions), "UREWRITE_LATENCY": "1"}).returncode == 0
     (region,) = read_regions(str(regions))
     owners = owner_threads(region.path)
     assert len(owners) == threads  # each has a row of its own

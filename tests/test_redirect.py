@@ -45,7 +45,8 @@ def urewrite(*args, env=None):
 
 
 def stat(command, env=None):
-    out = urewrite("stat", "--json", "--", *command, env=env)
+    """`stat --latency`: the output, the program's part of it, the report."""
+    out = urewrite("stat", "--json", "--latency", "--", *command, env=env)
     start = out.stdout.index('{\n  "exit_code"')  # the report follows the program's output
     return out, out.stdout[:start], json.loads(out.stdout[start:])
 

@@ -154,9 +154,9 @@ def test_compiled_layout_matches_region_py(build_dir):
         "    N(sizeof(struct urewrite_slot_owner)); N(offsetof(struct urewrite_slot_owner, counters));",
         "    N(UREWRITE_VERSION); N(UREWRITE_HEADER_SIZE); N(sizeof(UREWRITE_MAGIC) - 1);",
         "    N(UREWRITE_KIND_ENTRY); N(UREWRITE_KIND_RETURN); N(UREWRITE_KIND_USDT);",
-        "    N(UREWRITE_KIND_ADDRESS);",
-        "    printf(\"magic %s\\nenv %s\\nsuffix %s\\n\", UREWRITE_MAGIC, UREWRITE_ENV_VAR,",
-        "           UREWRITE_FILE_SUFFIX);",
+        "    N(UREWRITE_KIND_ADDRESS); N(UREWRITE_FLAG_LATENCY);",
+        "    printf(\"magic %s\\nenv %s\\nsuffix %s\\nlatency %s\\n\", UREWRITE_MAGIC,",
+        "           UREWRITE_ENV_VAR, UREWRITE_FILE_SUFFIX, UREWRITE_LATENCY_ENV_VAR);",
         "    return 0;",
         "}",
         ""]))
@@ -194,9 +194,10 @@ def test_compiled_layout_matches_region_py(build_dir):
         "UREWRITE_KIND_RETURN": region.KIND_RETURN,
         "UREWRITE_KIND_USDT": region.KIND_USDT,
         "UREWRITE_KIND_ADDRESS": region.KIND_ADDRESS,
+        "UREWRITE_FLAG_LATENCY": region.FLAG_LATENCY,
     }
     assert strings == {"magic": region.MAGIC.decode(), "env": region.ENV_VAR,
-                       "suffix": region.FILE_SUFFIX}
+                       "suffix": region.FILE_SUFFIX, "latency": region.LATENCY_ENV_VAR}
 
 
 @needs_gcc
@@ -244,6 +245,15 @@ def test_python_readers_sum_the_rows_in_use(tmp_path):
         for word in list(range(len(probes))) + [hist, hist + 63]:
             struct.pack_into("<Q", data, at + 8 * word, value * (word + 1))
     path = tmp_path / "server.probed-0123abcd.4242.ure"
+    path.write_bytes(bytes(data))
+    # calls not timed (latency not asked for): no histogram, whatever its words hold
+    assert [p.histogram for p in region.read_region(str(path)).probes] == [None] * 3
+    live = live_region.LiveRegion(str(path))
+    try:
+        assert live.read().histograms == [None] * 3
+    finally:
+        live.close()
+    struct.pack_into("<I", data, region.OFF_FLAGS, region.FLAG_LATENCY)
     path.write_bytes(bytes(data))
     total = sum(values.values())
     expected_hits = [total * (i + 1) for i in range(len(probes))]

@@ -212,6 +212,7 @@ def test_sums_are_exact_in_numpy_and_in_python(tmp_path, monkeypatch, numpy_word
         blob = bytearray(layout.region_size)
         blob[:len(template)] = template
         struct.pack_into("<i", blob, region.OFF_PID, pid)
+        struct.pack_into("<I", blob, region.OFF_FLAGS, region.FLAG_LATENCY)  # calls timed
         for row in (5, layout.slot_count):
             if row < layout.slot_count:
                 struct.pack_into("<Q", blob, layout.owners_offset + row * region.OWNER_ENTRY_SIZE,

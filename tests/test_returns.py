@@ -31,8 +31,8 @@ def urewrite(*args):
     return run([sys.executable, "-m", "urewrite", *args])
 
 
-def stat(command):
-    out = urewrite("stat", "--json", "--", *command)
+def stat(command, latency=True):
+    out = urewrite("stat", "--json", *["--latency"] * latency, "--", *command)
     start = out.stdout.index('{\n  "exit_code"')  # the report follows the program's output
     return out.returncode, out.stdout[:start], json.loads(out.stdout[start:])
 
@@ -101,10 +101,32 @@ def test_disarmed_behaviour_is_unchanged(returns):
 
 def test_latency_histogram_report(returns):
     _, probed, _ = returns
-    out = urewrite("stat", "--", probed, "threads")
+    out = urewrite("stat", "--latency", "--", probed, "threads")
     assert "returns.probed: work: latency from entry to return" in out.stdout
     bars = [l for l in out.stdout.splitlines() if re.match(r"\s+\d+ -> \d+\s+: \d+", l)]
     assert sum(int(l.split(":")[1].split()[0]) for l in bars) == 1000000
+
+
+def test_calls_are_timed_only_when_asked(returns):
+    """Without --latency (or UREWRITE_LATENCY=1 in the command's environment) the same
+    counts and no histogram; UREWRITE_LATENCY=0 asks for none."""
+    plain, probed, refused = returns
+    timed = stat([probed, "longjmp"])[2]
+    for env in ({}, {"UREWRITE_LATENCY": "0"}, {"UREWRITE_LATENCY": ""}):
+        proc = run([sys.executable, "-m", "urewrite", "stat", "--json", "--", probed,
+                    "longjmp"], env=env)
+        report = json.loads(proc.stdout[proc.stdout.index('{\n  "exit_code"'):])
+        assert [p["hits"] for p in report["probes"]] == [p["hits"] for p in timed["probes"]]
+        assert not any("histogram" in p for p in report["probes"]), env
+        assert report["latency_missed"] == 0
+        assert "latency" not in proc.stderr
+    proc = run([sys.executable, "-m", "urewrite", "stat", "--json", "--", probed, "longjmp"],
+               env={"UREWRITE_LATENCY": "1"})
+    report = json.loads(proc.stdout[proc.stdout.index('{\n  "exit_code"'):])
+    def samples(r):
+        return [sum(b["count"] for b in p["histogram"]) if "histogram" in p else None
+                for p in r["probes"]]
+    assert samples(report) == samples(timed) and "maybe_jump" not in refused
 
 
 def test_return_events_carry_the_return_value(returns):
@@ -204,7 +226,7 @@ def test_return_probes_in_a_shared_object(tmp_path):
     original = subprocess.run([tmp_path / "main"], capture_output=True, text=True,
                               env=dict(os.environ, LD_LIBRARY_PATH=str(tmp_path)))
     env = dict(os.environ, LD_LIBRARY_PATH=str(probed_dir))
-    out = subprocess.run([sys.executable, "-m", "urewrite", "stat", "--json", "--",
+    out = subprocess.run([sys.executable, "-m", "urewrite", "stat", "--json", "--latency", "--",
                           tmp_path / "main"], capture_output=True, text=True, env=env)
     start = out.stdout.index('{\n  "exit_code"')
     assert out.stdout[:start] == original.stdout

@@ -221,11 +221,13 @@ def test_regions_go_to_tmpfs_where_there_is_one(counts, tmp_path):
     ["-o", "f", "-o", "g", "--", "x"], ["ls"], ["--"], ["-o", "--", "--", "x"],
     ["--interval", "1", "--", "x"], ["-p", "1"], ["--js", "--", "x"], ["-ofile", "--", "x"],
     ["--output=", "--", "x"], ["--dir", "d", "--", "x"], ["--all", "--", "x"],
+    ["--latency", "--", "x"], ["--json", "--latency", "-o", "f", "--", "x"],
+    ["--latency", "--dir", "d", "--", "x"],
 ])
 def test_a_command_started_early_is_the_one_the_command_line_runs(args):
     """`stat ... -- COMMAND` runs and reports without click (urewrite/entry.py): only
     for a command line that click parses into running that very COMMAND, with the
-    same --json and -o."""
+    same --json, -o and --latency."""
     import click
     from urewrite.commands import stat as stat_command
     from urewrite.entry import stat_command as early
@@ -235,7 +237,8 @@ def test_a_command_started_early_is_the_one_the_command_line_runs(args):
     params = stat_command.make_context("stat", list(args)).params
     assert (params["interval"], params["directory"], params["pids"], params["all_of"],
             params["duration"]) == (None,) * 5
-    assert (list(params["command"]), params["as_json"], params["output"]) == tuple(started)
+    assert (list(params["command"]), params["as_json"], params["output"],
+            params["latency"]) == tuple(started)
     assert isinstance(stat_command, click.Command)
 
 
@@ -261,6 +264,7 @@ def test_ctrl_c_while_the_command_starts_goes_to_the_command(tmp_path):
 def test_stat_arms_with_the_variable_the_runtime_reads():
     from urewrite.reader import command_run
     assert command_run.ENV_VAR == ENV_VAR == region_layout.ENV_VAR
+    assert command_run.LATENCY_ENV_VAR == region_layout.LATENCY_ENV_VAR
 
 
 def test_a_closed_stdout_ends_stat_quietly(counts):

@@ -93,8 +93,8 @@ def _entries(probes, name: str) -> int:
 def test_a_server_whose_workers_switch_user(programs, tmp_path):
     """Every call counted once, in the parent (root) and in each worker (its region
     made before it switched user, it keeps counting into it); the histogram
-    (handle_request is probed at return too) holds a sample per call."""
-    run = stat(_server(programs), tmp_path)
+    (handle_request is probed at return too, calls timed) holds a sample per call."""
+    run = stat(_server(programs), tmp_path, latency=True)
     assert run.proc.returncode == 0, run.proc.stderr
     assert run.proc.stdout == f"served {SERVED}\n"
     assert run.report["processes"] == 1 + WORKERS

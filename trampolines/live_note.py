@@ -24,14 +24,16 @@ from typing import Dict, Optional
 
 SECTION = ".urewrite.live"
 MAGIC = b"URWLIVE\0"
-VERSION = 1
+VERSION = 2  # 2 added latency; 1 (files rewritten before it) is read too
 # region: the state word (0 not set up, 1 disarmed, else the region's address);
 # setup_lock: the thread setting up (0: none); started: environment read;
 # dir_too_long: the environment's value was too long; ring_entries: events asked
 # for (0: no ring); dir: the region directory (dir_max bytes and a NUL);
-# name: the region file name the runtime last made.
+# name: the region file name the runtime last made; latency: a byte, 1 when calls
+# are to be timed (version 1's runtime times them always and has no such byte).
 FIELDS = ("region", "setup_lock", "started", "dir_too_long", "ring_entries", "dir",
-          "dir_max", "name")
+          "dir_max", "name", "latency")
+FIELDS_BY_VERSION = {1: FIELDS[:-1], 2: FIELDS}
 TAG_SIZE = 64
 _HEAD = struct.Struct("<8sIIQQQQ")
 _OFFSETS = struct.Struct(f"<{len(FIELDS)}I")
@@ -65,14 +67,20 @@ def build(machine: int, link_table: int, state: int, state_size: int, semaphores
 
 def parse(data: bytes) -> Optional[LiveNote]:
     """The descriptor, or None when `data` is not one this version knows."""
-    if len(data) < SIZE:
+    if len(data) < _HEAD.size:
         return None
     magic, version, machine, link_table, state, state_size, semaphores = \
         _HEAD.unpack_from(data)
-    if magic != MAGIC or version != VERSION:
+    fields = FIELDS_BY_VERSION.get(version)
+    if magic != MAGIC or fields is None:
         return None
-    offsets = dict(zip(FIELDS, _OFFSETS.unpack_from(data, _HEAD.size)))
-    tag = data[_HEAD.size + _OFFSETS.size:SIZE].split(b"\0", 1)[0].decode("ascii", "replace")
+    offsets_layout = struct.Struct(f"<{len(fields)}I")
+    end = _HEAD.size + offsets_layout.size + TAG_SIZE
+    if len(data) < end:
+        return None
+    offsets = dict(zip(fields, offsets_layout.unpack_from(data, _HEAD.size)))
+    tag = data[_HEAD.size + offsets_layout.size:end].split(b"\0", 1)[0].decode("ascii",
+                                                                              "replace")
     return LiveNote(machine, link_table, state, state_size, semaphores, offsets, tag)
 
 

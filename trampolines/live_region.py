@@ -81,29 +81,32 @@ class LiveRegion:
             h.object
         self.slots, self.count = h.slots, h.count
 
-    def _sums(self) -> List[int]:
-        """Each u64 of a row (counters, then histograms) summed over the rows in use
-        and the shared row, every one read with one aligned 8-byte load (numpy's loads
-        of u64 elements on an 8-aligned mapping)."""
+    def _sums(self, timed: bool) -> List[int]:
+        """Each u64 of a row (counters, then histograms where calls are timed) summed
+        over the rows in use and the shared row, every one read with one aligned 8-byte
+        load (numpy's loads of u64 elements on an 8-aligned mapping)."""
         h = self.header
+        in_use = h.row_words if timed else h.count
         words = np.frombuffer(self._map, dtype="<u8", count=len(self._map) // 8)
         try:
             owners = words[h.owners_off // 8:][:h.slots * R.OWNER_ENTRY_SIZE // 8]
             rows = np.flatnonzero(owners[::R.OWNER_ENTRY_SIZE // 8]).tolist() + [h.slots]
-            sums = Sums(h.row_words)
+            sums = Sums(in_use)
             for slot in rows:
                 start = (h.counters_off + slot * h.stride) // 8
-                sums.add(0, words[start:start + h.row_words])
+                sums.add(0, words[start:start + in_use])
             return sums.values()
         finally:
             del words
 
     def read(self) -> RegionCounts:
-        sums = self._sums()
+        # (the flag is read each time: the set-up sets it after the pid a reader waits for)
+        timed = R.timed(self._map)
+        sums = self._sums(timed)
         hits = sums[:self.count]
         histograms: List[Optional[List[int]]] = []
         for p in self.probes:
-            if p.histogram < 0:
+            if p.histogram < 0 or not timed:
                 histograms.append(None)
                 continue
             base = self.count + R.LATENCY_BUCKETS * p.histogram
@@ -116,7 +119,7 @@ class LiveRegion:
                 events = words[(ring + R.RING_HEAD) // 8]
                 dropped = words[(ring + R.RING_DROPPED) // 8]
             returns_missed = words[R.OFF_RETURNS_MISSED // 8]
-            latency_missed = words[R.OFF_LATENCY_MISSED // 8]
+            latency_missed = words[R.OFF_LATENCY_MISSED // 8] if timed else 0
         finally:
             words.release()
         return RegionCounts(hits, histograms, events, dropped, returns_missed, bool(ring),

@@ -30,6 +30,10 @@ SLOT_COUNT = 256  # per-thread counter rows; a power of two (the hit path masks 
 FILE_SUFFIX = ".ure"
 ENV_VAR = "UREWRITE_DIR"
 TRACE_ENV_VAR = "UREWRITE_TRACE"  # ring entries: set, the region gets an event ring
+# set (to anything but "0"): functions probed at entry and return are timed, each call
+# two clock reads (stat --latency); unset, their probes only count
+LATENCY_ENV_VAR = "UREWRITE_LATENCY"
+FLAG_LATENCY = 1  # header flags: the calls of functions probed at entry and return are timed
 
 KIND_ENTRY, KIND_RETURN, KIND_USDT, KIND_ADDRESS = 1, 2, 3, 4
 KIND_NAMES = {KIND_ENTRY: "entry", KIND_RETURN: "return", KIND_USDT: "usdt",
@@ -228,6 +232,13 @@ class Region:
 
 class RegionError(Exception):
     pass
+
+
+def timed(header) -> bool:
+    """Whether a region's process timed the calls of functions probed at entry and
+    return (latency asked for): else its latency histograms and missed samples mean
+    nothing."""
+    return bool(struct.unpack_from("<I", header, OFF_FLAGS)[0] & FLAG_LATENCY)
 
 
 def read_region(path: str) -> Region:

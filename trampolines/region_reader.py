@@ -94,10 +94,16 @@ class Header(NamedTuple):
     returns_missed: int
     latency_missed: int
     template_key: tuple  # the fields that come from the rewrite's template
+    timed: bool = False  # latency was asked for: the histograms hold calls' durations
 
     @property
     def row_words(self) -> int:
         return self.count + R.LATENCY_BUCKETS * self.latency_count
+
+    @property
+    def words_in_use(self) -> int:
+        """A row's words that hold data: the histograms only where calls were timed."""
+        return self.row_words if self.timed else self.count
 
 
 def read_header(fd: int, path: str, file_size: int) -> Header:
@@ -113,6 +119,9 @@ def read_header(fd: int, path: str, file_size: int) -> Header:
     latency_count, = struct.unpack_from("<I", raw, R.OFF_LATENCY_COUNT)
     returns_missed, = struct.unpack_from("<Q", raw, R.OFF_RETURNS_MISSED)
     latency_missed, = struct.unpack_from("<Q", raw, R.OFF_LATENCY_MISSED)
+    timed = R.timed(raw)
+    if not timed:  # (a hit in the shared row adds to it, timed or not)
+        latency_missed = 0
     if size > file_size or count > MAX_PROBES or slots > MAX_SLOTS \
             or latency_count > min(count, R.MAX_HISTOGRAMS) \
             or not probes_off >= R.HEADER_SIZE \
@@ -127,7 +136,7 @@ def read_header(fd: int, path: str, file_size: int) -> Header:
     return Header(count, slots, probes_off, strings_off, owners_off, counters_off, stride,
                   pid, machine, bias, bid[:min(bid_size, 32)].hex(),
                   obj.split(b"\0")[0].decode(errors="replace"), latency_count,
-                  returns_missed, latency_missed, key)
+                  returns_missed, latency_missed, key, timed)
 
 
 class ProbeTable(NamedTuple):
@@ -225,6 +234,8 @@ class TableCache:
         try:
             if header.template_key not in self.by_template:
                 self.table(fd, header, path)
+                if header.row_words >= NUMPY_WORDS:
+                    __import__("numpy")  # (sums_for's: its 60 ms now, not after the run)
         except (OSError, R.RegionError):
             pass  # (a table read in vain is not read again: it may be 256 MB)
         finally:
@@ -290,10 +301,11 @@ class Sums:
         """Adds the little-endian u64 words of `data`."""
         self.add(first, self._np.frombuffer(data, dtype="<u8"))
 
-    def values(self) -> List[int]:
-        out = self.low.tolist()
+    def values(self, words: Optional[int] = None) -> List[int]:
+        """The first `words` sums (all of them without)."""
+        out = self.low[:words].tolist()
         if self.wraps is not None:
-            for i in self._np.flatnonzero(self.wraps).tolist():
+            for i in self._np.flatnonzero(self.wraps[:words]).tolist():
                 out[i] += int(self.wraps[i]) << 64
         return out
 
@@ -330,9 +342,9 @@ class ListSums:
             self.low = list(map(add, self.low, words))
             self._packed, self._rows = 0, 0
 
-    def values(self) -> List[int]:
+    def values(self, words: Optional[int] = None) -> List[int]:
         self._unpack()
-        return list(self.low)
+        return self.low[:words]
 
 
 def sums_for(words: int):
@@ -360,7 +372,7 @@ def read_counts(fd: int, header: Header, path: str, scratch: Scratch) -> Tuple[l
     owners = _little_endian("Q", _pread_exact(fd, header.slots * R.OWNER_ENTRY_SIZE,
                                               header.owners_off, path))
     claimed = [slot for slot, owner in enumerate(owners[::R.OWNER_ENTRY_SIZE // 8]) if owner]
-    row_bytes = 8 * header.row_words
+    row_bytes = 8 * header.words_in_use
     wanted = []  # (row's first byte, from, to)
     for slot in claimed + [header.slots]:
         row = header.counters_off + slot * header.stride
@@ -410,18 +422,22 @@ def read_counts_of(path: str, tables: TableCache,
     return RegionCounts(path, header, table, sums, threads)
 
 
-def to_region(counts: RegionCounts, with_probes: bool = True) -> R.Region:
+def to_region(counts: RegionCounts, with_probes: bool = True,
+              timed: Optional[bool] = None) -> R.Region:
+    """`timed`: whether the counts hold histograms of timed calls (the header's flag, or
+    for sums over several regions, whether any of them was timed)."""
     h, table = counts.header, counts.table
+    timed = h.timed if timed is None else timed
     region = R.Region(counts.path, h.pid, h.object, h.build_id, h.load_bias, h.machine,
                       threads=counts.threads, returns_missed=h.returns_missed,
                       latency_missed=h.latency_missed)
     if not with_probes:
         return region
-    values = counts.sums.values()
+    values = counts.sums.values(h.row_words if timed else h.count)
     buckets = R.LATENCY_BUCKETS
     first = h.count  # (histogram k: the words from first + buckets * k on)
     histograms = [None if k < 0 else values[first + buckets * k:first + buckets * (k + 1)]
-                  for k in table.histograms] if h.latency_count else repeat(None)
+                  for k in table.histograms] if h.latency_count and timed else repeat(None)
     # (map, not a loop: 10,000 probes of a process each time stat reports)
     region.probes = list(map(R.ProbeCount, table.names, table.kinds, table.addresses,
                              values[:h.count], histograms))
@@ -450,6 +466,7 @@ def collect_paths(paths: List[str], problems: Optional[List[str]] = None,
     read: List[Tuple[RegionCounts, bool]] = []  # (region, whether it shows the sums)
     shared: Dict[int, object] = {}
     shown = set()  # ids of the probe tables whose sums a region shows already
+    timed = set()  # ids of the probe tables with a region of timed calls
     for path in paths:
         try:
             counts = read_counts_of(path, tables, shared)
@@ -460,4 +477,6 @@ def collect_paths(paths: List[str], problems: Optional[List[str]] = None,
             continue
         read.append((counts, id(counts.table) not in shown))
         shown.add(id(counts.table))
-    return [to_region(counts, lead) for counts, lead in read]
+        if counts.header.timed:
+            timed.add(id(counts.table))
+    return [to_region(counts, lead, id(counts.table) in timed) for counts, lead in read]

@@ -57,6 +57,9 @@
 #define UREWRITE_BUILD_ID_MAX 32
 #define UREWRITE_OBJECT_MAX 256 /* object name, NUL included */
 #define UREWRITE_ENV_VAR "UREWRITE_DIR"
+/* set to 1 (beside UREWRITE_DIR): calls of functions probed at entry and return are
+   timed into their latency histograms; unset, they are only counted */
+#define UREWRITE_LATENCY_ENV_VAR "UREWRITE_LATENCY"
 #define UREWRITE_FILE_SUFFIX ".ure"
 
 /* urewrite_probe.kind */
@@ -88,7 +91,7 @@ struct urewrite_header {
     uint32_t machine;          /* ELF e_machine of the object (62 = x86_64) */
     int64_t load_bias;         /* run-time address minus link-time address */
     uint32_t build_id_size;    /* bytes used in build_id; 0 when none */
-    uint32_t flags;            /* 0; no flags are defined yet */
+    uint32_t flags;            /* UREWRITE_FLAG_* */
     uint8_t build_id[32];      /* GNU build ID of the original object */
     char object[256];          /* file name of the rewritten object, NUL-terminated */
     /* version 2: the event ring, present under `urewrite trace` (ring_offset 0: none) */
@@ -114,6 +117,9 @@ struct urewrite_header {
  * probe with a histogram has (histogram index + 1) in bits 16-31 of its kind.
  * Bits 8-15 hold 1 + the values the probe's events carry (0: not said). */
 #define UREWRITE_LATENCY_BUCKETS 64
+/* header flags: calls were timed (latency asked for); without it the histograms
+   and latency_missed hold nothing to read */
+#define UREWRITE_FLAG_LATENCY 1
 #define UREWRITE_KIND_MASK 0xff
 
 #define UREWRITE_CLOCK_TSC 1    /* x86_64 rdtsc */

@@ -19,6 +19,7 @@ PS_TRACE = 16  # ring entries asked for by UREWRITE_TRACE
 PS_PROGRAM = 24  # a probe program's mapped .program file (urewrite run), or 0
 PS_PROGRAM_MAPS = 32  # and its mapped .maps file
 PS_COMM = 40  # the process's name when the program was mapped (16 bytes)
+PS_LATENCY = 56  # a byte: 1 when UREWRITE_LATENCY asks for latency
 PS_TCB = 64
 PS_DIR = 256
 DIR_MAX = 4096 - 256 - 1
@@ -40,6 +41,7 @@ ASIDE_TOP = 4096
 # (page 1, x20, is 4096 bytes in; the file name is at x20 + 4096).
 LIVE_STATE = {"region": 0, "setup_lock": 8, "started": 4096 + PS_STARTED,
               "dir_too_long": 4096 + PS_TOO_LONG, "ring_entries": 4096 + PS_TRACE,
+              "latency": 4096 + PS_LATENCY,
               "dir": 4096 + PS_DIR, "dir_max": DIR_MAX, "name": 8192}
 LOST_MESSAGE = "urewrite: a redirected return address was lost; stopping"
 # stack below sp that trace_event_go asks of a goroutine before trace_event runs: more
@@ -88,7 +90,7 @@ def build(spec: RuntimeSpec) -> Runtime:
             "ASIDE_SP": ASIDE_SP, "ASIDE_BOTTOM": ASIDE_BOTTOM, "ASIDE_TOP": ASIDE_TOP,
             "PS_STARTED": PS_STARTED, "PS_TOO_LONG": PS_TOO_LONG, "PS_TCB": PS_TCB,
             "PS_DIR": PS_DIR, "DIR_MAX": DIR_MAX, "ENVBUF_PAGES": ENVBUF_PAGES,
-            "PS_TRACE": PS_TRACE, "CLOCK_KIND": region.CLOCK_CNTVCT,
+            "PS_TRACE": PS_TRACE, "PS_LATENCY": PS_LATENCY, "CLOCK_KIND": region.CLOCK_CNTVCT,
             "TRAMPOLINE_FRAME": trampoline.FRAME, "TF_X16": trampoline.FRAME_X16,
             "TF_X0": trampoline.FRAME_X0, "TF_LR": trampoline.FRAME_LR,
             "NO_REGISTER": arguments.NONE,

@@ -12,8 +12,8 @@
 // x20 = x19 + 4096, the state that survives fork: PS_STARTED, PS_TOO_LONG,
 // PS_TRACE (ring entries asked for by the trace variable), PS_PROGRAM and
 // PS_PROGRAM_MAPS (a probe program's mapped files, or 0), PS_COMM (the process's
-// name when they were mapped), PS_TCB (a stand-in thread control block before libc
-// sets one), PS_DIR (the variable's value);
+// name when they were mapped), PS_LATENCY (latency asked for), PS_TCB (a stand-in
+// thread control block before libc sets one), PS_DIR (the variable's value);
 // x20 + 4096: the region file name; x20 + 8192: a buffer for /proc/self/environ.
 
 link_table:
@@ -29,6 +29,7 @@ maps_magic:  .quad {MAPS_MAGIC}
 file_tag:    .byte {TAG_BYTES}
 var_name:    .ascii "{ENV_VAR}="
 trace_var_name: .ascii "{TRACE_VAR}="
+latency_var_name: .ascii "{LATENCY_VAR}="
 proc_environ: .ascii "/proc/self/environ"
              .byte 0
 program_suffix: .ascii "{PROGRAM_SUFFIX}"
@@ -159,7 +160,7 @@ cv_trace:
     adr x9, trace_var_name
     mov x10, #{TRACE_VAR_LEN}
     bl match_prefix
-    cbz x1, cv_done
+    cbz x1, cv_latency
     mov x9, #0                             // the ring size, in decimal, at most {RING_MAX}
     mov x13, #10
     mov x15, #{RING_MAX}
@@ -174,6 +175,18 @@ cv_digit:
     mov x9, x15
 cv_number:
     str x9, [x20, #{PS_TRACE}]
+    b cv_done
+cv_latency:
+    mov x1, x14
+    adr x9, latency_var_name
+    mov x10, #{LATENCY_VAR_LEN}
+    bl match_prefix
+    cbz x1, cv_done
+    ldrb w11, [x1]                         // timed unless the value is empty or "0..."
+    cmp w11, #0x30
+    ccmp w11, #0, #4, ne                   // (equal to "0": Z set, as if empty)
+    cset w11, ne
+    strb w11, [x20, #{PS_LATENCY}]
 cv_done:
     ldr x30, [sp], #16
     ret
@@ -374,6 +387,12 @@ sr_copied:
     ldr x10, [x9]
     sub x10, x9, x10
     str x10, [x24, #{OFF_LOAD_BIAS}]
+    ldrb w13, [x20, #{PS_LATENCY}]         // latency asked for: lat_enter and lat_exit time calls
+    cbz w13, sr_untimed                    // (x10, the load bias, is the semaphores')
+    ldr w13, [x24, #{OFF_FLAGS}]
+    orr w13, w13, #{FLAG_LATENCY}
+    str w13, [x24, #{OFF_FLAGS}]
+sr_untimed:
     // enable the probed USDT semaphores: the table after the template (8-aligned)
     ldr x11, [x9, #16]
     add x11, x9, x11
@@ -432,6 +451,8 @@ sr_touch_ring:
 sr_ring_ready:
     b sr_calibrate
 sr_untraced:
+    ldr w9, [x24, #{OFF_FLAGS}]
+    tbz w9, #0, sr_publish                 // (bit 0: FLAG_LATENCY)
     ldr w9, [x24, #{OFF_LATENCY_COUNT}]
     cbz w9, sr_publish
 sr_calibrate:                              // events and latencies need the clock
@@ -1353,6 +1374,7 @@ pfs_no:
 // stack pointer (its frame), on this thread's stack of open calls.
 // x0 = this thread's row, x16 = region, x17 = the site's sp (+ 1: Go code where x28
 // holds the goroutine, lat_enter_g). Preserves every register but x17, and the flags.
+// (Called only where the region's flags say latency was asked for.)
 lat_enter:
     tbnz x17, #0, lat_enter_g
     sub sp, sp, #48

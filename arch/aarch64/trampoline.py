@@ -174,11 +174,13 @@ def _exit_check(w: Writer, L: _Labels, point, rn: int) -> None:
         w.label(f"{L.below}{k}")
 
 
-def _latency(w: Writer, point, refs: RuntimeRefs, offset: int) -> None:
+def _latency(w: Writer, point, refs: RuntimeRefs, offset: int, untimed: str) -> None:
     """x0 = the row + `offset`, x16 = region. x17 = the site's sp, plus 1 where x28
-    holds the goroutine: the runtime then keys the call by goroutine, not by thread."""
+    holds the goroutine: the runtime then keys the call by goroutine, not by thread.
+    Nothing (on to `untimed`, after it) unless the region's flags ask for latency."""
     if not (point.enters or point.leaves):
         return
+    _unless_timed(w, untimed)
     if offset:
         _sub_imm(w, X0, X0, offset)  # x0 = the row
     w.str_(LR, SP, FRAME_LR)
@@ -189,6 +191,13 @@ def _latency(w: Writer, point, refs: RuntimeRefs, offset: int) -> None:
         w.mov_imm(X1, histogram)
         w.bl(refs.lat_exit)
     w.ldr(LR, SP, FRAME_LR)
+    w.label(untimed)
+
+
+def _unless_timed(w: Writer, untimed: str) -> None:
+    """On to `untimed` unless the region (x16) times calls; the flags untouched."""
+    w.ldr_w(X17, X16, region.OFF_FLAGS)
+    w.tbz(X17, region.FLAG_LATENCY.bit_length() - 1, untimed)
 
 
 def _point(w: Writer, L: _Labels, point, refs: RuntimeRefs, displaced, jump=None) -> None:
@@ -218,7 +227,7 @@ def _point(w: Writer, L: _Labels, point, refs: RuntimeRefs, displaced, jump=None
     offset = _count(w, probe_indexes, L.retry)
     # latency: in the thread's own row (found by the hash or by slow_hit); a hit
     # in the shared row goes unmeasured, but where pairs are kept by goroutine
-    _latency(w, point, refs, offset)
+    _latency(w, point, refs, offset, L.untimed)
     w.label(L.counted)  # x16 = region
     if point.redirect:  # a function entered here returns through its stub
         w.str_(LR, SP, FRAME_LR)
@@ -243,7 +252,9 @@ def _point(w: Writer, L: _Labels, point, refs: RuntimeRefs, displaced, jump=None
     w.cbz(X1, L.owned)
     offset = _count(w, probe_indexes, L.shared)
     if point.g_register:  # (x28 holds the goroutine: pairs need no row of the thread's own)
-        _latency(w, point, refs, offset)
+        _latency(w, point, refs, offset, L.untimed_shared)
+    elif point.leaves:
+        _unless_timed(w, L.counted)
     for k, _ in enumerate(() if point.g_register else point.leaves):
         w.add_imm(X0, X16, region.OFF_LATENCY_MISSED)  # a return without a sample: say so
         w.label(f"{L.missed}{k}")

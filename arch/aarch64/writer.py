@@ -98,6 +98,10 @@ class Writer:
         """tbnz xt, #bit, target: a test that sets no flags"""
         self._later("imm14", target, 0x37000000 | (bit >> 5) << 31 | (bit & 31) << 19 | rt)
 
+    def tbz(self, rt: int, bit: int, target) -> None:
+        """tbz xt, #bit, target: a test that sets no flags"""
+        self._later("imm14", target, 0x36000000 | (bit >> 5) << 31 | (bit & 31) << 19 | rt)
+
     def br(self, rn: int) -> None:
         self.word(0xD61F0000 | rn << 5)
 
@@ -158,6 +162,11 @@ class Writer:
     # -- memory --------------------------------------------------------------
     def ldr(self, rt: int, rn: int, offset: int = 0) -> None:
         self.word(0xF9400000 | (offset // 8) << 10 | rn << 5 | rt)
+
+    def ldr_w(self, rt: int, rn: int, offset: int = 0) -> None:
+        """ldr wt, [xn, #offset]: 32 bits, zero-extended"""
+        assert offset % 4 == 0
+        self.word(0xB9400000 | (offset // 4) << 10 | rn << 5 | rt)
 
     def str_(self, rt: int, rn: int, offset: int = 0) -> None:
         self.word(0xF9000000 | (offset // 8) << 10 | rn << 5 | rt)

@@ -15,6 +15,7 @@ from urewrite.arch.x86_64.writer import jmp_rel32
 PS_STARTED = 4096
 PS_DIR_TOO_LONG = 4096 + 8
 PS_TRACE = 4096 + 16  # ring entries asked for by UREWRITE_TRACE
+PS_LATENCY = 4096 + 25  # a byte: 1 when UREWRITE_LATENCY asks for latency (after FSBASE_USABLE)
 PS_PROGRAM = 4096 + 32  # a probe program's mapped .program file (urewrite run), or 0
 PS_PROGRAM_MAPS = 4096 + 40  # and its mapped .maps file
 PS_COMM = 4096 + 48  # the process's name when the program was mapped (16 bytes)
@@ -39,7 +40,8 @@ ASIDE_BOTTOM = 1024
 ASIDE_TOP = 4096
 # What a live tracer writes (trampolines/live_note.py): offsets in the state memory.
 LIVE_STATE = {"region": 0, "setup_lock": 8, "started": PS_STARTED,
-              "dir_too_long": PS_DIR_TOO_LONG, "ring_entries": PS_TRACE, "dir": PS_DIR,
+              "dir_too_long": PS_DIR_TOO_LONG, "ring_entries": PS_TRACE, "latency": PS_LATENCY,
+              "dir": PS_DIR,
               "dir_max": DIR_MAX, "name": PS_NAME}
 LOST_MESSAGE = "urewrite: a redirected return address was lost; stopping"
 
@@ -61,6 +63,7 @@ def build(spec: RuntimeSpec) -> Runtime:
             "PS_STARTED": PS_STARTED, "PS_DIR_TOO_LONG": PS_DIR_TOO_LONG, "PS_TCB": PS_TCB,
             "PS_DIR": PS_DIR, "DIR_MAX": DIR_MAX, "PS_NAME": PS_NAME,
             "PS_ENVBUF": PS_ENVBUF, "ENVBUF_SIZE": ENVBUF_SIZE, "PS_TRACE": PS_TRACE,
+            "PS_LATENCY": PS_LATENCY,
             "PS_PROGRAM": PS_PROGRAM, "PS_PROGRAM_MAPS": PS_PROGRAM_MAPS, "PS_COMM": PS_COMM,
             "CLOCK_KIND": region.CLOCK_TSC, "CLOCK_FILE": region.CLOCK_FILE,
             "CLOCK_FILE_MAGIC": hex(int.from_bytes(region.CLOCK_FILE_MAGIC, "little")),

@@ -11,7 +11,8 @@
 #                              [8] set-up in progress: fs base of the thread doing it
 #                              [{ASIDE_BUSY}] lazy_init_aside's stack in use, [{ASIDE_SP}] the rsp
 #                              it came from; that stack: [{ASIDE_BOTTOM}, {ASIDE_TOP})
-#   later pages survive fork:  PS_STARTED, FSBASE_USABLE (rdfsbase may run), PS_TCB (a stand-in thread control block
+#   later pages survive fork:  PS_STARTED, FSBASE_USABLE (rdfsbase may run), PS_LATENCY
+#                              (latency asked for), PS_TCB (a stand-in thread control block
 #                              before libc sets one up), PS_DIR (value of the
 #                              environment variable), PS_NAME, PS_ENVBUF
 
@@ -27,6 +28,7 @@ program_suffix: .asciz "{PROGRAM_SUFFIX}"
 own_maps_prefix: .asciz "/{OWN_MAPS_PREFIX}"
 var_name:    .ascii "{ENV_VAR}="
 trace_var_name: .ascii "{TRACE_VAR}="
+latency_var_name: .ascii "{LATENCY_VAR}="
 proc_environ: .ascii "/proc/self/environ"
              .byte 0
 clock_file:  .ascii "{CLOCK_FILE}"
@@ -153,12 +155,13 @@ consider_var:
     add rsp, 8
     jmp copy_dir
 cv_trace:
-    pop rsi
+    mov rsi, qword ptr [rsp]
     lea r11, [rip + trace_var_name]
     mov ecx, {TRACE_VAR_LEN}
     call match_prefix
     test rsi, rsi
-    jz cv_done
+    jz cv_latency
+    add rsp, 8
     xor eax, eax                           # the ring size, in decimal
 cv_digit:
     movzx edx, byte ptr [rsi]
@@ -172,6 +175,23 @@ cv_digit:
     jbe cv_digit
 cv_number:
     mov qword ptr [rbx + {PS_TRACE}], rax
+    ret
+cv_latency:
+    pop rsi
+    lea r11, [rip + latency_var_name]
+    mov ecx, {LATENCY_VAR_LEN}
+    call match_prefix
+    test rsi, rsi
+    jz cv_done
+    xor eax, eax                           # timed unless the value is empty or "0..."
+    movzx ecx, byte ptr [rsi]
+    test ecx, ecx
+    jz cv_timed
+    cmp ecx, 0x30
+    je cv_timed
+    inc eax
+cv_timed:
+    mov byte ptr [rbx + {PS_LATENCY}], al
 cv_done:
     ret
 
@@ -372,6 +392,10 @@ sr_no_ring:
     lea rax, [rip + link_table]
     sub rax, qword ptr [rip + lt_self]
     mov qword ptr [r10 + {OFF_LOAD_BIAS}], rax
+    cmp byte ptr [rbx + {PS_LATENCY}], 0   # latency asked for: lat_enter and lat_exit time calls
+    je sr_untimed
+    or dword ptr [r10 + {OFF_FLAGS}], {FLAG_LATENCY}
+sr_untimed:
     # enable the probed USDT semaphores: the table after the template (8-aligned)
     lea rsi, [rip + link_table]
     add rsi, qword ptr [rip + lt_template]
@@ -430,6 +454,8 @@ sr_untraced:
     call program_setup                     # a probe program takes the trace path too
     test eax, eax
     jnz sr_calibrate
+    test byte ptr [r10 + {OFF_FLAGS}], {FLAG_LATENCY}
+    jz sr_publish
     cmp dword ptr [r10 + {OFF_LATENCY_COUNT}], 0
     je sr_publish
 sr_calibrate:                              # events and latencies need the clock
@@ -1448,6 +1474,7 @@ fr_done:
 # stack pointer (its frame), on this thread's stack of open calls.
 # rsi = this thread's row, rdx = region, rcx = the site's rsp (+ 1: Go code where r14
 # holds the goroutine, lat_enter_g). Preserves everything but rcx and flags.
+# (Called only where the region's flags say latency was asked for.)
 lat_enter:
     test cl, 1
     jnz lat_enter_g

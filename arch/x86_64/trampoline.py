@@ -272,7 +272,7 @@ def armed_path(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
         w.add(Mem(RSI, disp=8 * index, disp32=True), 1)
     # latency: rsi = the thread's own row (a thread counting in the shared row has
     # no stack of open calls: only calls paired by goroutine are measured there)
-    _latency(w, point, refs, site_rsp)
+    _latency(w, point, refs, site_rsp, L.untimed)
     w.label(L.counted)
     if point.redirect:  # armed at a function entry: its return goes through its stub
         # (rsp-relative leas take a disp32 even where a byte would do: the bytes
@@ -314,8 +314,9 @@ def armed_path(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
     for index in probe_indexes:
         w.add(Mem(RSI, disp=8 * index, disp32=True), 1, lock=True)
     if point.g_register:  # pairs kept by goroutine need no row of the thread's own
-        _latency(w, point, refs, site_rsp)
-    else:
+        _latency(w, point, refs, site_rsp, L.untimed_shared)
+    elif point.leaves:
+        _unless_timed(w, L.counted)
         for _ in point.leaves:  # a return without a latency sample: the region says how many
             w.add(Mem(RDX, disp=region.OFF_LATENCY_MISSED), 1, lock=True)
     w.jmp(L.counted)
@@ -339,9 +340,13 @@ def armed_path(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
         w.jmp(L.resume)
 
 
-def _latency(w: Writer, point, refs: RuntimeRefs, site_rsp: int) -> None:
+def _latency(w: Writer, point, refs: RuntimeRefs, site_rsp: int, untimed: str) -> None:
     """rsi = the row, rdx = region. rcx = the site's rsp, plus 1 where r14 holds the
-    goroutine: the runtime then keys the call by goroutine, not by thread."""
+    goroutine: the runtime then keys the call by goroutine, not by thread. Nothing (on
+    to `untimed`, after it) unless the region's flags ask for latency."""
+    if not (point.enters or point.leaves):
+        return
+    _unless_timed(w, untimed)
     g = 1 if point.g_register else 0
     if point.enters:
         w.lea(RCX, Mem(RSP, disp=site_rsp + g, disp32=True))
@@ -350,6 +355,13 @@ def _latency(w: Writer, point, refs: RuntimeRefs, site_rsp: int) -> None:
         w.push(histogram, imm32=True)  # (a template's hole, or the same size without)
         w.lea(RCX, Mem(RSP, disp=site_rsp + 8 + g, disp32=True))
         w.call(refs.lat_exit)
+    w.label(untimed)
+
+
+def _unless_timed(w: Writer, untimed: str) -> None:
+    """On to `untimed` unless the region (rdx) times calls (flags: dead or saved here)."""
+    w.test_byte(Mem(RDX, disp=region.OFF_FLAGS), region.FLAG_LATENCY)
+    w.jcc("e", untimed)
 
 
 def _lazy_init(point, refs: RuntimeRefs) -> int:

@@ -367,6 +367,10 @@ class Writer:
     def cmp(self, left, right, imm32: bool = False) -> None:
         self._alu(_CMP, left, right, imm32)
 
+    def test_byte(self, dst, value: int) -> None:
+        """test r/m8, imm8"""
+        self._insn(b"\xf6", 0, dst, wide=False, imm=("<B", value))
+
     def test(self, left, right: Reg) -> None:
         """test r/m, reg"""
         bits = self._bits(left, right)

@@ -10,6 +10,7 @@ from typing import Dict, Optional
 from urewrite.errors import UrewriteError
 
 ENV_VAR = "UREWRITE_DIR"
+LATENCY_ENV_VAR = "UREWRITE_LATENCY"
 RUN_TIMEOUT = 900  # seconds, for any one run of a target
 
 
@@ -22,6 +23,6 @@ def log(message: str) -> None:
 
 
 def clean_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_VAR, LATENCY_ENV_VAR)}
     env.update(extra or {})
     return env

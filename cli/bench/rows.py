@@ -8,7 +8,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
-from urewrite.bench.common import ENV_VAR, BenchError, clean_env, log
+from urewrite.bench.common import ENV_VAR, LATENCY_ENV_VAR, BenchError, clean_env, log
 from urewrite.bench.kernel import KernelEvents, bpftrace_probe, run_bpftrace
 from urewrite.bench.live_row import live_row
 from urewrite.bench.program import TRIGGERS, run_trigger
@@ -67,8 +67,9 @@ def urewrite_row(binary: str, trigger: str, kind: str, iterations: int, threads:
         from urewrite.trampolines.region import read_regions
         regions = region_directory()
         try:
+            timed = {LATENCY_ENV_VAR: "1"} if kind == "entry+return" else {}  # (its histogram)
             ns = run_trigger(binary, trigger, iterations, threads,
-                             clean_env({ENV_VAR: regions}))
+                             clean_env({ENV_VAR: regions, **timed}))
             counted = {(p.name, p.kind): (p.hits, p.histogram)
                        for r in read_regions(regions) for p in r.probes}
         finally:

@@ -202,6 +202,15 @@ fn runs_of(sizes: &[i64], n: usize) -> Vec<(usize, usize)> {
     runs
 }
 
+/// What a panic carried: its message, where it was a string.
+fn panic_text(payload: &Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_string())
+}
+
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
@@ -268,8 +277,12 @@ fn sweep_functions<'py>(
                 .iter()
                 .map(|&run| scope.spawn(move || sweep_run(run)))
                 .collect();
-            let swept: Vec<Sweeps> =
-                handles.into_iter().map(|h| h.join().expect("a sweep thread panicked")).collect();
+            // (a thread's panic message, not only that there was one: the caller's
+            // error says what went wrong)
+            let swept: Vec<Sweeps> = handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|payload| panic!("a sweep thread panicked: {}", panic_text(&payload))))
+                .collect();
             swept
         })
     });
