@@ -169,6 +169,27 @@ def test_the_backend_sweeps_all_at_once_or_says_it_cannot(monkeypatch):
     assert backend.sweep(data[1:], 0x11).edges.tolist() == [0x11, 0x12, 0x13]
 
 
+def test_a_native_panic_falls_back_to_the_python_sweep(monkeypatch, capsys):
+    """A panic in the native sweep (pyo3's PanicException, a BaseException) leaves the
+    sweeping to Python, with a warning; any other error is raised as it was."""
+    class PanicException(BaseException):
+        pass
+
+    def panics(*_args):
+        raise PanicException("a sweep thread panicked: boom")
+    backend = X86_64Backend()
+    monkeypatch.setattr(linear_sweep, "native_sweeps", panics)
+    assert backend.sweep_all(b"\xc3", [(0, 1, 0x10)]) is None
+    assert "native sweep failed (a sweep thread panicked: boom); sweeping in Python" \
+        in capsys.readouterr().err
+
+    def fails(*_args):
+        raise ValueError("not a panic")
+    monkeypatch.setattr(linear_sweep, "native_sweeps", fails)
+    with pytest.raises(ValueError):
+        backend.sweep_all(b"\xc3", [(0, 1, 0x10)])
+
+
 def base_kind(name: str) -> int:
     from urewrite.arch import base
     return getattr(base, name)

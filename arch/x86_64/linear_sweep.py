@@ -73,7 +73,17 @@ def sweep_all(data: bytes, spans: Sequence[Tuple[int, int, int]],
     once; None without the native module (the caller then sweeps them as it goes)."""
     if native_sweep is None:
         return None
-    return native_sweeps(data, spans, undecodable)
+    try:
+        return native_sweeps(data, spans, undecodable)
+    except BaseException as e:  # (a Rust panic is a BaseException: pyo3's PanicException)
+        if type(e).__name__ != "PanicException":
+            raise
+        # never seen but once, under load, its message lost (it carries it now): the
+        # Python sweep, which tests hold the native one to, does the work instead
+        import sys
+        print(f"urewrite: warning: the native sweep failed ({e}); sweeping in Python",
+              file=sys.stderr)
+        return None
 
 
 def native_sweeps(data: bytes, spans: Sequence[Tuple[int, int, int]],
