@@ -265,3 +265,31 @@ def test_dlopen_of_a_rewritten_library(builder, tmp_path):
     st = stat([exe, probed], tmp_path)
     assert st.proc.returncode == 0 and st.proc.stdout == "55\n"
     assert st.hits("demo_fib") == 177  # 2 * F(11) - 1
+
+
+@pytest.mark.parametrize("link", ["pie", "static"])
+def test_a_thread_in_an_exited_threads_control_block_is_named_by_its_own_id(
+        builder, tmp_path, link):
+    """glibc starts a thread in the stack and thread control block of one joined before
+    it, and so in that thread's owner entry: events and a program's `tid` still name
+    each thread by its own id (the entry's id is checked against the word libc keeps
+    the thread's id in, which it sets for each new thread)."""
+    import re
+    built = builder.build("reused_threads", ["reused_threads.c"], ["-O2", "-pthread"],
+                          ["-pthread", f"-{link}"])
+    probed = tmp_path / "reused_threads.probed"
+    rewrite(built.path, probed, "work")
+    events = tmp_path / "events.jsonl"
+    traced = urewrite("trace", "--json", "-o", events, "--", probed)
+    assert traced.returncode == 0, traced.stderr
+    tids = [int(line.split()[1]) for line in traced.stdout.splitlines()]
+    assert len(set(tids)) == 4
+    seen = [json.loads(line)["tid"] for line in events.read_text().splitlines() if line.strip()]
+    assert seen == [tid for tid in tids for _ in range(3)]  # (CALLS in the sample)
+    program = f"uprobe:{probed}:work {{ @[tid] = count(); }}"
+    ran = urewrite("run", "-e", program, "--", probed)
+    assert ran.returncode == 0, ran.stderr
+    tids = [int(m.group(1)) for m in re.finditer(r"^thread (\d+)$", ran.stdout, re.M)]
+    keys = {int(m.group(1)): int(m.group(2))
+            for m in re.finditer(r"^@\[(\d+)\]: (\d+)$", ran.stdout, re.M)}
+    assert len(tids) == 4 and keys == {tid: 3 for tid in tids}

@@ -102,8 +102,10 @@ KIND_MASK = 0xFF  # a probe's kind field: kind in the low byte, histogram + 1 in
 ARGUMENTS_SHIFT = 8  # and 1 + the values its events carry in bits 8-15 (0: not said)
 MAX_HISTOGRAMS = 0xFFFF  # (histogram + 1 fits in those 16 bits)
 
-# owner entry: thread pointer, counter row address, kernel thread id
+# owner entry: thread pointer, counter row address, kernel thread id, and where the
+# thread's libc keeps its id (i32, from the thread pointer; 0: unknown): runtime state
 OWNER_TID = 16
+OWNER_TID_AT = 20
 
 # A thread's owner entry: its thread pointer times HASH_MULTIPLIER (mod 2^64),
 # (>> SLOT_SHIFT) & SLOT_MASK, is the entry's byte offset in the owner table: the

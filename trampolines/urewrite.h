@@ -159,8 +159,10 @@ struct urewrite_slot_owner {
                           row's owner, 0 = free */
     uint64_t counters; /* the row's address in the writer's address space: use
                           counters_offset + slot * slot_stride instead */
-    uint32_t tid;      /* the owner's kernel thread id, when tracing; else 0 */
-    uint32_t reserved32;
+    uint32_t tid;      /* the owner's kernel thread id, once an event or a probe
+                          program needed it; else 0 */
+    int32_t tid_at;    /* runtime state: where its libc keeps the id, as an offset
+                          from the thread pointer; 0 when unknown */
     uint64_t reserved;
 };
 
@@ -224,6 +226,7 @@ UREWRITE_EXTENSION_ _Static_assert(sizeof(struct urewrite_probe) == 16, "probe s
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_slot_owner, thread) == 0, "owner thread");
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_slot_owner, counters) == 8, "owner counters");
 UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_slot_owner, tid) == 16, "owner tid");
+UREWRITE_EXTENSION_ _Static_assert(offsetof(struct urewrite_slot_owner, tid_at) == 20, "owner tid_at");
 UREWRITE_EXTENSION_ _Static_assert(sizeof(struct urewrite_slot_owner) == 32, "owner size");
 
 #ifdef UREWRITE_UNDEF_STATIC_ASSERT_

@@ -554,17 +554,8 @@ sh_claim:
     b.ne sh_entry
     b sh_shared
 sh_free:
-    stlxr w3, x17, [x0]                    // claim the slot for this thread
-    cbnz w3, sh_claim
-    ldr x2, [x16, #{OFF_RING}]             // events name their thread: learn its id once
-    cbz x2, sh_owned
-    mov x2, x0
-    mov x3, x8
-    mov x8, #178                           // gettid
-    svc #0
-    str w0, [x2, #{OWNER_TID}]
-    mov x0, x2
-    mov x8, x3
+    stlxr w3, x17, [x0]                    // claim the slot for this thread (its id is
+    cbnz w3, sh_claim                      // learnt on first need: thread_tid)
 sh_owned:
     ldr x0, [x0, #8]                       // its counter row
     mov x1, #0
@@ -724,32 +715,10 @@ te_claim:
     mrs x10, cntvct_el0
     str x10, [x27, #{REC_TICKS}]
     str w25, [x27, #{REC_PROBE}]
-    // the thread id learnt when this thread claimed its row (0 in the shared row),
-    // looking where slow_hit does: from the hashed entry, {OWNER_PROBES} entries
-    mov w13, #0
-    mrs x10, tpidr_el0
-    cbz x10, te_tid
-{TRACE_SHARED_TP}
-    ldr x11, hash_k
-    mul x11, x10, x11
-    lsr x11, x11, #{SLOT_SHIFT}
-    and x11, x11, #{SLOT_MASK}             // x11 = the hashed entry's offset
-    ldr x12, [x24, #{OFF_OWNERS}]
-    add x12, x24, x12                      // x12 = the owner table
-    mov x14, #{OWNER_PROBES}
-te_owner:
-    ldr x15, [x12, x11]
-    cbz x15, te_tid                        // a free entry: this thread claimed none
-    cmp x15, x10
-    b.eq te_owned
-    add x11, x11, #{OWNER_ENTRY_SIZE}
-    and x11, x11, #{SLOT_MASK}
-    subs x14, x14, #1
-    b.ne te_owner
-    b te_tid
-te_owned:
-    add x11, x12, x11
-    ldr w13, [x11, #{OWNER_TID}]
+    // the thread's id (0 in the shared row): learnt on its first need (thread_tid)
+    bl thread_tid
+    ldr w9, [x24, #{OFF_RING_ENTRIES}]     // (x9, the position mask, again)
+    sub x9, x9, #1
 te_tid:
     str w13, [x27, #{REC_TID}]
     ldr x14, [x23], #8                     // argument count; x23 = the first descriptor
@@ -983,13 +952,18 @@ rp_no_comm:
 rp_none:
     ret
 
-// -> x13 = this thread's id as its owner entry holds it, learnt (gettid) on its first
-// program hit; 0 in the shared row. Looks where slow_hit does: from the hashed entry,
-// {OWNER_PROBES} entries. x24 = region. Clobbers x0, x8-x12, x16 and the flags.
+// -> x13 = this thread's kernel id (0 in the shared row): learnt (gettid) on its first
+// need, and again when a new thread has taken over an exited one's TCB and so its
+// owner entry (glibc reuses them): the entry keeps where the thread's libc keeps its
+// id, the word the kernel clears when the thread exits (prctl PR_GET_TID_ADDRESS),
+// which glibc sets for the next thread in the same TCB; a load and a compare check
+// it. Looks where slow_hit does: from the hashed entry, {OWNER_PROBES} entries.
+// x24 = region. Clobbers x0, x8-x12, x16 and the flags.
 thread_tid:
     mov x13, #0
     mrs x10, tpidr_el0
     cbz x10, tt_done
+{THREAD_SHARED_TP}
     ldr x11, hash_k
     mul x11, x10, x11
     lsr x11, x11, #{SLOT_SHIFT}
@@ -1010,11 +984,35 @@ tt_owner:
 tt_owned:
     add x11, x12, x11
     ldr w13, [x11, #{OWNER_TID}]
-    cbnz w13, tt_done
+    cbz w13, tt_learn                      // (its first need)
+    ldrsw x9, [x11, #{OWNER_TID_AT}]
+    cbz x9, tt_done
+    ldr w12, [x10, x9]
+    cmp w12, w13
+    b.eq tt_done                           // still this thread's
+tt_learn:
     mov x8, #178                           // gettid
     svc #0
     mov w13, w0
     str w13, [x11, #{OWNER_TID}]
+    str wzr, [x11, #{OWNER_TID_AT}]
+    stp xzr, x1, [sp, #-16]!               // [sp]: the word's address; x1 is the caller's
+    mov x0, #40                            // prctl(PR_GET_TID_ADDRESS, &address)
+    mov x1, sp
+    mov x8, #167
+    svc #0
+    ldp x9, x1, [sp], #16
+    cbnz x0, tt_done                       // (a kernel without it: no check)
+    cbz x9, tt_done                        // (none set: no check)
+    sub x9, x9, x10                        // from the thread pointer
+    sxtw x12, w9
+    cmp x12, x9
+    b.ne tt_done                           // (not within 2 GiB of it: no check)
+    cbz x9, tt_done
+    ldr w12, [x10, x9]
+    cmp w12, w13
+    b.ne tt_done                           // (a word that is not the id: no check)
+    str w9, [x11, #{OWNER_TID_AT}]
 tt_done:
     ret
 

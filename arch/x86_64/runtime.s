@@ -574,16 +574,7 @@ sh_shared:
     add rsi, rdx
     test rsp, rsp                          # ZF = 0: the shared row
     ret
-sh_claimed:
-    cmp qword ptr [rdx + {OFF_RING}], 0    # events name their thread: learn its id once
-    je sh_own
-    push rcx
-    push r11
-    mov eax, 186                           # gettid
-    syscall
-    pop r11
-    pop rcx
-    mov dword ptr [rdi + {OWNER_TID}], eax
+sh_claimed:                                # (its id is learnt on first need: thread_owner)
 sh_own:
     mov rsi, qword ptr [rdi + 8]
     pop r8
@@ -918,7 +909,8 @@ rc_none:
     ret
 
 # -> rdi = this thread's entry in the owner table, or 0 (a thread in the shared row),
-# esi = the thread id learnt when the thread claimed its row (0 if none yet).
+# esi = its kernel thread id (0 in the shared row): learnt once (learn_tid), and again
+# when a new thread has taken over an exited one's TCB and so its entry.
 # (Looking where slow_hit does: from the hashed entry, {OWNER_PROBES} entries.)
 # r8 = region. Clobbers rax, rcx, rdx.
 thread_owner:
@@ -946,7 +938,63 @@ to_look:
 to_found:
     add rdi, rdx
     mov esi, dword ptr [rdi + {OWNER_TID}]
+    test esi, esi
+    jz to_learn                            # (a row claimed while untraced)
+    movsxd rdx, dword ptr [rdi + {OWNER_TID_AT}]
+    test rdx, rdx
+    jz to_done
+    cmp esi, dword ptr [rcx + rdx]         # still this thread's? glibc gives an exited
+    je to_done                             # thread's TCB, so its entry, to a new thread
+to_learn:
+    call learn_tid
 to_done:
+    ret
+
+# rdi = a thread's owner entry, rcx = its thread identity -> esi = its kernel thread id,
+# learnt now (gettid), and where its libc keeps it: the word the kernel clears when the
+# thread exits (prctl PR_GET_TID_ADDRESS), which glibc sets to the id of the next thread
+# it starts in the same TCB, so thread_owner sees that thread (a load and a compare).
+# Kept as an offset from the thread identity where the word holds the id now; else 0.
+# Preserves every register but rax, rsi and flags.
+learn_tid:
+    push rcx                               # the thread identity
+    push rdx
+    push rdi                               # the entry
+    push r11
+    push 0                                 # [rsp]: the word's address, from prctl
+    mov eax, 186                           # gettid
+    syscall
+    mov rdi, qword ptr [rsp + 16]
+    mov dword ptr [rdi + {OWNER_TID}], eax
+    mov dword ptr [rdi + {OWNER_TID_AT}], 0
+    push rax                               # the id; the address now at [rsp + 8]
+    mov edi, 40                            # prctl(PR_GET_TID_ADDRESS, &address)
+    lea rsi, [rsp + 8]
+    mov eax, 157
+    syscall
+    pop rsi                                # esi = the id
+    test rax, rax
+    jnz lt_done                            # (a kernel without it: no check)
+    mov rax, qword ptr [rsp]
+    test rax, rax
+    jz lt_done                             # (none set: no check)
+    mov rdx, qword ptr [rsp + 32]
+    sub rax, rdx                           # from the thread identity
+    movsxd rcx, eax
+    cmp rcx, rax
+    jne lt_done                            # (not within 2 GiB of it: no check)
+    test rax, rax
+    jz lt_done
+    cmp dword ptr [rdx + rax], esi
+    jne lt_done                            # (a word that is not the id: no check)
+    mov rdi, qword ptr [rsp + 16]
+    mov dword ptr [rdi + {OWNER_TID_AT}], eax
+lt_done:
+    add rsp, 8
+    pop r11
+    pop rdi
+    pop rdx
+    pop rcx
     ret
 
 # The probe program's function for probe r13d, if a tracer loaded one (urewrite run):
@@ -1018,16 +1066,7 @@ rp_args_done:
     mov qword ptr [rsp + {CTX_PID}], rax
     test byte ptr [r9 + 48], {USES_TID}    # what the code reads, and no more (r9: the program)
     jz rp_no_tid
-    call thread_owner
-    test esi, esi
-    jnz rp_tid
-    test rdi, rdi                          # a thread learns its id once, on its first
-    jz rp_tid                              # program hit (the shared row's: 0)
-    mov eax, 186                           # gettid
-    syscall
-    mov esi, eax
-    mov dword ptr [rdi + {OWNER_TID}], eax
-rp_tid:
+    call thread_owner                      # (the shared row's: 0)
     mov qword ptr [rsp + {CTX_TID}], rsi
 rp_no_tid:                                 # (nor anything it does not read)
     test byte ptr [r9 + 48], {USES_NSECS}
