@@ -35,7 +35,7 @@ def common_fields(spec: RuntimeSpec) -> dict:
         "OFF_OWNERS": region.OFF_OWNERS, "OFF_COUNTERS": region.OFF_COUNTERS,
         "OFF_SLOT_COUNT": region.OFF_SLOT_COUNT, "OFF_SLOT_STRIDE": region.OFF_SLOT_STRIDE,
         "OWNER_ENTRY_SIZE": region.OWNER_ENTRY_SIZE, "OWNER_TID": region.OWNER_TID,
-        "OWNER_TID_AT": region.OWNER_TID_AT,
+        "OWNER_TID_AT": region.OWNER_TID_AT, "THREAD_NAMES": region.THREAD_NAMES,
         "TRACE_VAR": region.TRACE_ENV_VAR, "TRACE_VAR_LEN": len(region.TRACE_ENV_VAR) + 1,
         "LATENCY_VAR": region.LATENCY_ENV_VAR,
         "LATENCY_VAR_LEN": len(region.LATENCY_ENV_VAR) + 1,

@@ -18,6 +18,7 @@ from probe_programs import MATRIX_PROGRAM, PROGRAM, maps_of, ties_sorted
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(ROOT, "samples", "programs", "values.c")
+NAMED_THREADS = os.path.join(ROOT, "samples", "named_threads.c")
 
 pytestmark = pytest.mark.skipif(platform.machine() != "x86_64",
                                 reason="probe programs run in x86_64 files for now")
@@ -469,3 +470,26 @@ def test_print_with_top_and_div_prints_what_bpftrace_prints(files):
         return lines
     assert printed(ours.stdout) == printed(theirs.stdout.split("\n", 1)[1])
     assert "@s[4]: 7164\n" in ours.stdout and "@n: 333\n" in ours.stdout
+
+
+def test_comm_is_each_threads_own_name(tmp_path):
+    """`comm` is the thread's own name, as bpftrace gives it: threads named by
+    pthread_setname_np, one started in an exited thread's TCB (so in its owner entry)."""
+    plain = tmp_path / "named_threads"
+    subprocess.run(["gcc", "-O2", "-pthread", NAMED_THREADS, "-o", str(plain)], check=True)
+    (tmp_path / "rw").mkdir()
+    rewritten = tmp_path / "rw" / "named_threads"  # (the same name: the same comm for main)
+    proc = urewrite(str(plain), "-p", "work", "-o", str(rewritten), "-q")
+    assert proc.returncode == 0, proc.stderr
+    program = "uprobe:PATH:work { @[comm] = count(); @calls[comm, tid] = count(); }"
+    ours = urewrite("run", "-e", program.replace("PATH", str(rewritten)), "--",
+                    str(rewritten), "late")
+    assert ours.returncode == 0, ours.stderr
+    names = {line for line in ours.stdout.splitlines() if line.startswith("@[")}
+    assert names == {"@[worker-0]: 3", "@[worker-1]: 4", "@[worker-2]: 5", "@[worker-7]: 10"}
+    theirs = _bpftrace(program.replace("PATH", str(plain)), f"{plain} late")
+    assert theirs.returncode == 0, theirs.stderr
+    assert names == {line for line in theirs.stdout.splitlines() if line.startswith("@[")}
+    # a thread per (comm, tid) key: each worker's own id, none shared
+    keys = [line for line in ours.stdout.splitlines() if line.startswith("@calls[")]
+    assert len(keys) == 4 and len({k.split(",")[1] for k in keys}) == 4

@@ -106,6 +106,12 @@ MAX_HISTOGRAMS = 0xFFFF  # (histogram + 1 fits in those 16 bits)
 # thread's libc keeps its id (i32, from the thread pointer; 0: unknown): runtime state
 OWNER_TID = 16
 OWNER_TID_AT = 20
+# After the owner table, a thread name (comm, NUL-padded) per entry, runtime state: what
+# a probe program's `comm` reads, learnt on the thread's first need (prctl PR_GET_NAME).
+# Entry k's name is at owners_offset + THREAD_NAMES + k * COMM_SIZE.
+COMM_SIZE = 16
+THREAD_NAMES = OWNER_ENTRY_SIZE * SLOT_COUNT
+assert 2 * COMM_SIZE == OWNER_ENTRY_SIZE  # (the runtime halves an entry's offset)
 
 # A thread's owner entry: its thread pointer times HASH_MULTIPLIER (mod 2^64),
 # (>> SLOT_SHIFT) & SLOT_MASK, is the entry's byte offset in the owner table: the
@@ -175,7 +181,7 @@ def layout_for(probes: List[ProbeInfo], go_program: bool = False) -> Layout:
     probes_offset = HEADER_SIZE
     strings_offset = probes_offset + PROBE_ENTRY_SIZE * len(probes)
     owners_offset = _align(strings_offset + names_size, 64)
-    counters_offset = _align(owners_offset + OWNER_ENTRY_SIZE * SLOT_COUNT, 64)
+    counters_offset = _align(owners_offset + (OWNER_ENTRY_SIZE + COMM_SIZE) * SLOT_COUNT, 64)
     stride = _align(max(row_bytes(len(probes), histograms(probes)), 8), 64)
     size = _align(counters_offset + stride * (SLOT_COUNT + 1), 4096)
     go_calls = 0

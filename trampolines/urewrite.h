@@ -30,6 +30,7 @@
  *     probe table     probe_count x struct urewrite_probe
  *     names           NUL-terminated strings
  *     owner table     slot_count x struct urewrite_slot_owner
+ *     thread names    slot_count x 16 bytes (runtime state: the owners' comm)
  *     counters        (slot_count + 1) rows of slot_stride bytes, one uint64_t
  *                     per probe; the last row is shared by every thread
  *

@@ -104,7 +104,7 @@ def build(spec: RuntimeSpec) -> Runtime:
             "OFF_LATENCY_MISSED": region.OFF_LATENCY_MISSED,
             "LOST_MESSAGE": LOST_MESSAGE, "LOST_MESSAGE_SIZE": len(LOST_MESSAGE) + 1,
             "SLOW_HIT_SHARED_TP": _unless_shared(spec, "x17", "sh_shared", "x2", "x3"),
-            "THREAD_SHARED_TP": _unless_shared(spec, "x10", "tt_done", "x11", "x12"),
+            "THREAD_SHARED_TP": _unless_shared(spec, "x10", "tt_none", "x11", "x12"),
             "SHADOW_SHARED_TP": _unless_shared(spec, "x9", "ss_done", "x10", "x1"),
             "TRACE_ROOM": TRACE_ROOM,
             "PS_PROGRAM": PS_PROGRAM, "PS_PROGRAM_MAPS": PS_PROGRAM_MAPS, "PS_COMM": PS_COMM,

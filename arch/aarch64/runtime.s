@@ -937,7 +937,8 @@ rp_no_tid:
 rp_no_nsecs:
     ldr x10, [x25, #48]
     tbz x10, #{USES_COMM_BIT}, rp_no_comm
-    ldp x10, x11, [x20, #{PS_COMM}]        // (the name is at most 15 bytes and a NUL)
+    bl thread_comm
+    ldp x10, x11, [x12]                    // (the name is at most 15 bytes and a NUL)
     stp x10, x11, [sp, #{CTX_COMM}]
     stp xzr, xzr, [sp, #{CTX_COMM} + 16]
     stp xzr, xzr, [sp, #{CTX_COMM} + 32]
@@ -952,17 +953,44 @@ rp_no_comm:
 rp_none:
     ret
 
+// -> x12 = this thread's name (comm), learnt (prctl PR_GET_NAME) on its first need and
+// kept in the table after the owner table; the process's name in the shared row.
+// x24 = region, x20 = state. Clobbers x0, x8-x11, x13, x16 and the flags.
+thread_comm:
+    str x30, [sp, #-16]!
+    bl thread_tid                          // (a new thread in an old TCB: name forgotten)
+    add x12, x20, #{PS_COMM}
+    cbz x11, tc_done
+    ldr x12, [x24, #{OFF_OWNERS}]
+    sub x9, x11, x24
+    sub x9, x9, x12                        // the entry's offset in the owner table
+    add x12, x12, x9, lsr #1               // (names are half an entry's size)
+    add x12, x12, x24
+    mov x9, #{THREAD_NAMES}
+    add x12, x12, x9
+    ldrb w9, [x12]
+    cbnz w9, tc_done
+    stp x1, x12, [sp, #-16]!
+    mov x0, #16                            // prctl(PR_GET_NAME, name)
+    mov x1, x12
+    mov x8, #167
+    svc #0
+    ldp x1, x12, [sp], #16
+tc_done:
+    ldr x30, [sp], #16
+    ret
+
 // -> x13 = this thread's kernel id (0 in the shared row): learnt (gettid) on its first
 // need, and again when a new thread has taken over an exited one's TCB and so its
 // owner entry (glibc reuses them): the entry keeps where the thread's libc keeps its
 // id, the word the kernel clears when the thread exits (prctl PR_GET_TID_ADDRESS),
 // which glibc sets for the next thread in the same TCB; a load and a compare check
-// it. Looks where slow_hit does: from the hashed entry, {OWNER_PROBES} entries.
-// x24 = region. Clobbers x0, x8-x12, x16 and the flags.
+// it. Looks where slow_hit does: from the hashed entry, {OWNER_PROBES} entries;
+// x11 = the entry, or 0. x24 = region. Clobbers x0, x8-x12, x16 and the flags.
 thread_tid:
     mov x13, #0
     mrs x10, tpidr_el0
-    cbz x10, tt_done
+    cbz x10, tt_none
 {THREAD_SHARED_TP}
     ldr x11, hash_k
     mul x11, x10, x11
@@ -973,14 +1001,16 @@ thread_tid:
     mov x16, #{OWNER_PROBES}
 tt_owner:
     ldr x9, [x12, x11]
-    cbz x9, tt_done                        // a free entry: this thread claimed none
+    cbz x9, tt_none                        // a free entry: this thread claimed none
     cmp x9, x10
     b.eq tt_owned
     add x11, x11, #{OWNER_ENTRY_SIZE}
     and x11, x11, #{SLOT_MASK}
     subs x16, x16, #1
     b.ne tt_owner
-    b tt_done
+tt_none:
+    mov x11, #0
+    ret
 tt_owned:
     add x11, x12, x11
     ldr w13, [x11, #{OWNER_TID}]
@@ -991,6 +1021,14 @@ tt_owned:
     cmp w12, w13
     b.eq tt_done                           // still this thread's
 tt_learn:
+    ldr x12, [x24, #{OFF_OWNERS}]          // a new thread: its name is learnt again too
+    sub x9, x11, x24
+    sub x9, x9, x12                        // the entry's offset in the owner table
+    add x12, x12, x9, lsr #1               // (names are half an entry's size)
+    add x12, x12, x24
+    mov x9, #{THREAD_NAMES}
+    add x12, x12, x9
+    stp xzr, xzr, [x12]
     mov x8, #178                           // gettid
     svc #0
     mov w13, w0

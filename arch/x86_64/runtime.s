@@ -950,6 +950,35 @@ to_learn:
 to_done:
     ret
 
+# r8 = region, rdi = an owner entry -> rax = the entry's thread name (the table after
+# the owner table: half an entry's size each). Clobbers flags.
+thread_name:
+    mov rax, rdi
+    sub rax, r8
+    sub rax, qword ptr [r8 + {OFF_OWNERS}] # the entry's offset in the owner table
+    shr rax, 1
+    add rax, qword ptr [r8 + {OFF_OWNERS}]
+    lea rax, [r8 + rax + {THREAD_NAMES}]
+    ret
+
+# -> rsi = this thread's name (comm), learnt (prctl PR_GET_NAME) on its first need and
+# kept in the table after the owner table; the process's name in the shared row.
+# r8 = region, rbx = state. Clobbers rax, rcx, rdx, rdi, r11 and flags.
+thread_comm:
+    call thread_owner                      # (a new thread in an old TCB: name forgotten)
+    lea rsi, [rbx + {PS_COMM}]
+    test rdi, rdi
+    jz tc_done
+    call thread_name
+    mov rsi, rax
+    cmp byte ptr [rsi], 0
+    jne tc_done
+    mov edi, 16                            # prctl(PR_GET_NAME, name)
+    mov eax, 157
+    syscall
+tc_done:
+    ret
+
 # rdi = a thread's owner entry, rcx = its thread identity -> esi = its kernel thread id,
 # learnt now (gettid), and where its libc keeps it: the word the kernel clears when the
 # thread exits (prctl PR_GET_TID_ADDRESS), which glibc sets to the id of the next thread
@@ -961,6 +990,9 @@ learn_tid:
     push rdx
     push rdi                               # the entry
     push r11
+    call thread_name                       # (a new thread: the name is learnt again too)
+    mov qword ptr [rax], 0
+    mov qword ptr [rax + 8], 0
     push 0                                 # [rsp]: the word's address, from prctl
     mov eax, 186                           # gettid
     syscall
@@ -1082,9 +1114,10 @@ rp_no_tid:                                 # (nor anything it does not read)
 rp_no_nsecs:
     test byte ptr [r9 + 48], {USES_COMM}
     jz rp_no_comm
-    mov rax, qword ptr [rbx + {PS_COMM}]
+    call thread_comm
+    mov rax, qword ptr [rsi]
     mov qword ptr [rsp + {CTX_COMM}], rax
-    mov rax, qword ptr [rbx + {PS_COMM} + 8]
+    mov rax, qword ptr [rsi + 8]
     mov qword ptr [rsp + {CTX_COMM} + 8], rax
     xor eax, eax                           # (the name is at most 15 bytes and a NUL)
     mov qword ptr [rsp + {CTX_COMM} + 16], rax
