@@ -953,6 +953,18 @@ rp_no_comm:
 rp_none:
     ret
 
+// x11 = an owner entry, x24 = region -> x12 = the entry's thread name (in the table
+// after the owner table: half an entry's size each). Clobbers x9.
+thread_name:
+    ldr x12, [x24, #{OFF_OWNERS}]
+    sub x9, x11, x24
+    sub x9, x9, x12                        // the entry's offset in the owner table
+    add x12, x12, x9, lsr #1
+    add x12, x12, x24
+    mov x9, #{THREAD_NAMES}
+    add x12, x12, x9
+    ret
+
 // -> x12 = this thread's name (comm), learnt (prctl PR_GET_NAME) on its first need and
 // kept in the table after the owner table; the process's name in the shared row.
 // x24 = region, x20 = state. Clobbers x0, x8-x11, x13, x16 and the flags.
@@ -961,13 +973,7 @@ thread_comm:
     bl thread_tid                          // (a new thread in an old TCB: name forgotten)
     add x12, x20, #{PS_COMM}
     cbz x11, tc_done
-    ldr x12, [x24, #{OFF_OWNERS}]
-    sub x9, x11, x24
-    sub x9, x9, x12                        // the entry's offset in the owner table
-    add x12, x12, x9, lsr #1               // (names are half an entry's size)
-    add x12, x12, x24
-    mov x9, #{THREAD_NAMES}
-    add x12, x12, x9
+    bl thread_name
     ldrb w9, [x12]
     cbnz w9, tc_done
     stp x1, x12, [sp, #-16]!
@@ -1021,13 +1027,9 @@ tt_owned:
     cmp w12, w13
     b.eq tt_done                           // still this thread's
 tt_learn:
-    ldr x12, [x24, #{OFF_OWNERS}]          // a new thread: its name is learnt again too
-    sub x9, x11, x24
-    sub x9, x9, x12                        // the entry's offset in the owner table
-    add x12, x12, x9, lsr #1               // (names are half an entry's size)
-    add x12, x12, x24
-    mov x9, #{THREAD_NAMES}
-    add x12, x12, x9
+    str x30, [sp, #-16]!
+    bl thread_name                         // a new thread: its name is learnt again too
+    ldr x30, [sp], #16
     stp xzr, xzr, [x12]
     mov x8, #178                           // gettid
     svc #0
