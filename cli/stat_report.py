@@ -96,10 +96,12 @@ def report(exit_code: int, regions, as_json: bool, programs=()) -> str:
             probes.append(probe)
         # calls whose return was not seen, and returns that gave no latency sample:
         # never dropped silently (stderr says so too)
+        # and whether calls were timed at all (--latency): no histogram says nothing else
         shown = {"exit_code": exit_code, "processes": len({r.pid for r in regions}),
                  "probes": probes,
                  "returns_missed": sum(r.returns_missed for r in regions),
-                 "latency_missed": sum(r.latency_missed for r in regions)}
+                 "latency_missed": sum(r.latency_missed for r in regions),
+                 "calls_timed": any(r.timed for r in regions)}
         if programs:
             from urewrite.programs.output import json_lines
             shown["programs"] = [{"maps": [json.loads(line) for line in json_lines(maps)],

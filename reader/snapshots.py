@@ -65,7 +65,7 @@ class Snapshot:
         for r in self.regions.values():
             region = R.Region(r.path, r.pid, r.object, "", 0, 0,
                               returns_missed=r.counts.returns_missed,
-                              latency_missed=r.counts.latency_missed)
+                              latency_missed=r.counts.latency_missed, timed=r.counts.timed)
             region.probes = [R.ProbeCount(p.name, p.kind, p.address, r.counts.hits[i],
                                           r.counts.histograms[i])
                              for i, p in enumerate(r.probes)]

@@ -90,6 +90,7 @@ def test_top_pid_shows_the_exact_totals_then_disarms(programs):
             assert ret["hits"] == 55
             assert (sum(b["count"] for b in ret["histogram"]) if "histogram" in ret
                     else None) == samples
+            assert json.loads(out)["calls_timed"] is latency
             assert_disarmed(server, program)
         assert server.stop() == 0
 

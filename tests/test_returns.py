@@ -118,7 +118,7 @@ def test_calls_are_timed_only_when_asked(returns):
         report = json.loads(proc.stdout[proc.stdout.index('{\n  "exit_code"'):])
         assert [p["hits"] for p in report["probes"]] == [p["hits"] for p in timed["probes"]]
         assert not any("histogram" in p for p in report["probes"]), env
-        assert report["latency_missed"] == 0
+        assert report["latency_missed"] == 0 and report["calls_timed"] is False
         assert "latency" not in proc.stderr
     proc = run([sys.executable, "-m", "urewrite", "stat", "--json", "--", probed, "longjmp"],
                env={"UREWRITE_LATENCY": "1"})
@@ -127,6 +127,7 @@ def test_calls_are_timed_only_when_asked(returns):
         return [sum(b["count"] for b in p["histogram"]) if "histogram" in p else None
                 for p in r["probes"]]
     assert samples(report) == samples(timed) and "maybe_jump" not in refused
+    assert report["calls_timed"] is timed["calls_timed"] is True
 
 
 def test_return_events_carry_the_return_value(returns):

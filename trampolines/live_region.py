@@ -44,6 +44,7 @@ class RegionCounts:
     returns_missed: int
     traced: bool = False  # the process has an event ring (it runs under trace)
     latency_missed: int = 0  # returns of measured functions that gave no latency sample
+    timed: bool = False  # calls of functions probed at entry and return are timed
 
 
 class NotReady(Exception):
@@ -123,7 +124,7 @@ class LiveRegion:
         finally:
             words.release()
         return RegionCounts(hits, histograms, events, dropped, returns_missed, bool(ring),
-                            latency_missed)
+                            latency_missed, timed)
 
     def close(self) -> None:
         self._map.close()

@@ -236,6 +236,7 @@ class Region:
     threads: int = 0  # per-thread slots in use
     returns_missed: int = 0  # calls not redirected: their returns went uncounted
     latency_missed: int = 0  # returns of measured functions that gave no latency sample
+    timed: bool = False  # its calls of functions probed at entry and return were timed
 
 
 class RegionError(Exception):

@@ -430,7 +430,7 @@ def to_region(counts: RegionCounts, with_probes: bool = True,
     timed = h.timed if timed is None else timed
     region = R.Region(counts.path, h.pid, h.object, h.build_id, h.load_bias, h.machine,
                       threads=counts.threads, returns_missed=h.returns_missed,
-                      latency_missed=h.latency_missed)
+                      latency_missed=h.latency_missed, timed=h.timed)
     if not with_probes:
         return region
     values = counts.sums.values(h.row_words if timed else h.count)
