@@ -73,9 +73,10 @@ def built_in_maps(directory: Optional[str]) -> List[str]:
 
 def title(label: str, snap: Snapshot, interval: float) -> str:
     processes = len({r.pid for r in snap.regions.values()})
+    untimed = " - calls untimed: no latency (--latency)" if snap.untimed() else ""
     return (f"urewrite top - {label} - {processes} process{'es' if processes != 1 else ''}, "
             f"{len(snap.totals())} probes - every {interval:g} s - "
-            f"{time.strftime('%H:%M:%S')}")
+            f"{time.strftime('%H:%M:%S')}{untimed}")
 
 
 class PlainScreen:

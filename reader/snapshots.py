@@ -59,6 +59,12 @@ class Snapshot:
                 out[key] = out.get(key, 0) + r.counts.hits[i]
         return out
 
+    def untimed(self) -> bool:
+        """Whether a process has functions probed at entry and return whose calls it
+        does not time (latency not asked for): their latency reads as none."""
+        return any(not r.counts.timed and any(p.histogram >= 0 for p in r.probes)
+                   for r in self.regions.values())
+
     def as_regions(self) -> List[R.Region]:
         """The regions as `read_regions` gives them, for stat's report."""
         out = []

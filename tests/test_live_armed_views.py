@@ -60,6 +60,8 @@ def test_top_pid_shows_the_exact_totals_then_disarms(programs):
         for title, _ in tables:
             assert title.startswith(f"urewrite top - pid {server.pid} - 1 process, 3 probes - "
                                     f"every 1.5 s")
+            # (handle_request is probed at entry and return: its calls, untimed, say so)
+            assert title.endswith(" - calls untimed: no latency (--latency)")
         expected = {("handle_request", "entry"): 1234, ("handle_request", "return"): 1234,
                     ("live:batch", "usdt"): 2}
         (_, first), (_, second) = tables

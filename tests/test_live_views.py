@@ -233,6 +233,7 @@ def test_top_plain_sorts_by_rate_with_exact_totals(service, tmp_path):
     assert len(tables) == 2
     for title, rows in tables:
         assert title.startswith(f"urewrite top - {regions} - 1 process, 5 probes - every 0.5 s")
+        assert "untimed" not in title  # (started with UREWRITE_LATENCY=1)
         assert [r["PROBE"] for r in rows[:2]] == ["fast", "slow"]
         rate = {(r["PROBE"], r["KIND"]): float(r["HITS/S"]) for r in rows}
         assert rate["fast", "entry"] == pytest.approx(10 * rate["slow", "entry"], abs=60)
