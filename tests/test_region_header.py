@@ -154,7 +154,7 @@ def test_compiled_layout_matches_region_py(build_dir):
         "    N(sizeof(struct urewrite_slot_owner)); N(offsetof(struct urewrite_slot_owner, counters));",
         "    N(UREWRITE_VERSION); N(UREWRITE_HEADER_SIZE); N(sizeof(UREWRITE_MAGIC) - 1);",
         "    N(UREWRITE_KIND_ENTRY); N(UREWRITE_KIND_RETURN); N(UREWRITE_KIND_USDT);",
-        "    N(UREWRITE_KIND_ADDRESS); N(UREWRITE_FLAG_LATENCY);",
+        "    N(UREWRITE_KIND_ADDRESS); N(UREWRITE_FLAG_LATENCY); N(UREWRITE_FLAG_LATENCY_ASKED);",
         "    printf(\"magic %s\\nenv %s\\nsuffix %s\\nlatency %s\\n\", UREWRITE_MAGIC,",
         "           UREWRITE_ENV_VAR, UREWRITE_FILE_SUFFIX, UREWRITE_LATENCY_ENV_VAR);",
         "    return 0;",
@@ -195,6 +195,7 @@ def test_compiled_layout_matches_region_py(build_dir):
         "UREWRITE_KIND_USDT": region.KIND_USDT,
         "UREWRITE_KIND_ADDRESS": region.KIND_ADDRESS,
         "UREWRITE_FLAG_LATENCY": region.FLAG_LATENCY,
+        "UREWRITE_FLAG_LATENCY_ASKED": region.FLAG_LATENCY_ASKED,
     }
     assert strings == {"magic": region.MAGIC.decode(), "env": region.ENV_VAR,
                        "suffix": region.FILE_SUFFIX, "latency": region.LATENCY_ENV_VAR}
@@ -253,7 +254,7 @@ def test_python_readers_sum_the_rows_in_use(tmp_path):
         assert live.read().histograms == [None] * 3
     finally:
         live.close()
-    struct.pack_into("<I", data, region.OFF_FLAGS, region.FLAG_LATENCY)
+    struct.pack_into("<I", data, region.OFF_FLAGS, region.FLAG_LATENCY_ASKED | region.FLAG_LATENCY)
     path.write_bytes(bytes(data))
     total = sum(values.values())
     expected_hits = [total * (i + 1) for i in range(len(probes))]
@@ -271,6 +272,12 @@ def test_python_readers_sum_the_rows_in_use(tmp_path):
         live.close()
     assert counts.hits == expected_hits
     assert counts.histograms == [None, None, expected_histogram]
+    # neither flag: a region of a file rewritten before latency was asked for (its
+    # runtime timed every call), read as timed
+    struct.pack_into("<I", data, region.OFF_FLAGS, 0)
+    path.write_bytes(bytes(data))
+    assert [p.histogram for p in region.read_region(str(path)).probes] == \
+        [None, None, expected_histogram]
 
 
 def test_reader_matches_python_on_a_synthetic_region(read_region, tmp_path):

@@ -120,7 +120,7 @@ class LiveRegion:
                 events = words[(ring + R.RING_HEAD) // 8]
                 dropped = words[(ring + R.RING_DROPPED) // 8]
             returns_missed = words[R.OFF_RETURNS_MISSED // 8]
-            latency_missed = words[R.OFF_LATENCY_MISSED // 8] if timed else 0
+            latency_missed = words[R.OFF_LATENCY_MISSED // 8]
         finally:
             words.release()
         return RegionCounts(hits, histograms, events, dropped, returns_missed, bool(ring),

@@ -34,6 +34,9 @@ TRACE_ENV_VAR = "UREWRITE_TRACE"  # ring entries: set, the region gets an event 
 # two clock reads (stat --latency); unset, their probes only count
 LATENCY_ENV_VAR = "UREWRITE_LATENCY"
 FLAG_LATENCY = 1  # header flags: the calls of functions probed at entry and return are timed
+# header flags, set in the template: the runtime sets FLAG_LATENCY only when asked (a file
+# rewritten before it sets neither, and times every call)
+FLAG_LATENCY_ASKED = 2
 
 KIND_ENTRY, KIND_RETURN, KIND_USDT, KIND_ADDRESS = 1, 2, 3, 4
 KIND_NAMES = {KIND_ENTRY: "entry", KIND_RETURN: "return", KIND_USDT: "usdt",
@@ -199,7 +202,8 @@ def build_template(probes: List[ProbeInfo], object_name: str, build_id: bytes,
     header = _HEADER.pack(MAGIC, VERSION, HEADER_SIZE, layout.region_size, len(probes),
                           SLOT_COUNT, layout.probes_offset, layout.strings_offset,
                           layout.owners_offset, layout.counters_offset, layout.slot_stride,
-                          0, machine, 0, len(build_id[:32]), 0, build_id[:32], name,
+                          0, machine, 0, len(build_id[:32]), FLAG_LATENCY_ASKED, build_id[:32],
+                          name,
                           0, 0, RECORD_SIZE, 0, 0, 0, 0, histograms(probes), 0, 0, 0,
                           layout.go_calls_offset,
                           GO_CALLS if layout.go_calls_offset else 0)
@@ -245,9 +249,10 @@ class RegionError(Exception):
 
 def timed(header) -> bool:
     """Whether a region's process timed the calls of functions probed at entry and
-    return (latency asked for): else its latency histograms and missed samples mean
-    nothing."""
-    return bool(struct.unpack_from("<I", header, OFF_FLAGS)[0] & FLAG_LATENCY)
+    return: latency asked for, or a file rewritten before calls were timed only when
+    asked (its runtime times them all). Else its histograms hold nothing."""
+    flags = struct.unpack_from("<I", header, OFF_FLAGS)[0]
+    return bool(flags & FLAG_LATENCY or not flags & FLAG_LATENCY_ASKED)
 
 
 def read_region(path: str) -> Region:

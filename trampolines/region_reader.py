@@ -120,8 +120,6 @@ def read_header(fd: int, path: str, file_size: int) -> Header:
     returns_missed, = struct.unpack_from("<Q", raw, R.OFF_RETURNS_MISSED)
     latency_missed, = struct.unpack_from("<Q", raw, R.OFF_LATENCY_MISSED)
     timed = R.timed(raw)
-    if not timed:  # (a hit in the shared row adds to it, timed or not)
-        latency_missed = 0
     if size > file_size or count > MAX_PROBES or slots > MAX_SLOTS \
             or latency_count > min(count, R.MAX_HISTOGRAMS) \
             or not probes_off >= R.HEADER_SIZE \

@@ -118,9 +118,12 @@ struct urewrite_header {
  * probe with a histogram has (histogram index + 1) in bits 16-31 of its kind.
  * Bits 8-15 hold 1 + the values the probe's events carry (0: not said). */
 #define UREWRITE_LATENCY_BUCKETS 64
-/* header flags: calls were timed (latency asked for); without it the histograms
-   and latency_missed hold nothing to read */
+/* header flags: calls were timed (latency asked for); without it (and with
+   UREWRITE_FLAG_LATENCY_ASKED) the histograms and latency_missed stay zero */
 #define UREWRITE_FLAG_LATENCY 1
+/* header flags, set by the rewrite: the runtime sets UREWRITE_FLAG_LATENCY only when
+   asked; a region with neither flag (a file rewritten before) had every call timed */
+#define UREWRITE_FLAG_LATENCY_ASKED 2
 #define UREWRITE_KIND_MASK 0xff
 
 #define UREWRITE_CLOCK_TSC 1    /* x86_64 rdtsc */
