@@ -138,7 +138,7 @@ def _built_in(checked, paths: List[str], note):
     from urewrite.programs import attach
     return attach.rewrite_step(checked, paths, program_code,
                                lambda why: note(f"the program is not built in ({why}): "
-                                                f"load it with urewrite run"))
+                                                f"load it with urewrite run"), backend_of)
 
 
 def program_code(machine: int, lowered, offsets):

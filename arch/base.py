@@ -661,6 +661,22 @@ class Backend(ABC):
         (trampolines/urewrite.h, struct urewrite_context). Addresses are the callback
         file's, mapped as one."""
 
+    # whether this machine's trampolines call a program's direct entries (else every
+    # hit of a program takes the trace path)
+    direct_calls = False
+
+    def direct_entries(self, base: int, run_at: int, entries: Sequence):
+        """(code at `base` in a program's code, each entry's offset in it): the direct
+        entries (program_file.DirectEntry) of a program file, the header's run at
+        `run_at` from the code's start (where `direct_calls`); an entry None is one
+        that sends every hit to the trace path. Entries `direct_supported` refuses are
+        not asked for. A probe with no entry in the table runs nothing."""
+        raise NotImplementedError
+
+    def direct_supported(self, entry) -> bool:
+        """Whether a direct entry can read the arguments as `entry.expected` says."""
+        return False
+
     def callback_refusal(self, code: bytes, address: int) -> Optional[str]:
         """Why compiled code at `address` cannot run as a callback (an instruction that
         uses a floating-point or vector register, or that cannot be decoded), or None."""

@@ -46,9 +46,10 @@ def stat_command(args: List[str]) -> Optional[StatCommand]:
 
 
 def run() -> None:
+    from urewrite.reader import command_run
+    command_run.quiet_numpy()
     stat = stat_command(sys.argv[1:])
     if stat:
-        from urewrite.reader import command_run
         if command_run.start_early(stat.command, stat.latency):
             try:
                 from urewrite.stat_report import run_command

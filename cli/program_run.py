@@ -181,7 +181,7 @@ def _write_program(directory, targets, lowered) -> str:
     program or directory ends the command with one line."""
     from urewrite.programs import attach
     try:
-        return attach.write_files(directory, targets, lowered, _code_of(lowered))
+        return attach.write_files(directory, targets, lowered, _code_of(lowered), _backend_of)
     except UrewriteError as e:
         fail(str(e))
     except FileExistsError as e:  # (another run's program, in a directory of --dir)
@@ -202,7 +202,7 @@ def _run_armed(pids, all_of, duration, targets, lowered, ticker):
     def write_files(directory):
         try:
             return _noted(printed, attach.write_files(directory, targets, lowered,
-                                                      _code_of(lowered)))
+                                                      _code_of(lowered), _backend_of))
         except OSError as e:
             raise UrewriteError(f"cannot write the program's files in {directory}: {e.strerror}")
     try:
@@ -369,6 +369,11 @@ def printf_values(kinds, words):
             values.append(words[at] if at < len(words) else 0)
             at += 1
     return values
+
+
+def _backend_of(machine):
+    from urewrite.api.rewriting import backend_of  # (loaded when a program is written)
+    return backend_of(machine)
 
 
 def _program_code(machine, lowered, offsets):

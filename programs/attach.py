@@ -18,6 +18,7 @@ from urewrite.programs.parser import ProgramError
 from urewrite.programs.probes import spec_of
 from urewrite.programs.syntax import Probe
 from urewrite.trampolines import program_file
+from urewrite.trampolines.program_file import DirectEntry
 from urewrite.trampolines.region import (KIND_ADDRESS, KIND_ENTRY, KIND_RETURN, KIND_USDT,
                                          template_probe_arguments, template_probes)
 
@@ -205,16 +206,17 @@ def check_arguments(targets: Dict[str, Target], lowered: L.Lowered) -> None:
 
 
 def write_files(directory: str, targets: Dict[str, Target], lowered: L.Lowered,
-                assemble) -> str:
+                assemble, backend_of=lambda machine: None) -> str:
     """TAG.program and TAG.maps of every target in `directory` (one maps file, linked
     under each tag: the program's maps are one for all files and processes); the
     maps file's path. `assemble(machine, lowered, offsets)` gives the code and each
-    probe text's function offset."""
+    probe text's function offset; `backend_of(machine)` the backend (arch/) that makes
+    the direct entries (None: none)."""
     check_arguments(targets, lowered)
     run = int.from_bytes(os.urandom(8), "little") | 1
     maps_path = None
     for t in targets.values():
-        blob = program_blob(t, lowered, run, assemble)
+        blob = program_blob(t, lowered, run, assemble, backend_of(t.machine))
         _create(os.path.join(directory, t.tag + program_file.PROGRAM_SUFFIX), blob, 0o644)
         maps = os.path.join(directory, t.tag + program_file.MAPS_SUFFIX)
         if maps_path is None:
@@ -225,10 +227,12 @@ def write_files(directory: str, targets: Dict[str, Target], lowered: L.Lowered,
     return maps_path
 
 
-def program_blob(t: Target, lowered: L.Lowered, run: Optional[int], assemble) -> bytes:
+def program_blob(t: Target, lowered: L.Lowered, run: Optional[int], assemble,
+                 backend=None) -> bytes:
     """The program file of target `t` (trampolines/program_file.py) for run `run`; None:
     a run number of the file's own making (a hash of it), so that a rewrite that builds
-    the program in writes the same bytes each time."""
+    the program in writes the same bytes each time. `backend`: the machine's, which
+    makes the direct entries (None: none)."""
     offsets, _ = M.layout(lowered.maps)
     size = lowered.maps_bytes()
     runs = {number: _code_of(t.code_keys(number, lowered.code), lowered.code)
@@ -236,17 +240,100 @@ def program_blob(t: Target, lowered: L.Lowered, run: Optional[int], assemble) ->
     only = dataclasses.replace(lowered, code=dict(runs.values()))
     code, functions = assemble(t.machine, only, offsets)
     entries = {number: functions[key] for number, (key, _) in runs.items()}
+    code, direct = direct_entries(t, lowered, runs, functions, code, backend)
 
     def blob(run: int) -> bytes:
         head = bytes(M.initial_area(lowered.maps, run)[:M.head_bytes(lowered.maps)])
         return program_file.build(len(t.probes), code, entries, run, lowered.uses,
-                                  lowered.arguments, head, size)
+                                  lowered.arguments, head, size, direct)
     if run is None:
         run = int.from_bytes(hashlib.sha256(blob(0)).digest()[:8], "little") | 1
     return blob(run)
 
 
-def rewrite_step(checked, paths: List[str], assemble, note=lambda why: None):
+def direct_entries(t: Target, lowered, runs: Dict[int, tuple], functions: Dict[str, int],
+                   code: bytes, backend):
+    """(the code with the probes' direct entries after it, {probe number: its entry's
+    offset}), or (code, None) where the machine's trampolines call none. A probe whose
+    arguments the tracer cannot tell, or the entry cannot read, gets one that sends
+    its hits to the trace path (trampolines/program_file.py); a probe that runs no
+    code, none (nothing to run: the table's 0)."""
+    if backend is None or not backend.direct_calls:
+        return code, None
+    specs = _ArgumentSpecs(t, backend)
+    wanted: Dict[int, Optional[DirectEntry]] = {}
+    for number, (key, ops) in runs.items():
+        expected = specs(number)
+        reads, uses, predicate = _code_shape(lowered, ops)
+        entry = None if expected is None else \
+            DirectEntry(functions[key], tuple(expected), reads, uses, predicate)
+        wanted[number] = entry if entry and backend.direct_supported(entry) else None
+    base = len(code) + (-len(code) % 16)
+    head = M.head_bytes(lowered.maps)
+    run_at = program_file.RUN_AT - program_file.code_start(len(t.probes), head, True)
+    distinct = list(dict.fromkeys(wanted.values()))
+    if not distinct:
+        return code, {}
+    more, starts = backend.direct_entries(base, run_at, distinct)
+    at = {entry: base + start for entry, start in zip(distinct, starts)}
+    return code.ljust(base, b"\0") + more, {n: at[e] for n, e in wanted.items()}
+
+
+def _code_shape(lowered, ops) -> tuple:
+    """(the arguments the code reads, the context's USES_* it reads, its leading
+    predicate or None) of one probe's operations; a callback's (whose code is not
+    operations): what the whole reads."""
+    if not isinstance(ops, list):
+        return lowered.arguments, lowered.uses, None
+    one = dataclasses.replace(lowered, code={"": ops})
+    return one.arguments, one.uses, L.leading_predicate(ops)
+
+
+class _ArgumentSpecs:
+    """The ArgSpecs a rewrite recorded at a probe of a file, as far as the tracer can
+    tell them: its calling convention's (the C ABI: Go programs run no program), or
+    its USDT note's (by the probe's address); None where it cannot."""
+
+    def __init__(self, t: Target, backend):
+        self.t, self.backend = t, backend
+        self._notes = None
+
+    def __call__(self, number: int):
+        _, kind, address = self.t.probes[number]
+        carried = self.t.arguments[number] if number < len(self.t.arguments) else -1
+        try:
+            if kind in (KIND_ENTRY, KIND_ADDRESS):
+                return self.backend.abi_arguments(carried) if carried > 0 else []
+            if kind == KIND_RETURN:
+                return self.backend.return_value() if carried > 0 else []
+            if kind == KIND_USDT:
+                return self._usdt(address)
+        except ValueError:
+            return None
+        return None
+
+    def _usdt(self, address: int):
+        if self._notes is None:
+            self._notes = {}
+            from urewrite.errors import UrewriteError
+            from urewrite.rewriter import usdt
+            from urewrite.rewriter.elf_file import ElfFile
+            try:
+                elf = ElfFile.open(self.t.path)
+            except (UrewriteError, OSError):  # (no file to read: no direct entries)
+                return None
+            symbols = usdt.Symbols(elf)
+            for site in usdt.discover(elf):
+                self._notes.setdefault(site.pc, (site.arguments, symbols))
+        found = self._notes.get(address)
+        if found is None:
+            return None
+        text, symbols = found
+        return self.backend.sdt_arguments(text, symbols)
+
+
+def rewrite_step(checked, paths: List[str], assemble, note=lambda why: None,
+                 backend_of=lambda machine: None):
     """pipeline.rewrite's `built_in(probes, machine)` for a program given to a rewrite:
     built_in() with the output's probe table, or None with `note(why)` where it is not
     built in (a program with printf() or exit(), whose events would go to no reader; a machine
@@ -260,12 +347,13 @@ def rewrite_step(checked, paths: List[str], assemble, note=lambda why: None):
                  if printing else "its runtime runs none")
             return None
         return built_in(checked, paths, [(p.name, p.kind, p.address, p.arguments)
-                                         for p in probes], machine, assemble)
+                                         for p in probes], machine, assemble,
+                        backend=backend_of(machine))
     return step
 
 
 def built_in(checked, paths: List[str], probes: List[tuple], machine: int, assemble,
-             map_size: int = M.KEYED_CAPACITY) -> Optional[bytes]:
+             map_size: int = M.KEYED_CAPACITY, backend=None) -> Optional[bytes]:
     """The program file of a program built into a rewrite's probes (pipeline.rewrite's
     `built_in`), for the probes it names in the file (`paths`: the names it goes by),
     given the output's probe table: (name, kind, address, arguments) by number; None
@@ -284,7 +372,7 @@ def built_in(checked, paths: List[str], probes: List[tuple], machine: int, assem
         return None
     lowered = lower(checked, {"": t}, map_size)
     check_arguments({"": t}, lowered)
-    return program_blob(t, lowered, None, assemble)
+    return program_blob(t, lowered, None, assemble, backend)
 
 
 def _code_of(keys: List[str], code: Dict[str, list]) -> tuple:

@@ -314,5 +314,5 @@ def rewrite_step(callback: Callback, path: str):
         built = dataclasses.replace(callback, code={})
         attach(built, {"": t})
         return A.program_blob(t, built, None, lambda _, lowered, offsets:
-                              assemble(lowered, offsets))
+                              assemble(lowered, offsets), callback.backend)
     return step

@@ -470,6 +470,20 @@ class Fused:
     jump_if_false: Optional[str] = None
 
 
+def leading_predicate(ops: List[tuple]) -> Optional[tuple]:
+    """(argument N, constant, comparison, signed) where a probe's code starts with a
+    predicate that compares an argument with a constant and, when false, does
+    nothing else (a jump to the end): a direct entry checks it before it saves
+    anything. None otherwise."""
+    if len(ops) < 4 or [op[0] for op in ops[:4]] != ["arg", "const", "compare", "jump_zero"]:
+        return None
+    end = ops[3][1]
+    rest = ops[ops.index(("label", end)) + 1:] if ("label", end) in ops else None
+    if rest != [("return",)]:
+        return None
+    return ops[0][1], ops[1][1], ops[2][1], ops[2][2]
+
+
 def fused(ops: List[tuple]) -> Optional[Fused]:
     """What the first of `ops` do as one, or None."""
     constant = len(ops) > 1 and ops[0][0] == "const" and ops[1][0] in ("binary", "compare")

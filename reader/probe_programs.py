@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from urewrite.programs import maps
 from urewrite.reader import arming
-from urewrite.reader.command_run import exit_status, interrupts_to
+from urewrite.reader.command_run import command_environment, exit_status, interrupts_to
 from urewrite.reader.directories import region_directory, remove_region_directory
 from urewrite.reader.tracing import POLL_SECONDS, sweep_rings
 from urewrite.trampolines import program_file
@@ -167,7 +167,7 @@ def run_command(command: List[str], write_files: Callable[[str], str], ring_entr
     directory = region_directory()
     try:
         maps_path = write_files(directory)
-        env = dict(os.environ, **{ENV_VAR: directory})
+        env = command_environment(**{ENV_VAR: directory})
         if ring_entries:  # printf()s come back as events of the processes' rings
             env[TRACE_ENV_VAR] = str(ring_entries)
         readers: Dict[str, RingReader] = {}

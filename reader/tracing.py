@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Tuple
 
 from urewrite.reader import arming
-from urewrite.reader.command_run import exit_status, interrupts_to
+from urewrite.reader.command_run import command_environment, exit_status, interrupts_to
 from urewrite.reader.directories import region_directory, remove_region_directory
 from urewrite.trampolines.region import ENV_VAR, FILE_SUFFIX, TRACE_ENV_VAR
 from urewrite.trampolines.ring import Event, RingReader, open_ring
@@ -61,7 +61,7 @@ def run_and_trace(command: List[str], ring_entries: int,
         sweep_rings([directory], readers, on_events, final)
 
     try:
-        env = dict(os.environ, **{ENV_VAR: directory, TRACE_ENV_VAR: str(ring_entries)})
+        env = command_environment(**{ENV_VAR: directory, TRACE_ENV_VAR: str(ring_entries)})
         with interrupts_to(command, env) as process:
             while process.poll() is None:
                 sweep(final=False)

@@ -28,7 +28,8 @@ CODE = bytes.fromhex("55" "4889e5" "48833d0020000000" "7540" "4883ec10")
 def _written_out(w, L, point, refs):
     """The counting code of a point, written instruction by instruction."""
     trampoline.armed_path(w, L, point, refs)
-    trampoline.trace_path(w, L, point.probes, refs, point.arguments, trampoline.red_zone(point))
+    trampoline.trace_path(w, L, point.probes, refs, point.arguments, trampoline.red_zone(point),
+                          trampoline.calls_direct(point))
 
 
 def _points(insns, shape):

@@ -10,8 +10,11 @@ runtime to map: the code of a probe program, and the maps it updates.
         its context beyond the arguments (USES_*: the rest is not filled in), u64 1 +
         the arguments it reads (arg0 .. the highest; the others are not evaluated and
         read 0; 0: all of them), u64 the maps area's bytes (a smaller maps file is
-        not mapped), u64 offset and u64 bytes of the area's head (below), 1 word 0,
+        not mapped), u64 offset and u64 bytes of the area's head (below), u64 the
+        offset of the direct table (below; 0: none: every hit takes the trace path),
         table: u64 per probe: 1 + the offset of its function in the code, or 0,
+        direct table: u64 per probe: the offset of its direct entry from the table's
+        own start, or 0 (its hits take the trace path),
         the area's head: its first words, as programs/maps.py's initial area has them
     TAG.maps     (programs/maps.py's area: u64 magic, u64 run, ..., as the tracer
                   made it: the maps' shapes for readers; no process writes it)
@@ -23,8 +26,13 @@ runtime to map: the code of a probe program, and the maps it updates.
                   nothing of another's. The tracer adds up the run's.)
 
 TAG is the object's region file tag (the .urewrite.rodata template's, as in
-TAG.PID.ure). When both are mapped, every hit of the object takes the trace path,
-whose runtime routine calls the probe's function with its context:
+TAG.PID.ure). When both are mapped, every hit of the object leaves the counting path
+for the program. Where the probe has a direct entry, the trampoline calls it (the
+"direct path", arch/*/direct_entry.py: it reads the arguments where the site's
+registers are, fills the context and calls the probe's function, with no runtime
+routine in between); else, or where the entry finds the point's arguments are not
+where it reads them, the trace path's runtime routine calls the function with its
+context:
 
     u64 args[12]     the probe's arguments, as its descriptors say (a return
                      probe's: its return value)
@@ -41,7 +49,8 @@ whose runtime routine calls the probe's function with its context:
 from __future__ import annotations
 
 import struct
-from typing import Dict
+from dataclasses import dataclass
+from typing import Dict, Optional
 
 PROGRAM_SUFFIX = ".program"
 MAPS_SUFFIX = ".maps"
@@ -52,6 +61,8 @@ MAGIC = 0x3347_4f52_5057_5255
 MAPS_MAGIC = 0x3153_5041_4d57_5255  # "URWMAPS1": the first word of the maps area
 OWN_MAPS_PREFIX = "maps."  # maps.RUN.UID.PID: a process's own maps (above)
 HEADER = struct.Struct("<12Q")
+RUN_AT = 40  # the header's run word
+DIRECT_AT = 88  # the header's direct table offset
 PAGE = 4096
 
 ARGUMENTS = 12
@@ -74,21 +85,49 @@ USES_NSECS, USES_TID, USES_COMM = 1, 2, 4  # (pid, maps and the routine are alwa
 PRINTF_PROBE = 0x7FFF0000  # a printf() event's probe number: this plus the printf's
 
 
+@dataclass(frozen=True)
+class DirectEntry:
+    """A probe's direct entry (Backend.direct_entries): how a trampoline's hit runs
+    the probe's function without the runtime's trace path."""
+
+    function: int  # the function's offset in the program's code (`void f(context *)`)
+    expected: tuple  # ArgSpecs of the probe's arguments as the entry reads them: a
+    # point whose descriptors differ takes the trace path
+    reads: int  # the arguments the function reads (arg0 .. reads - 1; the rest: 0)
+    uses: int  # what else of the context it reads (program_file.USES_*)
+    # (argument N, constant, comparison, signed): the function does nothing unless
+    # argument N compares so with the constant (a program's leading predicate), or None
+    predicate: Optional[tuple] = None
+
+
 def build(probe_count: int, code: bytes, entries: Dict[int, int], run: int,
           uses: int = USES_NSECS | USES_TID | USES_COMM, arguments: int = ARGUMENTS,
-          maps_head: bytes = b"", maps_bytes: int = 0) -> bytes:
-    """The .program file: `entries` maps a probe's number to its function's offset;
-    `maps_head`: the first bytes of the maps area (magic, run, ...), of `maps_bytes`."""
+          maps_head: bytes = b"", maps_bytes: int = 0,
+          direct: Optional[Dict[int, int]] = None) -> bytes:
+    """The .program file: `entries` maps a probe's number to its function's offset,
+    `direct` to its direct entry's (none: no direct table); `maps_head`: the first
+    bytes of the maps area (magic, run, ...), of `maps_bytes`."""
     table_offset = HEADER.size
-    head_offset = table_offset + 8 * probe_count
-    code_offset = _page(head_offset + len(maps_head))
+    direct_offset = table_offset + 8 * probe_count if direct is not None else 0
+    head_offset = table_offset + 8 * probe_count * (1 + (direct is not None))
+    code_offset = code_start(probe_count, len(maps_head), direct is not None)
     table = [0] * probe_count
     for probe, offset in entries.items():
         table[probe] = offset + 1
+    direct_table = [0] * probe_count if direct is not None else []
+    for probe, offset in (direct or {}).items():
+        direct_table[probe] = code_offset + offset - direct_offset
     head = HEADER.pack(MAGIC, probe_count, table_offset, code_offset, len(code), run, uses,
-                       1 + arguments, maps_bytes, head_offset, len(maps_head), 0)
-    body = head + struct.pack(f"<{probe_count}Q", *table) + maps_head
+                       1 + arguments, maps_bytes, head_offset, len(maps_head), direct_offset)
+    body = head + struct.pack(f"<{probe_count}Q", *table) + \
+        struct.pack(f"<{len(direct_table)}Q", *direct_table) + maps_head
     return body.ljust(code_offset, b"\0") + code
+
+
+def code_start(probe_count: int, head_bytes: int, direct: bool) -> int:
+    """Where build() puts the code in the file: the code may address the header by
+    its distance (the direct entries read the run there)."""
+    return _page(HEADER.size + 8 * probe_count * (1 + direct) + head_bytes)
 
 
 def own_maps_name(run: int, uid: int) -> str:

@@ -6,8 +6,8 @@ import dataclasses
 import struct
 
 from urewrite.arch import runtime_asm
-from urewrite.arch.x86_64 import trampoline
-from urewrite.trampolines import region
+from urewrite.arch.x86_64 import direct_entry, trampoline
+from urewrite.trampolines import program_file, region
 from urewrite.arch.base import Runtime, RuntimeSpec
 from urewrite.arch.x86_64.writer import jmp_rel32
 
@@ -64,7 +64,8 @@ def build(spec: RuntimeSpec) -> Runtime:
             "PS_DIR": PS_DIR, "DIR_MAX": DIR_MAX, "PS_NAME": PS_NAME,
             "PS_ENVBUF": PS_ENVBUF, "ENVBUF_SIZE": ENVBUF_SIZE, "PS_TRACE": PS_TRACE,
             "PS_LATENCY": PS_LATENCY,
-            "PS_PROGRAM": PS_PROGRAM, "PS_PROGRAM_MAPS": PS_PROGRAM_MAPS, "PS_COMM": PS_COMM,
+            "PS_PROGRAM": PS_PROGRAM, "DIRECT": direct_entry.DIRECT,
+            "DIRECT_AT": program_file.DIRECT_AT, "PS_PROGRAM_MAPS": PS_PROGRAM_MAPS, "PS_COMM": PS_COMM,
             "CLOCK_KIND": region.CLOCK_TSC, "CLOCK_FILE": region.CLOCK_FILE,
             "CLOCK_FILE_MAGIC": hex(int.from_bytes(region.CLOCK_FILE_MAGIC, "little")),
             "FSBASE_USABLE": trampoline.FSBASE_USABLE, "ASIDE_BUSY": ASIDE_BUSY,

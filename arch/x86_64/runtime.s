@@ -1135,6 +1135,37 @@ rp_no_comm:
 rp_none:
     ret
 
+# A direct entry's thread id (arch/x86_64/direct_entry.py): rdi = region -> rax =
+# this thread's kernel id, as thread_owner gives it. Keeps rbx, rbp, r12-r15 (SysV).
+program_tid:
+    mov r8, rdi
+    call thread_owner
+    mov eax, esi
+    ret
+
+# A direct entry's thread name: rdi = region, rsi = 64 bytes -> there, the name
+# thread_comm gives, NUL-padded. Keeps rbx, rbp, r12-r15 (SysV).
+program_comm:
+    push rbx
+    push rsi
+    mov r8, rdi
+    call load_state
+    call thread_comm
+    pop rdi
+    mov rax, qword ptr [rsi]
+    mov qword ptr [rdi], rax
+    mov rax, qword ptr [rsi + 8]
+    mov qword ptr [rdi + 8], rax
+    xor eax, eax                           # (the name is at most 15 bytes and a NUL)
+    mov qword ptr [rdi + 16], rax
+    mov qword ptr [rdi + 24], rax
+    mov qword ptr [rdi + 32], rax
+    mov qword ptr [rdi + 40], rax
+    mov qword ptr [rdi + 48], rax
+    mov qword ptr [rdi + 56], rax
+    pop rbx
+    ret
+
 # A probe program's printf(): an event of probe number {PRINTF_PROBE} + edi in this
 # process's ring, with rdx words from rsi (at most {CTX_ARGUMENTS}), the tracer holding
 # the format. Called by the program's code, as a SysV function: keeps rbx, rbp, r12-r15.
@@ -1186,6 +1217,7 @@ program_setup:
 {NO_PROGRAMS}
     # a program of an earlier arming (a live tracer's, or the parent's before fork)
     # ends here; its mappings stay, as a hit may still be running it
+    mov qword ptr [rbx + {DIRECT}], 0      # (first: no trampoline calls its entries now)
     mov qword ptr [rbx + {PS_PROGRAM}], 0
     mov qword ptr [rbx + {PS_PROGRAM_MAPS}], 0
     push r10
@@ -1263,6 +1295,31 @@ ps_map_maps:
     jne ps_unmap_maps
     mov qword ptr [rbx + {PS_PROGRAM_MAPS}], rax  # (the maps first: run_program reads
     mov qword ptr [rbx + {PS_PROGRAM}], r12        # the program, then the maps)
+    # The direct entries' binding (arch/x86_64/direct_entry.py), the table last: from
+    # then on the trampolines call the entries (each checks the maps are its run's)
+    mov qword ptr [rbx + {DIRECT} + 8], rax
+    lea rcx, [rip + program_event]
+    mov qword ptr [rbx + {DIRECT} + 16], rcx
+    lea rcx, [rip + program_tid]
+    mov qword ptr [rbx + {DIRECT} + 24], rcx
+    lea rcx, [rip + program_comm]
+    mov qword ptr [rbx + {DIRECT} + 32], rcx
+    mov rdx, qword ptr [r12 + {DIRECT_AT}]  # the program's direct table, if it has one
+    test rdx, rdx
+    jz ps_no_direct
+    mov rsi, qword ptr [rsp + 144]
+    test rsi, rsi
+    jz ps_direct                           # (built in: part of this object, not checked)
+    cmp rdx, rsi
+    jae ps_no_direct
+    mov ecx, dword ptr [r15 + {OFF_PROBE_COUNT}]
+    lea rcx, [rdx + rcx * 8]
+    cmp rcx, rsi
+    ja ps_no_direct                        # (the table lies in the file)
+ps_direct:
+    add rdx, r12
+    mov qword ptr [rbx + {DIRECT}], rdx
+ps_no_direct:
     mov rdi, r13
     mov eax, 3                             # close
     syscall

@@ -53,7 +53,7 @@ from __future__ import annotations
 import functools
 
 from urewrite.arch.base import CountPoint, RuntimeRefs, Window
-from urewrite.arch.x86_64 import relocator
+from urewrite.arch.x86_64 import direct_entry, relocator
 from urewrite.arch.x86_64.arguments import TRACE_PUSHES
 from urewrite.arch.x86_64.writer import (AL, ESI, GPR64, RAX, RCX, RDI, RDX, RSI, RSP, Hole, Mem,
                                          Rip, Writer)
@@ -168,7 +168,8 @@ def counting_template(refs: RuntimeRefs, phase: int, flags_live: bool, probes: i
                        CountPoint(0, (), False) if redirect else None, go_code=go_code,
                        g_register=g_register)
     armed_path(w, L, shape, refs)
-    trace_path(w, L, shape.probes, refs, shape.arguments, red_zone(shape))
+    trace_path(w, L, shape.probes, refs, shape.arguments, red_zone(shape),
+               calls_direct(shape))
     return w.template(L.prefix, phase)
 
 
@@ -387,10 +388,13 @@ def _owner_entry(w: Writer, L: _Labels, refs: RuntimeRefs) -> None:
 
 
 def trace_path(w: Writer, L: _Labels, probe_indexes, refs: RuntimeRefs, arguments,
-                red: int = RED_ZONE) -> None:
+                red: int = RED_ZONE, direct: bool = False) -> None:
     """Save every register as the frame trace_event reads arguments from; one event
-    per probe at this point."""
+    per probe at this point. `direct`: first, the probe's direct entry, where its
+    process runs a program that has one (direct_entry.py)."""
     w.label(L.trace)
+    if direct:
+        _direct_call(w, L, probe_indexes[0], refs)
     for n in TRACE_PUSHES:
         w.push(GPR64[n])
     site_rsp = 8 * (len(TRACE_PUSHES) + SAVED) + red
@@ -407,3 +411,32 @@ def trace_path(w: Writer, L: _Labels, probe_indexes, refs: RuntimeRefs, argument
     for k, _ in enumerate(probe_indexes):
         w.label(f"{L.arguments}{k}")
         w.raw(arguments[k] if k < len(arguments) else encode(()))
+
+
+def calls_direct(point) -> bool:
+    """Whether a point's trace path calls its probe's direct entry first: a point of
+    one probe (whose entry, one call, runs all it does) outside Go code (whose stacks
+    have no red zone; Go programs run no program)."""
+    return len(point.probes) == 1 and not point.go_code
+
+
+def _direct_call(w: Writer, L: _Labels, index, refs: RuntimeRefs) -> None:
+    """The probe's direct entry, where the program has a direct table: from the table,
+    by the binding's pointer (0: no table); a probe it gives no entry runs nothing.
+    rcx = the point's argument descriptors, rsi = the binding. Back with ecx = 0:
+    done; else on to the trace path (its runtime routine reads the arguments as the
+    descriptors say)."""
+    w.lea(RSI, Rip(refs.state + direct_entry.DIRECT))
+    w.mov(RCX, Mem(RSI))
+    w.test(RCX, RCX)
+    w.jcc("e", L.events)
+    w.mov(RDX, Mem(RCX, disp=8 * index, disp32=True))
+    w.test(RDX, RDX)
+    w.jcc("e", L.traced)  # the program has no code here
+    w.add(RDX, RCX)
+    w.lea(RCX, Rip(f"{L.arguments}0"))
+    w.raw(b"\xff\xd2")  # call rdx
+    w.test(RCX, RCX)
+    w.jcc("ne", L.events)
+    w.jmp(L.traced)
+    w.label(L.events)

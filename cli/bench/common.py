@@ -3,11 +3,11 @@ environment and time limit of the programs it runs."""
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Dict, Optional
 
 from urewrite.errors import UrewriteError
+from urewrite.reader.command_run import command_environment
 
 ENV_VAR = "UREWRITE_DIR"
 LATENCY_ENV_VAR = "UREWRITE_LATENCY"
@@ -23,6 +23,7 @@ def log(message: str) -> None:
 
 
 def clean_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in (ENV_VAR, LATENCY_ENV_VAR)}
+    env = {k: v for k, v in command_environment().items()
+           if k not in (ENV_VAR, LATENCY_ENV_VAR)}
     env.update(extra or {})
     return env

@@ -1,0 +1,231 @@
+"""x86_64 direct entries: how a probe's hit reaches its program without the runtime.
+
+A trampoline whose process runs a program (the region's trace flag set) calls the
+probe's direct entry from its counting code (trampoline.py, `direct_call`), the
+site's rcx, rax, rdx and rsi on the stack as the counting code saved them:
+
+    [rsp] return address, [rsp + 8] rsi, + 16 rdx, + 24 rax, + 32 rcx of the site;
+    the site's rsp is rsp + 40 + 128 (the red zone skipped: no Go code comes here)
+    rcx = the point's argument descriptors (trampolines/arguments.py)
+    rsi = the binding: the state memory's words at trampoline.DIRECT (below)
+    every other register as at the site, but rax (the flags where they are live)
+
+The entry keeps every register but rcx, rdx, rsi and the flags, and returns ecx = 0
+(done: run, or nothing to run) or 1: the point's arguments are not the ones the
+entry was made for (its descriptors differ: a USDT probe's sites may name other
+registers; an exit at a tail call reads none), and the trampoline takes the trace
+path, whose runtime routine reads them as the descriptors say.
+
+An entry checks the descriptors of the arguments the code reads (two compares each),
+then a leading predicate on an argument and a constant with no call (a false one
+returns there: the cost of a filter), then that the maps are its run's (a live
+re-arm may be replacing both), then saves the registers the function may clobber,
+fills the context on the stack (the arguments straight from the registers, pid,
+maps, the printf routine; the clock, the thread's id and name only where the code
+reads them) and calls the function (`void f(context *)`, the SysV ABI).
+
+The binding, written by the runtime's program_setup (runtime.s) while it sets up:
+    [+0] the direct table (program_file.py), or 0   [+8] this process's maps
+    [+16] the printf routine   [+24] thread id routine: rdi = region -> rax
+    [+32] thread name routine: rdi = region, rsi = 64 bytes to fill
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+from urewrite.arch.x86_64.arguments import SLOT
+from urewrite.trampolines import program_file as P
+from urewrite.trampolines.program_file import DirectEntry
+from urewrite.trampolines import region
+from urewrite.trampolines.arguments import (CONSTANT, LINKED_MEMORY, MEMORY, NO_SLOT,
+                                            REGISTER, THREAD_MEMORY, encode)
+
+DIRECT = 64  # the binding's offset in the state memory's first page (region at 0)
+BINDING_MAPS, BINDING_EVENT, BINDING_TID, BINDING_COMM = 8, 16, 24, 32
+RED_ZONE = 128
+_NAMES = {slot: name for name, slot in SLOT.items()}
+_SAVED = ("rbp", "rax", "rdi", "r8", "r9", "r10", "r11")  # what the function may clobber
+_TRAMPOLINE_SAVED = {"rsi": 8, "rdx": 16, "rax": 24, "rcx": 32}  # from the entry's rsp
+_CONDITIONS = {("eq", False): "e", ("ne", False): "ne", ("lt", False): "b",
+               ("gt", False): "a", ("le", False): "be", ("ge", False): "ae",
+               ("eq", True): "e", ("ne", True): "ne", ("lt", True): "l", ("gt", True): "g",
+               ("le", True): "le", ("ge", True): "ge"}
+
+
+def assemble(base: int, run_at: int, entries: Sequence[DirectEntry]) -> \
+        Optional[Tuple[bytes, List[int]]]:
+    """Backend.direct_entries: the entries' code at `base` in the program's code, the
+    header's run at `run_at` (relative to the code's start), and where each starts
+    (an entry None: one that sends every hit to the trace path)."""
+    from urewrite.arch.runtime_asm import assemble_twice
+    lines = ["d_base:"]  # (at `base`: the run is at d_base + run_at - base)
+    for k, entry in enumerate(entries):
+        lines += [f"d{k}:", "mov ecx, 1", "ret"] if entry is None else \
+            _entry(f"d{k}", entry, run_at - base)
+    text = "".join(line + "\n" for line in lines)
+    text += "".join(f".quad d{k}\n" for k in range(len(entries)))
+    code = assemble_twice(text, base, "KS_ARCH_X86", "KS_MODE_64", "a program's direct entries")
+    table = code[len(code) - 8 * len(entries):]
+    starts = [int.from_bytes(table[8 * k:8 * k + 8], "little") - base for k in range(len(entries))]
+    return code[:len(code) - 8 * len(entries)], starts
+
+
+def supported(entry: DirectEntry) -> bool:
+    """Whether an entry can read every argument the code reads as its specs say."""
+    return all(_readable(spec) for spec in entry.expected[:entry.reads])
+
+
+def _readable(spec) -> bool:
+    if spec.kind == CONSTANT:
+        return True
+    if spec.kind == REGISTER:
+        return spec.base in _NAMES
+    if spec.kind in (MEMORY, LINKED_MEMORY, THREAD_MEMORY):
+        return all(s == NO_SLOT or s in _NAMES for s in (spec.base, spec.index)) and \
+            -(1 << 31) <= spec.value < 1 << 31
+    return False
+
+
+def _entry(name: str, entry: DirectEntry, run_at: int) -> List[str]:
+    out = [f"{name}:"]
+    reads = min(entry.reads, P.ARGUMENTS)
+    known = min(reads, len(entry.expected))
+    if reads:  # the point's descriptors: those the entry was made for?
+        blob = encode(entry.expected)
+        out += [f"cmp qword ptr [rcx], {len(entry.expected)}", f"jne {name}_other"]
+        for j in range(known):
+            head, value = (int.from_bytes(blob[8 + 16 * j + h:16 + 16 * j + h], "little",
+                                          signed=True) for h in (0, 8))
+            out += [f"movabs rdx, {head & (2**64 - 1):#x}",
+                    f"cmp qword ptr [rcx + {8 + 16 * j}], rdx", f"jne {name}_other"]
+            out += _compare_word(f"[rcx + {16 + 16 * j}]", value) + [f"jne {name}_other"]
+    if entry.predicate is not None and _in_registers(entry, known):
+        out += _predicate(name, entry, known)
+    out += [f"{name}_run:",
+            f"mov rdx, qword ptr [rsi + {BINDING_MAPS}]",  # its run's maps, or none yet
+            "test rdx, rdx", f"jz {name}_done",
+            "mov rdx, qword ptr [rdx + 8]",
+            f"cmp rdx, qword ptr [rip + d_base + {run_at}]", f"jne {name}_done",
+            f"mov rdx, qword ptr [rsi - {DIRECT}]",  # the region (1: disarmed since)
+            "cmp rdx, 1", f"jbe {name}_done"]
+    out += [f"push {r}" for r in _SAVED] + [
+        "mov rbp, rsp", f"sub rsp, {P.CTX_SIZE}", "and rsp, -16"]  # rsp: the context
+    frame = _Frame(8 * len(_SAVED), saved_rbp=True)
+    for j in range(reads):
+        if j < known:
+            out += _value(entry.expected[j], frame, "rax")
+            out.append(f"mov qword ptr [rsp + {P.CTX_ARGS + 8 * j}], rax")
+        else:  # the probe has no such argument: it reads 0
+            out.append(f"mov qword ptr [rsp + {P.CTX_ARGS + 8 * j}], 0")
+    out += [f"mov eax, dword ptr [rdx + {region.OFF_PID}]",
+            f"mov qword ptr [rsp + {P.CTX_PID}], rax",
+            f"mov rax, qword ptr [rsi + {BINDING_MAPS}]",
+            f"mov qword ptr [rsp + {P.CTX_MAPS}], rax",
+            f"mov rax, qword ptr [rsi + {BINDING_EVENT}]",
+            f"mov qword ptr [rsp + {P.CTX_EVENT}], rax"]
+    if entry.uses & P.USES_NSECS:  # the region's clock pair, then ticks
+        out += ["mov rcx, rdx", "rdtsc", "shl rdx, 32", "or rax, rdx",
+                f"sub rax, qword ptr [rcx + {region.OFF_CLOCK_REF_TICKS}]",
+                f"imul qword ptr [rcx + {region.OFF_NS_MULT}]", "shrd rax, rdx, 32",
+                f"add rax, qword ptr [rcx + {region.OFF_CLOCK_REF_NS}]",
+                f"mov qword ptr [rsp + {P.CTX_NSECS}], rax", "mov rdx, rcx"]
+    if entry.uses & P.USES_TID:
+        out += ["push rsi", "push rdx", "mov rdi, rdx", f"call qword ptr [rsi + {BINDING_TID}]",
+                "pop rdx", "pop rsi", f"mov qword ptr [rsp + {P.CTX_TID}], rax"]
+    if entry.uses & P.USES_COMM:
+        out += ["push rsi", "push rdx", "mov rdi, rdx", f"lea rsi, [rsp + {16 + P.CTX_COMM}]",
+                "mov rax, qword ptr [rsp + 8]", f"call qword ptr [rax + {BINDING_COMM}]",
+                "pop rdx", "pop rsi"]
+    out += ["mov rdi, rsp", f"call {entry.function:#x}", "mov rsp, rbp"]
+    out += [f"pop {r}" for r in reversed(_SAVED)]
+    out += [f"{name}_done:", "xor ecx, ecx", "ret",
+            f"{name}_other:", "mov ecx, 1", "ret"]
+    return out
+
+
+def _in_registers(entry: DirectEntry, known: int) -> bool:
+    """Whether the predicate's argument needs no memory read (nor the region)."""
+    n = entry.predicate[0]
+    return n >= known or entry.expected[n].kind in (REGISTER, CONSTANT)
+
+
+def _predicate(name: str, entry: DirectEntry, known: int) -> List[str]:
+    """Nothing to do unless arg N OP constant: checked before anything is saved."""
+    n, constant, op, signed = entry.predicate
+    if n < known:
+        value = _value(entry.expected[n], _Frame(0, saved_rbp=False), "rdx")
+    else:
+        value = ["xor edx, edx"]
+    return value + [f"movabs rcx, {constant & (2**64 - 1):#x}", "cmp rdx, rcx",
+                    f"j{_CONDITIONS[op, signed]} {name}_run", f"jmp {name}_done"]
+
+
+def _compare_word(operand: str, value: int) -> List[str]:
+    if -(1 << 31) <= value < 1 << 31:
+        return [f"cmp qword ptr {operand}, {value}"]
+    return [f"movabs rdx, {value & (2**64 - 1):#x}", f"cmp qword ptr {operand}, rdx"]
+
+
+class _Frame:
+    """Where the site's registers are, `pushed` bytes below the entry's rsp (rbp then
+    holds the entry's rsp minus `pushed` where `saved_rbp`: the site's rbp is the
+    first word pushed)."""
+
+    def __init__(self, pushed: int, saved_rbp: bool):
+        self.pushed, self.saved_rbp = pushed, saved_rbp
+        self.base = "rbp" if saved_rbp else "rsp"
+
+    def register(self, slot: int, into: str) -> List[str]:
+        name = _NAMES[slot]
+        if name == "rsp":
+            return [f"lea {into}, [{self.base} + {self.pushed + 40 + RED_ZONE}]"]
+        if name in _TRAMPOLINE_SAVED:
+            return [f"mov {into}, qword ptr [{self.base} + {self.pushed + _TRAMPOLINE_SAVED[name]}]"]
+        if name == "rbp" and self.saved_rbp:
+            return [f"mov {into}, qword ptr [rbp + {self.pushed - 8}]"]
+        if name in ("rax", "rdx", "rcx", "rsi"):
+            raise AssertionError(name)  # (saved by the trampoline: above)
+        return [f"mov {into}, {name}"]
+
+
+def _value(spec, frame: _Frame, into: str) -> List[str]:
+    """`into` = the argument `spec` describes (rcx may be clobbered too; `into` is rax
+    or rdx, neither of which holds a site's register here; rdx holds the region where
+    the spec reads memory)."""
+    if spec.kind == CONSTANT:
+        return [f"movabs {into}, {spec.value & (2**64 - 1):#x}"]
+    if spec.kind == REGISTER:
+        out = frame.register(spec.base, into)
+        if spec.shift:
+            out.append(f"shr {into}, {spec.shift}")
+        return out + _extend(into, spec.size, spec.signed)
+    out = frame.register(spec.base, into) if spec.base != NO_SLOT else [f"xor {_low(into)}, {_low(into)}"]
+    if spec.index != NO_SLOT:
+        out += frame.register(spec.index, "rcx") + [f"imul rcx, rcx, {spec.scale}",
+                                                    f"add {into}, rcx"]
+    if spec.value:
+        out.append(f"add {into}, {spec.value}")
+    if spec.kind == LINKED_MEMORY:  # a link-time address: the load bias (rdx: the region)
+        out.append(f"add {into}, qword ptr [rdx + {region.OFF_LOAD_BIAS}]")
+    elif spec.kind == THREAD_MEMORY:  # %fs: the thread pointer (the TLS ABI's fs:[0]),
+        # as bytes: Keystone makes `fs:[0]` RIP-relative
+        modrm = {"rax": 0x04, "rdx": 0x14}[into]
+        out.append(f".byte 0x64, 0x48, 0x03, {modrm:#x}, 0x25, 0, 0, 0, 0")
+    load = {1: f"movzx {_low(into)}, byte ptr [{into}]",
+            2: f"movzx {_low(into)}, word ptr [{into}]",
+            4: f"mov {_low(into)}, dword ptr [{into}]", 8: f"mov {into}, qword ptr [{into}]"}
+    return out + [load[spec.size]] + _extend(into, spec.size, spec.signed)
+
+
+def _low(register: str) -> str:
+    return "e" + register[1:]
+
+
+def _extend(register: str, size: int, signed: bool) -> List[str]:
+    if size == 8:
+        return []
+    part = {1: register[1] + "l", 2: register[1:], 4: _low(register)}[size]
+    if signed:
+        return [f"movsxd {register}, {part}" if size == 4 else f"movsx {register}, {part}"]
+    return [f"mov {part}, {part}"] if size == 4 else [f"movzx {_low(register)}, {part}"]

@@ -1,0 +1,143 @@
+"""Probe programs' direct entries (arch/x86_64/direct_entry.py): a hit calls the probe's
+code from the counting path, reading the arguments where the site's registers and
+memory are. Held to what the sample computes itself, over every operand form its
+USDT notes give (registers of each width, constants, stack memory, a global, a
+thread-local), at a probe whose sites' arguments differ (one site's take the trace
+path), in PIE, non-PIE and static builds; built in and loaded by `urewrite run`."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import struct
+import subprocess
+
+import pytest
+
+from conftest import urewrite
+from probe_programs import maps_of
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLE = os.path.join(ROOT, "samples", "programs", "operands.c")
+CALLS = 1000
+
+pytestmark = pytest.mark.skipif(platform.machine() != "x86_64",
+                                reason="direct entries are x86_64's for now")
+
+PROGRAM = ("usdt:{path}:ops:widths {{ @c = sum(arg0); @s = sum(arg1); @k = sum(arg2); "
+           "@u = sum(arg3); @d = sum(arg4); }} "
+           "usdt:{path}:ops:places {{ @g = sum(arg0); @t = sum(arg1); @fortytwo = sum(arg2); }} "
+           "usdt:{path}:ops:reads {{ @rg = sum(arg0); @rt = sum(arg1); }} "
+           "usdt:{path}:ops:twice {{ @twice = sum(arg0); }} "
+           "usdt:{path}:ops:twice /arg0 == 5/ {{ @fives = count(); }} "
+           "usdt:{path}:ops:widths /arg2 < -5/ {{ @neg = count(); }}")
+BUILDS = {"O0": ["-O0"], "O2": ["-O2"], "O2-no-pie": ["-O2", "-no-pie", "-fno-pie"],
+          "O2-static": ["-O2", "-static"]}
+
+
+def _expected(printed: str) -> dict:
+    """The maps the program should print: the sample's own sums (as bpftrace prints a
+    sum: its 64 bits unsigned), and the counts its loop makes."""
+    maps = {}
+    for line in printed.splitlines():
+        name, value = line.split(": ")
+        maps[name] = str(int(value) % 2**64)
+    maps["@fortytwo"] = str(42 * CALLS)
+    maps["@fives"] = str(len([i for i in range(CALLS) if i % 3 == 0 or i == 5]))
+    # arg2 < -5 compares as bpftrace 0.17 does here: unsigned (-i for i = 0 is 0)
+    maps["@neg"] = str(len([i for i in range(CALLS) if (-i) % 2**64 < 2**64 - 5]))
+    return maps
+
+
+def _maps(text: str) -> dict:
+    return dict(line.split(": ") for line in text.splitlines() if line.startswith("@"))
+
+
+@pytest.fixture(scope="module", params=sorted(BUILDS))
+def built(request, tmp_path_factory):
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    if not os.path.exists("/usr/include/x86_64-linux-gnu/sys/sdt.h") and \
+            not os.path.exists("/usr/include/sys/sdt.h"):
+        pytest.skip("sys/sdt.h is not installed (systemtap-sdt-dev)")
+    work = tmp_path_factory.mktemp(request.param)
+    plain = work / "ops"
+    proc = subprocess.run(["gcc", *BUILDS[request.param], SAMPLE, "-o", str(plain)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0 and "-static" in BUILDS[request.param]:
+        pytest.skip(f"no static libc: {proc.stderr.strip()[:200]}")
+    assert proc.returncode == 0, proc.stderr
+    rewritten = work / "ops.probed"
+    program = PROGRAM.format(path=rewritten)
+    proc = urewrite(str(plain), "-e", program, "-o", str(rewritten), "-q")
+    assert proc.returncode == 0, proc.stderr
+    printed = subprocess.run([str(plain), str(CALLS)], capture_output=True, text=True,
+                             check=True).stdout
+    return rewritten, program, printed
+
+
+def test_the_notes_give_the_forms_the_test_is_for(built):
+    """(So that the test below reads what it says: each build's notes.)"""
+    rewritten, _, _ = built
+    notes = subprocess.run(["readelf", "-n", str(rewritten)], capture_output=True,
+                           text=True).stdout
+    arguments = re.findall(r"Arguments: (.*)", notes)
+    assert any("$5" in a for a in arguments)  # twice's constant site
+    assert any("@%" in a for a in arguments)  # a register
+    forms = " ".join(arguments)
+    assert "(%rbp)" in forms or "(%rip)" in forms or "%fs:" in forms  # memory
+
+
+def test_loaded_by_run_every_operand_form_reads_as_the_sample_computes(built):
+    rewritten, program, printed = built
+    ran = urewrite("run", "-e", program, "--", str(rewritten), str(CALLS))
+    assert ran.returncode == 0, ran.stderr
+    assert _maps(maps_of(ran.stdout)) == _expected(printed)
+
+
+def test_built_in_every_operand_form_reads_as_the_sample_computes(built):
+    rewritten, _, printed = built
+    proc = urewrite("stat", "--", str(rewritten), str(CALLS))
+    assert proc.returncode == 0, proc.stderr
+    program_part = proc.stdout.split("the program built into the probes:", 1)[1]
+    assert _maps(program_part) == _expected(printed)
+
+
+def test_the_program_file_has_a_direct_entry_for_each_probe_with_code(built, tmp_path):
+    """x86_64 program files carry the direct table; a probe with no code has none."""
+    from urewrite.programs import attach, checks, parser
+    from urewrite.program_run import _backend_of, _program_code
+    from urewrite.trampolines import program_file as P
+    rewritten, _, _ = built
+    text = f"usdt:{rewritten}:ops:reads {{ @rg = sum(arg0); }}"
+    checked = checks.check(parser.parse(text))
+    targets = {}
+    attach.attach(targets, checked.program.blocks, [str(rewritten)])
+    lowered = attach.lower(checked, targets)
+    (tmp_path / "d").mkdir()
+    attach.write_files(str(tmp_path / "d"), targets, lowered, _program_code, _backend_of)
+    data = next((tmp_path / "d").glob("*.program")).read_bytes()
+    header = P.HEADER.unpack_from(data)
+    count, direct_at = header[1], header[P.DIRECT_AT // 8]
+    assert direct_at == P.HEADER.size + 8 * count
+    direct = struct.unpack_from(f"<{count}Q", data, direct_at)
+    names = [t.probes for t in targets.values()][0]
+    reads = [n for n, (name, _, _) in enumerate(names) if name.endswith("ops:reads")]
+    assert reads and all(direct[n] for n in reads)
+    assert not any(direct[n] for n in range(count) if n not in reads)
+    assert all(direct_at + direct[n] >= header[3] for n in reads)  # into the code
+
+
+def test_commands_get_the_users_environment(tmp_path):
+    """urewrite quiets numpy's threads for itself (OPENBLAS_NUM_THREADS), not for the
+    command it runs."""
+    script = tmp_path / "env.sh"
+    script.write_text("#!/bin/sh\necho \"blas=${OPENBLAS_NUM_THREADS-unset}\"\n")
+    script.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    proc = urewrite("stat", "--", str(script), env=env)
+    assert proc.returncode == 0 and "blas=unset" in proc.stdout, proc.stdout + proc.stderr
+    proc = urewrite("stat", "--", str(script), env=dict(env, OPENBLAS_NUM_THREADS="3"))
+    assert "blas=3" in proc.stdout, proc.stdout + proc.stderr
