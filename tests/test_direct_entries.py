@@ -141,3 +141,31 @@ def test_commands_get_the_users_environment(tmp_path):
     assert proc.returncode == 0 and "blas=unset" in proc.stdout, proc.stdout + proc.stderr
     proc = urewrite("stat", "--", str(script), env=dict(env, OPENBLAS_NUM_THREADS="3"))
     assert "blas=3" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("link", ["pie", "static"])
+def test_a_forked_child_runs_the_program_into_maps_of_its_own(tmp_path, link):
+    """A child's first hit sets its probes up again (its state page is cleared at
+    fork): its own maps and direct table, added up with its parent's; the parent's
+    pointers are never used in the child. Arguments and pids, per process."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    plain = tmp_path / "forks"
+    proc = subprocess.run(["gcc", "-O2", f"-{link}", os.path.join(ROOT, "samples", "forks.c"),
+                           "-o", str(plain)], capture_output=True, text=True)
+    if proc.returncode != 0 and link == "static":
+        pytest.skip(f"no static libc: {proc.stderr.strip()[:200]}")
+    assert proc.returncode == 0, proc.stderr
+    rewritten = tmp_path / "forks.probed"
+    program = (f"uprobe:{rewritten}:tick {{ @n = count(); @sum = sum(arg0); @pids[pid] = count(); }} "
+               f"uprobe:{rewritten}:child_only {{ @child = count(); }} "
+               f"uprobe:{rewritten}:parent_only /arg0 == arg0/ {{ @parent = count(); }}")
+    proc = urewrite(str(plain), "-e", program, "-o", str(rewritten), "-q")
+    assert proc.returncode == 0, proc.stderr
+    ran = urewrite("run", "-e", program, "--", str(rewritten))
+    assert ran.returncode == 0, ran.stderr
+    maps = _maps(maps_of(ran.stdout))
+    assert (maps["@n"], maps["@sum"], maps["@child"], maps["@parent"]) == \
+        ("21", str(3 + 21 + 55), "1", "2")
+    pids = sorted(int(v) for k, v in maps.items() if k.startswith("@pids["))
+    assert pids == [7, 14]  # the child's 7; the parent's 3 before the fork and 11 after
