@@ -146,7 +146,7 @@ class _Walker(ValueReader):
         super().__init__(data, address)
         self.cie_encodings: Dict[int, int] = {}
         self.want_frames = frames
-        self.cies: Dict[int, _Cie] = {}  # with frames: what the rules need of each CIE
+        self.cies: Dict[int, Cie] = {}  # with frames: what the rules need of each CIE
         self.frames: Dict[int, Optional[Frame]] = {}
         self._cie_frames: Dict[int, Optional[Frame]] = {}  # (CIE instructions -> its frame)
         self.want_lsdas = lsdas
@@ -257,7 +257,7 @@ class _Walker(ValueReader):
         except (Truncated, UnsupportedEncoding):
             return None
 
-    def _entry_frame(self, cie: Optional["_Cie"], at: int, end: int) -> Optional[Frame]:
+    def _entry_frame(self, cie: Optional["Cie"], at: int, end: int) -> Optional[Frame]:
         """The frame at an FDE's first address: the CIE's initial rules, then the FDE's
         up to its first advance."""
         if cie is None:
@@ -303,62 +303,89 @@ class _Walker(ValueReader):
         return encoding
 
     def _read_cie(self, at: int, end: int, offset: int = -1) -> int:
-        version = self.byte(at, end)
-        nul = self.data.find(b"\0", at + 1, end)
-        if nul < 0:
-            raise Truncated
-        augmentation = self.data[at + 1:nul]
-        at = nul + 1
-        if augmentation.startswith(b"eh"):  # an old GCC's eh_ptr word
-            at += 8
-        _, at = self.leb(at, end, signed=False)  # code alignment
-        data_alignment, at = self.leb(at, end, signed=True)
-        if version == 1:
-            return_register, at = self.byte(at, end), at + 1
-        else:
-            return_register, at = self.leb(at, end, signed=False)
-        if not augmentation.startswith(b"z"):
-            if self.want_frames:
-                self.cies[offset] = _Cie(data_alignment, return_register, False, at, end)
-            return 0x00  # absolute pointers
-        length, at = self.leb(at, end, signed=False)  # augmentation data length
+        """The FDE pointer encoding of the CIE whose version byte is at `at`; what the
+        walk wants of it (its rules, its LSDA encoding) recorded by `offset`."""
+        cie = read_cie(self, at, end)
         if self.want_frames:
-            self.cies[offset] = _Cie(data_alignment, return_register, True, at + length, end)
-        encoding = lsda = None
-        for letter in augmentation[1:]:
-            if letter == ord("R"):
-                encoding, at = self.byte(at, end), at + 1
-                if not self.want_lsdas:
-                    break
-            elif letter == ord("L"):
-                lsda, at = self.byte(at, end), at + 1
-            elif letter == ord("P"):  # the personality routine: skipped, only its size matters
-                personality = self.byte(at, end)
-                if personality & 0x70 == 0x50:  # DW_EH_PE_aligned: padding we do not model
-                    raise UnsupportedEncoding(f"personality encoding {personality:#x}")
-                _, at = self.pointer(at + 1, personality & 0x0F, end)
-            elif letter not in b"SBG":  # signal frame, arm64 key B, memory tagging: no data
-                break  # an unknown letter hides where 'R' (or 'L') is
-        if self.want_lsdas and b"L" in augmentation:
-            self.lsda_encodings[offset] = lsda  # None: its place is unknown
-        if encoding is not None:
-            return encoding
-        if b"R" in augmentation:
-            raise UnsupportedEncoding(f"CIE augmentation {augmentation!r}")
+            self.cies[offset] = cie
+        if not cie.augmented:
+            return 0x00  # absolute pointers
+        if self.want_lsdas and b"L" in cie.augmentation:
+            self.lsda_encodings[offset] = cie.lsda_encoding  # None: its place is unknown
+        if cie.pointer_encoding is not None:
+            return cie.pointer_encoding
+        if b"R" in cie.augmentation:  # past a letter this reader does not know
+            raise UnsupportedEncoding(f"CIE augmentation {cie.augmentation!r}")
         return 0x00
 
 
-def _entry_rules(reader: ValueReader, cie: "_Cie") -> "FrameRules":
+def _entry_rules(reader: ValueReader, cie: "Cie") -> "FrameRules":
     return FrameRules(reader, cie.data_alignment, return_register=cie.return_register)
 
 
 @dataclass(frozen=True)
-class _Cie:
+class Cie:
+    """A CIE's fields as read_cie reads them; each reader of call frame information
+    (this walk, unwind_rows) decides what a CIE it cannot fully read means."""
+    version: int
+    augmentation: bytes
+    code_alignment: int
     data_alignment: int
     return_register: int
     augmented: bool  # 'z': FDEs carry an augmentation data length
     instructions: int  # offset of its initial instructions
     end: int
+    pointer_encoding: Optional[int]  # 'R''s: FDE pointers (None: no 'R' read)
+    lsda_encoding: Optional[int]  # 'L''s: FDEs' LSDA pointers (None: no 'L' read)
+    unknown_letter: bool  # the letters stop at one this reader does not know, whose
+    # data's size is unknown: nothing after it is read
+
+
+def read_cie(reader: ValueReader, at: int, end: int, debug: bool = False) -> Cie:
+    """The CIE whose version byte is at `at` (its id before it checked by the caller),
+    ending at `end`; `debug`: .debug_frame's (version 4 adds the address and segment
+    selector sizes). Truncated where it runs past `end`; UnsupportedEncoding for a
+    personality pointer padded to alignment, or a .debug_frame CIE whose addresses
+    are not 8 bytes (or that has segments)."""
+    version = reader.byte(at, end)
+    nul = reader.data.find(b"\0", at + 1, end)
+    if nul < 0:
+        raise Truncated
+    augmentation = bytes(reader.data[at + 1:nul])
+    at = nul + 1
+    if augmentation.startswith(b"eh"):  # an old GCC's eh_ptr word
+        at += 8
+    if debug and version >= 4:  # address and segment selector sizes
+        if reader.byte(at, end) != 8 or reader.byte(at + 1, end) != 0:
+            raise UnsupportedEncoding("a .debug_frame CIE of other address sizes")
+        at += 2
+    code_alignment, at = reader.leb(at, end, signed=False)
+    data_alignment, at = reader.leb(at, end, signed=True)
+    if version == 1:
+        return_register, at = reader.byte(at, end), at + 1
+    else:
+        return_register, at = reader.leb(at, end, signed=False)
+    augmented = augmentation.startswith(b"z")
+    encoding = lsda = None
+    unknown = False
+    if augmented:
+        length, at = reader.leb(at, end, signed=False)  # augmentation data length
+        data, at = at, at + length
+        for letter in augmentation[1:]:
+            if letter == ord("R"):
+                encoding, data = reader.byte(data, end), data + 1
+            elif letter == ord("L"):
+                lsda, data = reader.byte(data, end), data + 1
+            elif letter == ord("P"):  # the personality routine: skipped, only its size matters
+                personality = reader.byte(data, end)
+                if personality & 0x70 == 0x50:  # DW_EH_PE_aligned: padding we do not model
+                    raise UnsupportedEncoding(f"personality encoding {personality:#x}")
+                _, data = reader.pointer(data + 1, personality & 0x0F, end)
+            elif letter not in b"SBG":  # signal frame, arm64 key B, memory tagging: no data
+                unknown = True  # an unknown letter hides where the next ones are
+                break
+    return Cie(version, augmentation, code_alignment, data_alignment, return_register,
+               augmented, at, end, encoding, lsda, unknown)
 
 
 _ADVANCE_FIXED = {0x02: "<B", 0x03: "<H", 0x04: "<I"}  # advance_loc1, 2, 4

@@ -16,11 +16,11 @@ from __future__ import annotations
 import bisect
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, Iterable, Optional, Tuple
 
-from urewrite.rewriter.eh_frame import (DW_EH_PE_OMIT, PCREL_SDATA4, FrameRules, Truncated,
-                                        UnsupportedEncoding, ValueReader)
+from urewrite.rewriter.eh_frame import (DW_EH_PE_OMIT, PCREL_SDATA4, Cie, FrameRules,
+                                        Truncated, UnsupportedEncoding, ValueReader, read_cie)
 from urewrite.rewriter.elf_file import ElfFile
 
 SHF_COMPRESSED, ELFCOMPRESS_ZLIB = 0x800, 1
@@ -39,16 +39,6 @@ class Row:
     registers: Tuple
     return_address_signed: bool
     return_register: int
-
-
-@dataclass(frozen=True)
-class _Cie:
-    code_alignment: int
-    data_alignment: int
-    return_register: int
-    pointer_encoding: int
-    augmented: bool
-    instructions: Tuple[int, int]  # (start, end) offsets
 
 
 def rows_at(elf: ElfFile, addresses: Iterable[int],
@@ -81,8 +71,8 @@ class UnwindTable(ValueReader):
         super().__init__(data, address)
         self.starts, self.fdes = starts, fdes  # sorted initial locations, FDE offsets
         self.debug = debug
-        self._cies: Dict[int, Optional[_Cie]] = {}
-        self._initials: Dict[_Cie, Optional[tuple]] = {}
+        self._cies: Dict[int, Optional[Cie]] = {}
+        self._initials: Dict[Cie, Optional[tuple]] = {}
         self._rows: Dict[tuple, Dict[int, Row]] = {}
 
     @classmethod
@@ -153,7 +143,7 @@ class UnwindTable(ValueReader):
             self._rows[key] = self._rows_at(cie, instructions, offsets)
         return {start + offset: row for offset, row in self._rows[key].items()}
 
-    def _rows_at(self, cie: _Cie, instructions, offsets) -> Dict[int, Row]:
+    def _rows_at(self, cie: Cie, instructions, offsets) -> Dict[int, Row]:
         """The rows at `offsets` (sorted) from the start of an FDE of `cie` with
         `instructions` ((start, end) in the data)."""
         left = list(reversed(offsets))  # (last first)
@@ -181,15 +171,15 @@ class UnwindTable(ValueReader):
             pass
         return found
 
-    def _rules(self, cie: _Cie) -> FrameRules:
+    def _rules(self, cie: Cie) -> FrameRules:
         return FrameRules(self, cie.data_alignment, cie.code_alignment, cie.return_register)
 
-    def _initial(self, cie: _Cie):
+    def _initial(self, cie: Cie):
         """(CFA, registers) after the CIE's initial instructions; None if not followed."""
         if cie not in self._initials:
             rules = self._rules(cie)
             try:
-                ok = rules.run(*cie.instructions)
+                ok = rules.run(cie.instructions, cie.end)
             except (Truncated, UnsupportedEncoding):
                 ok = False
             self._initials[cie] = (rules.cfa, rules.registers) if ok else None
@@ -224,7 +214,7 @@ class UnwindTable(ValueReader):
             return None
         return cie, start, size, (rest, end)
 
-    def _cie(self, at: int) -> Optional[_Cie]:
+    def _cie(self, at: int) -> Optional[Cie]:
         if at not in self._cies:
             try:
                 self._cies[at] = self._read_cie(at)
@@ -232,50 +222,21 @@ class UnwindTable(ValueReader):
                 self._cies[at] = None
         return self._cies[at]
 
-    def _read_cie(self, at: int) -> Optional[_Cie]:
+    def _read_cie(self, at: int) -> Optional[Cie]:
+        """The CIE at `at` (its length first), or None: not a CIE, or one with a letter
+        this reader does not know (the rules could not be followed past it)."""
         length = self._fixed("<I", at)
         end = at + 4 + length
         if length in (0, 0xFFFFFFFF) or self._fixed("<I", at + 4) != (
                 0xFFFFFFFF if self.debug else 0):
             return None
-        version = self.byte(at + 8, end)
-        nul = self.data.find(b"\0", at + 9, end)
-        if nul < 0:
+        cie = read_cie(self, at + 8, end, self.debug)
+        if cie.unknown_letter:
             return None
-        augmentation, at = bytes(self.data[at + 9:nul]), nul + 1
-        if augmentation.startswith(b"eh"):
-            at += 8
-        if self.debug and version >= 4:  # address and segment selector sizes
-            if self.byte(at, end) != 8 or self.byte(at + 1, end) != 0:
-                return None
-            at += 2
-        code, at = self.leb(at, end, signed=False)
-        data, at = self.leb(at, end, signed=True)
-        if version == 1:
-            ra, at = self.byte(at, end), at + 1
-        else:
-            ra, at = self.leb(at, end, signed=False)
-        encoding, augmented = 0x00, augmentation.startswith(b"z")
-        if augmented:
-            length, at = self.leb(at, end, signed=False)
-            data_end, p = at + length, at
-            for letter in augmentation[1:]:
-                if letter == ord("R"):
-                    encoding, p = self.byte(p, end), p + 1
-                elif letter == ord("L"):
-                    p += 1
-                elif letter == ord("P"):
-                    personality = self.byte(p, end)
-                    if personality & 0x70 == 0x50:
-                        return None
-                    _, p = self.pointer(p + 1, personality & 0x0F, end)
-                elif letter not in b"SBG":
-                    return None
-            at = data_end
-        return _Cie(code, data, ra, encoding, augmented, (at, end))
+        return replace(cie, pointer_encoding=cie.pointer_encoding or 0)  # (no 'R': absolute)
 
 
-def _row(rules: FrameRules, cie: _Cie) -> Optional[Row]:
+def _row(rules: FrameRules, cie: Cie) -> Optional[Row]:
     if rules.cfa is None:
         return None
     return Row(rules.cfa, tuple(sorted(rules.registers.items())), rules.signed,
