@@ -24,7 +24,7 @@ SAMPLE = os.path.join(ROOT, "samples", "programs", "operands.c")
 CALLS = 1000
 
 pytestmark = pytest.mark.skipif(platform.machine() != "x86_64",
-                                reason="direct entries are x86_64's for now")
+                                reason="the samples run natively on x86_64 (arm64's under qemu from there)")
 
 PROGRAM = ("usdt:{path}:ops:widths {{ @c = sum(arg0); @s = sum(arg1); @k = sum(arg2); "
            "@u = sum(arg3); @d = sum(arg4); }} "
@@ -169,3 +169,43 @@ def test_a_forked_child_runs_the_program_into_maps_of_its_own(tmp_path, link):
         ("21", str(3 + 21 + 55), "1", "2")
     pids = sorted(int(v) for k, v in maps.items() if k.startswith("@pids["))
     assert pids == [7, 14]  # the child's 7; the parent's 3 before the fork and 11 after
+
+
+ARM64_PROBES = {"consts": 4, "globals": 3, "pointer": 3, "indexed": 2, "narrow": 3,
+                "truncated": 6, "views": 6, "regreg": 4}
+
+
+@pytest.mark.parametrize("opt", ["-O0", "-O2"])
+def test_arm64_every_operand_form_reads_as_the_program_printed_it(tmp_path, opt):
+    """arm64's direct entries under qemu-aarch64: test_aarch64_trace's FORMS_C (every
+    operand form GCC emits for sdt.h there, and hand-written ones: narrow views of a
+    wide register, register plus register, xzr), each argument summed by a program,
+    against what the sample printed at each probe."""
+    import test_aarch64_trace as T
+    from cross import CC, QEMU, emulate, missing
+    if missing(CC, QEMU) or T.SDT_H is None:
+        pytest.skip("needs the arm64 cross compiler, qemu-aarch64 and sys/sdt.h")
+    (tmp_path / "include" / "sys").mkdir(parents=True)
+    for header in ("sdt.h", "sdt-config.h"):
+        if (T.SDT_H.parent / header).is_file():
+            shutil.copy(T.SDT_H.parent / header, tmp_path / "include" / "sys" / header)
+    (tmp_path / "forms.c").write_text(T.FORMS_C)
+    plain, rewritten = tmp_path / "forms", tmp_path / "forms.probed"
+    subprocess.run([CC, opt, "-isystem", str(tmp_path / "include"), str(tmp_path / "forms.c"),
+                    "-o", str(plain)], check=True)
+    program = " ".join(f"usdt:{rewritten}:t:{name} {{ "
+                       + " ".join(f"@{name}{j} = sum(arg{j});" for j in range(count)) + " }"
+                       for name, count in ARM64_PROBES.items())
+    proc = urewrite(str(plain), "-e", program, "-o", str(rewritten), "-q")
+    assert proc.returncode == 0, proc.stderr
+    ran = urewrite("run", "-e", program, "--", *emulate(rewritten))
+    assert ran.returncode == 0, ran.stderr
+    printed, maps = ran.stdout.split("\n\n\n", 1)
+    expected = {}
+    for line in printed.splitlines():
+        if line.startswith("fire ") and line.split()[1] in ARM64_PROBES:
+            name, *values = line.split()[1:]
+            for j, value in enumerate(values):
+                key = f"@{name}{j}"
+                expected[key] = (int(expected.get(key, 0)) + int(value)) % 2**64
+    assert _maps(maps) == {k: str(v) for k, v in expected.items()}

@@ -173,6 +173,16 @@ class AArch64Backend(Backend):
         from urewrite.arch.aarch64 import program_code
         return program_code.assemble(lowered, offsets)
 
+    direct_calls = True
+
+    def direct_entries(self, base, run_at, entries):
+        from urewrite.arch.aarch64 import direct_entry
+        return direct_entry.assemble(base, run_at, entries)
+
+    def direct_supported(self, entry) -> bool:
+        from urewrite.arch.aarch64 import direct_entry
+        return direct_entry.supported(entry)
+
     def callback_stubs(self, address, stubs, function) -> tuple:
         return callback.stubs(address, stubs, function)
 

@@ -6,10 +6,10 @@ import dataclasses
 import struct
 
 from urewrite.arch import runtime_asm
-from urewrite.arch.aarch64 import arguments, trampoline
+from urewrite.arch.aarch64 import arguments, direct_entry, trampoline
 from urewrite.arch.aarch64.writer import b_imm
 from urewrite.arch.base import Runtime, RuntimeSpec
-from urewrite.trampolines import region
+from urewrite.trampolines import program_file, region
 
 # Layout of the process-state memory (see runtime.s): page 0 is cleared in a
 # forked child; offsets below are from page 1 (x20).
@@ -108,6 +108,7 @@ def build(spec: RuntimeSpec) -> Runtime:
             "SHADOW_SHARED_TP": _unless_shared(spec, "x9", "ss_done", "x10", "x1"),
             "TRACE_ROOM": TRACE_ROOM,
             "PS_PROGRAM": PS_PROGRAM, "PS_PROGRAM_MAPS": PS_PROGRAM_MAPS, "PS_COMM": PS_COMM,
+            "DIRECT": direct_entry.DIRECT, "DIRECT_AT": program_file.DIRECT_AT,
         }, lambda source, target: b_imm(source, target).to_bytes(4, "little"))
     # arm64_exports: three quads just before the shared table of entry points at the end
     at = len(runtime.code) - 8 * len(runtime_asm.EXPORTS) - 24

@@ -1060,6 +1060,37 @@ tt_done:
 // process's ring, with x2 words from x1 (at most {CTX_ARGUMENTS}), the tracer holding
 // the format. Called by the program's code, as an AAPCS64 function: keeps x19-x29.
 // (Called through a register: a landing pad, for files whose pages are BTI-guarded.)
+// A direct entry's thread id (arch/aarch64/direct_entry.py): x0 = region -> x0 = this
+// thread's kernel id, as thread_tid gives it. AAPCS64: keeps x19-x29.
+program_tid:
+    hint #34                               // bti c
+    stp x24, x30, [sp, #-16]!
+    mov x24, x0
+    bl thread_tid
+    mov x0, x13
+    ldp x24, x30, [sp], #16
+    ret
+
+// A direct entry's thread name: x0 = region, x1 = 64 bytes -> there, the name
+// thread_comm gives, NUL-padded. AAPCS64: keeps x19-x29.
+program_comm:
+    hint #34                               // bti c
+    stp x19, x20, [sp, #-48]!
+    stp x24, x30, [sp, #16]
+    str x1, [sp, #32]
+    mov x24, x0
+    bl load_state
+    bl thread_comm
+    ldr x1, [sp, #32]
+    ldp x10, x11, [x12]                    // (the name is at most 15 bytes and a NUL)
+    stp x10, x11, [x1]
+    stp xzr, xzr, [x1, #16]
+    stp xzr, xzr, [x1, #32]
+    stp xzr, xzr, [x1, #48]
+    ldp x24, x30, [sp, #16]
+    ldp x19, x20, [sp], #48
+    ret
+
 program_event:
     hint #34                               // bti c
     stp x19, x20, [sp, #-48]!
@@ -1143,6 +1174,7 @@ program_setup:
 {NO_PROGRAMS}
     // a program of an earlier arming (a live tracer's, or the parent's before fork)
     // ends here; its mappings stay, as a hit may still be running it
+    str xzr, [x19, #{DIRECT}]              // (first: no trampoline calls its entries now)
     str xzr, [x20, #{PS_PROGRAM}]
     str xzr, [x20, #{PS_PROGRAM_MAPS}]
     sub sp, sp, #192                       // [sp]: fstat's buffer
@@ -1227,6 +1259,32 @@ ps_map_maps:
     str x0, [x20, #{PS_PROGRAM_MAPS}]      // the maps first: run_program reads the
     add x9, x20, #{PS_PROGRAM}             // program (acquire), then the maps
     stlr x23, [x9]
+    // The direct entries' binding (arch/aarch64/direct_entry.py), the table last
+    // (release: the trampolines read it with acquire, then call the entries)
+    add x9, x19, #{DIRECT}
+    str x0, [x9, #8]
+    adr x10, program_event
+    str x10, [x9, #16]
+    adr x10, program_tid
+    str x10, [x9, #24]
+    adr x10, program_comm
+    str x10, [x9, #32]
+    ldr x10, [x23, #{DIRECT_AT}]           // the program's direct table, if it has one
+    cbz x10, ps_no_direct
+    cbz x22, ps_direct                     // (built in: part of this object, not checked)
+    cmp x10, x22
+    b.hs ps_no_direct
+    adr x11, link_table                    // this object's probe count
+    ldr x12, [x11, #16]
+    add x12, x11, x12
+    ldr w11, [x12, #{OFF_PROBE_COUNT}]
+    add x11, x10, x11, lsl #3
+    cmp x11, x22
+    b.hi ps_no_direct                      // (the table lies in the file)
+ps_direct:
+    add x10, x23, x10
+    stlr x10, [x9]
+ps_no_direct:
     mov x0, x21
     mov x8, #57                            // close
     svc #0

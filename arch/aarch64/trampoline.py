@@ -29,7 +29,9 @@ routines it calls save them), so they need no saving even inside a function.
             cbz  x1 -> owned             near the hashed entry), or the shared row:
             ldxr/add/stxr on row[probe] ; b counted     counted, never measured
                                          (but by goroutine: bl lat_enter | lat_exit)
-    trace:  x16 = this point's event table ; bl trace_event ; b traced
+    trace:  [a program with a direct table (x16 = binding, acquire): its entry for the
+             probe, x1 = the point's descriptors; done unless it says otherwise]
+            x16 = this point's event table ; bl trace_event ; b traced
 
 Such an entry's return stub follows (docs/design.md, "Return probes"):
     stub:   stp x16, x17, [sp, #-48]! ; bl shadow_pop ; ldr x30, [sp, #32]
@@ -41,7 +43,7 @@ these offsets to runtime.s.
 
 from __future__ import annotations
 
-from urewrite.arch.aarch64 import relocator
+from urewrite.arch.aarch64 import direct_entry, relocator
 from urewrite.arch.aarch64.writer import LR, SP, Writer
 from urewrite.arch.base import RuntimeRefs, Window
 from urewrite.trampolines import region
@@ -144,6 +146,34 @@ def _return_stub(w: Writer, point, refs: RuntimeRefs) -> None:
     w.bl(refs.shadow_pop)
     w.ldr(LR, SP, FRAME_LR)
     _point(w, _Labels("r_"), point, refs, lambda: w.word(RET))
+
+
+def calls_direct(point) -> bool:
+    """Whether a point's trace path calls its probe's direct entry first: a point of
+    one probe outside Go code (direct_entry.py; Go programs run no program)."""
+    return len(point.probes) == 1 and not point.go_code
+
+
+def _direct_call(w: Writer, L, index: int, refs: RuntimeRefs) -> None:
+    """The probe's direct entry, where the program has a direct table: from the table,
+    by the binding's pointer (0: no table, read with acquire: the binding's words are
+    written before it); a probe it gives no entry runs nothing. x1 = the point's
+    argument descriptors, x16 = the binding. Back with x0 = 0: done; else on to the
+    trace path (its runtime routine reads the arguments as the descriptors say)."""
+    w.address_of(X16, refs.state + direct_entry.DIRECT)
+    w.word(0xC8DFFC00 | X16 << 5 | X17)  # ldar x17, [x16]
+    w.cbz(X17, L.events_call)
+    if index < 4096:
+        w.ldr(X0, X17, 8 * index)
+    else:
+        w.mov_imm(X0, index)
+        w.word(0xF8607800 | X0 << 16 | X17 << 5 | X0)  # ldr x0, [x17, x0, lsl #3]
+    w.cbz(X0, L.direct_done)  # the program has no code here
+    w.add_reg(X0, X17, X0)
+    w.adr(X1, L.descriptors)
+    w.word(0xD63F0000 | X0 << 5)  # blr x0
+    w.cbz(X0, L.direct_done)
+    w.label(L.events_call)
 
 
 class _Labels:
@@ -294,8 +324,11 @@ def _point(w: Writer, L: _Labels, point, refs: RuntimeRefs, displaced, jump=None
             w.stxr(X17, X1, X0)
             w.cbnz(X17, L.dropped, wide=False)
     else:
+        if calls_direct(point):
+            _direct_call(w, L, probe_indexes[0], refs)
         w.adr(X16, L.events)
         w.bl(refs.trace_event)
+        w.label(L.direct_done)
     w.ldr(LR, SP, FRAME_LR)
     w.b(L.traced)
 
@@ -308,4 +341,6 @@ def _point(w: Writer, L: _Labels, point, refs: RuntimeRefs, displaced, jump=None
     w.quad(len(probe_indexes))
     for k, index in enumerate(probe_indexes):
         w.quad(index)
+        if k == 0:
+            w.label(L.descriptors)
         w.raw(point.arguments[k] if k < len(point.arguments) else encode(()))

@@ -28,7 +28,9 @@
              in the shared row too]
             [call shadow_push: the return address of a function entered here is
              redirected to its return stub, which follows the out-of-line parts]
-    counted: when tracing: jmp trace (saves every register, calls trace_event per probe)
+    counted: when tracing: jmp trace: [a program with a direct table: call the probe's
+             entry (direct_entry.py), rcx = the point's descriptors; done unless it
+             says otherwise] saves every register, calls trace_event per probe
     traced: pop rsi, rdx ; [add al,0x7f ; sahf] pop rax ... jmp resume
 
 A function entry whose return probe redirects the return address (docs/design.md)
