@@ -17,7 +17,7 @@ import re
 import struct
 import threading
 from importlib import resources
-from typing import Callable
+from typing import Callable, List, Sequence, Tuple
 
 from urewrite.arch.base import Runtime, RuntimeSpec
 from urewrite.trampolines import program_file, region
@@ -159,6 +159,17 @@ def assemble_twice(text: str, base: int, ks_arch: str, ks_mode: str, filename: s
             return previous
         previous, problem = bytes(encoding), "Keystone gave different bytes for the same text"
     raise UrewriteError(f"cannot assemble the runtime ({filename}): {problem}")
+
+
+def assemble_with_starts(text: str, labels: Sequence[str], base: int, ks_arch: str,
+                         ks_mode: str, filename: str) -> Tuple[bytes, List[int]]:
+    """Keystone's bytes for `text` at `base` (assemble_twice), and the address of each
+    of `labels` in them: a table of them is assembled after the text, then cut off."""
+    code = assemble_twice(text + "".join(f".quad {label}\n" for label in labels), base,
+                          ks_arch, ks_mode, filename)
+    table = code[len(code) - 8 * len(labels):]
+    return code[:len(code) - 8 * len(labels)], \
+        [int.from_bytes(table[8 * k:8 * k + 8], "little") for k in range(len(labels))]
 
 
 def assemble(package: str, filename: str, ks_arch: str, ks_mode: str, spec: RuntimeSpec,

@@ -194,7 +194,9 @@ def test_loaded_into_a_running_process(values):
         assert f"armed pid {process.pid}" in proc.stderr
         counts = dict(line.split(": ") for line in proc.stdout.strip().splitlines())
         total = int(counts["@n"])
-        assert total > 1000 and int(counts["@parity[0]"]) + int(counts["@parity[1]"]) == total
-        assert abs(int(counts["@parity[0]"]) - int(counts["@parity[1]"])) <= 1
+        # (the counts in the message: this failed once under load, not again in 20 runs)
+        assert total > 1000 and int(counts["@parity[0]"]) + int(counts["@parity[1]"]) == total, \
+            counts
+        assert abs(int(counts["@parity[0]"]) - int(counts["@parity[1]"])) <= 1, counts
         time.sleep(0.2)
         assert process.poll() is None

@@ -52,18 +52,16 @@ def assemble(base: int, run_at: int, entries: Sequence[Optional[DirectEntry]]) -
     """Backend.direct_entries: the entries' code at `base` in the program's code, the
     header's run at `run_at` from the code's start, and where each starts (an entry
     None: one that sends every hit to the trace path)."""
-    from urewrite.arch.runtime_asm import assemble_twice
+    from urewrite.arch.runtime_asm import assemble_with_starts
     lines = ["d_base:"]
     for k, entry in enumerate(entries):
         lines += [f"d{k}:", _BTI, "mov x0, #1", "ret"] if entry is None else \
             _entry(f"d{k}", entry, run_at - base)
-    text = "".join(line + "\n" for line in lines)
-    text += "".join(f".quad d{k}\n" for k in range(len(entries)))
-    code = assemble_twice(text, base, "KS_ARCH_ARM64", "KS_MODE_LITTLE_ENDIAN",
-                          "a program's direct entries")
-    table = code[len(code) - 8 * len(entries):]
-    starts = [int.from_bytes(table[8 * k:8 * k + 8], "little") - base for k in range(len(entries))]
-    return code[:len(code) - 8 * len(entries)], starts
+    code, starts = assemble_with_starts("".join(line + "\n" for line in lines),
+                                        [f"d{k}" for k in range(len(entries))], base,
+                                        "KS_ARCH_ARM64", "KS_MODE_LITTLE_ENDIAN",
+                                        "a program's direct entries")
+    return code, [start - base for start in starts]
 
 
 def supported(entry: DirectEntry) -> bool:

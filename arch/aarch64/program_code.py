@@ -41,15 +41,13 @@ def _pop(reg: str) -> str:
 
 def assemble(lowered: L.Lowered, offsets: List[int]) -> Tuple[bytes, Dict[str, int]]:
     """The code of every probe, and where each probe's function starts in it."""
-    from urewrite.arch.runtime_asm import assemble_twice
+    from urewrite.arch.runtime_asm import assemble_with_starts
 
     text, entries = source(lowered, offsets)
-    text += ".p2align 3\n" + "".join(f".quad {label}\n" for label in entries.values())
-    code = assemble_twice(text, 0, "KS_ARCH_ARM64", "KS_MODE_LITTLE_ENDIAN", "a probe program")
-    starts = code[len(code) - 8 * len(entries):]
-    found = {probe: int.from_bytes(starts[8 * k:8 * k + 8], "little")
-             for k, probe in enumerate(entries)}
-    return code[:len(code) - 8 * len(entries)], found
+    code, starts = assemble_with_starts(text + ".p2align 3\n", list(entries.values()), 0,
+                                        "KS_ARCH_ARM64", "KS_MODE_LITTLE_ENDIAN",
+                                        "a probe program")
+    return code, dict(zip(entries, starts))
 
 
 def source(lowered: L.Lowered, offsets: List[int]) -> Tuple[str, Dict[str, str]]:

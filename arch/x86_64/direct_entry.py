@@ -53,22 +53,21 @@ _CONDITIONS = {("eq", False): "e", ("ne", False): "ne", ("lt", False): "b",
                ("le", True): "le", ("ge", True): "ge"}
 
 
-def assemble(base: int, run_at: int, entries: Sequence[DirectEntry]) -> \
-        Optional[Tuple[bytes, List[int]]]:
+def assemble(base: int, run_at: int, entries: Sequence[Optional[DirectEntry]]) -> \
+        Tuple[bytes, List[int]]:
     """Backend.direct_entries: the entries' code at `base` in the program's code, the
     header's run at `run_at` (relative to the code's start), and where each starts
     (an entry None: one that sends every hit to the trace path)."""
-    from urewrite.arch.runtime_asm import assemble_twice
+    from urewrite.arch.runtime_asm import assemble_with_starts
     lines = ["d_base:"]  # (at `base`: the run is at d_base + run_at - base)
     for k, entry in enumerate(entries):
         lines += [f"d{k}:", "mov ecx, 1", "ret"] if entry is None else \
             _entry(f"d{k}", entry, run_at - base)
-    text = "".join(line + "\n" for line in lines)
-    text += "".join(f".quad d{k}\n" for k in range(len(entries)))
-    code = assemble_twice(text, base, "KS_ARCH_X86", "KS_MODE_64", "a program's direct entries")
-    table = code[len(code) - 8 * len(entries):]
-    starts = [int.from_bytes(table[8 * k:8 * k + 8], "little") - base for k in range(len(entries))]
-    return code[:len(code) - 8 * len(entries)], starts
+    code, starts = assemble_with_starts("".join(line + "\n" for line in lines),
+                                        [f"d{k}" for k in range(len(entries))], base,
+                                        "KS_ARCH_X86", "KS_MODE_64",
+                                        "a program's direct entries")
+    return code, [start - base for start in starts]
 
 
 def supported(entry: DirectEntry) -> bool:

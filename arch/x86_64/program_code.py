@@ -29,16 +29,12 @@ HASH_MULTIPLIER = 0x9E3779B97F4A7C15
 
 def assemble(lowered: L.Lowered, offsets: List[int]) -> Tuple[bytes, Dict[str, int]]:
     """The code of every probe, and where each probe's function starts in it."""
-    from urewrite.arch.runtime_asm import assemble_twice
+    from urewrite.arch.runtime_asm import assemble_with_starts
 
     text, entries = source(lowered, offsets)
-    code = assemble_twice(text + "".join(f".quad {label}\n" for label in entries.values()),
-                           0, "KS_ARCH_X86", "KS_MODE_64", "a probe program")
-    starts = code[len(code) - 8 * len(entries):]
-    found = {}
-    for k, probe in enumerate(entries):
-        found[probe] = int.from_bytes(starts[8 * k:8 * k + 8], "little")
-    return code[:len(code) - 8 * len(entries)], found
+    code, starts = assemble_with_starts(text, list(entries.values()), 0, "KS_ARCH_X86",
+                                        "KS_MODE_64", "a probe program")
+    return code, dict(zip(entries, starts))
 
 
 def source(lowered: L.Lowered, offsets: List[int]) -> Tuple[str, Dict[str, str]]:
