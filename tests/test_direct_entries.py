@@ -1,9 +1,11 @@
-"""Probe programs' direct entries (arch/x86_64/direct_entry.py): a hit calls the probe's
+"""Probe programs' direct entries (arch/*/direct_entry.py): a hit calls the probe's
 code from the counting path, reading the arguments where the site's registers and
 memory are. Held to what the sample computes itself, over every operand form its
 USDT notes give (registers of each width, constants, stack memory, a global, a
 thread-local), at a probe whose sites' arguments differ (one site's take the trace
-path), in PIE, non-PIE and static builds; built in and loaded by `urewrite run`."""
+path), in PIE, non-PIE and static builds; built in and loaded by `urewrite run`;
+across fork; and on arm64 under qemu, over every form test_aarch64_trace's sample
+gives there."""
 
 from __future__ import annotations
 
@@ -209,3 +211,31 @@ def test_arm64_every_operand_form_reads_as_the_program_printed_it(tmp_path, opt)
                 key = f"@{name}{j}"
                 expected[key] = (int(expected.get(key, 0)) + int(value)) % 2**64
     assert _maps(maps) == {k: str(v) for k, v in expected.items()}
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "arm64"])
+def test_leading_predicates_of_every_comparison(tmp_path, machine):
+    """A predicate on an argument and a constant, decided before the entry saves
+    anything (a false one returns there: it must never be false where the function's
+    own would be true): each comparison against the counts the calls make (values.c
+    calls work(i, i % 7) for i < N); arm64's under qemu."""
+    from cross import CC, QEMU, emulate, missing
+    compiler, run = ("gcc", lambda path: [str(path)]) if machine == "x86_64" else (CC, emulate)
+    if missing(compiler) or machine == "arm64" and missing(QEMU):
+        pytest.skip(f"needs {compiler} (and qemu-aarch64 for arm64)")
+    plain = tmp_path / "values"
+    subprocess.run([compiler, "-O2", os.path.join(ROOT, "samples", "programs", "values.c"), "-o",
+                    str(plain)], check=True)
+    rewritten = tmp_path / "values.probed"
+    tests = {"eq": ("==", lambda r: r == 3), "ne": ("!=", lambda r: r != 3),
+             "lt": ("<", lambda r: r < 3), "gt": (">", lambda r: r > 3),
+             "le": ("<=", lambda r: r <= 3), "ge": (">=", lambda r: r >= 3)}
+    proc = urewrite(str(plain), "-p", "work", "--args", "2", "-o", str(rewritten), "-q")
+    assert proc.returncode == 0, proc.stderr
+    for name, (op, holds) in tests.items():  # (a program each: one probe's blocks make
+        # one function, whose predicate is the first block's only)
+        program = f"uprobe:{rewritten}:work /arg1 {op} 3/ {{ @{name} = count(); }}"
+        ran = urewrite("run", "-e", program, "--", *run(rewritten), str(CALLS))
+        assert ran.returncode == 0, ran.stderr
+        assert _maps(maps_of(ran.stdout)) == \
+            {f"@{name}": str(sum(1 for i in range(CALLS) if holds(i % 7)))}, op

@@ -47,6 +47,8 @@ RED_ZONE = 128
 _NAMES = {slot: name for name, slot in SLOT.items()}
 _SAVED = ("rbp", "rax", "rdi", "r8", "r9", "r10", "r11")  # what the function may clobber
 _TRAMPOLINE_SAVED = {"rsi": 8, "rdx": 16, "rax": 24, "rcx": 32}  # from the entry's rsp
+_NEGATED = {"e": "ne", "ne": "e", "b": "ae", "ae": "b", "a": "be", "be": "a", "l": "ge",
+            "ge": "l", "g": "le", "le": "g"}
 _CONDITIONS = {("eq", False): "e", ("ne", False): "ne", ("lt", False): "b",
                ("gt", False): "a", ("le", False): "be", ("ge", False): "ae",
                ("eq", True): "e", ("ne", True): "ne", ("lt", True): "l", ("gt", True): "g",
@@ -157,7 +159,7 @@ def _predicate(name: str, entry: DirectEntry, known: int) -> List[str]:
     else:
         value = ["xor edx, edx"]
     return value + [f"movabs rcx, {constant & (2**64 - 1):#x}", "cmp rdx, rcx",
-                    f"j{_CONDITIONS[op, signed]} {name}_run", f"jmp {name}_done"]
+                    f"j{_NEGATED[_CONDITIONS[op, signed]]} {name}_done"]
 
 
 def _compare_word(operand: str, value: int) -> List[str]:
