@@ -266,7 +266,8 @@ def direct_entries(t: Target, lowered, runs: Dict[int, tuple], functions: Dict[s
         expected = specs(number)
         reads, uses, predicate = _code_shape(lowered, ops)
         entry = None if expected is None else \
-            DirectEntry(functions[key], tuple(expected), reads, uses, predicate)
+            DirectEntry(functions[key], tuple(expected) if reads else (), reads, uses,
+                        predicate)  # (an entry that reads none checks none: one for all)
         wanted[number] = entry if entry and backend.direct_supported(entry) else None
     base = len(code) + (-len(code) % 16)
     head = M.head_bytes(lowered.maps)

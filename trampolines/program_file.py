@@ -14,7 +14,7 @@ runtime to map: the code of a probe program, and the maps it updates.
         offset of the direct table (below; 0: none: every hit takes the trace path),
         table: u64 per probe: 1 + the offset of its function in the code, or 0,
         direct table: u64 per probe: the offset of its direct entry from the table's
-        own start, or 0 (its hits take the trace path),
+        own start, or 0 where the program has no code at the probe (nothing to run),
         the area's head: its first words, as programs/maps.py's initial area has them
     TAG.maps     (programs/maps.py's area: u64 magic, u64 run, ..., as the tracer
                   made it: the maps' shapes for readers; no process writes it)
@@ -109,7 +109,7 @@ def build(probe_count: int, code: bytes, entries: Dict[int, int], run: int,
     bytes of the maps area (magic, run, ...), of `maps_bytes`."""
     table_offset = HEADER.size
     direct_offset = table_offset + 8 * probe_count if direct is not None else 0
-    head_offset = table_offset + 8 * probe_count * (1 + (direct is not None))
+    head_offset = _head_offset(probe_count, direct is not None)
     code_offset = code_start(probe_count, len(maps_head), direct is not None)
     table = [0] * probe_count
     for probe, offset in entries.items():
@@ -127,7 +127,12 @@ def build(probe_count: int, code: bytes, entries: Dict[int, int], run: int,
 def code_start(probe_count: int, head_bytes: int, direct: bool) -> int:
     """Where build() puts the code in the file: the code may address the header by
     its distance (the direct entries read the run there)."""
-    return _page(HEADER.size + 8 * probe_count * (1 + direct) + head_bytes)
+    return _page(_head_offset(probe_count, direct) + head_bytes)
+
+
+def _head_offset(probe_count: int, direct: bool) -> int:
+    """Where the maps' head starts: after the header and the table (or two)."""
+    return HEADER.size + 8 * probe_count * (1 + direct)
 
 
 def own_maps_name(run: int, uid: int) -> str:

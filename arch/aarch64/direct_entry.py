@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 from urewrite.arch.aarch64.arguments import NONE, SP_SLOT
+from urewrite.arch.aarch64.program_code import _extend, _mov, _sub, condition
 from urewrite.trampolines import program_file as P
 from urewrite.trampolines import region
 from urewrite.trampolines.arguments import CONSTANT, MEMORY, REGISTER, encode
@@ -40,11 +41,6 @@ STACK = SAVE + P.CTX_SIZE  # the context at sp, the saved registers above it
 # bti c: the trampoline calls an entry through a register, and a program built into a
 # BTI-guarded object lies in guarded pages
 _BTI = "hint #34"
-_SIGN_EXTEND = {1: "sxtb", 2: "sxth", 4: "sxtw"}
-_CONDITIONS = {("eq", False): "eq", ("ne", False): "ne", ("lt", False): "lo",
-               ("gt", False): "hi", ("le", False): "ls", ("ge", False): "hs",
-               ("eq", True): "eq", ("ne", True): "ne", ("lt", True): "lt", ("gt", True): "gt",
-               ("le", True): "le", ("ge", True): "ge"}
 
 
 def assemble(base: int, run_at: int, entries: Sequence[Optional[DirectEntry]]) -> \
@@ -97,7 +93,7 @@ def _entry(name: str, entry: DirectEntry, run_at: int) -> List[str]:
         out += _predicate(name, entry, known)
     out += [f"{name}_run:",
             "ldr x17, [x16, #8]", f"cbz x17, {name}_done",  # its run's maps, or none yet
-            "ldr x17, [x17, #8]", "adr x0, d_base"] + _minus("x0", -run_at) + [
+            "ldr x17, [x17, #8]", "adr x0, d_base"] + _sub("x0", "x0", -run_at) + [
             "ldr x0, [x0]", "sub x0, x0, x17", f"cbnz x0, {name}_done",
             f"ldur x17, [x16, #-{DIRECT}]",  # the region (1: disarmed since)
             "sub x0, x17, #1", f"cbz x0, {name}_done", f"cbz x17, {name}_done",
@@ -144,8 +140,8 @@ def _predicate(name: str, entry: DirectEntry, known: int) -> List[str]:
     flags kept in x1 (the descriptors are read by now)."""
     n, constant, op, signed = entry.predicate
     value = _value(entry.expected[n], pushed=0, into="x17") if n < known else ["mov x17, #0"]
-    return value + _constant("x0", constant) + [
-        "mrs x1, nzcv", "cmp x17, x0", f"b.{_CONDITIONS[op, signed]} {name}_true",
+    return value + _mov("x0", constant) + [
+        "mrs x1, nzcv", "cmp x17, x0", f"b.{condition(op, signed)} {name}_true",
         "msr nzcv, x1", f"b {name}_done", f"{name}_true:", "msr nzcv, x1"]
 
 
@@ -153,26 +149,7 @@ def _differs(value: int, target: str) -> List[str]:
     """On to `target` unless x17 holds `value` (x0 clobbered; no flags set)."""
     if value == 0:
         return [f"cbnz x17, {target}"]
-    return _constant("x0", value) + ["sub x17, x17, x0", f"cbnz x17, {target}"]
-
-
-def _constant(register: str, value: int) -> List[str]:
-    value &= 2**64 - 1
-    out = [f"movz {register}, #{value & 0xFFFF}"]
-    for shift in (16, 32, 48):
-        if value >> shift & 0xFFFF:
-            out.append(f"movk {register}, #{value >> shift & 0xFFFF}, lsl #{shift}")
-    return out
-
-
-def _minus(register: str, amount: int) -> List[str]:
-    """register -= amount (0 <= amount < 2**24)."""
-    out = []
-    if amount >> 12:
-        out.append(f"sub {register}, {register}, #{amount >> 12}, lsl #12")
-    if amount & 0xFFF:
-        out.append(f"sub {register}, {register}, #{amount & 0xFFF}")
-    return out
+    return _mov("x0", value) + ["sub x17, x17, x0", f"cbnz x17, {target}"]
 
 
 def _register(slot: int, into: str, pushed: int) -> List[str]:
@@ -191,23 +168,14 @@ def _value(spec, pushed: int = STACK, into: str = "x0") -> List[str]:
     """`into` (x0 or x17) = the argument `spec` describes (x0 and x1 may be clobbered
     too where `into` is x0; only `into` where it is x17, for a register or constant)."""
     if spec.kind == CONSTANT:
-        return _constant(into, spec.value)
+        return _mov(into, spec.value)
     if spec.kind == REGISTER:
-        return _register(spec.base, into, pushed) + _extend(into, spec.size, spec.signed)
+        return _register(spec.base, into, pushed) + _extend(spec.size, spec.signed, into)
     out = _register(spec.base, "x0", pushed)
     if spec.index != NONE:
         out += _register(spec.index, "x1", pushed) + \
             [f"add x0, x0, x1, lsl #{(spec.scale).bit_length() - 1}"]
     if spec.value:
-        out += _constant("x1", spec.value) + ["add x0, x0, x1"]
+        out += _mov("x1", spec.value) + ["add x0, x0, x1"]
     load = {1: "ldrb w0, [x0]", 2: "ldrh w0, [x0]", 4: "ldr w0, [x0]", 8: "ldr x0, [x0]"}
-    return out + [load[spec.size]] + _extend("x0", spec.size, spec.signed)
-
-
-def _extend(register: str, size: int, signed: bool) -> List[str]:
-    if size == 8:
-        return []
-    w = "w" + register[1:]
-    if signed:
-        return [f"{_SIGN_EXTEND[size]} {register}, {w}"]
-    return [f"mov {w}, {w}"] if size == 4 else [f"and {register}, {register}, #{(1 << 8 * size) - 1:#x}"]
+    return out + [load[spec.size]] + _extend(spec.size, spec.signed)

@@ -28,6 +28,8 @@ ENOSYS = 38
 O_CLOEXEC = 0x80000
 PAGE = 4096
 HASH_MULTIPLIER = 0x9E3779B97F4A7C15
+_SIGN_EXTEND = {4: "sxtw", 2: "sxth", 1: "sxtb"}
+_MASK = {2: "0xffff", 1: "0xff"}
 _SIGNED_CC = {"eq": "eq", "ne": "ne", "lt": "lt", "gt": "gt", "le": "le", "ge": "ge"}
 _UNSIGNED_CC = {"eq": "eq", "ne": "ne", "lt": "lo", "gt": "hi", "le": "ls", "ge": "hs"}
 _NEGATED = {"eq": "ne", "ne": "eq", "lt": "ge", "ge": "lt", "gt": "le", "le": "gt",
@@ -133,17 +135,19 @@ def _function(label: str, ops, frame: L.Frame, lowered: L.Lowered, labels: _Labe
     # built into a file whose pages are BTI-guarded
     return [f"{label}:", "hint #34", "stp x29, x30, [sp, #-16]!", "stp x19, x20, [sp, #-16]!",
             "stp x21, x22, [sp, #-16]!", "mov x19, x0", f"ldr x20, [x19, #{P.CTX_MAPS}]"] + \
-        _sub_sp(frame.size) + ["mov x29, sp"] + body + [
+        _sub("sp", "sp", frame.size) + ["mov x29, sp"] + body + [
         f"{label}_return:", "mov sp, x29"] + _add("sp", "sp", frame.size) + [
         "ldp x21, x22, [sp], #16", "ldp x19, x20, [sp], #16", "ldp x29, x30, [sp], #16", "ret"]
 
 
-def _sub_sp(size: int) -> List[str]:
+def _sub(reg: str, base: str, amount: int) -> List[str]:
+    """reg = base - amount, for 0 <= amount < 2**24."""
     out = []
-    if size >> 12:
-        out.append(f"sub sp, sp, #{size >> 12}, lsl #12")
-    if size & 0xFFF:
-        out.append(f"sub sp, sp, #{size & 0xFFF}")
+    if amount >> 12:
+        out.append(f"sub {reg}, {base}, #{amount >> 12}, lsl #12")
+        base = reg
+    if amount & 0xFFF:
+        out.append(f"sub {reg}, {base}, #{amount & 0xFFF}")
     return out
 
 
@@ -268,12 +272,19 @@ def _binary(op: str, signed: bool) -> List[str]:
     return [f"{divide} x2, x0, x1", "msub x0, x2, x1, x0"]
 
 
-def _extend(size: int, signed: bool) -> List[str]:
+def _extend(size: int, signed: bool, register: str = "x0") -> List[str]:
+    """The low `size` bytes of `register` sign- or zero-extended."""
     if size == 8:
         return []
+    w = "w" + register[1:]
     if signed:
-        return [{4: "sxtw x0, w0", 2: "sxth x0, w0", 1: "sxtb x0, w0"}[size]]
-    return [{4: "mov w0, w0", 2: "and x0, x0, #0xffff", 1: "and x0, x0, #0xff"}[size]]
+        return [f"{_SIGN_EXTEND[size]} {register}, {w}"]
+    return [f"mov {w}, {w}" if size == 4 else f"and {register}, {register}, #{_MASK[size]}"]
+
+
+def condition(comparison: str, signed: bool) -> str:
+    """The condition code of a comparison (lower's eq, lt, ...)."""
+    return (_SIGNED_CC if signed else _UNSIGNED_CC)[comparison]
 
 
 def _copy_string(source: str, target: str) -> List[str]:

@@ -35,6 +35,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 from urewrite.arch.x86_64.arguments import SLOT
+from urewrite.arch.x86_64.program_code import _extend, condition, negated
 from urewrite.trampolines import program_file as P
 from urewrite.trampolines.program_file import DirectEntry
 from urewrite.trampolines import region
@@ -47,12 +48,6 @@ RED_ZONE = 128
 _NAMES = {slot: name for name, slot in SLOT.items()}
 _SAVED = ("rbp", "rax", "rdi", "r8", "r9", "r10", "r11")  # what the function may clobber
 _TRAMPOLINE_SAVED = {"rsi": 8, "rdx": 16, "rax": 24, "rcx": 32}  # from the entry's rsp
-_NEGATED = {"e": "ne", "ne": "e", "b": "ae", "ae": "b", "a": "be", "be": "a", "l": "ge",
-            "ge": "l", "g": "le", "le": "g"}
-_CONDITIONS = {("eq", False): "e", ("ne", False): "ne", ("lt", False): "b",
-               ("gt", False): "a", ("le", False): "be", ("ge", False): "ae",
-               ("eq", True): "e", ("ne", True): "ne", ("lt", True): "l", ("gt", True): "g",
-               ("le", True): "le", ("ge", True): "ge"}
 
 
 def assemble(base: int, run_at: int, entries: Sequence[Optional[DirectEntry]]) -> \
@@ -159,7 +154,7 @@ def _predicate(name: str, entry: DirectEntry, known: int) -> List[str]:
     else:
         value = ["xor edx, edx"]
     return value + [f"movabs rcx, {constant & (2**64 - 1):#x}", "cmp rdx, rcx",
-                    f"j{_NEGATED[_CONDITIONS[op, signed]]} {name}_done"]
+                    f"j{negated(condition(op, signed))} {name}_done"]
 
 
 def _compare_word(operand: str, value: int) -> List[str]:
@@ -200,7 +195,7 @@ def _value(spec, frame: _Frame, into: str) -> List[str]:
         out = frame.register(spec.base, into)
         if spec.shift:
             out.append(f"shr {into}, {spec.shift}")
-        return out + _extend(into, spec.size, spec.signed)
+        return out + _extend(spec.size, spec.signed, into)
     out = frame.register(spec.base, into) if spec.base != NO_SLOT else [f"xor {_low(into)}, {_low(into)}"]
     if spec.index != NO_SLOT:
         out += frame.register(spec.index, "rcx") + [f"imul rcx, rcx, {spec.scale}",
@@ -216,17 +211,8 @@ def _value(spec, frame: _Frame, into: str) -> List[str]:
     load = {1: f"movzx {_low(into)}, byte ptr [{into}]",
             2: f"movzx {_low(into)}, word ptr [{into}]",
             4: f"mov {_low(into)}, dword ptr [{into}]", 8: f"mov {into}, qword ptr [{into}]"}
-    return out + [load[spec.size]] + _extend(into, spec.size, spec.signed)
+    return out + [load[spec.size]] + _extend(spec.size, spec.signed, into)
 
 
 def _low(register: str) -> str:
     return "e" + register[1:]
-
-
-def _extend(register: str, size: int, signed: bool) -> List[str]:
-    if size == 8:
-        return []
-    part = {1: register[1] + "l", 2: register[1:], 4: _low(register)}[size]
-    if signed:
-        return [f"movsxd {register}, {part}" if size == 4 else f"movsx {register}, {part}"]
-    return [f"mov {part}, {part}"] if size == 4 else [f"movzx {_low(register)}, {part}"]

@@ -241,13 +241,24 @@ def _binary(fn: str, op: str, signed: bool) -> List[str]:
     return out + [f"{done}:"]
 
 
-def _extend(size: int, signed: bool) -> List[str]:
+def _extend(size: int, signed: bool, register: str = "rax") -> List[str]:
+    """The low `size` bytes of `register` (rax, rbx, rcx or rdx) sign- or zero-extended."""
     if size == 8:
         return []
+    low = "e" + register[1:]
     if size == 4:
-        return ["movsxd rax, eax" if signed else "mov eax, eax"]
-    part = {1: "al", 2: "ax"}[size]
-    return [f"movsx rax, {part}" if signed else f"movzx eax, {part}"]
+        return [f"movsxd {register}, {low}" if signed else f"mov {low}, {low}"]
+    part = {1: register[1] + "l", 2: register[1:]}[size]
+    return [f"movsx {register}, {part}" if signed else f"movzx {low}, {part}"]
+
+
+def condition(comparison: str, signed: bool) -> str:
+    """The condition code of a comparison (lower's eq, lt, ...), and `negated`'s."""
+    return (_SIGNED_CC if signed else _UNSIGNED_CC)[comparison]
+
+
+def negated(cc: str) -> str:
+    return _NEGATED[cc]
 
 
 def _checked_read(fn: str, buffer: str) -> List[str]:
