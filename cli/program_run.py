@@ -358,7 +358,9 @@ def _stopped(printed):
 
 
 def printf_values(kinds, words):
-    """printf()'s values from an event's words: a string is 8 of them."""
+    """printf()'s values from an event's words: a string is 8 of them, a float's or a
+    double's bits one."""
+    from urewrite.programs import floats
     values, at = [], 0
     for kind in kinds:
         if kind == "s":
@@ -366,7 +368,10 @@ def printf_values(kinds, words):
             values.append(raw.split(b"\0", 1)[0].decode("utf-8", "replace"))
             at += 8
         else:
-            values.append(words[at] if at < len(words) else 0)
+            word = words[at] if at < len(words) else 0
+            values.append(floats.shown(floats.from_bits(word, floats.F32 if kind == "f32" else
+                                                        floats.F64))
+                          if kind in ("f32", "f64") else word)
             at += 1
     return values
 

@@ -12,25 +12,33 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
+from urewrite.programs.floats import F32, F64, FLOATS
 from urewrite.programs.parser import TYPES, ProgramError
 from urewrite.programs.syntax import (Assign, Binary, Block, Builtin, Call, Cast,
                                       Conditional, Dereference, Evaluate, Expression, If,
-                                      Integer, Map, Program, String, Unary, Variable)
+                                      Integer, Map, Program, Real, String, Unary, Variable)
 
 MAX_ARGS = 8  # arg0..arg7: the registers of the calling conventions urewrite reads
 
-# value types
+# value types (and floats.py's F32, F64: a float's or a double's bits)
 INT, STR = "int", "string"
 
 # builtins: the type each gives, and the probe kinds it means something in
 BUILTINS = {"pid": INT, "tid": INT, "nsecs": INT, "comm": STR, "probe": STR, "func": STR,
-            "retval": INT, **{f"arg{i}": INT for i in range(MAX_ARGS)}}
+            "retval": INT, **{f"arg{i}": INT for i in range(MAX_ARGS)},
+            "fretval": F64, **{f"farg{i}": F64 for i in range(MAX_ARGS)}}
+
+COMPARISONS = ("==", "!=", "<", ">", "<=", ">=")  # what floating-point values take
 
 AGGREGATIONS = {"count": 0, "sum": 1, "min": 1, "max": 1, "avg": 1, "stats": 1, "hist": 1,
                 "lhist": 4}
 
 # printf's conversions (bpftrace takes C's, with these lengths)
-CONVERSION = re.compile(r"%%|%[-+ 0#]*\d*(?:\.\d+)?(?:hh|h|ll|l|z|j|t)?([diuxXcsp])|%")
+CONVERSION = re.compile(r"%%|%[-+ 0#]*\d*(?:\.\d+)?(?:hh|h|ll|l|L|z|j|t)?([diuxXcspfFeEgG])|%")
+FLOAT_CONVERSIONS = "fFeEgG"
+
+_NO_FLOAT_ARITHMETIC = ("floating-point values are compared (<, ==, ...) and printed, not "
+                        "computed with: (int64)farg0 is the integer toward zero")
 
 
 @dataclass
@@ -99,6 +107,9 @@ class BlockChecker:
                 raise ProgramError(f"{value.function}() goes into a map, not ${target.name}",
                                    value.at)
             kind = self.type_of(value)
+            if statement.operator and self.variables.get(target.name) in FLOATS:
+                raise ProgramError(f"${target.name} {statement.operator}=: "
+                                   f"{_NO_FLOAT_ARITHMETIC}", value.at)
             if statement.operator and kind != INT:
                 raise ProgramError(f"${target.name} {statement.operator}= needs a number", value.at)
             self.signs[target.name] = self.signed(value) if not statement.operator else \
@@ -154,7 +165,7 @@ class BlockChecker:
             raise ProgramError(f"{call.function}() takes {wanted} argument(s), "
                                f"not {len(call.arguments)}", call.at)
         for argument in call.arguments:
-            self.integer(argument, f"{call.function}()'s argument")
+            self.number(argument, f"{call.function}()'s argument")
         if call.function != "lhist":
             return None
         bounds = []
@@ -192,14 +203,24 @@ class BlockChecker:
             return self.signed(expression.left) and self.signed(expression.right)
         if isinstance(expression, Conditional):
             return self.signed(expression.then) and self.signed(expression.otherwise)
-        if isinstance(expression, Cast):
-            return expression.pointer == 0 and cast_size(expression.type)[1]
+        if isinstance(expression, Cast):  # (a float's value as an integer is signed)
+            return expression.pointer == 0 and (expression.type in FLOATS or
+                                                cast_size(expression.type)[1])
         if isinstance(expression, Dereference):
-            return cast_size(expression.operand.type)[1]
+            return expression.operand.type in FLOATS or cast_size(expression.operand.type)[1]
         return True  # literals
 
     def integer(self, expression: Expression, what: str):
-        if self.type_of(expression) != INT:
+        kind = self.type_of(expression)
+        if kind in FLOATS:
+            raise ProgramError(f"{what} must be an integer, not a {kind}: compare it "
+                               f"(farg0 != 0) or convert it ((int64)farg0)", expression.at)
+        if kind != INT:
+            raise ProgramError(f"{what} must be a number, not a string", expression.at)
+
+    def number(self, expression: Expression, what: str):
+        """An integer, or a float or double that becomes one (toward zero)."""
+        if self.type_of(expression) == STR:
             raise ProgramError(f"{what} must be a number, not a string", expression.at)
 
     def key_type(self, expression: Expression) -> str:
@@ -210,6 +231,8 @@ class BlockChecker:
     def type_of(self, expression: Expression, statement: bool = False) -> str:
         if isinstance(expression, Integer):
             return INT
+        if isinstance(expression, Real):
+            return F64
         if isinstance(expression, String):
             return STR
         if isinstance(expression, Builtin):
@@ -242,6 +265,12 @@ class BlockChecker:
             left, right = self.type_of(expression.left), self.type_of(expression.right)
             if left == right == STR and expression.operator in ("==", "!="):
                 return INT
+            if expression.operator in COMPARISONS and (left in FLOATS or right in FLOATS):
+                return self.float_comparison(expression, left, right)
+            if left in FLOATS or right in FLOATS or isinstance(expression.left, Real) or \
+                    isinstance(expression.right, Real):
+                raise ProgramError(f"'{expression.operator}': {_NO_FLOAT_ARITHMETIC}",
+                                   expression.at)
             if INT != left or INT != right:
                 raise ProgramError(f"'{expression.operator}' takes numbers (strings compare "
                                    f"only with == and !=)", expression.at)
@@ -254,8 +283,7 @@ class BlockChecker:
                                    expression.at)
             return then
         if isinstance(expression, Cast):
-            self.integer(expression.operand, "a cast's operand")
-            return INT
+            return self.cast(expression)
         if isinstance(expression, Dereference):
             operand = expression.operand
             if not (isinstance(operand, Cast) and operand.pointer):
@@ -263,18 +291,56 @@ class BlockChecker:
                                    expression.at)
             if operand.pointer > 1:
                 raise ProgramError("one level of pointer at a time: *(uint64 *)", expression.at)
-            return INT
+            return operand.type if operand.type in FLOATS else INT
         if isinstance(expression, Call):
             return self.call(expression, statement)
         raise ProgramError("not an expression", getattr(expression, "at", None))
 
+    def cast(self, expression: Cast) -> str:
+        operand = self.type_of(expression.operand)
+        if expression.pointer or expression.type not in FLOATS:
+            if expression.pointer or operand not in FLOATS:
+                self.integer(expression.operand, "a cast's operand")
+            return INT  # (a float's or a double's value toward zero, as C's)
+        if expression.type == F32 and not (isinstance(expression.operand, Builtin) and
+                                          BUILTINS.get(expression.operand.name) == F64):
+            raise ProgramError("(float) says that a register holds a float: (float)farg0, "
+                               "(float)fretval; *(float *)p reads one", expression.at)
+        if expression.type == F64 and operand != F64:
+            raise ProgramError(f"(double) takes a double, not a{'n' * (operand == INT)} "
+                               f"{operand}", expression.at)
+        return expression.type
+
+    def float_comparison(self, expression: Binary, left: str, right: str) -> str:
+        """A comparison where a side is a float or a double: with one of the same type,
+        or with a number written in the program."""
+        literal = (Integer, Real)
+        if left in FLOATS and right in FLOATS and left != right and not (
+                isinstance(expression.left, literal) or isinstance(expression.right, literal)):
+            raise ProgramError(f"'{expression.operator}' compares a {left} with a {right}: "
+                               f"compare floats with floats, doubles with doubles",
+                               expression.at)
+        for side, kind in ((expression.left, left), (expression.right, right)):
+            if kind == INT and not isinstance(side, Integer):
+                raise ProgramError(f"'{expression.operator}' compares a floating-point value "
+                                   f"with an integer: convert one ((int64)farg0) or write a "
+                                   f"number", side.at)
+            if kind == STR:
+                raise ProgramError(f"'{expression.operator}' takes numbers", side.at)
+        return INT
+
     def builtin(self, expression: Builtin) -> str:
         name = expression.name
         if name not in BUILTINS:
-            hint = " (urewrite reads arg0 to arg7)" if re.fullmatch(r"arg\d+", name) else ""
+            hint = " (urewrite reads arg0 to arg7, farg0 to farg7)" \
+                if re.fullmatch(r"f?arg\d+", name) else ""
             raise ProgramError(f"unknown builtin '{name}'{hint}", expression.at)
-        if name == "retval" and self.kinds - {"uretprobe"}:
-            raise ProgramError("retval exists in uretprobe blocks only", expression.at)
+        if name in ("retval", "fretval") and self.kinds - {"uretprobe"}:
+            raise ProgramError(f"{name} exists in uretprobe blocks only", expression.at)
+        if name.startswith("farg") and self.kinds - {"uprobe"}:
+            raise ProgramError(f"{name} exists in uprobe blocks only (a function's "
+                               f"floating-point registers; a USDT note names its own "
+                               f"arguments)", expression.at)
         if name.startswith("arg") and self.kinds & {"uretprobe", "BEGIN", "END"}:
             raise ProgramError(f"{name} exists in uprobe and usdt blocks only", expression.at)
         if self.kinds & {"BEGIN", "END"} and name in ("tid", "probe", "func", "retval"):
@@ -346,8 +412,11 @@ class BlockChecker:
                                f"{len(arguments) - 1} value(s)", call.at)
         for conversion, argument in zip(conversions, arguments[1:]):
             kind = self.type_of(argument)
-            if (conversion == "s") != (kind == STR):
-                raise ProgramError(f"printf(): %{conversion} is given a {kind}", argument.at)
+            if (conversion == "s") != (kind == STR) or \
+                    (conversion in FLOAT_CONVERSIONS) != (kind in FLOATS):
+                hint = " (convert it: (int64)farg0)" if kind in FLOATS else ""
+                raise ProgramError(f"printf(): %{conversion} is given a{'n' * (kind == INT)} "
+                                   f"{kind}{hint}", argument.at)
         if len(arguments) > 8:
             raise ProgramError("printf() takes at most 7 values", call.at)
         return INT

@@ -13,14 +13,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
-from urewrite.programs import output
+from urewrite.programs import floats, output
 from urewrite.programs.checks import CONVERSION, STR, Checked, cast_size, print_limits
 from urewrite.programs.output import (HIST_BUCKETS, MapData, average, hist_bucket,
                                       lhist_bucket)
 from urewrite.programs.parser import ProgramError
 from urewrite.programs.syntax import (Assign, Binary, Block, Builtin, Call, Cast,
                                       Conditional, Dereference, Evaluate, If, Integer, Map,
-                                      Probe, String, Unary, Variable)
+                                      Probe, Real, String, Unary, Variable)
 
 MASK = (1 << 64) - 1
 
@@ -41,6 +41,8 @@ class Hit:
     function: str = ""
     args: Tuple[int, ...] = ()
     retval: int = 0
+    fargs: Tuple[int, ...] = ()  # the floating-point argument registers' low 64 bits
+    fretval: int = 0  # (the first of them at a return)
     pid: int = 0
     tid: int = 0
     nsecs: int = 0
@@ -111,12 +113,14 @@ class _Frame:
         if statement.operator:
             new = _arithmetic(statement.operator, (data.entries.get(key, 0), True), new)
         signed = self.state.checked.maps[target.name].signed
-        data.entries[key] = new[0] if isinstance(new[0], str) else _wrap(new[0], signed)
+        data.entries[key] = new[0] if isinstance(new[0], str) else \
+            floats.shown(new[0]) if isinstance(new[0], float) else _wrap(new[0], signed)
 
     def key(self, expression):
         """A key's value: integers as signed, as bpftrace prints them."""
         value, _ = self.value(expression)
-        return value if isinstance(value, str) else _signed(value)
+        return value if isinstance(value, str) else \
+            floats.shown(value) if isinstance(value, float) else _signed(value)
 
     # -- aggregations -------------------------------------------------------------------
 
@@ -125,7 +129,7 @@ class _Frame:
 
     def _sum(self, data, key, call):
         signed = self.state.checked.maps[data.name].signed
-        data.entries[key] = _wrap(data.entries.get(key, 0) + self.value(call.arguments[0])[0],
+        data.entries[key] = _wrap(data.entries.get(key, 0) + self.number(call.arguments[0]),
                                   signed)
 
     def _min(self, data, key, call):
@@ -138,7 +142,7 @@ class _Frame:
 
     def _average(self, data, key, call):
         count, total = data.entries.get(key, (0, 0))
-        data.entries[key] = (count + 1, total + self.number(call.arguments[0]))
+        data.entries[key] = (count + 1, _signed(total + self.number(call.arguments[0])))
 
     def _hist(self, data, key, call):
         buckets = data.entries.setdefault(key, [0] * HIST_BUCKETS)
@@ -150,8 +154,9 @@ class _Frame:
         buckets[lhist_bucket(self.number(call.arguments[0]), low, high, step)] += 1
 
     def number(self, expression) -> int:
-        """An aggregation's value: its 64 bits as a signed number."""
-        return _signed(self.value(expression)[0])
+        """An aggregation's value: its 64 bits as a signed number (a float's toward zero)."""
+        value = self.value(expression)[0]
+        return floats.truncated(value) if isinstance(value, float) else _signed(value)
 
     # -- calls as statements ------------------------------------------------------------
 
@@ -159,6 +164,7 @@ class _Frame:
         name = call.function
         if name == "printf":
             values = [self.value(a)[0] for a in call.arguments[1:]]
+            values = [floats.shown(v) if isinstance(v, float) else v for v in values]
             self.state.printed.append(printf_text(call.arguments[0].value, values))
         elif name == "exit":
             raise _Exit()
@@ -183,6 +189,8 @@ class _Frame:
     def value(self, expression) -> Tuple[object, bool]:
         if isinstance(expression, Integer):
             return _wrap(expression.value, True), True
+        if isinstance(expression, Real):
+            return expression.value, True
         if isinstance(expression, String):
             return expression.value, False
         if isinstance(expression, Builtin):
@@ -213,6 +221,13 @@ class _Frame:
             value, _ = self.value(expression.operand)
             if expression.pointer:
                 return _wrap(value, False), False
+            if expression.type == floats.F32 and not isinstance(value, floats.Single):
+                # (float)farg0: the register's low half is the float
+                return floats.from_bits(floats.bits(value, floats.F64), floats.F32), True
+            if expression.type in floats.FLOATS:
+                return value, True
+            if isinstance(value, float):
+                value = floats.truncated(value)
             value &= (1 << (8 * size)) - 1
             if signed and value >> (8 * size - 1):
                 value -= 1 << (8 * size)
@@ -225,6 +240,11 @@ class _Frame:
 
     def builtin(self, name: str) -> Tuple[object, bool]:
         hit = self.hit
+        if name.startswith("farg") or name == "fretval":
+            index = int(name[4:]) if name != "fretval" else 0
+            word = (hit.fargs[index] if index < len(hit.fargs) else 0) if name != "fretval" \
+                else hit.fretval
+            return floats.from_bits(word, floats.F64), True
         if name.startswith("arg"):
             index = int(name[3:])
             return (_wrap(hit.args[index], False) if index < len(hit.args) else 0), False
@@ -250,6 +270,9 @@ class _Frame:
         if isinstance(left[0], str):
             equal = left[0] == right[0]
             return int(equal if operator == "==" else not equal), True
+        if operator in _COMPARE and (isinstance(left[0], float) or isinstance(right[0], float)):
+            a, b = (float(v if isinstance(v, float) else _signed(v)) for v, _ in (left, right))
+            return int(floats.compared(operator, a, b)), True
         if operator in _COMPARE:
             signed = left[1] and right[1]
             a, b = _wrap(left[0], signed), _wrap(right[0], signed)
@@ -261,6 +284,9 @@ class _Frame:
         size, signed = cast_size(cast.type)
         address, _ = self.value(cast.operand)
         data = self.hit.read(address, size) if self.hit.read else None
+        if cast.type in floats.FLOATS:  # (an unreadable one reads as 0's bits: 0.0)
+            word = int.from_bytes(data, "little") if data and len(data) == size else 0
+            return floats.from_bits(word, cast.type), True
         if data is None or len(data) != size:
             return 0, signed
         return _wrap(int.from_bytes(data, "little", signed=signed), signed), signed
@@ -319,7 +345,7 @@ def printf_text(text: str, values: List[object]) -> str:
             return "%"
         spec, conversion = match.group(), match.group(1)
         value = values.pop(0)
-        plain = re.sub(r"(hh|h|ll|l|z|j|t)(?=[diuxXcsp]$)", "", spec)
+        plain = re.sub(r"(hh|h|ll|l|L|z|j|t)(?=[diuxXcspfFeEgG]$)", "", spec)
         if conversion in "di":
             return plain % _signed(value)
         if conversion in "uxX":

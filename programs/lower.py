@@ -9,6 +9,9 @@ with one argument: the address of its context (CONTEXT below), which the caller 
 Operations (each a tuple, its name first):
     const V          push V                         ctx OFFSET    push the context's word
     arg N            push argument N (0 past the probe's arguments)
+    farg N           push floating-point argument register N's low 64 bits, as the
+                     probe found it (fretval: register 0); nothing else runs a
+                     floating-point instruction (floats.py lowers what is done with them)
     local N          push local N                   set_local N   pop into local N
     unary OP         neg, not (bitwise), lnot (0 or 1)
     binary OP S      add sub mul div mod and or xor shl shr; S: signed (div, mod, shr)
@@ -41,12 +44,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Set, Tuple
 
+from urewrite.programs import floats
 from urewrite.programs import maps as map_layout
 from urewrite.programs.checks import (BUILTINS, STR, BlockChecker, Checked, cast_size,
                                       print_limits)
 from urewrite.programs.parser import ProgramError
 from urewrite.programs.syntax import (Assign, Binary, Block, Builtin, Call, Cast,
-                                      Conditional, Dereference, If, Integer, Map,
+                                      Conditional, Dereference, If, Integer, Map, Real,
                                       String, Unary, Variable, nodes)
 from urewrite.trampolines.program_file import (ARGUMENTS, CTX_COMM, CTX_NSECS, CTX_PID,
                                                CTX_TID, USES_COMM, USES_NSECS, USES_TID)
@@ -233,6 +237,7 @@ class _Lowering:
                 sign = self.signed(value)
             self.ops.append(("set_local", self.local(target.name)))
             self.signer.signs[target.name] = sign
+            self.signer.variables[target.name] = self.kind(value)
             return
         index = self.map_index[target.name]
         info = self.checked.maps[target.name]
@@ -240,7 +245,7 @@ class _Lowering:
             self.key(target)
             self.ops.append(("entry", index))
             if value.function != "count":
-                self.expression(value.arguments[0])
+                self.number(value.arguments[0])
             self.ops.append(("update", index, value.function))
             return
         self.key(target)
@@ -298,7 +303,7 @@ class _Lowering:
     def printf(self, call):
         """The values go into an event of the process's ring, the format stays with the
         tracer: an integer is a word, a string its 64 bytes (8 words), 12 words in all."""
-        kinds = tuple("s" if self.is_string(a) else "i" for a in call.arguments[1:])
+        kinds = tuple(_PRINTF_KINDS.get(self.kind(a), "i") for a in call.arguments[1:])
         words = sum(STRING // 8 if k == "s" else 1 for k in kinds)
         if words > ARGUMENTS:
             raise ProgramError(f"printf()'s values take {words} words of an event's "
@@ -326,6 +331,21 @@ class _Lowering:
     def signed(self, expression) -> bool:
         return self.signer.signed(expression)
 
+    def kind(self, expression) -> str:
+        """The expression's type (checks.py's INT, STR, or a float's or double's)."""
+        return self.signer.type_of(expression)
+
+    def temp(self) -> int:
+        """A local of the lowering's own, not shared with another use."""
+        return self.local(f"\0{len(self.locals)}")
+
+    def number(self, expression):
+        """Pushes an integer: a float or double becomes one toward zero."""
+        kind = self.kind(expression)
+        self.expression(expression)
+        if kind in floats.FLOATS:
+            self.ops += floats.to_integer(kind, self.temp, self.label)
+
     def arithmetic(self, operator: str, left, right):
         signed = self.signed(left) and self.signed(right)
         self.ops.append(("binary", _BINARY[operator], signed))
@@ -334,6 +354,8 @@ class _Lowering:
         ops = self.ops
         if isinstance(e, Integer):
             ops.append(("const", e.value & ((1 << 64) - 1)))
+        elif isinstance(e, Real):
+            ops.append(("const", floats.bits(e.value, floats.F64)))
         elif isinstance(e, String):
             ops.append(("string_at", self.string(e.value)))
         elif isinstance(e, Builtin):
@@ -363,8 +385,15 @@ class _Lowering:
             self.expression(e.otherwise)
             ops.append(("label", end))
         elif isinstance(e, Cast):
-            self.expression(e.operand)
-            if not e.pointer:
+            if e.pointer:
+                self.expression(e.operand)
+            elif e.type == floats.F32 and self.kind(e.operand) == floats.F64:
+                self.expression(e.operand)  # (a register that holds a float: its low half)
+                ops.append(("cast", 4, False))
+            elif e.type in floats.FLOATS:
+                self.expression(e.operand)
+            else:
+                self.number(e.operand)
                 ops.append(("cast", *cast_size(e.type)))
         elif isinstance(e, Dereference):
             self.expression(e.operand.operand)
@@ -384,6 +413,8 @@ class _Lowering:
         name, ops = e.name, self.ops
         if name.startswith("arg"):
             ops.append(("arg", int(name[3:])))
+        elif name.startswith("farg") or name == "fretval":
+            ops.append(("farg", int(name[4:]) if name != "fretval" else 0))
         elif name == "retval":  # a return probe's one argument
             ops.append(("arg", 0))
         elif name in ("pid", "tid", "nsecs"):
@@ -406,6 +437,9 @@ class _Lowering:
             ops += [("unary", "lnot"), ("unary", "lnot"), ("jump", end), ("label", short),
                     ("const", 1 if e.operator == "||" else 0), ("label", end)]
             return
+        kinds = self.kind(e.left), self.kind(e.right)
+        if e.operator in _COMPARE and set(kinds) & set(floats.FLOATS):
+            return self.float_comparison(e, *kinds)
         self.expression(e.left)
         self.expression(e.right)
         if self.is_string(e.left):
@@ -416,6 +450,31 @@ class _Lowering:
             ops.append(("compare", _COMPARE[e.operator], self.signed(e.left) and self.signed(e.right)))
         else:
             ops.append(("binary", _BINARY[e.operator], self.signed(e.left) and self.signed(e.right)))
+
+
+    def float_comparison(self, e: Binary, left: str, right: str):
+        """A comparison with a float or a double on a side (checks.py's rules): with a
+        number written in the program, or with a value of the same type."""
+        ops, operator = self.ops, e.operator
+        literal = (Integer, Real)
+        if isinstance(e.left, literal) and isinstance(e.right, literal):
+            ops.append(("const", int(floats.compared(operator, e.left.value, e.right.value))))
+            return
+        if isinstance(e.left, literal):
+            operator = _MIRRORED[operator]  # (the constant goes to the right)
+            e = Binary(operator, e.right, e.left, e.at)
+            left, right = right, left
+        self.expression(e.left)
+        if isinstance(e.right, literal):
+            ops.extend(floats.compare_constant(operator, float(e.right.value), left, self.temp,
+                                               self.label))
+            return
+        self.expression(e.right)
+        ops.extend(floats.compare_values(operator, left, self.temp, self.label))
+
+
+_PRINTF_KINDS = {STR: "s", floats.F32: "f32", floats.F64: "f64"}
+_MIRRORED = {"==": "==", "!=": "!=", "<": ">", ">": "<", "<=": ">=", ">=": "<="}
 
 
 def _variables(body) -> List[str]:

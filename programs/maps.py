@@ -11,9 +11,10 @@ and the tracer reads (docs/programs.md, "Maps").
            then `capacity` entries
     entry: u64 state: 0 free, 2 being claimed, else (hash | 1): its key is written
            u64 present: 1 once updated, 0 again after delete()
-           key words (an integer key is a word, a string key 8; `probe` where every key
-           at that place is `probe` (or every one `func`), a word: the index of that
-           name in the shape's names), value words (a string value, @m[k] = str(...), 8)
+           key words (an integer key is a word, a float's or double's its bits, a string
+           key 8; `probe` where every key at that place is `probe` (or every one
+           `func`), a word: the index of that name in the shape's names), value words (a
+           string value, @m[k] = str(...), 8; a float or double, its bits)
 
 A probe claims a free entry with a compare-and-swap of its state from 0 to 2, writes
 the key, then stores the hash with bit 0 set; one that finds state 2 waits for that
@@ -29,7 +30,8 @@ import struct
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from urewrite.programs.checks import STR, Checked
+from urewrite.programs import floats
+from urewrite.programs.checks import INT, STR, Checked
 from urewrite.programs.output import HIST_BUCKETS, MapData
 from urewrite.trampolines.program_file import MAPS_MAGIC
 
@@ -56,6 +58,7 @@ class MapShape:
     signed: bool
     lhist: Optional[Tuple[int, int, int]] = None
     names: Tuple[str, ...] = ()  # what a NAME key's index names
+    value_type: str = INT  # a plain value's: INT, STR, or floats.F32 or F64 (its bits)
 
     @property
     def key_words(self) -> int:
@@ -103,7 +106,8 @@ def shapes(checked: Checked, capacity: int = KEYED_CAPACITY,
         keys = tuple(NAME if k in name_keys.get(name, {}) else t
                      for k, t in enumerate(info.keys))
         out.append(MapShape(name, info.kind, keys, words,
-                            capacity if info.keys else 1, info.signed, info.lhist))
+                            capacity if info.keys else 1, info.signed, info.lhist,
+                            value_type=info.value if info.kind == "value" else INT))
     return out
 
 
@@ -111,7 +115,8 @@ def describe(maps: List[MapShape]) -> bytes:
     """The maps' shapes, as the area's head carries them (JSON, padded to 8 bytes)."""
     text = json.dumps([{"name": m.name, "kind": m.kind, "keys": list(m.key_types),
                         "value_words": m.value_words, "capacity": m.capacity,
-                        "signed": m.signed, "lhist": m.lhist, "names": list(m.names)}
+                        "signed": m.signed, "lhist": m.lhist, "names": list(m.names),
+                        **({"value": m.value_type} if m.value_type in floats.FLOATS else {})}
                        for m in maps],
                       separators=(",", ":")).encode()
     return text + b" " * (-len(text) % 8)
@@ -128,11 +133,14 @@ def shapes_of(area) -> List[MapShape]:
         found = [MapShape(d["name"], d["kind"], tuple(d["keys"]), int(d["value_words"]),
                           int(d["capacity"]), bool(d["signed"]),
                           tuple(d["lhist"]) if d["lhist"] else None,
-                          tuple(str(n) for n in d.get("names", ())))
+                          tuple(str(n) for n in d.get("names", ())),
+                          STR if int(d["value_words"]) == STRING_WORDS and d["kind"] == "value"
+                          else str(d.get("value", INT)))
                  for d in json.loads(bytes(area[at + 8:at + 8 + size]))]
     except (struct.error, KeyError, TypeError, UnicodeDecodeError) as e:
         raise ValueError(f"not a maps area: {e}")
     if len(found) != count or any(m.kind not in AGGREGATIONS + ("value",) or
+                                  m.value_type not in (INT, STR) + floats.FLOATS or
                                   m.capacity & (m.capacity - 1) for m in found):
         raise ValueError("not a maps area")
     return found
@@ -205,6 +213,9 @@ def read(area, maps: List[MapShape]) -> Tuple[List[MapData], int]:
                     names = shape.names
                     key.append(names[entry[at]] if entry[at] < len(names) else "")
                     at += 1
+                elif kind in floats.FLOATS:
+                    key.append(floats.shown(floats.from_bits(entry[at], kind)))
+                    at += 1
                 else:
                     key.append(_signed(entry[at]))
                     at += 1
@@ -217,6 +228,8 @@ def _value(shape: MapShape, words):
     if shape.holds_strings:
         raw = struct.pack(f"<{STRING_WORDS}Q", *words)
         return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+    if shape.value_type in floats.FLOATS:
+        return floats.shown(floats.from_bits(words[0], shape.value_type))
     if shape.kind in ("hist", "lhist"):
         return list(words)
     if shape.kind in ("avg", "stats"):

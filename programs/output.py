@@ -14,6 +14,7 @@ counts, not its bars; neither an lhist()'s nor a stats()'s).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -71,6 +72,8 @@ def _sort_value(data: MapData, value) -> int:
         return sum(value)
     if data.kind in ("avg", "stats"):
         return average(*value)
+    if isinstance(value, float):  # (a float's or a double's value; NaN first)
+        return value if value == value else -math.inf
     return value if isinstance(value, int) else 0
 
 
@@ -202,6 +205,8 @@ def _json_value(data: MapData, value):
     if data.kind == "stats":
         count, total = value
         return {"count": count, "average": average(count, total), "total": total}
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # (JSON has no NaN or infinity: "nan", "inf", "-inf")
     if data.kind not in ("hist", "lhist"):
         return value
     used = [i for i, count in enumerate(value) if count]

@@ -16,15 +16,17 @@ from typing import List, Optional, Tuple
 from urewrite.errors import UrewriteError
 from urewrite.programs.syntax import (Assign, Binary, Block, Builtin, Call, Cast,
                                       Conditional, Dereference, Evaluate, Expression, If,
-                                      Integer, Map, Probe, Program, Statement, String,
+                                      Integer, Map, Probe, Program, Real, Statement, String,
                                       Unary, Variable, Where)
 
 # the probe kinds and bpftrace's short names for them
 KINDS = {"uprobe": "uprobe", "u": "uprobe", "uretprobe": "uretprobe", "ur": "uretprobe",
          "usdt": "usdt", "U": "usdt", "BEGIN": "BEGIN", "END": "END"}
 
-# integer types a cast or a pointer read may name: bytes, signed
-TYPES = {"int8": (1, True), "int16": (2, True), "int32": (4, True), "int64": (8, True),
+# types a cast or a pointer read may name: bytes, signed (float and double: checks.py's
+# FLOATS, whose sign is in their bits)
+TYPES = {"float": (4, False), "double": (8, False),
+         "int8": (1, True), "int16": (2, True), "int32": (4, True), "int64": (8, True),
          "uint8": (1, False), "uint16": (2, False), "uint32": (4, False), "uint64": (8, False),
          "char": (1, True), "short": (2, True), "int": (4, True), "long": (8, True)}
 
@@ -37,6 +39,7 @@ _SYMBOLS = sorted(["<<=", ">>=", "==", "!=", "<=", ">=", "<<", ">>", "&&", "||",
                    "&", "|", "^", "!", "~", "<", ">", "=", "?", ":", "(", ")", "[", "]", "{",
                    "}", ",", ";"], key=len, reverse=True)
 _NUMBER = re.compile(r"0[xX][0-9a-fA-F]+|[0-9]+")
+_REAL = re.compile(r"(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[0-9]+[eE][-+]?[0-9]+")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "0": "\0", "'": "'"}
 
@@ -121,6 +124,12 @@ class _Parser:
         char = text[start]
         if char == '"':
             return "string", self._string(), start
+        real = _REAL.match(text, start)
+        if real:
+            self.pos = real.end()
+            if self.pos < len(text) and (text[self.pos].isalnum() or text[self.pos] in "_."):
+                self.fail(f"not a number: {text[start:self.pos + 1]}", start)
+            return "real", real.group(), start
         number = _NUMBER.match(text, start)
         if number:
             self.pos = number.end()
@@ -346,6 +355,8 @@ class _Parser:
             operand = self.unary()
             if text == "-" and isinstance(operand, Integer):
                 return Integer(-operand.value, at)
+            if text == "-" and isinstance(operand, Real):
+                return Real(-operand.value, at)
             return Unary(text, operand, at)
         if kind == "symbol" and text == "*":
             self.take()
@@ -371,6 +382,8 @@ class _Parser:
         at = self.where(start)
         if kind == "number":
             return Integer(int(text, 0) if not re.fullmatch(r"0[0-7]+", text) else int(text, 8), at)
+        if kind == "real":
+            return Real(float(text), at)
         if kind == "string":
             return String(text, at)
         if kind == "variable":

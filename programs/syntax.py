@@ -45,6 +45,13 @@ class Integer:
 
 
 @dataclass(frozen=True)
+class Real:
+    """A number written with a point or an exponent (1.5, 2e-3): a double."""
+    value: float
+    at: Where
+
+
+@dataclass(frozen=True)
 class String:
     value: str
     at: Where
@@ -118,7 +125,7 @@ class Dereference:
     at: Where
 
 
-Expression = Union[Integer, String, Builtin, Variable, Map, Call, Unary, Binary,
+Expression = Union[Integer, Real, String, Builtin, Variable, Map, Call, Unary, Binary,
                    Conditional, Cast, Dereference]
 
 

@@ -7,9 +7,12 @@ samples/programs/values.c under qemu.
 
 from __future__ import annotations
 
+import math
 import os
+import random
 import re
 import shutil
+import struct
 from pathlib import Path
 
 from conftest import check, urewrite
@@ -49,6 +52,51 @@ uretprobe:{path}:{work} /@start[tid]/ {{
 }}
 uprobe:{path}:{named} {{ @w[arg1 % 5] = count(); }}
 """
+
+
+FLOATS = r"""
+uprobe:./v:work /farg0 > 1.5/ { @big = count(); }
+uprobe:./v:work {
+    @cmp[farg0 < farg1, farg0 == farg1, farg0 != farg1, farg0 >= -0.0] = count();
+    @f32[(float)farg2 <= 0.1, (float)farg2 > -3, 2.5 > (float)farg2, (float)farg2 < 0.3,
+         (float)farg2 >= -0.7, (float)farg2 == 0.3, (float)farg2 != 0.5] = count();
+    @whole = sum(farg0); @lo = min(farg1); @hi = max(farg1); @h = hist(farg0);
+    @t[(int32)farg1, (uint8)farg0] = count(); @l = lhist(farg1, 0, 100, 10);
+    @key[(float)farg2] = count(); @val = farg0; @by[farg3 > 1e300] = farg3;
+    $d = farg3;
+    if ($d > 100 || $d != $d) { printf("%f %g %e %.3f\n", $d, (float)farg2, farg1, 0.25); }
+}
+uretprobe:./v:work { @r[fretval >= 0, fretval < -1e-300] = count(); @rv = avg(fretval); }
+"""
+
+
+def float_words(rng, count):
+    """Doubles' bits: the awkward ones (zeros, infinities, NaNs, the ends of int64's
+    range, denormals), small and large numbers, and any bits at all."""
+    special = [0.0, -0.0, math.inf, -math.inf, math.nan, 1.0, -1.0, 0.5, 1.5, -1.5, 2.0**63,
+               -2.0**63, 2.0**62 + 2048, 1e300, -1e300, 5e-324, 0.1, 99.9, 100.0, 2.0**53 + 2]
+    numbers = special + [rng.uniform(-200, 200) for _ in range(count)] + \
+        [rng.uniform(-1e19, 1e19) for _ in range(count // 4)]
+    words = [struct.unpack("<Q", struct.pack("<d", x))[0] for x in numbers]
+    words += [rng.getrandbits(64) for _ in range(count // 4)]
+    # floats in the low half (as a caller leaves a float argument), the rest 0
+    words += [struct.unpack("<I", struct.pack("<f", rng.uniform(-4, 4)))[0] for _ in range(count // 4)]
+    # and the floats on each side of constants a float cannot hold (0.1, 0.3, -0.7)
+    for constant in (0.1, 0.3, -0.7):
+        nearest = struct.unpack("<I", struct.pack("<f", constant))[0]
+        words += [nearest - 1, nearest, nearest + 1] * 8
+    return words
+
+
+def float_hits(count: int, seed: int = 11):
+    """Hits of FLOATS' probes: entries with four registers of float_words(), returns."""
+    rng = random.Random(seed)
+    words = float_words(rng, count)
+    hits = []
+    for _ in range(len(words)):
+        hits.append(("uprobe:./v:work", {"fargs": tuple(rng.choice(words) for _ in range(4))}))
+        hits.append(("uretprobe:./v:work", {"fretval": rng.choice(words)}))
+    return hits
 
 
 # -- what programs print --------------------------------------------------------------------

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import check
 from cross import CC, QEMU, SYSROOT, needs
-from probe_programs import CHECKED_READS, PROGRAMS, STRING_MAPS, WORK
+from probe_programs import CHECKED_READS, FLOATS, PROGRAMS, STRING_MAPS, WORK, float_hits
 from urewrite.programs import lower as L
 from urewrite.programs import maps as M
 from urewrite.programs import output
@@ -42,8 +42,8 @@ HARNESS_C = r"""
 #include <unistd.h>
 
 /* input: u64 size + code, u64 size + maps area, u64 size + data (mapped at DATA),
-   u64 threads, u64 hits, then per hit u64 function offset and CTX_SIZE bytes of
-   context; output: the maps area, then printf()s: u32 index, u32 words, the words */
+   u64 threads, u64 hits, then per hit u64 function offset, CTX_SIZE bytes of
+   context and 8 u64 of the floating-point argument registers (d0..d7); output: the maps area, then printf()s: u32 index, u32 words, the words */
 static uint8_t *area;
 static uint64_t hits, threads, *offsets;
 static uint8_t *code, *contexts;
@@ -58,15 +58,21 @@ static void event(uint32_t index, const uint64_t *words, uint64_t count) {
     pthread_mutex_unlock(&lock);
 }
 
+typedef void (*probe_code)(void *, double, double, double, double, double, double,
+                           double, double);
+
 static void *run(void *first) {
     for (uint64_t k = (uint64_t)first; k < hits; k += threads) {
         uint8_t context[CTX_SIZE];
-        memcpy(context, contexts + k * CTX_SIZE, CTX_SIZE);
+        double d[8];  /* passed in d0..d7, as a probed function's arguments are */
+        memcpy(context, contexts + k * HIT_SIZE, CTX_SIZE);
+        memcpy(d, contexts + k * HIT_SIZE + CTX_SIZE, sizeof d);
         uint64_t pid = getpid(), maps = (uint64_t)area, routine = (uint64_t)event;
         memcpy(context + CTX_PID, &pid, 8);
         memcpy(context + CTX_MAPS, &maps, 8);
         memcpy(context + CTX_EVENT, &routine, 8);
-        ((void (*)(void *))(code + offsets[k]))(context);
+        ((probe_code)(code + offsets[k]))(context, d[0], d[1], d[2], d[3], d[4], d[5], d[6],
+                                          d[7]);
     }
     return NULL;
 }
@@ -88,9 +94,9 @@ int main(int argc, char **argv) {
     part(in, &data_size, (void *)DATA);
     if (fread(&threads, 8, 1, in) != 1 || fread(&hits, 8, 1, in) != 1) return 5;
     offsets = malloc(8 * hits + 8);
-    contexts = malloc(CTX_SIZE * hits + 1);
+    contexts = malloc(HIT_SIZE * hits + 1);
     for (uint64_t k = 0; k < hits; k++)
-        if (fread(offsets + k, 8, 1, in) != 1 || fread(contexts + k * CTX_SIZE, CTX_SIZE, 1, in) != 1)
+        if (fread(offsets + k, 8, 1, in) != 1 || fread(contexts + k * HIT_SIZE, HIT_SIZE, 1, in) != 1)
             return 6;
     out = fopen(argv[2], "wb");
     fseek(out, area_size, SEEK_SET);
@@ -110,7 +116,7 @@ int main(int argc, char **argv) {
 def harness(tmp_path_factory):
     work = tmp_path_factory.mktemp("arm64-code")
     source = work / "harness.c"
-    defines = {"CTX_SIZE": P.CTX_SIZE, "CTX_PID": P.CTX_PID, "CTX_MAPS": P.CTX_MAPS,
+    defines = {"CTX_SIZE": P.CTX_SIZE, "HIT_SIZE": P.CTX_SIZE + 64, "CTX_PID": P.CTX_PID, "CTX_MAPS": P.CTX_MAPS,
                "CTX_EVENT": P.CTX_EVENT, "DATA": f"{DATA:#x}"}
     source.write_text("".join(f"#define {k} {v}\n" for k, v in defines.items()) + HARNESS_C)
     check([CC, "-O2", "-pthread", str(source), "-o", str(work / "harness")])
@@ -136,7 +142,10 @@ def _compiled_run(harness: Path, text: str, hits, data: bytes = b"", threads: in
         struct.pack_into("<QQ", context, P.CTX_TID, fields.get("tid", 1), fields.get("nsecs", 0))
         comm = fields.get("comm", "app").encode()
         context[P.CTX_COMM:P.CTX_COMM + len(comm)] = comm
-        blob += [struct.pack("<Q", entries[probe]), bytes(context)]
+        registers = (fields.get("fretval", 0),) if probe.startswith("uretprobe") else \
+            tuple(fields.get("fargs", ()))
+        blob += [struct.pack("<Q", entries[probe]), bytes(context),
+                 struct.pack("<8Q", *(registers + (0,) * 8)[:8])]
     work = harness.parent
     (work / "in").write_bytes(b"".join(blob))
     cmd = [QEMU] + (["-L", SYSROOT] if SYSROOT else []) + [str(harness), str(work / "in"),
@@ -185,6 +194,16 @@ def test_compiled_maps_are_the_evaluators(harness, name):
     assert ours.count("\n") >= (1 if name == "printf" else 3)
     assert printed == evaluated and bool(printed) == (name == "printf")
     assert faults == 0
+
+
+def test_floating_point_is_compared_and_converted_as_c_does(harness):
+    """farg0..7 and fretval read d0..d7, and what is done with them is the integer code
+    x86_64 runs too (test_program_code.py's test of the same name): the same answers."""
+    hits = float_hits(300)
+    ours, printed, faults = _compiled_run(harness, FLOATS, hits)
+    theirs, evaluated = _evaluated(FLOATS, hits)
+    assert ours == theirs
+    assert printed == evaluated and len(printed) > 50
 
 
 def test_strings_and_pointer_reads_are_checked(harness):

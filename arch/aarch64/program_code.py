@@ -195,6 +195,8 @@ def _operation(fn: str, op: tuple, frame: L.Frame, lowered: L.Lowered, labels: _
         n = args[0]
         return ([f"ldr x0, [x19, #{P.CTX_ARGS + 8 * n}]"] if n < P.ARGUMENTS else
                 ["mov x0, xzr"]) + [_PUSH]
+    if name == "farg":  # (a read: no floating-point state changes)
+        return [f"fmov x0, d{args[0]}", _PUSH]
     if name == "local":
         return [f"ldr x0, [x29, #{frame.local(args[0])}]", _PUSH]
     if name == "set_local":

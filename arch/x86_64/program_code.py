@@ -145,6 +145,8 @@ def _operation(fn: str, op: tuple, frame: L.Frame, lowered: L.Lowered) -> List[s
     if name == "arg":
         n = args[0]
         return [f"push qword ptr [rbx + {P.CTX_ARGS + 8 * n}]"] if n < P.ARGUMENTS else ["push 0"]
+    if name == "farg":  # (a read: no floating-point state changes)
+        return [f"movq rax, xmm{args[0]}", "push rax"]
     if name == "local":
         return [f"push qword ptr [rbp + {frame.local(args[0])}]"]
     if name == "set_local":
