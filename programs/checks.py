@@ -148,6 +148,11 @@ class BlockChecker:
             if was != now:
                 raise ProgramError(f"{shown}'s key {i + 1} is a {was} elsewhere, a {now} here",
                                    target.at)
+        if known.kind == info.kind == "value" and known.value != info.value:
+            # (a map of strings holds 64 bytes, copied from where its value points)
+            raise ProgramError(f"{shown} holds a{'n' * (known.value == INT)} {known.value} "
+                               f"elsewhere, a{'n' * (info.value == INT)} {info.value} here",
+                               target.at)
         same = known.kind != info.kind and {known.kind, info.kind} <= {"value", "sum"} \
             and known.value == info.value == INT
         if known.kind != info.kind and not same:

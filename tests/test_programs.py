@@ -98,6 +98,10 @@ REFUSED = [
     ("uprobe:./a:f { $x = farg0; $x += 1 }", "1:34", "$x +=: floating-point values are compared"),
     ("uprobe:./a:f { @x = arg0 * 1.5 }", "1:26", "'*': floating-point values are compared"),
     ("uprobe:./a:f { @x = 1.5.2 }", "1:21", "not a number: 1.5."),
+    # a plain value is of one type (a string's is copied from where the value points)
+    ('uprobe:./a:f { @x = "a"; @x = 1 }', "1:26", "@x holds a string elsewhere, an int here"),
+    ("uprobe:./a:f { @x = farg0; @x = (float)farg0 }", "1:28", "@x holds a double elsewhere, a float"),
+    ("uprobe:./a:f { @x = arg0; }\nuprobe:./a:g { @x = farg0 }", "2:16", "@x holds an int elsewhere"),
     ('uprobe:./a:f { $x = 1 + "a" }', "1:23", "'+' takes numbers"),
     ("uprobe:./a:f { @ = count() ", "1:28", "expected ';' or '}'"),
     ("uprobe:./a:f { count() }", "1:16", "count() must be assigned to a map"),
