@@ -43,9 +43,17 @@ def from_bits(word: int, kind: str) -> float:
     return Single(value) if kind == F32 else value
 
 
+_NANS: dict = {}  # a NaN's bits -> one object for them (below)
+
+
 def shown(value: float) -> float:
     """The number to print for a value: a float's shortest decimal that reads back as
-    the same float (0.1, not 0.10000000149011612), a double as it is."""
+    the same float (0.1, not 0.10000000149011612), a double as it is. A NaN is one
+    object for its bits: a NaN is unequal to itself, and a map's key is its bits (the
+    probes'), which a dictionary finds by identity first."""
+    if math.isnan(value):
+        word = struct.unpack("<Q", struct.pack("<d", value))[0]
+        return _NANS.setdefault(word, float(value))
     if not isinstance(value, Single) or not math.isfinite(value):
         return float(value)
     for digits in range(1, 10):
@@ -199,22 +207,28 @@ _NAN_ABOVE = {F32: 0x7f800000, F64: 0x7ff0000000000000}  # a magnitude above inf
 _COMPARE = {"==": "eq", "!=": "ne", "<": "lt", ">": "gt", "<=": "le", ">=": "ge"}
 
 
-def compare_constant(operator: str, constant: float, kind: str, temp: Temp,
-                     label: Label) -> List[tuple]:
+def compare_constant(operator: str, constant: float, kind: str) -> List[tuple]:
     """Pops a value's word, pushes `value OP constant` as C says it (0 or 1; NaN is
-    unequal to everything, itself included)."""
+    unequal to everything): one machine operation, `fcompare KIND OP PLACE` (push 1
+    where the value is not NaN and ordered(value) OP PLACE, signed; else OP is ne),
+    which each backend makes in a few integer instructions (its `float_test`), and a
+    direct entry's leading predicate the same way."""
     operator, place = constant_order(operator, constant, kind)
     if operator is None:
         return [("drop",), ("const", int(place))]
-    word, magnitude = temp(), temp()
-    number, end = label(), label()
-    return [("set_local", word)] + _magnitude(kind, word, magnitude) + [
-        ("local", magnitude), ("const", _NAN_ABOVE[kind]), ("compare", "gt", False),
-        ("jump_zero", number),
-        ("const", int(operator == "!=")), ("jump", end),
-        ("label", number)] + _place(kind, word, magnitude, label) + [
-        ("const", place & ((1 << 64) - 1)), ("compare", _COMPARE[operator], True),
-        ("label", end)]
+    return [("fcompare", kind, _COMPARE[operator], place)]
+
+
+def top_aligned(place: int, kind: str) -> int:
+    """A place as the machines compare it, in a word whose top bit is the value's sign
+    (a float's 32 bits shifted up by 32: the order is the same, the code one), as an
+    unsigned 64-bit constant."""
+    return (place << (32 if kind == F32 else 0)) & ((1 << 64) - 1)
+
+
+def infinity_place(kind: str) -> int:
+    """The top-aligned place of infinity: a magnitude above it is a NaN's."""
+    return top_aligned(_NAN_ABOVE[kind], kind)
 
 
 def compare_values(operator: str, kind: str, temp: Temp, label: Label) -> List[tuple]:

@@ -12,6 +12,8 @@ Operations (each a tuple, its name first):
     farg N           push floating-point argument register N's low 64 bits, as the
                      probe found it (fretval: register 0); nothing else runs a
                      floating-point instruction (floats.py lowers what is done with them)
+    fcompare K OP P  pop a float's (K "float") or double's (K "double") word, push 1 if
+                     it is not NaN and floats.ordered() of it OP P (signed), else OP == ne
     local N          push local N                   set_local N   pop into local N
     unary OP         neg, not (bitwise), lnot (0 or 1)
     binary OP S      add sub mul div mod and or xor shl shr; S: signed (div, mod, shr)
@@ -466,8 +468,7 @@ class _Lowering:
             left, right = right, left
         self.expression(e.left)
         if isinstance(e.right, literal):
-            ops.extend(floats.compare_constant(operator, float(e.right.value), left, self.temp,
-                                               self.label))
+            ops.extend(floats.compare_constant(operator, float(e.right.value), left))
             return
         self.expression(e.right)
         ops.extend(floats.compare_values(operator, left, self.temp, self.label))
@@ -533,14 +534,19 @@ def leading_predicate(ops: List[tuple]) -> Optional[tuple]:
     """(argument N, constant, comparison, signed) where a probe's code starts with a
     predicate that compares an argument with a constant and, when false, does
     nothing else (a jump to the end): a direct entry checks it before it saves
-    anything. None otherwise."""
-    if len(ops) < 4 or [op[0] for op in ops[:4]] != ["arg", "const", "compare", "jump_zero"]:
+    anything; (register N, place, comparison, True, kind) where it compares a
+    floating-point argument register (fcompare's). None otherwise."""
+    names = [op[0] for op in ops[:4]]
+    if names[:3] == ["farg", "fcompare", "jump_zero"]:  # a floating-point register's
+        end, (_, kind, comparison, place) = ops[2][1], ops[1]
+        found = ops[0][1], place, comparison, True, kind
+    elif names == ["arg", "const", "compare", "jump_zero"]:
+        end = ops[3][1]
+        found = ops[0][1], ops[1][1], ops[2][1], ops[2][2]
+    else:
         return None
-    end = ops[3][1]
     rest = ops[ops.index(("label", end)) + 1:] if ("label", end) in ops else None
-    if rest != [("return",)]:
-        return None
-    return ops[0][1], ops[1][1], ops[2][1], ops[2][2]
+    return found if rest == [("return",)] else None
 
 
 def fused(ops: List[tuple]) -> Optional[Fused]:

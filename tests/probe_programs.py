@@ -92,7 +92,9 @@ def float_hits(count: int, seed: int = 11):
     """Hits of FLOATS' probes: entries with four registers of float_words(), returns."""
     rng = random.Random(seed)
     words = float_words(rng, count)
-    hits = []
+    # each word in every register once (the awkward ones first), then at random
+    hits = [hit for word in words for hit in (("uprobe:./v:work", {"fargs": (word,) * 4}),
+                                              ("uretprobe:./v:work", {"fretval": word}))]
     for _ in range(len(words)):
         hits.append(("uprobe:./v:work", {"fargs": tuple(rng.choice(words) for _ in range(4))}))
         hits.append(("uretprobe:./v:work", {"fretval": rng.choice(words)}))

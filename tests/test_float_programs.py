@@ -83,3 +83,38 @@ def test_built_in_floats_read_as_the_sample_computes(built):
     assert proc.returncode == 0, proc.stderr
     program_part = proc.stdout.split("the program built into the probes:", 1)[1]
     assert _maps(program_part) == expected
+
+
+COMPARISONS = {"eq": "==", "ne": "!=", "lt": "<", "gt": ">", "le": "<=", "ge": ">="}
+
+
+def _holds(op: str, a: float, b: float) -> bool:
+    return {"==": a == b, "!=": a != b, "<": a < b, ">": a > b, "<=": a <= b, ">=": a >= b}[op]
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "arm64"])
+def test_leading_float_predicates_of_every_comparison(tmp_path, machine):
+    """A filter on a floating-point register and a number (`/farg0 > 0.5/`) is decided by
+    the direct entry before it saves anything (the code shared with the programs'
+    fcompare): each comparison, of a double and of a float against a constant the float
+    cannot hold, against the calls the sample makes."""
+    import struct
+    arm64 = machine == "arm64"
+    if arm64 and missing(CC, QEMU) or not arm64 and (platform.machine() != "x86_64" or
+                                                     shutil.which("gcc") is None):
+        pytest.skip(f"needs {'the arm64 cross compiler and qemu' if arm64 else 'gcc on x86_64'}")
+    plain, rewritten = tmp_path / "floats", tmp_path / "floats.probed"
+    subprocess.run([CC if arm64 else "gcc", "-O2", SAMPLE, "-o", str(plain)], check=True)
+    proc = urewrite(str(plain), "-p", "scale", "-p", "shrink", "-o", str(rewritten), "-q")
+    assert proc.returncode == 0, proc.stderr
+    command = emulate(rewritten) if arm64 else [str(rewritten)]
+    xs = [(i - CALLS // 2) * 0.37 for i in range(CALLS)]  # (as the sample computes them)
+    halves = [struct.unpack("<f", struct.pack("<f", x))[0] * 0.5 for x in xs]
+    for name, op in COMPARISONS.items():
+        program = (f"uprobe:{rewritten}:scale /farg0 {op} 0.74/ {{ @d_{name} = count(); }} "
+                   f"uprobe:{rewritten}:shrink /(float)farg0 {op} 0.3/ {{ @f_{name} = count(); }}")
+        ran = urewrite("run", "-e", program, "--", *command, str(CALLS))
+        assert ran.returncode == 0, ran.stderr
+        maps = _maps(ran.stdout.split("\n\n\n", 1)[1])
+        assert maps.get(f"@d_{name}", "0") == str(sum(_holds(op, x, 0.74) for x in xs)), name
+        assert maps.get(f"@f_{name}", "0") == str(sum(_holds(op, h, 0.3) for h in halves)), name

@@ -96,7 +96,8 @@ class DirectEntry:
     reads: int  # the arguments the function reads (arg0 .. reads - 1; the rest: 0)
     uses: int  # what else of the context it reads (program_file.USES_*)
     # (argument N, constant, comparison, signed): the function does nothing unless
-    # argument N compares so with the constant (a program's leading predicate), or None
+    # argument N compares so with the constant (a program's leading predicate), or None;
+    # (N, place, comparison, True, kind): floating-point register N (lower.py's fcompare)
     predicate: Optional[tuple] = None
 
 

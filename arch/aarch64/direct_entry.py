@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 from urewrite.arch.aarch64.arguments import NONE, SP_SLOT
-from urewrite.arch.aarch64.program_code import _extend, _mov, _sub, condition
+from urewrite.arch.aarch64.program_code import _extend, _mov, _sub, condition, float_test
 from urewrite.trampolines import program_file as P
 from urewrite.trampolines import region
 from urewrite.trampolines.arguments import CONSTANT, MEMORY, REGISTER, encode
@@ -88,7 +88,8 @@ def _entry(name: str, entry: DirectEntry, run_at: int) -> List[str]:
             for half in (0, 8):
                 word = int.from_bytes(blob[8 + 16 * j + half:16 + 16 * j + half], "little")
                 out += [f"ldr x17, [x1, #{8 + 16 * j + half}]"] + _differs(word, f"{name}_other")
-    if entry.predicate is not None and (entry.predicate[0] >= known or
+    if entry.predicate is not None and (len(entry.predicate) == 5 or  # (a register's)
+                                        entry.predicate[0] >= known or
                                         entry.expected[entry.predicate[0]].kind != MEMORY):
         out += _predicate(name, entry, known)
     out += [f"{name}_run:",
@@ -138,6 +139,12 @@ def _entry(name: str, entry: DirectEntry, run_at: int) -> List[str]:
 def _predicate(name: str, entry: DirectEntry, known: int) -> List[str]:
     """Nothing to do unless arg N OP constant: checked before anything is saved, the
     flags kept in x1 (the descriptors are read by now)."""
+    if len(entry.predicate) == 5:  # floating-point register N, as lower's fcompare
+        n, place, op, _, kind = entry.predicate
+        return [f"fmov x17, d{n}", "mrs x1, nzcv"] + \
+            float_test(kind, op, place, "x17", "x0", f"{name}_true", f"{name}_false",
+                       f"{name}_nan") + [f"{name}_false:", "msr nzcv, x1", f"b {name}_done",
+                                         f"{name}_true:", "msr nzcv, x1"]
     n, constant, op, signed = entry.predicate
     value = _value(entry.expected[n], pushed=0, into="x17") if n < known else ["mov x17, #0"]
     return value + _mov("x0", constant) + [

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
+from urewrite.programs import floats
 from urewrite.programs import lower as L
 from urewrite.programs import maps as M
 from urewrite.trampolines import program_file as P
@@ -197,6 +198,10 @@ def _operation(fn: str, op: tuple, frame: L.Frame, lowered: L.Lowered, labels: _
                 ["mov x0, xzr"]) + [_PUSH]
     if name == "farg":  # (a read: no floating-point state changes)
         return [f"fmov x0, d{args[0]}", _PUSH]
+    if name == "fcompare":
+        true, false, nan, end = (labels(fn) for _ in range(4))
+        return [_pop("x0")] + float_test(*args, "x0", "x1", true, false, nan) + [
+            f"{true}:", "mov x0, #1", f"b {end}", f"{false}:", "mov x0, #0", f"{end}:", _PUSH]
     if name == "local":
         return [f"ldr x0, [x29, #{frame.local(args[0])}]", _PUSH]
     if name == "set_local":
@@ -287,6 +292,24 @@ def _extend(size: int, signed: bool, register: str = "x0") -> List[str]:
 def condition(comparison: str, signed: bool) -> str:
     """The condition code of a comparison (lower's eq, lt, ...)."""
     return (_SIGNED_CC if signed else _UNSIGNED_CC)[comparison]
+
+
+def float_test(kind: str, comparison: str, place: int, value: str, scratch: str,
+               true: str, false: str, nan: str) -> List[str]:
+    """On to `true` if the float's or double's word in `value` is not NaN and
+    floats.ordered() of it compares so with `place` (lower's fcompare), else to
+    `false` (to `true` for a NaN and ne); integer instructions only. `value` and
+    `scratch` are clobbered, the flags too."""
+    out = [f"lsl {value}, {value}, #32"] if kind == floats.F32 else []  # (its sign on top)
+    out += [f"asr {scratch}, {value}, #63", f"and {value}, {value}, #0x7fffffffffffffff",
+            f"eor {value}, {value}, {scratch}", f"sub {value}, {value}, {scratch}"]
+    out += _mov(scratch, floats.infinity_place(kind)) + [
+        f"cmp {value}, {scratch}", f"b.gt {nan}", f"neg {scratch}, {scratch}",
+        f"cmp {value}, {scratch}", f"b.lt {nan}"]
+    out += _mov(scratch, floats.top_aligned(place, kind)) + [
+        f"cmp {value}, {scratch}", f"b.{condition(comparison, True)} {true}", f"b {false}",
+        f"{nan}:", f"b {true if comparison == 'ne' else false}"]
+    return out
 
 
 def _copy_string(source: str, target: str) -> List[str]:

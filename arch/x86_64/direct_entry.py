@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 from urewrite.arch.x86_64.arguments import SLOT
-from urewrite.arch.x86_64.program_code import _extend, condition, negated
+from urewrite.arch.x86_64.program_code import _extend, condition, float_test, negated
 from urewrite.trampolines import program_file as P
 from urewrite.trampolines.program_file import DirectEntry
 from urewrite.trampolines import region
@@ -142,12 +142,18 @@ def _entry(name: str, entry: DirectEntry, run_at: int) -> List[str]:
 
 def _in_registers(entry: DirectEntry, known: int) -> bool:
     """Whether the predicate's argument needs no memory read (nor the region)."""
+    if len(entry.predicate) == 5:  # a floating-point register
+        return True
     n = entry.predicate[0]
     return n >= known or entry.expected[n].kind in (REGISTER, CONSTANT)
 
 
 def _predicate(name: str, entry: DirectEntry, known: int) -> List[str]:
     """Nothing to do unless arg N OP constant: checked before anything is saved."""
+    if len(entry.predicate) == 5:  # floating-point register N, as lower's fcompare
+        n, place, op, _, kind = entry.predicate
+        return [f"movq rdx, xmm{n}"] + float_test(kind, op, place, "rdx", "rcx", f"{name}_true",
+                                                  f"{name}_done", f"{name}_nan") + [f"{name}_true:"]
     n, constant, op, signed = entry.predicate
     if n < known:
         value = _value(entry.expected[n], _Frame(0, saved_rbp=False), "rdx")

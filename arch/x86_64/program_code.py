@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
+from urewrite.programs import floats
 from urewrite.programs import lower as L
 from urewrite.programs import maps as M
 from urewrite.trampolines import program_file as P
@@ -147,6 +148,10 @@ def _operation(fn: str, op: tuple, frame: L.Frame, lowered: L.Lowered) -> List[s
         return [f"push qword ptr [rbx + {P.CTX_ARGS + 8 * n}]"] if n < P.ARGUMENTS else ["push 0"]
     if name == "farg":  # (a read: no floating-point state changes)
         return [f"movq rax, xmm{args[0]}", "push rax"]
+    if name == "fcompare":
+        true, false, nan, end = (_unique(fn) for _ in range(4))
+        return ["pop rax"] + float_test(*args, "rax", "rcx", true, false, nan) + [
+            f"{true}:", "push 1", f"jmp {end}", f"{false}:", "push 0", f"{end}:"]
     if name == "local":
         return [f"push qword ptr [rbp + {frame.local(args[0])}]"]
     if name == "set_local":
@@ -261,6 +266,24 @@ def condition(comparison: str, signed: bool) -> str:
 
 def negated(cc: str) -> str:
     return _NEGATED[cc]
+
+
+def float_test(kind: str, comparison: str, place: int, value: str, scratch: str,
+               true: str, false: str, nan: str) -> List[str]:
+    """On to `true` if the float's or double's word in `value` is not NaN and
+    floats.ordered() of it compares so with `place` (lower's fcompare), else to
+    `false` (to `true` for a NaN and ne); integer instructions only. `value` and
+    `scratch` are clobbered, the flags too."""
+    out = [f"shl {value}, 32"] if kind == floats.F32 else []  # (its sign on top)
+    out += [f"mov {scratch}, {value}", f"sar {scratch}, 63", f"btr {value}, 63",
+            f"xor {value}, {scratch}", f"sub {value}, {scratch}",  # the magnitude, signed
+            f"movabs {scratch}, {floats.infinity_place(kind):#x}",
+            f"cmp {value}, {scratch}", f"jg {nan}", f"neg {scratch}",
+            f"cmp {value}, {scratch}", f"jl {nan}",
+            f"movabs {scratch}, {floats.top_aligned(place, kind):#x}",
+            f"cmp {value}, {scratch}", f"j{condition(comparison, True)} {true}",
+            f"jmp {false}", f"{nan}:", f"jmp {true if comparison == 'ne' else false}"]
+    return out
 
 
 def _checked_read(fn: str, buffer: str) -> List[str]:

@@ -1,5 +1,6 @@
-/* Benchmark target for probe programs: N calls of `target(i, word)` in a loop, where
- * word is one of 4 short strings (a string argument a program may read).
+/* Benchmark target for probe programs: N calls of `target(i, word, i / 4.0)` in a loop,
+ * where word is one of 4 short strings (a string argument a program may read) and the
+ * third argument a double (for farg0).
  *
  *   calls N      prints the wall-clock nanoseconds per call on stdout
  *
@@ -8,8 +9,14 @@
 #include <stdlib.h>
 #include <time.h>
 
-__attribute__((noinline)) long target(long i, const char *word) {
-    __asm__ volatile("" : : "r"(word));  /* keeps the argument live */
+#if defined(__aarch64__)
+#define FLOAT_REGISTER "w"
+#else
+#define FLOAT_REGISTER "x"
+#endif
+
+__attribute__((noinline)) long target(long i, const char *word, double quarter) {
+    __asm__ volatile("" : : "r"(word), FLOAT_REGISTER(quarter));  /* keeps them live */
     return i * 3;
 }
 
@@ -19,7 +26,7 @@ int main(int argc, char **argv) {
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
     for (long i = 0; i < n; i++)
-        sum += target(i, words[i & 3]);
+        sum += target(i, words[i & 3], (double)i * 0.25);
     clock_gettime(CLOCK_MONOTONIC, &b);
     double ns = (b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec);
     printf("%.3f\n", ns / (double)n);
