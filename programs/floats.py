@@ -3,9 +3,11 @@
 
 A float or double travels as its IEEE 754 bits in a 64-bit word (a float's in the low
 32, the rest 0). The probes never run a floating-point instruction: what a program does
-with such a value (compare it, turn it into an integer) is lowered here to integer
-operations of lower.py's machine, so no register, flag or status bit of the process's
-floating-point state is touched, and both machines run the same, tested, operations.
+with such a value is integer code, so no register, flag or status bit of the process's
+floating-point state is touched: a comparison with a number and a conversion toward zero
+are operations of lower.py's machine (fcompare, float_int) that each backend makes in a
+few integer instructions, from what this module works out at compile time; a comparison
+of two values is lowered here to the machine's integer operations.
 The tracer turns the bits back into numbers when it prints them.
 """
 
@@ -139,51 +141,9 @@ Temp = Callable[[], int]  # a fresh local's index
 Label = Callable[[], str]
 
 
-def to_integer(kind: str, temp: Temp, label: Label) -> List[tuple]:
-    """Pops a value's word, pushes it as an integer (truncated(): toward zero, NaN 0,
-    saturating), by integer operations only."""
-    exponent_bits, mantissa_bits, bias = _LAYOUT[kind]
-    width = 32 if kind == F32 else 64
-    top = (1 << exponent_bits) - 1
-    mantissa = (1 << mantissa_bits) - 1
-    word, exponent, whole, result = temp(), temp(), temp(), temp()
-    done, normal, saturate, right, sign = (label() for _ in range(5))
-    return [
-        ("set_local", word),
-        ("local", word), ("const", mantissa_bits), ("binary", "shr", False),
-        ("const", top), ("binary", "and", False), ("set_local", exponent),
-        ("const", 0), ("set_local", result),
-        ("local", exponent), ("const", bias), ("compare", "ge", False),
-        ("jump_zero", done),                                     # |value| < 1: 0
-        ("local", exponent), ("const", bias + 63), ("compare", "ge", False),
-        ("jump_zero", normal),
-        ("local", exponent), ("const", top), ("compare", "eq", False),
-        ("local", word), ("const", mantissa), ("binary", "and", False),
-        ("const", 0), ("compare", "ne", False), ("binary", "and", False),
-        ("jump_zero", saturate),
-        ("jump", done),                                          # NaN: 0
-        ("label", saturate),                                     # INT64_MAX, or MIN if negative
-        ("local", word), ("const", width - 1), ("binary", "shr", False),
-        ("const", INT64_MAX), ("binary", "add", False), ("set_local", result),
-        ("jump", done),
-        ("label", normal),
-        ("local", word), ("const", mantissa), ("binary", "and", False),
-        ("const", 1 << mantissa_bits), ("binary", "or", False), ("set_local", whole),
-        ("local", exponent), ("const", bias + mantissa_bits), ("compare", "ge", False),
-        ("jump_zero", right),
-        ("local", whole), ("local", exponent), ("const", bias + mantissa_bits),
-        ("binary", "sub", False), ("binary", "shl", False), ("set_local", result),
-        ("jump", sign),
-        ("label", right),
-        ("local", whole), ("const", bias + mantissa_bits), ("local", exponent),
-        ("binary", "sub", False), ("binary", "shr", False), ("set_local", result),
-        ("label", sign),
-        ("local", word), ("const", width - 1), ("binary", "shr", False),
-        ("jump_zero", done),
-        ("local", result), ("unary", "neg"), ("set_local", result),
-        ("label", done),
-        ("local", result),
-    ]
+def layout(kind: str):
+    """(exponent bits, mantissa bits, exponent bias) of a float or a double."""
+    return _LAYOUT[kind]
 
 
 def _place(kind: str, word: int, magnitude: int, label: Label) -> List[tuple]:

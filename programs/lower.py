@@ -14,6 +14,8 @@ Operations (each a tuple, its name first):
                      floating-point instruction (floats.py lowers what is done with them)
     fcompare K OP P  pop a float's (K "float") or double's (K "double") word, push 1 if
                      it is not NaN and floats.ordered() of it OP P (signed), else OP == ne
+    float_int K      pop a float's or double's word, push its value toward zero as an
+                     integer (NaN 0; past int64's range, its nearest end: floats.truncated)
     local N          push local N                   set_local N   pop into local N
     unary OP         neg, not (bitwise), lnot (0 or 1)
     binary OP S      add sub mul div mod and or xor shl shr; S: signed (div, mod, shr)
@@ -346,7 +348,7 @@ class _Lowering:
         kind = self.kind(expression)
         self.expression(expression)
         if kind in floats.FLOATS:
-            self.ops += floats.to_integer(kind, self.temp, self.label)
+            self.ops.append(("float_int", kind))
 
     def arithmetic(self, operator: str, left, right):
         signed = self.signed(left) and self.signed(right)

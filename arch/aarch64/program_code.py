@@ -198,6 +198,8 @@ def _operation(fn: str, op: tuple, frame: L.Frame, lowered: L.Lowered, labels: _
                 ["mov x0, xzr"]) + [_PUSH]
     if name == "farg":  # (a read: no floating-point state changes)
         return [f"fmov x0, d{args[0]}", _PUSH]
+    if name == "float_int":
+        return _float_integer(fn, args[0], labels)
     if name == "fcompare":
         true, false, nan, end = (labels(fn) for _ in range(4))
         return [_pop("x0")] + float_test(*args, "x0", "x1", true, false, nan) + [
@@ -292,6 +294,31 @@ def _extend(size: int, signed: bool, register: str = "x0") -> List[str]:
 def condition(comparison: str, signed: bool) -> str:
     """The condition code of a comparison (lower's eq, lt, ...)."""
     return (_SIGNED_CC if signed else _UNSIGNED_CC)[comparison]
+
+
+def _float_integer(fn: str, kind: str, labels: _Labels) -> List[str]:
+    """The float's or double's word on the stack as an integer toward zero (NaN 0,
+    saturating: floats.truncated), in integer instructions: the exponent, then the
+    mantissa with its hidden bit shifted by it."""
+    exponent_bits, mantissa_bits, bias = floats.layout(kind)
+    top = (1 << exponent_bits) - 1
+    sign = (32 if kind == floats.F32 else 64) - 1
+    zero, big, right, signed, positive, saturate, done = (labels(fn) for _ in range(7))
+    return [_pop("x0"), f"ubfx x1, x0, #{mantissa_bits}, #{exponent_bits}",
+            f"cmp x1, #{bias}", f"b.lo {zero}",  # |value| < 1
+            f"cmp x1, #{bias + 63}", f"b.hs {big}",
+            f"ubfx x2, x0, #0, #{mantissa_bits}", f"orr x2, x2, #{1 << mantissa_bits:#x}",
+            f"sub x3, x1, #{bias + mantissa_bits}",
+            f"cmp x1, #{bias + mantissa_bits}", f"b.lo {right}",
+            "lsl x2, x2, x3", f"b {signed}",
+            f"{right}:", "neg x3, x3", "lsr x2, x2, x3",
+            f"{signed}:", f"tbz x0, #{sign}, {positive}", "neg x2, x2",
+            f"{positive}:", "mov x0, x2", f"b {done}",
+            f"{big}:", f"cmp x1, #{top}", f"b.ne {saturate}",  # infinity or NaN?
+            f"ubfx x2, x0, #0, #{mantissa_bits}", f"cbnz x2, {zero}",
+            f"{saturate}:", f"lsr x0, x0, #{sign}"] + _mov("x1", floats.INT64_MAX) + [
+            "add x0, x0, x1", f"b {done}",  # INT64_MAX, or INT64_MIN if negative
+            f"{zero}:", "mov x0, #0", f"{done}:", _PUSH]
 
 
 def float_test(kind: str, comparison: str, place: int, value: str, scratch: str,

@@ -148,6 +148,8 @@ def _operation(fn: str, op: tuple, frame: L.Frame, lowered: L.Lowered) -> List[s
         return [f"push qword ptr [rbx + {P.CTX_ARGS + 8 * n}]"] if n < P.ARGUMENTS else ["push 0"]
     if name == "farg":  # (a read: no floating-point state changes)
         return [f"movq rax, xmm{args[0]}", "push rax"]
+    if name == "float_int":
+        return _float_integer(fn, args[0])
     if name == "fcompare":
         true, false, nan, end = (_unique(fn) for _ in range(4))
         return ["pop rax"] + float_test(*args, "rax", "rcx", true, false, nan) + [
@@ -266,6 +268,31 @@ def condition(comparison: str, signed: bool) -> str:
 
 def negated(cc: str) -> str:
     return _NEGATED[cc]
+
+
+def _float_integer(fn: str, kind: str) -> List[str]:
+    """The float's or double's word on the stack as an integer toward zero (NaN 0,
+    saturating: floats.truncated), in integer instructions: the exponent, then the
+    mantissa with its hidden bit shifted by it."""
+    exponent_bits, mantissa_bits, bias = floats.layout(kind)
+    top, mantissa = (1 << exponent_bits) - 1, (1 << mantissa_bits) - 1
+    sign = (32 if kind == floats.F32 else 64) - 1
+    zero, big, right, signed, saturate, done = (_unique(fn) for _ in range(6))
+    return ["pop rax", "mov rdx, rax", f"shr rdx, {mantissa_bits}", f"and edx, {top}",
+            f"cmp edx, {bias}", f"jb {zero}",  # |value| < 1
+            f"cmp edx, {bias + 63}", f"jae {big}",
+            f"movabs r8, {mantissa:#x}", "and r8, rax", f"bts r8, {mantissa_bits}",
+            f"lea ecx, [rdx - {bias + mantissa_bits}]",
+            f"cmp edx, {bias + mantissa_bits}", f"jb {right}",
+            "shl r8, cl", f"jmp {signed}",
+            f"{right}:", "neg ecx", "shr r8, cl",
+            f"{signed}:", f"bt rax, {sign}", "mov rax, r8", f"jnc {done}", "neg rax",
+            f"jmp {done}",
+            f"{big}:", f"cmp edx, {top}", f"jne {saturate}",  # infinity or NaN?
+            f"movabs rcx, {mantissa:#x}", "test rax, rcx", f"jnz {zero}",
+            f"{saturate}:", f"shr rax, {sign}", f"movabs rcx, {floats.INT64_MAX:#x}",
+            "add rax, rcx", f"jmp {done}",  # INT64_MAX, or INT64_MIN if negative
+            f"{zero}:", "xor eax, eax", f"{done}:", "push rax"]
 
 
 def float_test(kind: str, comparison: str, place: int, value: str, scratch: str,
