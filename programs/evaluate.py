@@ -195,8 +195,8 @@ class _Frame:
             return expression.value, False
         if isinstance(expression, Builtin):
             return self.builtin(expression.name)
-        if isinstance(expression, Variable):
-            return self.variables[expression.name]
+        if isinstance(expression, Variable):  # (0 where this hit has not assigned it)
+            return self.variables.get(expression.name, (0, True))
         if isinstance(expression, Map):
             data = self.state.maps[expression.name]
             key = tuple(self.key(k) for k in expression.keys)
@@ -205,7 +205,12 @@ class _Frame:
                                       == STR else 0)
             if isinstance(stored, str):
                 return stored, False
-            return (average(*stored) if isinstance(stored, tuple) else stored), True
+            if isinstance(stored, float):
+                return stored, True
+            # (its sign is the map's, as checks.py's signed() says: @m = arg0 is unsigned)
+            signed = self.state.checked.maps[expression.name].signed
+            value = average(*stored) if isinstance(stored, tuple) else stored
+            return _wrap(value, signed), signed
         if isinstance(expression, Unary):
             value, signed = self.value(expression.operand)
             if expression.operator == "!":
@@ -214,8 +219,16 @@ class _Frame:
         if isinstance(expression, Binary):
             return self.binary(expression)
         if isinstance(expression, Conditional):
-            chosen = expression.then if self.value(expression.condition)[0] else expression.otherwise
-            return self.value(chosen)
+            taken = bool(self.value(expression.condition)[0])
+            chosen, other = (expression.then, expression.otherwise) if taken else \
+                (expression.otherwise, expression.then)
+            value, signed = self.value(chosen)
+            if isinstance(value, (str, float)):
+                return value, signed
+            # C's: unsigned if either side is (the other side read for its sign only:
+            # an expression changes nothing)
+            signed = signed and self.value(other)[1]
+            return _wrap(value, signed), signed
         if isinstance(expression, Cast):
             size, signed = cast_size(expression.type)
             value, _ = self.value(expression.operand)

@@ -142,8 +142,8 @@ def lower(checked: Checked, probe_names: Dict[str, Tuple[str, str]] = None,
             for block, of in blocks:
                 if of == text:
                     lowering.block(block, key, code.setdefault(key, []))
-    for ops in code.values():
-        ops.append(("return",))
+    for text, ops in code.items():
+        code[text] = lowering.registers_first(ops) + [("return",)]
     shapes = [replace(s, names=tuple(lowering.names)) if map_layout.NAME in s.key_types else s
               for s in shapes]
     return Lowered(code, lowering.strings, max(len(lowering.locals), 1),
@@ -187,6 +187,15 @@ class _Lowering:
     def label(self) -> str:
         self.labels += 1
         return f"L{self.labels}"
+
+    def registers_first(self, ops: List[tuple]) -> List[tuple]:
+        """`ops` with the floating-point registers they read read at the start, each
+        into a local: no call the code makes (an event, a map's lookup, a checked read)
+        can change what it sees."""
+        used = sorted({op[1] for op in ops if op[0] == "farg"})
+        at = {n: self.local(f"\0farg{n}") for n in used}
+        return [op for n in used for op in (("farg", n), ("set_local", at[n]))] + \
+            [("local", at[op[1]]) if op[0] == "farg" else op for op in ops]
 
     def string(self, text: str) -> int:
         data = text.encode()[:STRING - 1]
@@ -538,6 +547,12 @@ def leading_predicate(ops: List[tuple]) -> Optional[tuple]:
     nothing else (a jump to the end): a direct entry checks it before it saves
     anything; (register N, place, comparison, True, kind) where it compares a
     floating-point argument register (fcompare's). None otherwise."""
+    registers = {}  # registers_first's: local -> register
+    while len(ops) > 1 and ops[0][0] == "farg" and ops[1][0] == "set_local":
+        registers[ops[1][1]] = ops[0][1]
+        ops = ops[2:]
+    ops = [("farg", registers[op[1]]) if op[0] == "local" and op[1] in registers else op
+           for op in ops[:1]] + ops[1:]
     names = [op[0] for op in ops[:4]]
     if names[:3] == ["farg", "fcompare", "jump_zero"]:  # a floating-point register's
         end, (_, kind, comparison, place) = ops[2][1], ops[1]

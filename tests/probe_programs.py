@@ -248,3 +248,110 @@ def bti_library(tmp_path):
     check([CC, "-O2", "-pthread", "-DVALUES_MAIN", str(VALUES), "-L", str(tmp_path / "plain"),
            "-lvalues", "-o", str(main)])
     return library, rewritten, main
+
+
+# -- random programs: the compiled code against the evaluator ---------------------------------
+
+class RandomProgram:
+    """A random program of integer (and some floating-point) expressions over a probe's
+    arguments: arithmetic of both signs and every width, shifts past 63, division by 0,
+    casts, comparisons, ?:, && and ||, $variables, plain maps read back, aggregations
+    with keys, if/else and printf(). What it must do is what the evaluator says."""
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+        self.variables, self.values, self.maps = [], [], 0
+
+    def program(self) -> str:
+        predicate = f"/{self.expression(2)}/ " if self.rng.random() < 0.3 else ""
+        body = " ".join(self.statement(2) for _ in range(self.rng.randint(3, 7)))
+        return f"uprobe:./v:work {predicate}{{ {body} }}"
+
+    def statement(self, depth: int) -> str:
+        rng = self.rng
+        choice = rng.random()
+        if choice < 0.2:
+            name = f"$v{len(self.variables)}"
+            text = f"{name} = {self.expression(3)};"
+            self.variables.append(name)
+            return text
+        if choice < 0.35:
+            name = f"@p{len(self.values)}"
+            text = f"{name} = {self.expression(3)};"
+            self.values.append(name)
+            return text
+        if choice < 0.7:
+            self.maps += 1
+            kind = rng.choice(["count()", "sum({})", "min({})", "max({})", "avg({})",
+                               "hist({})", "lhist({}, 0, 100, 10)", "stats({})"])
+            keys = ", ".join(f"{self.expression(2)} % 5" for _ in range(rng.randint(0, 2)))
+            target = f"@a{self.maps}" + (f"[{keys}]" if keys else "")
+            return f"{target} = {kind.format(self.expression(3))};"
+        if choice < 0.85 and depth:
+            condition = self.expression(2)
+            known = list(self.variables)  # (one assigned in a branch is not after it)
+            then = " ".join(self.statement(depth - 1) for _ in range(rng.randint(1, 2)))
+            self.variables = list(known)
+            otherwise = " ".join(self.statement(depth - 1) for _ in range(rng.randint(0, 2)))
+            self.variables = known
+            return f"if ({condition}) {{ {then} }}" + \
+                (f" else {{ {otherwise} }}" if otherwise else "")
+        values = [self.expression(2) for _ in range(rng.randint(1, 3))]
+        formats = " ".join(rng.choice(["%d", "%u", "%x", "%ld", "%5d"]) for _ in values)
+        return f'printf("{formats}\\n", {", ".join(values)});'
+
+    def expression(self, depth: int) -> str:
+        rng = self.rng
+        if depth == 0 or rng.random() < 0.25:
+            return self.leaf()
+        choice = rng.random()
+        if choice < 0.45:
+            operator = rng.choice(["+", "-", "*", "/", "%", "&", "|", "^", "<<", ">>",
+                                   "==", "!=", "<", ">", "<=", ">=", "&&", "||"])
+            return f"({self.expression(depth - 1)} {operator} {self.expression(depth - 1)})"
+        if choice < 0.6:
+            return f"{rng.choice(['-', '~', '!'])}({self.expression(depth - 1)})"
+        if choice < 0.75:
+            width = rng.choice(["int8", "uint8", "int16", "uint16", "int32", "uint32",
+                                "int64", "uint64"])
+            return f"({width})({self.expression(depth - 1)})"
+        if choice < 0.85:
+            return (f"({self.expression(depth - 1)} ? {self.expression(depth - 1)} : "
+                    f"{self.expression(depth - 1)})")
+        # floating point: a comparison with a number, or a conversion
+        register = f"farg{rng.randint(0, 2)}"
+        if rng.random() < 0.5:
+            operator = rng.choice(["==", "!=", "<", ">", "<=", ">="])
+            return f"({register} {operator} {rng.choice(['0.5', '-2', '1e3', '0', '-0.0'])})"
+        return f"(int64){register}"
+
+    def leaf(self) -> str:
+        rng = self.rng
+        choice = rng.random()
+        if choice < 0.4:
+            return f"arg{rng.randint(0, 3)}"
+        if choice < 0.5 and self.variables:
+            return rng.choice(self.variables)
+        if choice < 0.6 and self.values:
+            return rng.choice(self.values)
+        if choice < 0.65:
+            return rng.choice(["tid", "nsecs"])
+        return str(rng.choice([0, 1, 2, 3, 7, 63, 64, 65, 255, 1000, -1, -7, 2**31, 2**32 + 1,
+                               2**63 - 1, -(2**63)]))
+
+
+def random_hits(seed: int, count: int = 60):
+    """Hits of RandomProgram's probe: arguments of every size and sign, and doubles."""
+    rng = random.Random(seed)
+    pick = [0, 1, 2, 5, 63, 64, 100, 255, 256, 65535, 2**31 - 1, 2**31, 2**32, 2**63 - 1,
+            2**63, 2**64 - 1, 2**64 - 5]
+    hits = []
+    for i in range(count):
+        args = tuple(rng.choice(pick) if rng.random() < 0.5 else rng.randrange(2**64)
+                     for _ in range(4))
+        fargs = tuple(struct.unpack("<Q", struct.pack("<d", rng.choice(
+            [0.5, -2.0, 1e3, 0.0, -0.0, 3.7, -1e19, math.nan, math.inf, 1e300, -7.25])))[0]
+            for _ in range(3))
+        hits.append(("uprobe:./v:work", {"args": args, "fargs": fargs, "tid": i % 3 + 1,
+                                         "nsecs": 1000 * i}))
+    return hits

@@ -17,7 +17,8 @@ import pytest
 
 from conftest import check
 from cross import CC, QEMU, SYSROOT, needs
-from probe_programs import CHECKED_READS, FLOATS, PROGRAMS, STRING_MAPS, WORK, float_hits
+from probe_programs import (CHECKED_READS, FLOATS, PROGRAMS, STRING_MAPS, WORK, RandomProgram,
+                            float_hits, random_hits)
 from urewrite.programs import lower as L
 from urewrite.programs import maps as M
 from urewrite.programs import output
@@ -204,6 +205,18 @@ def test_floating_point_is_compared_and_converted_as_c_does(harness):
     theirs, evaluated = _evaluated(FLOATS, hits)
     assert ours == theirs
     assert printed == evaluated and len(printed) > 50
+
+
+@pytest.mark.parametrize("seed", range(0, 200, 25))
+def test_random_programs_compile_to_what_the_evaluator_does(harness, seed):
+    """test_program_code.py's random programs (25 a seed, other seeds), under qemu."""
+    for k in range(10000 + seed, 10000 + seed + 25):
+        text = RandomProgram(k).program()
+        hits = random_hits(k)
+        ours, printed, _ = _compiled_run(harness, text, hits)
+        theirs, evaluated = _evaluated(text, hits)
+        assert ours == theirs, text
+        assert printed == evaluated, text
 
 
 def test_strings_and_pointer_reads_are_checked(harness):

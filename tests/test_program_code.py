@@ -17,7 +17,8 @@ import threading
 
 import pytest
 
-from probe_programs import CHECKED_READS, FLOATS, PROGRAMS, STRING_MAPS, WORK, float_hits
+from probe_programs import (CHECKED_READS, FLOATS, PROGRAMS, STRING_MAPS, WORK, RandomProgram,
+                            float_hits, random_hits)
 from urewrite.programs import lower as L
 from urewrite.programs import maps as M
 from urewrite.programs import output
@@ -191,6 +192,19 @@ def test_floating_point_is_compared_and_converted_as_c_does():
     assert compiled.printed == compiled.evaluated_printed and len(compiled.printed) > 50
     for shown in ("@big: ", "@cmp[0, 0, 1, 0]", "@key[", "@r[1, 0]", "@by[1]: inf", "@val: "):
         assert shown in ours
+
+
+@pytest.mark.parametrize("seed", range(0, 400, 50))
+def test_random_programs_compile_to_what_the_evaluator_does(seed):
+    """50 random programs a seed (probe_programs.RandomProgram: every operator, width and
+    sign, casts, ?:, short-circuits, variables, maps read back, aggregations with keys,
+    if/else, printf, floating-point comparisons and conversions) on random hits: the
+    compiled code's maps and printf() lines are the evaluator's."""
+    for k in range(seed, seed + 50):
+        text = RandomProgram(k).program()
+        theirs, ours, compiled = _both(text, random_hits(k))
+        assert ours == theirs, text
+        assert compiled.printed == compiled.evaluated_printed, text
 
 
 def test_exit_ends_its_block_and_tells_the_tracer():
