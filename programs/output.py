@@ -6,7 +6,8 @@ maps in the order of their names; a map's entries by value, smallest first (a
 histogram's by its total); a histogram drops its empty buckets at both ends and
 draws each bar 52 characters wide at its largest count; a blank line follows each
 histogram, and each avg() and stats() map (an empty one too); a map that holds nothing
-prints an empty line, or `@name: 0` for a count, sum or value without keys. print(@m,
+prints an empty line, or `@name: 0` for a count without keys (-f json: only that
+count). print(@m,
 top, div) prints the largest `top` entries, values divided by `div` (a histogram's
 counts, not its bars; neither an lhist()'s nor a stats()'s).
 """
@@ -40,7 +41,9 @@ def lhist_bucket(value: int, low: int, high: int, step: int) -> int:
     return (value - low) // step + 1
 
 
-_ZERO_WHEN_EMPTY = ("count", "sum", "value")
+# a map without keys that holds nothing prints as "@name: 0" if it counts (bpftrace 0.17:
+# untouched, deleted or cleared), else as an empty line (and not at all in -f json)
+_ZERO_WHEN_EMPTY = ("count",)
 
 
 @dataclass
@@ -191,8 +194,10 @@ def json_lines(maps: List[MapData]) -> List[str]:
         values = {}
         for key, value in _ordered(data):
             values[_key_text(key, ",")] = _json_value(data, value)
-        if not data.entries and not data.keyed:
-            body = 0 if data.kind in _ZERO_WHEN_EMPTY else []
+        if not data.entries:
+            if data.keyed or data.kind not in _ZERO_WHEN_EMPTY:
+                continue
+            body = 0
         else:
             body = values.get("") if list(values) == [""] and not any(data.entries) else values
         out.append(json.dumps({"type": kind, "data": {name: body}}))

@@ -226,6 +226,20 @@ def test_scalars_averages_and_stats_as_bpftrace_prints_them():
     ]
 
 
+def test_maps_that_hold_nothing_as_bpftrace_prints_them():
+    """Maps no hit wrote (or whose entries were deleted or cleared), as bpftrace 0.17
+    printed them at exit (`if (arg0 > 100000) { @x = 1; @c = count(); ... }` on
+    values.c; the same after clear()): a count() without keys is 0, every other map an
+    empty line (an avg()'s and a stats()'s two), and in -f json only the count."""
+    maps = [MapData("a", "avg", keyed=False), MapData("c", "count", keyed=False),
+            MapData("h", "hist", keyed=False), MapData("k", "value", keyed=True),
+            MapData("kc", "count", keyed=True), MapData("s", "sum", keyed=False),
+            MapData("x", "value", keyed=False)]
+    assert output.text(maps) == "\n\n@c: 0\n\n\n\n\n\n"
+    assert [json.loads(line) for line in output.json_lines(maps)] == \
+        [{"type": "map", "data": {"@c": 0}}]
+
+
 def test_print_with_top_and_div_as_bpftrace_prints_it():
     """print(@m, top, div) (checked against bpftrace end to end in test_program_run):
     the largest `top` entries (0: all), values divided toward zero by `div` (0: as 1);
