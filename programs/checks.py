@@ -34,7 +34,7 @@ AGGREGATIONS = {"count": 0, "sum": 1, "min": 1, "max": 1, "avg": 1, "stats": 1, 
                 "lhist": 4}
 
 # printf's conversions (bpftrace takes C's, with these lengths)
-CONVERSION = re.compile(r"%%|%[-+ 0#]*\d*(?:\.\d+)?(?:hh|h|ll|l|L|z|j|t)?([diuxXcspfFeEgG])|%")
+CONVERSION = re.compile(r"%%|%[-+ 0#]*\d*(?:\.\d+)?(?:hh|h|ll|l|L|z|j|t)?([diouxXcspfFeEgG])|%")
 FLOAT_CONVERSIONS = "fFeEgG"
 
 _NO_FLOAT_ARITHMETIC = ("floating-point values are compared (<, ==, ...) and printed, not "
@@ -192,7 +192,8 @@ class BlockChecker:
     def signed(self, expression: Expression) -> bool:
         """Whether an integer expression is signed, by bpftrace's (and C's) rules: literals
         are, argN, retval, pid, tid and nsecs are not, arithmetic is unsigned when an
-        operand is, comparisons and logic give a signed 0 or 1, a cast its type's sign."""
+        operand is, comparisons and logic give a signed 0 or 1, a cast its type's sign,
+        `c ? a : b` a's (bpftrace 0.17 types it so; C would take the common type)."""
         if isinstance(expression, Builtin):
             return expression.name not in BUILTINS or BUILTINS[expression.name] != INT
         if isinstance(expression, Variable):
@@ -206,8 +207,8 @@ class BlockChecker:
             if expression.operator in ("==", "!=", "<", ">", "<=", ">=", "&&", "||"):
                 return True
             return self.signed(expression.left) and self.signed(expression.right)
-        if isinstance(expression, Conditional):
-            return self.signed(expression.then) and self.signed(expression.otherwise)
+        if isinstance(expression, Conditional):  # its `then` side's, as bpftrace 0.17's
+            return self.signed(expression.then)
         if isinstance(expression, Cast):  # (a float's value as an integer is signed)
             return expression.pointer == 0 and (expression.type in FLOATS or
                                                 cast_size(expression.type)[1])

@@ -225,9 +225,9 @@ class _Frame:
             value, signed = self.value(chosen)
             if isinstance(value, (str, float)):
                 return value, signed
-            # C's: unsigned if either side is (the other side read for its sign only:
-            # an expression changes nothing)
-            signed = signed and self.value(other)[1]
+            # the `then` side's sign, as bpftrace 0.17's (the other side read for its
+            # sign only: an expression changes nothing)
+            signed = signed if taken else self.value(other)[1]
             return _wrap(value, signed), signed
         if isinstance(expression, Cast):
             size, signed = cast_size(expression.type)
@@ -350,7 +350,9 @@ def _arithmetic(operator: str, left: Tuple[int, bool], right: Tuple[int, bool]) 
 
 
 def printf_text(text: str, values: List[object]) -> str:
-    """C's printf for the conversions checks.py lets through."""
+    """C's printf for the conversions checks.py lets through. An integer conversion
+    prints the width its length says, as C's (and bpftrace 0.17's) do: %d, %u, %x of
+    the low 32 bits, %hd 16, %hhd 8, %ld, %lld, %zd, %jd, %td all 64."""
     values = list(values)
 
     def convert(match):
@@ -358,11 +360,14 @@ def printf_text(text: str, values: List[object]) -> str:
             return "%"
         spec, conversion = match.group(), match.group(1)
         value = values.pop(0)
-        plain = re.sub(r"(hh|h|ll|l|L|z|j|t)(?=[diuxXcspfFeEgG]$)", "", spec)
-        if conversion in "di":
-            return plain % _signed(value)
-        if conversion in "uxX":
-            return plain.replace("u", "d") % _wrap(value, False)
+        length = re.search(r"(hh|h|ll|l|L|z|j|t)?[a-zA-Z]$", spec).group(1) or ""
+        plain = re.sub(r"(hh|h|ll|l|L|z|j|t)(?=[a-zA-Z]$)", "", spec)
+        if conversion in "diuxXo":
+            bits = {"hh": 8, "h": 16, "": 32}.get(length, 64)
+            value &= (1 << bits) - 1
+            if conversion in "di":
+                return plain % (value - (1 << bits) if value >> (bits - 1) else value)
+            return plain.replace("u", "d") % value
         if conversion == "c":
             return plain % chr(value & 0xff)
         if conversion == "p":

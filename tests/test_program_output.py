@@ -37,6 +37,8 @@ uprobe:{path}:work /arg0 - 500 > 100/ {{
     @wrapped = count(); $x = arg0 / 7 + arg0 % 5 - (arg0 << 2 >> 3); @calc = sum($x);
     if (arg1 > 3) {{ @big++ }} else if (arg1 == 0) {{ @zero += 2 }} else {{ @small = max(arg1 * 2) }}
     @t[arg0 & 1 ? 10 : 20] = count(); @c8 = sum((int8)arg0); @neg8[(int8)(arg0 * 3) < 0] = count();
+    @tern = (arg1 < 100 ? -1 : arg0); @ternu = (arg1 > 100 ? arg0 : -1);
+    @terns = sum(-(arg1 < 100 ? 5 : arg0));
 }}
 """
 
@@ -224,6 +226,20 @@ def test_scalars_averages_and_stats_as_bpftrace_prints_them():
                                            "2": {"count": 286, "average": 500, "total": 143143}}}},
         {"type": "map", "data": {"@w": {"beta,1": 2, ",0": 249500}}},
     ]
+
+
+def test_printf_integer_widths_as_bpftrace_prints_them():
+    """printf()'s integer conversions print the width their length says, as C's and
+    bpftrace 0.17's (what it printed for this value, each conversion alone)."""
+    from urewrite.programs.evaluate import printf_text
+    value = (4294967298 + 65536 * 7 + 300 - 2000000000000) % 2**64
+    printed = {"zd": "-1995704573650", "jd": "-1995704573650", "td": "-1995704573650",
+               "hd": "-7890", "hhd": "46", "lu": "18446742078004977966", "X": "56BCE12E",
+               "llx": "fffffe2f56bce12e", "hu": "57646", "c": ".", "p": "0xfffffe2f56bce12e",
+               "o": "12657160456", "lld": "-1995704573650", "5d": "1455218990",
+               "-8x": "56bce12e"}
+    for conversion, text in printed.items():
+        assert printf_text(f"[%{conversion}]", [value]) == f"[{text}]", conversion
 
 
 def test_maps_that_hold_nothing_as_bpftrace_prints_them():
