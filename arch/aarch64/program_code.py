@@ -162,11 +162,11 @@ def _fused(fn: str, ops) -> Tuple[List[str], int]:
     operands = [_pop("x0")] + _mov("x1", f.constant) if f.constant is not None \
         else [_pop("x1"), _pop("x0")]
     if f.jump_if_false is not None:
-        cc = (_SIGNED_CC if args[1] else _UNSIGNED_CC)[args[0]]
+        cc = condition(args[0], args[1])
         return operands + ["cmp x0, x1", f"b.{_NEGATED[cc]} {fn}_{f.jump_if_false}"], f.taken
     if name == "binary":
         return operands + _binary(*args) + [_PUSH], f.taken
-    cc = (_SIGNED_CC if args[1] else _UNSIGNED_CC)[args[0]]
+    cc = condition(args[0], args[1])
     return operands + ["cmp x0, x1", f"cset x0, {cc}", _PUSH], f.taken
 
 
@@ -215,7 +215,7 @@ def _operation(fn: str, op: tuple, frame: L.Frame, lowered: L.Lowered, labels: _
     if name == "binary":
         return [_pop("x1"), _pop("x0")] + _binary(*args) + [_PUSH]
     if name == "compare":
-        cc = (_SIGNED_CC if args[1] else _UNSIGNED_CC)[args[0]]
+        cc = condition(args[0], args[1])
         return [_pop("x1"), _pop("x0"), "cmp x0, x1", f"cset x0, {cc}", _PUSH]
     if name == "cast":
         return [_pop("x0")] + _extend(*args) + [_PUSH]

@@ -86,14 +86,14 @@ def _fused(fn: str, ops) -> Tuple[List[str], int]:
     operands = ["pop rax", f"mov rcx, {f.constant:#x}"] if f.constant is not None \
         else ["pop rcx", "pop rax"]
     if f.jump_if_false is not None:
-        cc = (_SIGNED_CC if args[1] else _UNSIGNED_CC)[args[0]]
+        cc = condition(args[0], args[1])
         return operands + ["cmp rax, rcx", f"j{_NEGATED[cc]} {fn}_{f.jump_if_false}"], f.taken
     if name == "binary":
         by = _by_constant(*args, f.constant)
         if by is not None:
             return ["pop rax"] + by + ["push rax"], f.taken
         return operands + _binary(fn, *args) + ["push rax"], f.taken
-    cc = (_SIGNED_CC if args[1] else _UNSIGNED_CC)[args[0]]
+    cc = condition(args[0], args[1])
     return operands + ["xor edx, edx", "cmp rax, rcx", f"set{cc} dl", "push rdx"], f.taken
 
 
@@ -165,7 +165,7 @@ def _operation(fn: str, op: tuple, frame: L.Frame, lowered: L.Lowered) -> List[s
     if name == "binary":
         return ["pop rcx", "pop rax"] + _binary(fn, *args) + ["push rax"]
     if name == "compare":
-        cc = (_SIGNED_CC if args[1] else _UNSIGNED_CC)[args[0]]
+        cc = condition(args[0], args[1])
         return ["pop rcx", "pop rax", "xor edx, edx", "cmp rax, rcx", f"set{cc} dl", "push rdx"]
     if name == "cast":
         return ["pop rax"] + _extend(*args) + ["push rax"]
