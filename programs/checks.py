@@ -190,10 +190,11 @@ class BlockChecker:
     # -- expressions ----------------------------------------------------------------------
 
     def signed(self, expression: Expression) -> bool:
-        """Whether an integer expression is signed, by bpftrace's (and C's) rules: literals
-        are, argN, retval, pid, tid and nsecs are not, arithmetic is unsigned when an
-        operand is, comparisons and logic give a signed 0 or 1, a cast its type's sign,
-        `c ? a : b` a's (bpftrace 0.17 types it so; C would take the common type)."""
+        """Whether an integer expression is signed, by bpftrace 0.17's rules (C's, but
+        where noted): literals are, argN, retval, pid, tid and nsecs are not, arithmetic
+        is unsigned when an operand is, and so are a comparison's and && and ||'s 0 or 1
+        (C's are int), and ! is always, a cast has its type's sign, `c ? a : b` a's (C:
+        the common type); >> shifts zeros in (lower.py)."""
         if isinstance(expression, Builtin):
             return expression.name not in BUILTINS or BUILTINS[expression.name] != INT
         if isinstance(expression, Variable):
@@ -201,11 +202,9 @@ class BlockChecker:
         if isinstance(expression, Map):
             known = self.checked.maps.get(expression.name)
             return known is None or known.signed
-        if isinstance(expression, Unary):
-            return expression.operator == "!" or self.signed(expression.operand)
+        if isinstance(expression, Unary):  # (! is unsigned in bpftrace 0.17)
+            return expression.operator != "!" and self.signed(expression.operand)
         if isinstance(expression, Binary):
-            if expression.operator in ("==", "!=", "<", ">", "<=", ">=", "&&", "||"):
-                return True
             return self.signed(expression.left) and self.signed(expression.right)
         if isinstance(expression, Conditional):  # its `then` side's, as bpftrace 0.17's
             return self.signed(expression.then)
@@ -215,6 +214,16 @@ class BlockChecker:
         if isinstance(expression, Dereference):
             return expression.operand.type in FLOATS or cast_size(expression.operand.type)[1]
         return True  # literals
+
+    @staticmethod
+    def narrow(expression: Expression) -> int:
+        """The bytes of an integer cast's value (a cast to int8..int32, uint8..uint32), else
+        8: bpftrace 0.17 widens such a value by its new type's sign, not its own
+        ((uint64)(int16)x is x's low 16 bits; (int32)(uint8)x sign-extends them)."""
+        if isinstance(expression, Cast) and not expression.pointer and \
+                expression.type not in FLOATS:
+            return cast_size(expression.type)[0]
+        return 8
 
     def integer(self, expression: Expression, what: str):
         kind = self.type_of(expression)

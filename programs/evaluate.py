@@ -3,7 +3,8 @@ what a program means, and what runs its BEGIN and END blocks in the tracer.
 
 Values follow bpftrace's: 64-bit integers, `argN`, `retval`, `pid`, `tid` and `nsecs`
 unsigned, literals signed; an operation with an unsigned operand is unsigned (C's
-rule), and aggregations read their value as signed. Division by zero gives 0 and the
+rule; checks.py's signed() has where bpftrace 0.17's types are not C's), and
+aggregations read their value as signed. Division by zero gives 0 and the
 remainder by zero the dividend, as eBPF's instructions do.
 """
 
@@ -14,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
 from urewrite.programs import floats, output
-from urewrite.programs.checks import CONVERSION, STR, Checked, cast_size, print_limits
+from urewrite.programs.checks import (CONVERSION, STR, BlockChecker, Checked, cast_size,
+                                      print_limits)
 from urewrite.programs.output import (HIST_BUCKETS, MapData, average, hist_bucket,
                                       lhist_bucket)
 from urewrite.programs.parser import ProgramError
@@ -213,8 +215,8 @@ class _Frame:
             return _wrap(value, signed), signed
         if isinstance(expression, Unary):
             value, signed = self.value(expression.operand)
-            if expression.operator == "!":
-                return int(value == 0), True
+            if expression.operator == "!":  # (unsigned: bpftrace 0.17's, of anything)
+                return int(value == 0), False
             return _wrap(-value if expression.operator == "-" else ~value, signed), signed
         if isinstance(expression, Binary):
             return self.binary(expression)
@@ -241,9 +243,11 @@ class _Frame:
                 return value, True
             if isinstance(value, float):
                 value = floats.truncated(value)
-            value &= (1 << (8 * size)) - 1
-            if signed and value >> (8 * size - 1):
-                value -= 1 << (8 * size)
+            # (a narrow cast's value widened by the new type's sign: bpftrace 0.17's)
+            bits = 8 * min(size, BlockChecker.narrow(expression.operand))
+            value &= (1 << bits) - 1
+            if signed and value >> (bits - 1):
+                value -= 1 << bits
             return _wrap(value, signed), signed
         if isinstance(expression, Dereference):
             return self.dereference(expression)
@@ -273,12 +277,14 @@ class _Frame:
 
     def binary(self, expression: Binary) -> Tuple[object, bool]:
         operator = expression.operator
-        if operator == "&&":
-            return int(bool(self.value(expression.left)[0]) and
-                       bool(self.value(expression.right)[0])), True
-        if operator == "||":
-            return int(bool(self.value(expression.left)[0]) or
-                       bool(self.value(expression.right)[0])), True
+        # (a comparison's and && and ||'s sign: both sides', as bpftrace 0.17 types them;
+        # the right side of a short circuit read for its sign only: an expression changes
+        # nothing)
+        if operator in ("&&", "||"):
+            left, right = self.value(expression.left), self.value(expression.right)
+            both = bool(left[0]) and bool(right[0]) if operator == "&&" else \
+                bool(left[0]) or bool(right[0])
+            return int(both), _sign(left) and _sign(right)
         left, right = self.value(expression.left), self.value(expression.right)
         if isinstance(left[0], str):
             equal = left[0] == right[0]
@@ -289,7 +295,7 @@ class _Frame:
         if operator in _COMPARE:
             signed = left[1] and right[1]
             a, b = _wrap(left[0], signed), _wrap(right[0], signed)
-            return int(_COMPARE[operator](a, b)), True
+            return int(_COMPARE[operator](a, b)), signed
         return _arithmetic(operator, left, right)
 
     def dereference(self, expression: Dereference) -> Tuple[int, bool]:
@@ -321,6 +327,11 @@ _COMPARE = {"==": lambda a, b: a == b, "!=": lambda a, b: a != b, "<": lambda a,
             ">": lambda a, b: a > b, "<=": lambda a, b: a <= b, ">=": lambda a, b: a >= b}
 
 
+def _sign(value: Tuple[object, bool]) -> bool:
+    """A value's sign, where a string's or a float's counts as signed."""
+    return value[1] or isinstance(value[0], (str, float))
+
+
 def _arithmetic(operator: str, left: Tuple[int, bool], right: Tuple[int, bool]) -> Tuple[int, bool]:
     signed = left[1] and right[1]
     a, b = _wrap(left[0], signed), _wrap(right[0], signed)
@@ -343,7 +354,7 @@ def _arithmetic(operator: str, left: Tuple[int, bool], right: Tuple[int, bool]) 
     elif operator == "<<":
         result = a << (b & 63)
     elif operator == ">>":
-        result = (a >> (b & 63)) if signed else ((a & MASK) >> (b & 63))
+        result = (a & MASK) >> (b & 63)  # (zeros shifted in: bpftrace 0.17's, signed too)
     else:
         raise ProgramError(f"unknown operator {operator}")
     return _wrap(result, signed), signed

@@ -18,7 +18,8 @@ Operations (each a tuple, its name first):
                      integer (NaN 0; past int64's range, its nearest end: floats.truncated)
     local N          push local N                   set_local N   pop into local N
     unary OP         neg, not (bitwise), lnot (0 or 1)
-    binary OP S      add sub mul div mod and or xor shl shr; S: signed (div, mod, shr)
+    binary OP S      add sub mul div mod and or xor shl shr; S: signed (div, mod; the
+                     lowering never asks for a signed shr: bpftrace's >> shifts zeros in)
     compare OP S     eq ne lt gt le ge -> 0 or 1; S: signed
     cast SIZE S      keep SIZE bytes, then sign- (S) or zero-extend
     read SIZE S      pop an address, push what it holds (a checked read: 0 if unreadable)
@@ -361,7 +362,7 @@ class _Lowering:
 
     def arithmetic(self, operator: str, left, right):
         signed = self.signed(left) and self.signed(right)
-        self.ops.append(("binary", _BINARY[operator], signed))
+        self.ops.append(_binary_op(operator, signed))
 
     def expression(self, e):
         ops = self.ops
@@ -407,7 +408,10 @@ class _Lowering:
                 self.expression(e.operand)
             else:
                 self.number(e.operand)
-                ops.append(("cast", *cast_size(e.type)))
+                size, signed = cast_size(e.type)
+                if BlockChecker.narrow(e.operand) < size:  # widened by the new type's sign
+                    ops.append(("cast", BlockChecker.narrow(e.operand), signed))
+                ops.append(("cast", size, signed))
         elif isinstance(e, Dereference):
             self.expression(e.operand.operand)
             ops.append(("read", *cast_size(e.operand.type)))
@@ -462,7 +466,7 @@ class _Lowering:
         elif e.operator in _COMPARE:
             ops.append(("compare", _COMPARE[e.operator], self.signed(e.left) and self.signed(e.right)))
         else:
-            ops.append(("binary", _BINARY[e.operator], self.signed(e.left) and self.signed(e.right)))
+            ops.append(_binary_op(e.operator, self.signed(e.left) and self.signed(e.right)))
 
 
     def float_comparison(self, e: Binary, left: str, right: str):
@@ -483,6 +487,12 @@ class _Lowering:
             return
         self.expression(e.right)
         ops.extend(floats.compare_values(operator, left, self.temp, self.label))
+
+
+def _binary_op(operator: str, signed: bool) -> tuple:
+    """The operation of a binary operator: >> always shifts in zeros (bpftrace 0.17's, a
+    signed value's too: -8 >> 1 is 9223372036854775804 there)."""
+    return ("binary", _BINARY[operator], signed and operator != ">>")
 
 
 _PRINTF_KINDS = {STR: "s", floats.F32: "f32", floats.F64: "f64"}
