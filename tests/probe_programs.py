@@ -365,17 +365,29 @@ def random_hits(seed: int, count: int = 60):
 
 class ComparableProgram(RandomProgram):
     """A RandomProgram that bpftrace 0.17 runs as urewrite does (test_program_output.py
-    runs both): integers only, over values.c's work(i, i % 7); no printf; none of the
-    places documented as different (docs/programs.md): division and remainder of
-    unsigned operands by a divisor that is never 0, shifts by a number below 64, `-`
-    and `~` of a 64-bit value, no hist() (bpftrace's labels past 2G), no min() or
-    max() (bpftrace's start from 0), no literal -9223372036854775808."""
+    runs both): integers only, over values.c's work(i, i % 7); printf with each integer
+    conversion and length; none of the places documented as different
+    (docs/programs.md): division and remainder of unsigned operands by a divisor that
+    is never 0, shifts by a number below 64, `-` and `~` of a 64-bit value, hist() of
+    values below 2G (bpftrace's labels past it), no min() or max() (bpftrace's start
+    from 0), no literal -9223372036854775808."""
 
     def statement(self, depth: int) -> str:
+        rng = self.rng
+        if rng.random() < 0.1:  # printf, each integer conversion and length
+            values = [self.expression(2) for _ in range(rng.randint(1, 3))]
+            formats = " ".join(rng.choice(["%d", "%ld", "%u", "%lu", "%x", "%lx", "%hd",
+                                           "%5d", "%-3lu"]) for _ in values)
+            return f'printf("{formats}\\n", {", ".join(values)});'
+        if rng.random() < 0.1:  # a histogram below 2G (bpftrace labels past it its way)
+            self.maps += 1
+            return f"@a{self.maps} = hist((uint64)({self.expression(2)}) >> 33);"
         while True:
+            before = list(self.variables), list(self.values)
             text = super().statement(depth)
             if not re.search(r"printf|hist\(|min\(|max\(", text):
                 return text
+            self.variables, self.values = before  # (what it assigned is not there)
 
     def expression(self, depth: int) -> str:
         rng = self.rng
