@@ -412,11 +412,27 @@ class ComparableProgram(RandomProgram):
         return (f"({self.expression(depth - 1)} ? {self.expression(depth - 1)} : "
                 f"{self.expression(depth - 1)})")
 
+    returning = False  # making a uretprobe block: retval where an argument would be
+
+    def program(self) -> str:
+        """The entry block, and now and then a block at work()'s return (retval). (No
+        str(): values.c never touches its words' page, which bpftrace's reads then
+        cannot fault in; urewrite's can.)"""
+        text = super().program()
+        if self.rng.random() < 0.5:
+            self.returning, self.variables = True, []
+            body = " ".join(self.statement(1) for _ in range(self.rng.randint(1, 3)))
+            text += f" uretprobe:./v:work {{ {body} }}"
+            self.returning = False
+        return text
+
     def leaf(self) -> str:
         # (not -9223372036854775808: bpftrace types 9223372036854775808 unsigned, and so
         # its negation; urewrite reads the whole as int64's least)
         while True:
             text = super().leaf()
+            if self.returning and text.startswith("arg"):
+                text = self.rng.choice(["retval", "(int64)retval"])
             if text not in ("tid", "nsecs", "arg2", "arg3", str(-(2**63))):
                 return text
 
