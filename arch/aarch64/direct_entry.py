@@ -36,8 +36,9 @@ DIRECT = 64  # the binding's offset in the state memory's first page (region at 
 FRAME = 48  # the trampoline's frame
 _IN_FRAME = {16: 0, 17: 8, 0: 16, 1: 24, 30: 32}  # site registers the frame holds
 _SAVED = [*range(2, 16), 18, 29, 30, 16]  # what the function may change, and the binding
-SAVE = 8 * (len(_SAVED) + 2)  # (+ the flags, + a word to keep sp 16-aligned)
+SAVE = 8 * (len(_SAVED) + 2)  # (+ the flags, + the region as checked)
 STACK = SAVE + P.CTX_SIZE  # the context at sp, the saved registers above it
+_REGION_KEPT = P.CTX_SIZE + 8 * (len(_SAVED) + 1)
 # bti c: the trampoline calls an entry through a register, and a program built into a
 # BTI-guarded object lies in guarded pages
 _BTI = "hint #34"
@@ -101,13 +102,16 @@ def _entry(name: str, entry: DirectEntry, run_at: int) -> List[str]:
             f"sub sp, sp, #{STACK}"]
     for k in range(0, len(_SAVED) - 1, 2):
         out.append(f"stp x{_SAVED[k]}, x{_SAVED[k + 1]}, [sp, #{P.CTX_SIZE + 8 * k}]")
-    out += ["mrs x0, nzcv", f"str x0, [sp, #{P.CTX_SIZE + 8 * len(_SAVED)}]"]
+    # the region as checked above, kept: a tracer that disarms the process stores 1 in
+    # its word meanwhile, which a second load would take for the region
+    out += ["mrs x0, nzcv", f"str x0, [sp, #{P.CTX_SIZE + 8 * len(_SAVED)}]",
+            f"str x17, [sp, #{_REGION_KEPT}]"]
     for j in range(reads):
         if j < known:
             out += _value(entry.expected[j]) + [f"str x0, [sp, #{P.CTX_ARGS + 8 * j}]"]
         else:  # the probe has no such argument: it reads 0
             out.append(f"str xzr, [sp, #{P.CTX_ARGS + 8 * j}]")
-    out += [f"ldur x17, [x16, #-{DIRECT}]",
+    out += [f"ldr x17, [sp, #{_REGION_KEPT}]",
             f"ldr w0, [x17, #{region.OFF_PID}]", f"str x0, [sp, #{P.CTX_PID}]",
             "ldr x0, [x16, #8]", f"str x0, [sp, #{P.CTX_MAPS}]",
             "ldr x0, [x16, #16]", f"str x0, [sp, #{P.CTX_EVENT}]"]
@@ -122,7 +126,7 @@ def _entry(name: str, entry: DirectEntry, run_at: int) -> List[str]:
     if entry.uses & P.USES_TID:
         out += ["mov x0, x17", "ldr x17, [x16, #24]", "blr x17",
                 f"str x0, [sp, #{P.CTX_TID}]", f"ldr x16, [sp, #{saved_x16}]",
-                f"ldur x17, [x16, #-{DIRECT}]"]
+                f"ldr x17, [sp, #{_REGION_KEPT}]"]
     if entry.uses & P.USES_COMM:
         out += ["mov x0, x17", f"add x1, sp, #{P.CTX_COMM}", "ldr x17, [x16, #32]", "blr x17",
                 f"ldr x16, [sp, #{saved_x16}]"]
