@@ -146,7 +146,12 @@ def test_latency_under_stat_uses_the_shared_rate(probed, tmp_path):
     assert nap["hits"] == 2 * NAPS
     buckets = [b for b in nap["histogram"] if b["count"]]
     assert sum(b["count"] for b in buckets) == 2 * NAPS
-    assert all(b["hi_ns"] > NAP_NS and b["lo_ns"] <= 8 * NAP_NS for b in buckets), buckets
+    # a nap is never shorter than asked; under load one may be much longer (a busy
+    # machine's scheduler), so most, not all, must be near it: a wrong rate would put
+    # every one of them far off
+    assert all(b["hi_ns"] > NAP_NS for b in buckets), buckets
+    near = sum(b["count"] for b in buckets if b["lo_ns"] <= 8 * NAP_NS)
+    assert near >= 2 * NAPS - 1, buckets
 
 
 def test_untimed_calls_need_no_clock(probed, tmp_path):
