@@ -29,7 +29,7 @@ def _written_out(w, L, point, refs):
     """The counting code of a point, written instruction by instruction."""
     trampoline.armed_path(w, L, point, refs)
     trampoline.trace_path(w, L, point.probes, refs, point.arguments, trampoline.red_zone(point),
-                          trampoline.calls_direct(point))
+                          trampoline.calls_direct(point), point.flags_live)
 
 
 def _points(insns, shape):

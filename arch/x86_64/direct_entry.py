@@ -35,7 +35,7 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 from urewrite.arch.x86_64.arguments import SLOT
-from urewrite.arch.x86_64.program_code import _extend, condition, float_test, negated
+from urewrite.arch.x86_64.program_code import _extend, condition, float_test
 from urewrite.trampolines import program_file as P
 from urewrite.trampolines.program_file import DirectEntry
 from urewrite.trampolines import region
@@ -155,12 +155,20 @@ def _predicate(name: str, entry: DirectEntry, known: int) -> List[str]:
         return [f"movq rdx, xmm{n}"] + float_test(kind, op, place, "rdx", "rcx", f"{name}_true",
                                                   f"{name}_done", f"{name}_nan") + [f"{name}_true:"]
     n, constant, op, signed = entry.predicate
-    if n < known:
-        value = _value(entry.expected[n], _Frame(0, saved_rbp=False), "rdx")
+    spec = entry.expected[n] if n < known else None
+    if spec is not None and spec.kind == REGISTER and not spec.shift and spec.size == 8 \
+            and _NAMES[spec.base] not in _TRAMPOLINE_SAVED and _NAMES[spec.base] != "rsp":
+        value, register = [], _NAMES[spec.base]  # compared where it is
     else:
-        value = ["xor edx, edx"]
-    return value + [f"movabs rcx, {constant & (2**64 - 1):#x}", "cmp rdx, rcx",
-                    f"j{negated(condition(op, signed))} {name}_done"]
+        value, register = (_value(spec, _Frame(0, saved_rbp=False), "rdx") if spec else
+                           ["xor edx, edx"]), "rdx"
+    if -(1 << 31) <= constant < 1 << 31:
+        compare = [f"cmp {register}, {constant}"]
+    else:
+        compare = [f"movabs rcx, {constant & (2**64 - 1):#x}", f"cmp {register}, rcx"]
+    # false (the case a filter is for) falls through to its return: no taken branch
+    return value + compare + [f"j{condition(op, signed)} {name}_true", "xor ecx, ecx", "ret",
+                              f"{name}_true:"]
 
 
 def _compare_word(operand: str, value: int) -> List[str]:

@@ -171,7 +171,7 @@ def counting_template(refs: RuntimeRefs, phase: int, flags_live: bool, probes: i
                        g_register=g_register)
     armed_path(w, L, shape, refs)
     trace_path(w, L, shape.probes, refs, shape.arguments, red_zone(shape),
-               calls_direct(shape))
+               calls_direct(shape), flags_live)
     return w.template(L.prefix, phase)
 
 
@@ -286,18 +286,7 @@ def armed_path(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
     w.cmp(Rip(refs.state + TRACING, bits=8), 0)
     w.jcc("ne", L.trace)
     w.label(L.traced)
-    w.pop(RSI)
-    w.pop(RDX)
-    if flags_live:
-        w.add(AL, 0x7F)
-        w.sahf()
-        w.pop(RAX)
-    else:
-        w.pop(RAX)
-        w.pop(RCX)
-        if red:
-            w.lea(RSP, Mem(RSP, disp=red))
-    w.jmp(L.resume)
+    back_to_site(w, L, flags_live, red)
 
     w.label(L.fs_base)
     w.cmp(Rip(refs.state + FSBASE_USABLE, bits=8), 0)
@@ -341,6 +330,22 @@ def armed_path(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
         w.cmp(Rip(refs.state), 1)
         w.jcc("a", L.armed)
         w.jmp(L.resume)
+
+
+def back_to_site(w: Writer, L: _Labels, flags_live: bool, red: int) -> None:
+    """The registers the armed path saved restored, then on to the displaced code."""
+    w.pop(RSI)
+    w.pop(RDX)
+    if flags_live:
+        w.add(AL, 0x7F)
+        w.sahf()
+        w.pop(RAX)
+    else:
+        w.pop(RAX)
+        w.pop(RCX)
+        if red:
+            w.lea(RSP, Mem(RSP, disp=red))
+    w.jmp(L.resume)
 
 
 def _latency(w: Writer, point, refs: RuntimeRefs, site_rsp: int, untimed: str) -> None:
@@ -390,13 +395,13 @@ def _owner_entry(w: Writer, L: _Labels, refs: RuntimeRefs) -> None:
 
 
 def trace_path(w: Writer, L: _Labels, probe_indexes, refs: RuntimeRefs, arguments,
-                red: int = RED_ZONE, direct: bool = False) -> None:
+                red: int = RED_ZONE, direct: bool = False, flags_live: bool = True) -> None:
     """Save every register as the frame trace_event reads arguments from; one event
     per probe at this point. `direct`: first, the probe's direct entry, where its
     process runs a program that has one (direct_entry.py)."""
     w.label(L.trace)
     if direct:
-        _direct_call(w, L, probe_indexes[0], refs)
+        _direct_call(w, L, probe_indexes[0], refs, flags_live, red)
     for n in TRACE_PUSHES:
         w.push(GPR64[n])
     site_rsp = 8 * (len(TRACE_PUSHES) + SAVED) + red
@@ -422,7 +427,8 @@ def calls_direct(point) -> bool:
     return len(point.probes) == 1 and not point.go_code
 
 
-def _direct_call(w: Writer, L: _Labels, index, refs: RuntimeRefs) -> None:
+def _direct_call(w: Writer, L: _Labels, index, refs: RuntimeRefs, flags_live: bool,
+                 red: int) -> None:
     """The probe's direct entry, where the program has a direct table: from the table,
     by the binding's pointer (0: no table); a probe it gives no entry runs nothing.
     rcx = the point's argument descriptors, rsi = the binding. Back with ecx = 0:
@@ -440,5 +446,5 @@ def _direct_call(w: Writer, L: _Labels, index, refs: RuntimeRefs) -> None:
     w.raw(b"\xff\xd2")  # call rdx
     w.test(RCX, RCX)
     w.jcc("ne", L.events)
-    w.jmp(L.traced)
+    back_to_site(w, L, flags_live, red)  # (a copy: a taken jump less on every hit)
     w.label(L.events)
