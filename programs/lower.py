@@ -54,6 +54,7 @@ from urewrite.programs import maps as map_layout
 from urewrite.programs.checks import (BUILTINS, STR, BlockChecker, Checked, cast_size,
                                       print_limits)
 from urewrite.programs.parser import ProgramError
+from urewrite.programs.reuse import reuse_lookups
 from urewrite.programs.syntax import (Assign, Binary, Block, Builtin, Call, Cast,
                                       Conditional, Dereference, If, Integer, Map, Real,
                                       String, Unary, Variable, nodes)
@@ -144,7 +145,7 @@ def lower(checked: Checked, probe_names: Dict[str, Tuple[str, str]] = None,
                 if of == text:
                     lowering.block(block, key, code.setdefault(key, []))
     for text, ops in code.items():
-        code[text] = lowering.registers_first(ops) + [("return",)]
+        code[text] = lowering.registers_first(reuse_lookups(ops, lowering.temp)) + [("return",)]
     shapes = [replace(s, names=tuple(lowering.names)) if map_layout.NAME in s.key_types else s
               for s in shapes]
     return Lowered(code, lowering.strings, max(len(lowering.locals), 1),

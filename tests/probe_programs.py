@@ -176,6 +176,19 @@ PROGRAMS = {
         uprobe:./v:work { @start[tid] = nsecs; }
         uretprobe:./v:work /@start[tid]/ { @ns = hist(nsecs - @start[tid]); @left[tid] = count();
             delete(@start[tid]); }""",
+    # the same entry looked up again in a hit (programs/reuse.py keeps the first one's):
+    # after a delete, a find that found nothing, an insert, across if/else and ?:, by two
+    # keys and by arithmetic; by a $variable (looked up each time)
+    "lookups_again": """
+        uprobe:./v:work { @m[arg1 % 3, arg0 & 1] = sum(arg0);
+            @got = sum(@m[arg1 % 3, arg0 & 1] + @m[arg1 % 3, arg0 & 1] * 2);
+            if (arg0 % 5 == 0) { delete(@m[arg1 % 3, arg0 & 1]); @after = sum(@m[arg1 % 3, arg0 & 1]); }
+            @seen = sum(@m[arg1 % 3, arg0 & 1]);
+            @none = sum(@n[arg1] + 1); @n[arg1] = count(); @once = sum(@n[arg1]);
+            $k = arg1; @v[$k] = sum(1); $k = arg1 + 1; @w = sum(@v[$k] + @v[arg1]);
+            @t = sum(arg0 & 2 ? @v[arg1] : @n[arg1]); @u = sum(@v[arg1]);
+            if (arg1 == 2) { @b[arg0 % 4] = count(); } @bb = sum(@b[arg0 % 4] + 1); }
+        uretprobe:./v:work /@n[3] > 10/ { @r = sum(@n[3]); delete(@n[3]); @r2 = sum(@n[3] + 7); }""",
 }
 
 CHECKED_READS = """

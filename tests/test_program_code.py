@@ -257,3 +257,13 @@ def test_probe_keys_are_words_and_read_back_as_names():
     assert {"uprobe:./v:work", "uprobe:./v:named"} <= set(named[""]) and named["m"] == ()
     # (a reader with only the file: `stat` of a built-in program, `top`, `export`)
     assert M.shapes_of(compiled.area) == compiled.lowered.maps
+
+
+def test_the_latency_idiom_looks_its_start_up_once_a_return():
+    """`/@start[tid]/ { ... nsecs - @start[tid] ... delete(@start[tid]) }`: one lookup, its
+    entry kept for the other two (programs/reuse.py; what the maps hold is the
+    evaluator's: test_compiled_maps_are_the_evaluators' "latency" and "lookups_again")."""
+    lowered = L.lower(check(parse(PROGRAMS["latency"])))
+    ops = lowered.code["uretprobe:./v:work"]
+    assert [op[0] for op in ops].count("find") == 1
+    assert [op[0] for op in ops].count("entry") == 2  # @ns, @left[tid]: maps of their own
