@@ -1,10 +1,13 @@
 /* Threads that name themselves (pthread_setname_np), then call work(): thread i makes
  * 3 + i calls. With an argument, one more thread, "worker-7", starts after the others
  * are joined, in the stack and thread control block of one of them (glibc reuses them).
- * A probe program's `comm` is each thread's own name, as bpftrace gives it. */
+ * A probe program's `comm` is each thread's own name, as bpftrace gives it, and its
+ * `tid` each thread's own id, which each thread prints ("thread NAME TID"). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 volatile int sink;
 
@@ -15,6 +18,8 @@ static void *run(void *arg) {
     char name[16];
     snprintf(name, sizeof name, "worker-%ld", i);
     pthread_setname_np(pthread_self(), name);
+    printf("thread %s %ld\n", name, (long)syscall(SYS_gettid));
+    fflush(stdout);
     for (long k = 0; k < 3 + i; k++)
         work((int)k);
     return 0;

@@ -491,5 +491,8 @@ def test_comm_is_each_threads_own_name(tmp_path):
     assert theirs.returncode == 0, theirs.stderr
     assert names == {line for line in theirs.stdout.splitlines() if line.startswith("@[")}
     # a thread per (comm, tid) key: each worker's own id, none shared
-    keys = [line for line in ours.stdout.splitlines() if line.startswith("@calls[")]
-    assert len(keys) == 4 and len({k.split(",")[1] for k in keys}) == 4
+    keys = {line for line in ours.stdout.splitlines() if line.startswith("@calls[")}
+    threads = [line.split() for line in ours.stdout.splitlines() if line.startswith("thread ")]
+    assert keys == {f"@calls[{name}, {tid}]: {int(name[-1]) + 3}" for _, name, tid in threads}
+    assert len(keys) == 4 and len({k.split(",")[1] for k in keys}) == 4  # (worker-7's
+    # thread control block was one of the others': its id is its own all the same)
