@@ -267,3 +267,23 @@ def test_the_latency_idiom_looks_its_start_up_once_a_return():
     ops = lowered.code["uretprobe:./v:work"]
     assert [op[0] for op in ops].count("find") == 1
     assert [op[0] for op in ops].count("entry") == 2  # @ns, @left[tid]: maps of their own
+
+
+def test_a_map_without_keys_is_found_where_its_lookup_claimed_it():
+    """A map without keys is read at its table's first entry without the lookup's call
+    where the entry's state says claimed (program_code._hash of no words): that state
+    is the one the lookup writes, for no key words as for one."""
+    from urewrite.arch.x86_64.program_code import _hash
+    compiled = Compiled("uprobe:./v:work { @n = count(); @k[arg0] = count(); @total = sum(@n); }")
+    for i in range(5):
+        compiled.hit("uprobe:./v:work", args=(77,))
+    offsets, _ = M.layout(compiled.lowered.maps)
+    shapes = {shape.name: (shape, at) for shape, at in zip(compiled.lowered.maps, offsets)}
+    shape, at = shapes["n"]
+    entry = at + 8 * M.HEADER_WORDS
+    assert struct.unpack_from("<Q", compiled.area, entry)[0] == _hash(())
+    shape, at = shapes["k"]
+    states = struct.unpack_from(f"<{shape.capacity * shape.entry_words}Q", compiled.area,
+                                at + 8 * M.HEADER_WORDS)[::shape.entry_words]
+    assert _hash((77,)) in states
+    assert "@n: 5\n" in output.text(compiled.maps()) and "@total: 15\n" in output.text(compiled.maps())
