@@ -232,7 +232,7 @@ class TableCache:
         try:
             if header.template_key not in self.by_template:
                 self.table(fd, header, path)
-                if header.row_words >= NUMPY_WORDS:
+                if header.words_in_use >= NUMPY_WORDS:
                     __import__("numpy")  # (sums_for's: its 60 ms now, not after the run)
         except (OSError, R.RegionError):
             pass  # (a table read in vain is not read again: it may be 256 MB)
@@ -324,6 +324,7 @@ class ListSums:
         self._packed, self._rows = 0, 0
 
     def add_bytes(self, first: int, data: memoryview) -> None:
+        self._grow(first + len(data) // 8)
         if bytes(data[7::8]).count(0) == len(data) // 8:  # (each word's top byte is 0)
             self._packed += int.from_bytes(data, "little") << (64 * first)
             self._rows += 1
@@ -341,13 +342,24 @@ class ListSums:
             self._packed, self._rows = 0, 0
 
     def values(self, words: Optional[int] = None) -> List[int]:
+        self._grow(words or 0)
         self._unpack()
         return self.low[:words]
 
+    def _grow(self, words: int) -> None:
+        if words > len(self.low):
+            self._unpack()
+            self.low += [0] * (words - len(self.low))
 
-def sums_for(words: int):
-    """Sums for rows of `words` words: numpy's for long rows, else Python's."""
-    return Sums(words) if words >= NUMPY_WORDS else ListSums(words)
+
+def sums_for(header: Header):
+    """Sums for the rows of `header`'s regions: numpy's where a region's words in use
+    are many (its histograms where calls were timed), else Python's, which grow where
+    a later region of the same table was timed (whose histograms are then added in
+    Python: slower, as right)."""
+    if header.words_in_use >= NUMPY_WORDS:
+        return Sums(header.row_words)
+    return ListSums(header.words_in_use)
 
 
 class Scratch:
@@ -412,7 +424,7 @@ def read_counts_of(path: str, tables: TableCache,
         os.close(fd)
     sums = None if shared is None else shared.get(id(table))
     if sums is None:
-        sums = sums_for(header.row_words)
+        sums = sums_for(header)
         if shared is not None:
             shared[id(table)] = sums
     for first, data in runs:
