@@ -319,6 +319,8 @@ class RandomProgram:
     def key(self) -> str:
         return f"{self.expression(2)} % 5"
 
+    CASTS_BELOW, FLOATS = 0.75, True  # the share of expressions up to casts; floats or not
+
     def expression(self, depth: int) -> str:
         rng = self.rng
         if depth == 0 or rng.random() < 0.25:
@@ -327,14 +329,14 @@ class RandomProgram:
         if choice < 0.45:
             operator = rng.choice(["+", "-", "*", "/", "%", "&", "|", "^", "<<", ">>",
                                    "==", "!=", "<", ">", "<=", ">=", "&&", "||"])
-            return f"({self.expression(depth - 1)} {operator} {self.expression(depth - 1)})"
+            return self.binary(self.expression(depth - 1), operator, self.expression(depth - 1))
         if choice < 0.6:
-            return f"{rng.choice(['-', '~', '!'])}({self.expression(depth - 1)})"
-        if choice < 0.75:
+            return self.unary(rng.choice(['-', '~', '!']), self.expression(depth - 1))
+        if choice < self.CASTS_BELOW:
             width = rng.choice(["int8", "uint8", "int16", "uint16", "int32", "uint32",
                                 "int64", "uint64"])
             return f"({width})({self.expression(depth - 1)})"
-        if choice < 0.85:
+        if choice < 0.85 or not self.FLOATS:
             return (f"({self.expression(depth - 1)} ? {self.expression(depth - 1)} : "
                     f"{self.expression(depth - 1)})")
         # floating point: a comparison with a number, or a conversion
@@ -343,6 +345,12 @@ class RandomProgram:
             operator = rng.choice(["==", "!=", "<", ">", "<=", ">="])
             return f"({register} {operator} {rng.choice(['0.5', '-2', '1e3', '0', '-0.0'])})"
         return f"(int64){register}"
+
+    def binary(self, left: str, operator: str, right: str) -> str:
+        return f"({left} {operator} {right})"
+
+    def unary(self, operator: str, operand: str) -> str:
+        return f"{operator}({operand})"
 
     def leaf(self) -> str:
         rng = self.rng
@@ -402,28 +410,17 @@ class ComparableProgram(RandomProgram):
                 return text
             self.variables, self.values = before  # (what it assigned is not there)
 
-    def expression(self, depth: int) -> str:
-        rng = self.rng
-        if depth == 0 or rng.random() < 0.25:
-            return self.leaf()
-        choice = rng.random()
-        if choice < 0.45:
-            operator = rng.choice(["+", "-", "*", "/", "%", "&", "|", "^", "<<", ">>",
-                                   "==", "!=", "<", ">", "<=", ">=", "&&", "||"])
-            left, right = self.expression(depth - 1), self.expression(depth - 1)
-            if operator in ("/", "%"):
-                return f"((uint64)({left}) {operator} ((uint64)({right}) | 1))"
-            if operator in ("<<", ">>"):
-                return f"({left} {operator} {rng.randint(0, 63)})"
-            return f"({left} {operator} {right})"
-        if choice < 0.6:
-            return f"{rng.choice(['-', '~', '!'])}(({self.expression(depth - 1)}) + 0)"
-        if choice < 0.8:
-            width = rng.choice(["int8", "uint8", "int16", "uint16", "int32", "uint32",
-                                "int64", "uint64"])
-            return f"({width})({self.expression(depth - 1)})"
-        return (f"({self.expression(depth - 1)} ? {self.expression(depth - 1)} : "
-                f"{self.expression(depth - 1)})")
+    CASTS_BELOW, FLOATS = 0.8, False
+
+    def binary(self, left: str, operator: str, right: str) -> str:
+        if operator in ("/", "%"):
+            return f"((uint64)({left}) {operator} ((uint64)({right}) | 1))"
+        if operator in ("<<", ">>"):
+            return f"({left} {operator} {self.rng.randint(0, 63)})"
+        return f"({left} {operator} {right})"
+
+    def unary(self, operator: str, operand: str) -> str:
+        return f"{operator}(({operand}) + 0)"
 
     returning = False  # making a uretprobe block: retval where an argument would be
 
