@@ -239,3 +239,25 @@ def test_leading_predicates_of_every_comparison(tmp_path, machine):
         assert ran.returncode == 0, ran.stderr
         assert _maps(maps_of(ran.stdout)) == \
             {f"@{name}": str(sum(1 for i in range(CALLS) if holds(i % 7)))}, op
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_words_a_tracer_changes_are_read_once(machine):
+    """The binding's maps word and the region word, which a tracer stores while the
+    process runs (a re-arm by another run: its own maps; a disarm: 1 for the region),
+    are each loaded once by an entry and used as checked: loaded again after the
+    check, a re-arm would run this code with another run's maps (writing past them),
+    a disarm would read the region at 1 (arm64's CI found that one as a crash)."""
+    from urewrite.trampolines.program_file import USES_COMM, USES_NSECS, USES_TID, DirectEntry
+    if machine == "x86_64":
+        from urewrite.arch.x86_64 import arguments, direct_entry
+        maps, region = r"\[rsi \+ 8\]", r"\[rsi - 64\]"
+    else:
+        from urewrite.arch.aarch64 import arguments, direct_entry
+        maps, region = r"\[x16, #8\]", r"\[x16, #-64\]"
+    for reads, predicate in ((0, None), (3, None), (2, (1, 5, "eq", False))):
+        entry = DirectEntry(0x100, tuple(arguments.abi_arguments(reads)), reads,
+                            USES_NSECS | USES_TID | USES_COMM, predicate)
+        text = "\n".join(direct_entry._entry("d0", entry, -64))
+        assert len(re.findall(maps, text)) == 1, text
+        assert len(re.findall(region, text)) == 1, text

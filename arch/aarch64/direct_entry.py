@@ -93,19 +93,21 @@ def _entry(name: str, entry: DirectEntry, run_at: int) -> List[str]:
                                         entry.predicate[0] >= known or
                                         entry.expected[entry.predicate[0]].kind != MEMORY):
         out += _predicate(name, entry, known)
+    # Each word a tracer may change meanwhile is read once and used as checked: the
+    # maps (a re-arm by another run stores its own: this code with those maps would
+    # write past them) in x1, then the context; the region (a tracer that disarms the
+    # process stores 1 in its word) in x17, then kept in the frame
     out += [f"{name}_run:",
-            "ldr x17, [x16, #8]", f"cbz x17, {name}_done",  # its run's maps, or none yet
-            "ldr x17, [x17, #8]", "adr x0, d_base"] + _sub("x0", "x0", -run_at) + [
+            "ldr x1, [x16, #8]", f"cbz x1, {name}_done",  # its run's maps, or none yet
+            "ldr x17, [x1, #8]", "adr x0, d_base"] + _sub("x0", "x0", -run_at) + [
             "ldr x0, [x0]", "sub x0, x0, x17", f"cbnz x0, {name}_done",
-            f"ldur x17, [x16, #-{DIRECT}]",  # the region (1: disarmed since)
+            f"ldur x17, [x16, #-{DIRECT}]",
             "sub x0, x17, #1", f"cbz x0, {name}_done", f"cbz x17, {name}_done",
             f"sub sp, sp, #{STACK}"]
     for k in range(0, len(_SAVED) - 1, 2):
         out.append(f"stp x{_SAVED[k]}, x{_SAVED[k + 1]}, [sp, #{P.CTX_SIZE + 8 * k}]")
-    # the region as checked above, kept: a tracer that disarms the process stores 1 in
-    # its word meanwhile, which a second load would take for the region
     out += ["mrs x0, nzcv", f"str x0, [sp, #{P.CTX_SIZE + 8 * len(_SAVED)}]",
-            f"str x17, [sp, #{_REGION_KEPT}]"]
+            f"str x17, [sp, #{_REGION_KEPT}]", f"str x1, [sp, #{P.CTX_MAPS}]"]
     for j in range(reads):
         if j < known:
             out += _value(entry.expected[j]) + [f"str x0, [sp, #{P.CTX_ARGS + 8 * j}]"]
@@ -113,7 +115,6 @@ def _entry(name: str, entry: DirectEntry, run_at: int) -> List[str]:
             out.append(f"str xzr, [sp, #{P.CTX_ARGS + 8 * j}]")
     out += [f"ldr x17, [sp, #{_REGION_KEPT}]",
             f"ldr w0, [x17, #{region.OFF_PID}]", f"str x0, [sp, #{P.CTX_PID}]",
-            "ldr x0, [x16, #8]", f"str x0, [sp, #{P.CTX_MAPS}]",
             "ldr x0, [x16, #16]", f"str x0, [sp, #{P.CTX_EVENT}]"]
     if entry.uses & P.USES_NSECS:  # the region's clock pair, then ticks (x17: region)
         out += ["mrs x0, cntvct_el0",

@@ -98,15 +98,19 @@ def _entry(name: str, entry: DirectEntry, run_at: int) -> List[str]:
             out += _compare_word(f"[rcx + {16 + 16 * j}]", value) + [f"jne {name}_other"]
     if entry.predicate is not None and _in_registers(entry, known):
         out += _predicate(name, entry, known)
+    # Each word a tracer may change meanwhile is read once and used as checked: the
+    # maps (a re-arm by another run stores its own: this code with those maps would
+    # write past them) in rcx, then the context; the region (1: disarmed since) in rdx
     out += [f"{name}_run:",
-            f"mov rdx, qword ptr [rsi + {BINDING_MAPS}]",  # its run's maps, or none yet
-            "test rdx, rdx", f"jz {name}_done",
-            "mov rdx, qword ptr [rdx + 8]",
+            f"mov rcx, qword ptr [rsi + {BINDING_MAPS}]",  # its run's maps, or none yet
+            "test rcx, rcx", f"jz {name}_done",
+            "mov rdx, qword ptr [rcx + 8]",
             f"cmp rdx, qword ptr [rip + d_base + {run_at}]", f"jne {name}_done",
-            f"mov rdx, qword ptr [rsi - {DIRECT}]",  # the region (1: disarmed since)
+            f"mov rdx, qword ptr [rsi - {DIRECT}]",
             "cmp rdx, 1", f"jbe {name}_done"]
     out += [f"push {r}" for r in _SAVED] + [
-        "mov rbp, rsp", f"sub rsp, {P.CTX_SIZE}", "and rsp, -16"]  # rsp: the context
+        "mov rbp, rsp", f"sub rsp, {P.CTX_SIZE}", "and rsp, -16",  # rsp: the context
+        f"mov qword ptr [rsp + {P.CTX_MAPS}], rcx"]
     frame = _Frame(8 * len(_SAVED), saved_rbp=True)
     for j in range(reads):
         if j < known:
@@ -116,8 +120,6 @@ def _entry(name: str, entry: DirectEntry, run_at: int) -> List[str]:
             out.append(f"mov qword ptr [rsp + {P.CTX_ARGS + 8 * j}], 0")
     out += [f"mov eax, dword ptr [rdx + {region.OFF_PID}]",
             f"mov qword ptr [rsp + {P.CTX_PID}], rax",
-            f"mov rax, qword ptr [rsi + {BINDING_MAPS}]",
-            f"mov qword ptr [rsp + {P.CTX_MAPS}], rax",
             f"mov rax, qword ptr [rsi + {BINDING_EVENT}]",
             f"mov qword ptr [rsp + {P.CTX_EVENT}], rax"]
     if entry.uses & P.USES_NSECS:  # the region's clock pair, then ticks
