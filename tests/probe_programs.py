@@ -367,6 +367,42 @@ class RandomProgram:
                                2**63 - 1, -(2**63)]))
 
 
+class LookupProgram(RandomProgram):
+    """A RandomProgram whose maps with keys are read, written and deleted again and again
+    in a hit, by a few keys of their own (the hit's arguments and fields, constants,
+    arithmetic of those, now and then a $variable), inside if/else, ?: and && too:
+    what programs/reuse.py keeps or looks up again, held to the evaluator."""
+
+    KEYS = ["arg0 % 3", "arg1 & 1", "tid", "2", "(arg0 % 3) + 1", "(uint8)arg2 % 4"]
+
+    def program(self) -> str:
+        head, _, body = super().program().partition("{ ")  # (both maps assigned somewhere)
+        return f"{head}{{ @m0[arg0 % 3] = arg1; @m1[2] = arg0 + 1; {body}"
+
+    def key(self) -> str:
+        if self.variables and self.rng.random() < 0.15:
+            return f"{self.rng.choice(self.variables)} % 3"
+        return self.rng.choice(self.KEYS)
+
+    def statement(self, depth: int) -> str:
+        rng, name = self.rng, f"@m{self.rng.randint(0, 1)}"
+        choice = rng.random()
+        if choice < 0.3:
+            return f"{name}[{self.key()}] = {self.expression(2)};"
+        if choice < 0.45:
+            return f"{name}[{self.key()}] += {self.expression(1)};"
+        if choice < 0.55:
+            return f"delete({name}[{self.key()}]);"
+        if choice < 0.7:
+            return f"@r{self.maps}[{self.key()}] = sum({self.expression(2)});"
+        return super().statement(depth)
+
+    def leaf(self) -> str:
+        if self.rng.random() < 0.35:
+            return f"@m{self.rng.randint(0, 1)}[{self.key()}]"
+        return super().leaf()
+
+
 def random_hits(seed: int, count: int = 60):
     """Hits of RandomProgram's probe: arguments of every size and sign, and doubles."""
     rng = random.Random(seed)

@@ -17,8 +17,8 @@ import pytest
 
 from conftest import check
 from cross import CC, QEMU, SYSROOT, needs
-from probe_programs import (CHECKED_READS, FLOATS, PROGRAMS, STRING_MAPS, WORK, RandomProgram,
-                            float_hits, random_hits)
+from probe_programs import (CHECKED_READS, FLOATS, PROGRAMS, STRING_MAPS, WORK, LookupProgram,
+                            RandomProgram, float_hits, random_hits)
 from urewrite.programs import lower as L
 from urewrite.programs import maps as M
 from urewrite.programs import output
@@ -212,6 +212,18 @@ def test_random_programs_compile_to_what_the_evaluator_does(harness, seed):
     """test_program_code.py's random programs (25 a seed, other seeds), under qemu."""
     for k in range(10000 + seed, 10000 + seed + 25):
         text = RandomProgram(k).program()
+        hits = random_hits(k)
+        ours, printed, _ = _compiled_run(harness, text, hits)
+        theirs, evaluated = _evaluated(text, hits)
+        assert ours == theirs, text
+        assert printed == evaluated, text
+
+
+@pytest.mark.parametrize("seed", range(0, 100, 25))
+def test_maps_looked_up_again_and_again_compile_to_what_the_evaluator_does(harness, seed):
+    """test_program_code.py's LookupProgram programs (25 a seed, other seeds), under qemu."""
+    for k in range(20000 + seed, 20000 + seed + 25):
+        text = LookupProgram(k).program()
         hits = random_hits(k)
         ours, printed, _ = _compiled_run(harness, text, hits)
         theirs, evaluated = _evaluated(text, hits)

@@ -17,8 +17,8 @@ import threading
 
 import pytest
 
-from probe_programs import (CHECKED_READS, FLOATS, PROGRAMS, STRING_MAPS, WORK, RandomProgram,
-                            float_hits, random_hits)
+from probe_programs import (CHECKED_READS, FLOATS, PROGRAMS, STRING_MAPS, WORK, LookupProgram,
+                            RandomProgram, float_hits, random_hits)
 from urewrite.programs import lower as L
 from urewrite.programs import maps as M
 from urewrite.programs import output
@@ -202,6 +202,19 @@ def test_random_programs_compile_to_what_the_evaluator_does(seed):
     compiled code's maps and printf() lines are the evaluator's."""
     for k in range(seed, seed + 50):
         text = RandomProgram(k).program()
+        theirs, ours, compiled = _both(text, random_hits(k))
+        assert ours == theirs, text
+        assert compiled.printed == compiled.evaluated_printed, text
+
+
+@pytest.mark.parametrize("seed", range(0, 300, 50))
+def test_maps_looked_up_again_and_again_compile_to_what_the_evaluator_does(seed):
+    """50 random programs a seed (probe_programs.LookupProgram) whose maps with keys are
+    read, written and deleted by the same few keys again and again in a hit, in
+    branches too: where programs/reuse.py keeps an entry it must be the one a lookup
+    would find (one that kept it across an if's end crashed this process)."""
+    for k in range(seed, seed + 50):
+        text = LookupProgram(k).program()
         theirs, ours, compiled = _both(text, random_hits(k))
         assert ours == theirs, text
         assert compiled.printed == compiled.evaluated_printed, text
