@@ -146,6 +146,25 @@ class _Ticker:
         self.next += self.interval
 
 
+def _each_poll(ticker, lowered):
+    """What the runs call every poll: the ticker's, and where the program reads `comm`,
+    the names of threads that renamed themselves forgotten (reader/thread_names.py)."""
+    shows = ticker.each_poll()
+    from urewrite.trampolines.program_file import USES_COMM
+    if not lowered.uses & USES_COMM:
+        return shows
+    from urewrite.reader.thread_names import RENAMED_SECONDS, forget_renamed
+    due = [time.monotonic()]
+
+    def poll(maps_files) -> None:
+        if time.monotonic() >= due[0]:
+            forget_renamed({os.path.dirname(path) for path in maps_files})
+            due[0] = time.monotonic() + RENAMED_SECONDS
+        if shows:
+            shows(maps_files)
+    return poll
+
+
 def _run_command(command, targets, lowered, ticker):
     """Runs the command with the program in its probes: (exit status, maps, dropped)."""
     from urewrite.reader.probe_programs import run_command
@@ -153,7 +172,7 @@ def _run_command(command, targets, lowered, ticker):
     ring, printed = _events(lowered)
     returncode, found, lost = run_command(
         command, lambda directory: _noted(printed, _write_program(directory, targets, lowered)),
-        ring, printed, ticker.each_poll(), lowered.maps, _stopped(printed))
+        ring, printed, _each_poll(ticker, lowered), lowered.maps, _stopped(printed))
     return (0 if _stopped(printed)() else returncode), found, lost  # (exit(): bpftrace's 0)
 
 
@@ -173,7 +192,8 @@ def _run_in_directory(directory, duration, targets, lowered, ticker):
         click.echo(f"urewrite: printf() shows events of processes started with "
                    f"{TRACE_ENV_VAR}=N too (a ring of N events)", err=True)
     return run_in_directory(directory, maps_path, [t.tag for t in targets.values()], duration,
-                            printed, ticker.each_poll(), lowered.maps, _stopped(printed))
+                            printed, _each_poll(ticker, lowered), lowered.maps,
+                            _stopped(printed))
 
 
 def _write_program(directory, targets, lowered) -> str:
@@ -207,7 +227,8 @@ def _run_armed(pids, all_of, duration, targets, lowered, ticker):
             raise UrewriteError(f"cannot write the program's files in {directory}: {e.strerror}")
     try:
         problems, found, lost = run_armed(pids, all_of, duration, ring, write_files,
-                                          announce, printed, ticker.each_poll(), lowered.maps,
+                                          announce, printed, _each_poll(ticker, lowered),
+                                          lowered.maps,
                                           _stopped(printed))
     except UrewriteError as e:
         fail(str(e))

@@ -103,6 +103,18 @@ def test_comm_is_each_threads_own_name(tmp_path):
     assert names == {"@[worker-0]: 3", "@[worker-1]: 4", "@[worker-2]: 5"}
 
 
+def test_comm_follows_a_thread_that_renames_itself(tmp_path):
+    """test_program_run.py's test of the same name, under qemu: counted under its
+    first name, then under the one it gave itself."""
+    source = Path(__file__).resolve().parent.parent / "samples" / "renamed_thread.c"
+    program_of = (lambda path: f"uprobe:{path}:work {{ @[comm] = count(); }}")
+    rewritten = build_arm64(tmp_path, source, "renamed_thread", ["-O2", "-pthread", "-static"],
+                            program_of)
+    ran = _run(program_of(rewritten), rewritten)
+    names = {line for line in ran.stdout.splitlines() if line.startswith("@[")}
+    assert names == {"@[before]: 3", "@[after-rename]: 5"}
+
+
 STRINGS = ("uprobe:{path}:named {{ @w[str(arg0)] = count(); @short[str(arg0, 3), arg1 % 2] = count(); "
            "@beta[str(arg0) == \"beta\"] = count(); @who[comm] = count(); }}")
 

@@ -19,6 +19,7 @@ from probe_programs import MATRIX_PROGRAM, PROGRAM, maps_of, ties_sorted
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(ROOT, "samples", "programs", "values.c")
 NAMED_THREADS = os.path.join(ROOT, "samples", "named_threads.c")
+RENAMED_THREAD = os.path.join(ROOT, "samples", "renamed_thread.c")
 
 pytestmark = pytest.mark.skipif(platform.machine() != "x86_64",
                                 reason="probe programs run in x86_64 files for now")
@@ -470,6 +471,25 @@ def test_print_with_top_and_div_prints_what_bpftrace_prints(files):
         return lines
     assert printed(ours.stdout) == printed(theirs.stdout.split("\n", 1)[1])
     assert "@s[4]: 7164\n" in ours.stdout and "@n: 333\n" in ours.stdout
+
+
+def test_comm_follows_a_thread_that_renames_itself(tmp_path):
+    """A thread that ran the program under one name, then renamed itself, is counted
+    under its new name after that, as bpftrace counts it (the tracer clears a learnt
+    name the kernel no longer gives: reader/thread_names.py)."""
+    plain = tmp_path / "renamed_thread"
+    subprocess.run(["gcc", "-O2", "-pthread", RENAMED_THREAD, "-o", str(plain)], check=True)
+    rewritten = tmp_path / "renamed_thread.probed"
+    proc = urewrite(str(plain), "-p", "work", "-o", str(rewritten), "-q")
+    assert proc.returncode == 0, proc.stderr
+    program = "uprobe:PATH:work { @[comm] = count(); }"
+    ours = urewrite("run", "-e", program.replace("PATH", str(rewritten)), "--", str(rewritten))
+    assert ours.returncode == 0, ours.stderr
+    names = {line for line in ours.stdout.splitlines() if line.startswith("@[")}
+    assert names == {"@[before]: 3", "@[after-rename]: 5"}
+    theirs = _bpftrace(program.replace("PATH", str(plain)), str(plain))
+    assert theirs.returncode == 0, theirs.stderr
+    assert names == {line for line in theirs.stdout.splitlines() if line.startswith("@[")}
 
 
 def test_comm_is_each_threads_own_name(tmp_path):

@@ -939,6 +939,11 @@ rp_no_nsecs:
     tbz x10, #{USES_COMM_BIT}, rp_no_comm
     bl thread_comm
     ldp x10, x11, [x12]                    // (the name is at most 15 bytes and a NUL)
+    and x9, x10, #0xff                     // cleared meanwhile by a tracer that saw the
+    cbnz x9, rp_named                      // thread renamed: learnt again
+    bl thread_comm
+    ldp x10, x11, [x12]
+rp_named:
     stp x10, x11, [sp, #{CTX_COMM}]
     stp xzr, xzr, [sp, #{CTX_COMM} + 16]
     stp xzr, xzr, [sp, #{CTX_COMM} + 32]
@@ -1081,8 +1086,13 @@ program_comm:
     mov x24, x0
     bl load_state
     bl thread_comm
-    ldr x1, [sp, #32]
     ldp x10, x11, [x12]                    // (the name is at most 15 bytes and a NUL)
+    and x9, x10, #0xff                     // cleared meanwhile by a tracer that saw the
+    cbnz x9, pc_named                      // thread renamed: learnt again
+    bl thread_comm
+    ldp x10, x11, [x12]
+pc_named:
+    ldr x1, [sp, #32]
     stp x10, x11, [x1]
     stp xzr, xzr, [x1, #16]
     stp xzr, xzr, [x1, #32]

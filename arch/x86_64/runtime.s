@@ -1116,6 +1116,11 @@ rp_no_nsecs:
     jz rp_no_comm
     call thread_comm
     mov rax, qword ptr [rsi]
+    test al, al                            # cleared meanwhile by a tracer that saw the
+    jnz rp_named                           # thread renamed: learnt again
+    call thread_comm
+    mov rax, qword ptr [rsi]
+rp_named:
     mov qword ptr [rsp + {CTX_COMM}], rax
     mov rax, qword ptr [rsi + 8]
     mov qword ptr [rsp + {CTX_COMM} + 8], rax
@@ -1151,8 +1156,13 @@ program_comm:
     mov r8, rdi
     call load_state
     call thread_comm
-    pop rdi
     mov rax, qword ptr [rsi]
+    test al, al                            # cleared meanwhile by a tracer that saw the
+    jnz pc_named                           # thread renamed: learnt again
+    call thread_comm
+    mov rax, qword ptr [rsi]
+pc_named:
+    pop rdi
     mov qword ptr [rdi], rax
     mov rax, qword ptr [rsi + 8]
     mov qword ptr [rdi + 8], rax
