@@ -154,11 +154,11 @@ def _each_poll(ticker, lowered):
     if not lowered.uses & USES_COMM:
         return shows
     from urewrite.reader.thread_names import RENAMED_SECONDS, forget_renamed
-    due = [time.monotonic()]
+    due, gone = [time.monotonic()], set()
 
     def poll(maps_files) -> None:
         if time.monotonic() >= due[0]:
-            forget_renamed({os.path.dirname(path) for path in maps_files})
+            forget_renamed({os.path.dirname(path) for path in maps_files}, gone)
             due[0] = time.monotonic() + RENAMED_SECONDS
         if shows:
             shows(maps_files)

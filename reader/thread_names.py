@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Iterable
+from typing import Iterable, Set
 
 from urewrite.trampolines import region as R
 from urewrite.trampolines.region_reader import read_header, region_paths
@@ -24,10 +24,11 @@ from urewrite.trampolines.region_reader import read_header, region_paths
 RENAMED_SECONDS = 0.1
 
 
-def forget_renamed(directories: Iterable[str]) -> int:
+def forget_renamed(directories: Iterable[str], gone: Set[str]) -> int:
     """Clears the learnt name of each thread of these directories' regions that the
     kernel now names otherwise; how many were cleared. A region that cannot be
-    written (another user's) or read is left alone."""
+    written (another user's) or read is left alone; one whose process has exited is
+    added to `gone` and not looked at again (a run over a build leaves thousands)."""
     cleared = 0
     for directory in directories:
         try:
@@ -35,17 +36,22 @@ def forget_renamed(directories: Iterable[str]) -> int:
         except OSError:
             continue
         for path in paths:
+            if path in gone:
+                continue
             try:
-                cleared += _forget_in(path)
+                cleared += _forget_in(path, gone)
             except (OSError, R.RegionError):
                 continue
     return cleared
 
 
-def _forget_in(path: str) -> int:
+def _forget_in(path: str, gone: Set[str]) -> int:
     fd = os.open(path, os.O_RDWR)
     try:
         header = read_header(fd, path, os.fstat(fd).st_size)
+        if header.pid and not os.path.exists(f"/proc/{header.pid}"):
+            gone.add(path)
+            return 0
         owners = os.pread(fd, header.slots * R.OWNER_ENTRY_SIZE, header.owners_off)
         names_at = header.owners_off + header.slots * R.OWNER_ENTRY_SIZE
         names = os.pread(fd, header.slots * R.COMM_SIZE, names_at)

@@ -487,6 +487,14 @@ def test_comm_follows_a_thread_that_renames_itself(tmp_path):
     assert ours.returncode == 0, ours.stderr
     names = {line for line in ours.stdout.splitlines() if line.startswith("@[")}
     assert names == {"@[before]: 3", "@[after-rename]: 5"}
+    # the region of a process that has exited is looked at once, then left alone
+    from urewrite.reader.thread_names import forget_renamed
+    (tmp_path / "regions").mkdir()
+    subprocess.run([str(rewritten)], check=True,
+                   env={**os.environ, "UREWRITE_DIR": str(tmp_path / "regions")})
+    gone = set()
+    assert forget_renamed([str(tmp_path / "regions")], gone) == 0
+    assert len(gone) == 1 and next(iter(gone)).startswith(str(tmp_path / "regions"))
     theirs = _bpftrace(program.replace("PATH", str(plain)), str(plain))
     assert theirs.returncode == 0, theirs.stderr
     assert names == {line for line in theirs.stdout.splitlines() if line.startswith("@[")}
