@@ -210,20 +210,18 @@ def test_floating_point_is_compared_and_converted_as_c_does(harness):
 @pytest.mark.parametrize("seed", range(0, 200, 25))
 def test_random_programs_compile_to_what_the_evaluator_does(harness, seed):
     """test_program_code.py's random programs (25 a seed, other seeds), under qemu."""
-    for k in range(10000 + seed, 10000 + seed + 25):
-        text = RandomProgram(k).program()
-        hits = random_hits(k)
-        ours, printed, _ = _compiled_run(harness, text, hits)
-        theirs, evaluated = _evaluated(text, hits)
-        assert ours == theirs, text
-        assert printed == evaluated, text
+    _held_to_the_evaluator(harness, RandomProgram, range(10000 + seed, 10000 + seed + 25))
 
 
 @pytest.mark.parametrize("seed", range(0, 100, 25))
 def test_maps_looked_up_again_and_again_compile_to_what_the_evaluator_does(harness, seed):
     """test_program_code.py's LookupProgram programs (25 a seed, other seeds), under qemu."""
-    for k in range(20000 + seed, 20000 + seed + 25):
-        text = LookupProgram(k).program()
+    _held_to_the_evaluator(harness, LookupProgram, range(20000 + seed, 20000 + seed + 25))
+
+
+def _held_to_the_evaluator(harness, generator, seeds) -> None:
+    for k in seeds:
+        text = generator(k).program()
         hits = random_hits(k)
         ours, printed, _ = _compiled_run(harness, text, hits)
         theirs, evaluated = _evaluated(text, hits)

@@ -94,25 +94,23 @@ def test_comm_is_each_threads_own_name(tmp_path):
     """`comm` is the thread's own name (threads named by pthread_setname_np; the
     thread started in an exited one's TCB is x86_64's test: qemu-user does not say
     where libc keeps a thread's id)."""
-    source = Path(__file__).resolve().parent.parent / "samples" / "named_threads.c"
-    program_of = (lambda path: f"uprobe:{path}:work {{ @[comm] = count(); }}")
-    rewritten = build_arm64(tmp_path, source, "named_threads", ["-O2", "-pthread", "-static"],
-                            program_of)
-    ran = _run(program_of(rewritten), rewritten)
-    names = {line for line in ran.stdout.splitlines() if line.startswith("@[")}
-    assert names == {"@[worker-0]: 3", "@[worker-1]: 4", "@[worker-2]: 5"}
+    assert _counts_by_comm(tmp_path, "named_threads") == \
+        {"@[worker-0]: 3", "@[worker-1]: 4", "@[worker-2]: 5"}
 
 
 def test_comm_follows_a_thread_that_renames_itself(tmp_path):
     """test_program_run.py's test of the same name, under qemu: counted under its
     first name, then under the one it gave itself."""
-    source = Path(__file__).resolve().parent.parent / "samples" / "renamed_thread.c"
+    assert _counts_by_comm(tmp_path, "renamed_thread") == {"@[before]: 3", "@[after-rename]: 5"}
+
+
+def _counts_by_comm(tmp_path, sample: str) -> set:
+    """The lines of `@[comm] = count()` at work() of samples/SAMPLE.c, static, -O2."""
+    source = Path(__file__).resolve().parent.parent / "samples" / f"{sample}.c"
     program_of = (lambda path: f"uprobe:{path}:work {{ @[comm] = count(); }}")
-    rewritten = build_arm64(tmp_path, source, "renamed_thread", ["-O2", "-pthread", "-static"],
-                            program_of)
+    rewritten = build_arm64(tmp_path, source, sample, ["-O2", "-pthread", "-static"], program_of)
     ran = _run(program_of(rewritten), rewritten)
-    names = {line for line in ran.stdout.splitlines() if line.startswith("@[")}
-    assert names == {"@[before]: 3", "@[after-rename]: 5"}
+    return {line for line in ran.stdout.splitlines() if line.startswith("@[")}
 
 
 STRINGS = ("uprobe:{path}:named {{ @w[str(arg0)] = count(); @short[str(arg0, 3), arg1 % 2] = count(); "
