@@ -130,7 +130,8 @@ def run(iterations: int = 100_000_000, repeat: int = 5, threads: Sequence[int] =
             if big_files:
                 result["big_files"] = big_file_bench(work, list(big_files))
             if collection:
-                result["collection"] = collection_bench(work, functions, python=python)
+                result["collection"] = collection_bench(work, functions, python=python,
+                                                        rounds=repeat)
             if programs:
                 result["programs"] = programs_bench(work, min(iterations, 10_000_000),
                                                     repeat, kernel)

@@ -47,7 +47,7 @@ RUNS = 40
 PASSES = 3  # reads of the regions: the best is kept
 TARGET_MS = 5.0  # a process's counts, 20,000 probes (#37)
 TARGET_RATIO = 1.5  # stat's loop against the plain loop (#37)
-ROUNDS = 5  # of each python loop
+ROUNDS = 5  # of each python loop (bench --repeat)
 # label: (probes, calls timed); the rows the 1.5x target judges are the untimed ones
 PYTHON_PROBES = {"entries": (("-p", "*"), False),
                  "entries and returns": (("-p", "*", "-r", "*"), False),
@@ -142,7 +142,7 @@ def python_loops(work: str, python: str, runs: int = RUNS, rounds: int = ROUNDS,
 
 
 def collection_bench(work: str, functions: int = 10000, runs: int = RUNS,
-                     python: Optional[str] = None) -> dict:
+                     python: Optional[str] = None, rounds: int = ROUNDS) -> dict:
     from urewrite.reader.directories import region_directory, remove_region_directory
     from urewrite.trampolines import region_reader
     work = os.path.join(work, "collection")
@@ -184,7 +184,7 @@ def collection_bench(work: str, functions: int = 10000, runs: int = RUNS,
                           first_region_ms=first_ms, ms_per_process=further_ms,
                           cpu_ms_per_process=further_cpu_ms), runs)
     if python:
-        result["python"] = python_loops(work, python, runs)
+        result["python"] = python_loops(work, python, runs, rounds)
     return result
 
 
