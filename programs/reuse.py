@@ -9,8 +9,9 @@ the same slot. Reused only where that holds without a doubt:
     constants, and arithmetic of those), never from a $variable, a map or memory;
   - the first lookup dominates the later one: no label between them (a label is
     where paths join, of an if, a ?:, && or ||);
-  - a `find` (which gives 0 for a missing key) serves later finds only; an `entry`
-    (which inserts it) serves both.
+  - a `find` (which gives 0 for a missing key) serves later finds only, until an
+    insert into the same map by any key (which may be the same key by value: `@m[2]`
+    then `@m[tid]` where tid is 2); an `entry` (which inserts it) serves both.
 """
 
 from __future__ import annotations
@@ -24,20 +25,26 @@ _LOOKUPS = ("find", "entry")
 
 def reuse_lookups(ops: List[tuple], temp: Callable[[], int]) -> List[tuple]:
     """`ops` with each repeated lookup read from a local (`temp()` gives a new one)."""
-    lookups = [(at, _key_start(ops, at)) for at, op in enumerate(ops) if op[0] in _LOOKUPS]
-    lookups = [(at, start) for at, start in lookups if start is not None]
+    every = [(at, _key_start(ops, at)) for at, op in enumerate(ops) if op[0] in _LOOKUPS]
+    lookups = [(at, start) for at, start in every if start is not None]
     keep, reused = {}, {}  # first lookup's index -> local; a later one's -> the first's
     cache = {}  # (map, key ops) -> (the lookup's index, whether it inserts)
     labels = [at for at, op in enumerate(ops) if op[0] == "label"]
     last = 0
-    for at, start in lookups:
+    for at, start in every:
         if any(last <= label < at for label in labels):  # paths join: forget
             cache.clear()
         last = at
         kind, index = ops[at][0], ops[at][1]
+        if kind == "entry":  # an insert by any key may be of one a find did not find
+            for signature in [s for s, (_, inserts) in cache.items()
+                              if s[0] == index and not inserts]:
+                del cache[signature]
+        if start is None:
+            continue
         signature = (index, tuple(ops[start:at]))
-        found = cache.get(signature)
-        if found is not None and (found[1] or kind == "find"):
+        found = cache.get(signature)  # (an insert found only what an insert kept: above)
+        if found is not None:
             keep.setdefault(found[0], None)
             reused[at] = found[0]
         else:

@@ -188,7 +188,8 @@ PROGRAMS = {
             $k = arg1; @v[$k] = sum(1); $k = arg1 + 1; @w = sum(@v[$k] + @v[arg1]);
             @t = sum(arg0 & 2 ? @v[arg1] : @n[arg1]); @u = sum(@v[arg1]);
             if (arg1 == 2) { @b[arg0 % 4] = count(); } @bb = sum(@b[arg0 % 4] + 1); }
-        uretprobe:./v:work /@n[3] > 10/ { @r = sum(@n[3]); delete(@n[3]); @r2 = sum(@n[3] + 7); }""",
+        uretprobe:./v:work /@n[3] > 10/ { @r = sum(@n[3]); delete(@n[3]); @r2 = sum(@n[3] + 7); }
+        uretprobe:./v:work { @before = sum(@q[2]); @q[retval % 3] = count(); @after = sum(@q[2]); }""",
 }
 
 CHECKED_READS = """
@@ -395,6 +396,10 @@ class LookupProgram(RandomProgram):
             return f"delete({name}[{self.key()}]);"
         if choice < 0.7:
             return f"@r{self.maps}[{self.key()}] = sum({self.expression(2)});"
+        if choice < 0.8:  # a key looked for, a key put in (the same one by value?), again
+            key = self.key()
+            return (f"@seen = sum({name}[{key}]); {name}[{self.key()}] = {self.expression(1)}; "
+                    f"@again = sum({name}[{key}]);")
         return super().statement(depth)
 
     def leaf(self) -> str:
