@@ -4,7 +4,8 @@ A program's `comm` is the thread's name as the runtime learnt it (prctl PR_GET_N
 first time the thread needed it, kept beside its owner entry (docs/region.md): no system
 call a hit. A thread that renames itself later (pthread_setname_np) would keep the old
 name, where bpftrace reads the kernel's at every hit. So while a program that reads
-`comm` runs, the tracer compares each learnt name with the kernel's
+`comm` runs (`urewrite run`; `stat -- COMMAND` where a program is built into the
+probes), the tracer compares each learnt name with the kernel's
 (/proc/PID/task/TID/comm) every RENAMED_SECONDS and clears the first byte of one that
 differs: the thread learns its name again at its next read. A hit that read the name
 as it was cleared sees a first byte of 0 and learns it then (the runtimes'

@@ -487,6 +487,13 @@ def test_comm_follows_a_thread_that_renames_itself(tmp_path):
     assert ours.returncode == 0, ours.stderr
     names = {line for line in ours.stdout.splitlines() if line.startswith("@[")}
     assert names == {"@[before]: 3", "@[after-rename]: 5"}
+    # built into the rewrite, under stat (no tracer of its own): the same
+    built = tmp_path / "renamed_thread.built"
+    proc = urewrite(str(plain), "-e", program.replace("PATH", built.name), "-o", str(built), "-q")
+    assert proc.returncode == 0, proc.stderr
+    stat = urewrite("stat", "--", str(built))
+    assert stat.returncode == 0, stat.stderr
+    assert names == {line for line in stat.stdout.splitlines() if line.startswith("@[")}
     # the region of a process that has exited is looked at once, then left alone
     from urewrite.reader.thread_names import forget_renamed
     (tmp_path / "regions").mkdir()
