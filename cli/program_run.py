@@ -153,13 +153,11 @@ def _each_poll(ticker, lowered):
     from urewrite.trampolines.program_file import USES_COMM
     if not lowered.uses & USES_COMM:
         return shows
-    from urewrite.reader.thread_names import RENAMED_SECONDS, forget_renamed
-    due, gone = [time.monotonic()], set()
+    from urewrite.reader.thread_names import RenamedThreads
+    renamed = RenamedThreads()
 
     def poll(maps_files) -> None:
-        if time.monotonic() >= due[0]:
-            forget_renamed({os.path.dirname(path) for path in maps_files}, gone)
-            due[0] = time.monotonic() + RENAMED_SECONDS
+        renamed.poll({os.path.dirname(path) for path in maps_files})
         if shows:
             shows(maps_files)
     return poll

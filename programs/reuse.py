@@ -16,7 +16,7 @@ the same slot. Reused only where that holds without a doubt:
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional
 
 _PUSHES = ("ctx", "arg", "const")  # one value of the hit, nothing read from memory
 _SAME_DEPTH = ("cast", "unary")  # one value in, one out
@@ -25,41 +25,38 @@ _LOOKUPS = ("find", "entry")
 
 def reuse_lookups(ops: List[tuple], temp: Callable[[], int]) -> List[tuple]:
     """`ops` with each repeated lookup read from a local (`temp()` gives a new one)."""
-    every = [(at, _key_start(ops, at)) for at, op in enumerate(ops) if op[0] in _LOOKUPS]
-    lookups = [(at, start) for at, start in every if start is not None]
-    keep, reused = {}, {}  # first lookup's index -> local; a later one's -> the first's
+    keep = {}  # a first lookup's index -> its local
+    reused = {}  # a later lookup's key start -> (its index, the first one's)
     cache = {}  # (map, key ops) -> (the lookup's index, whether it inserts)
-    labels = [at for at, op in enumerate(ops) if op[0] == "label"]
-    last = 0
-    for at, start in every:
-        if any(last <= label < at for label in labels):  # paths join: forget
+    for at, op in enumerate(ops):
+        if op[0] == "label":  # paths join: forget
             cache.clear()
-        last = at
-        kind, index = ops[at][0], ops[at][1]
-        if kind == "entry":  # an insert by any key may be of one a find did not find
+        if op[0] not in _LOOKUPS:
+            continue
+        index = op[1]
+        if op[0] == "entry":  # an insert by any key may be of one a find did not find
             for signature in [s for s, (_, inserts) in cache.items()
                               if s[0] == index and not inserts]:
                 del cache[signature]
+        start = _key_start(ops, at)
         if start is None:
             continue
         signature = (index, tuple(ops[start:at]))
         found = cache.get(signature)  # (an insert found only what an insert kept: above)
         if found is not None:
-            keep.setdefault(found[0], None)
-            reused[at] = found[0]
+            keep[found[0]] = None
+            reused[start] = (at, found[0])
         else:
-            cache[signature] = (at, kind == "entry")
+            cache[signature] = (at, op[0] == "entry")
     if not reused:
         return ops
     for first in keep:
         keep[first] = temp()
-    starts = dict(lookups)
-    replaced = {starts[at]: at for at in reused}  # a reused lookup's first op -> its last
     out, at = [], 0
     while at < len(ops):
-        if at in replaced:  # its key and lookup: the local the first one filled
-            at = replaced[at]
-            out.append(("local", keep[reused[at]]))
+        if at in reused:  # its key and lookup: the local the first one filled
+            at, first = reused[at]
+            out.append(("local", keep[first]))
         else:
             out.append(ops[at])
             if at in keep:

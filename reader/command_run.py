@@ -173,8 +173,8 @@ def _prepare_while_running(started: _Started, tables) -> None:
     from urewrite.trampolines.region import FILE_SUFFIX
     try:
         done = set()
-        interval = 0.005
-        gone = None  # once a program built into the probes runs: forget_renamed's
+        interval, longest = 0.005, 0.5
+        renamed = None  # once a program built into the probes runs (its `comm`)
         while not select.select([pidfd], [], [], interval)[0]:
             try:
                 names = os.listdir(started.directory)
@@ -184,13 +184,13 @@ def _prepare_while_running(started: _Started, tables) -> None:
                 if name not in done and name.endswith(FILE_SUFFIX) and \
                         tables.prepare(os.path.join(started.directory, name)):
                     done.add(name)
-            if gone is None and any(name.startswith(OWN_MAPS_PREFIX) for name in names):
-                gone = set()
-            if gone is not None:  # (its `comm`: names of threads that renamed themselves)
-                from urewrite.reader.thread_names import RENAMED_SECONDS, forget_renamed
-                forget_renamed([started.directory], gone)
+            if renamed is None and any(name.startswith(OWN_MAPS_PREFIX) for name in names):
+                from urewrite.reader.thread_names import RENAMED_SECONDS, RenamedThreads
+                renamed, longest = RenamedThreads(), RENAMED_SECONDS
+            if renamed is not None:
+                renamed.poll([started.directory])
             # (a loop of thousands of runs: a listing of thousands each time)
-            interval = min(2 * interval, 0.5 if gone is None else RENAMED_SECONDS)
+            interval = min(2 * interval, longest)
     finally:
         os.close(pidfd)
 

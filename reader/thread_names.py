@@ -17,12 +17,27 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 from typing import Iterable, Set
 
 from urewrite.trampolines import region as R
 from urewrite.trampolines.region_reader import read_header, region_paths
 
 RENAMED_SECONDS = 0.1
+
+
+class RenamedThreads:
+    """forget_renamed every RENAMED_SECONDS at most, over the polls of a run; the
+    regions of exited processes remembered between them."""
+
+    def __init__(self):
+        self.gone: Set[str] = set()
+        self.due = time.monotonic()
+
+    def poll(self, directories: Iterable[str]) -> None:
+        if time.monotonic() >= self.due:
+            forget_renamed(directories, self.gone)
+            self.due = time.monotonic() + RENAMED_SECONDS
 
 
 def forget_renamed(directories: Iterable[str], gone: Set[str]) -> int:

@@ -143,7 +143,7 @@ def _one_run(config: str, root: str, original: str, probed: str, script: str, se
     finally:
         if tracer is not None:
             tracer.send_signal(signal.SIGINT)
-            tracer.wait(timeout=180)  # (detaching 71 uprobes took over 60 s once, in CI)
+            tracer.wait(timeout=180)  # (60 s ran out once, in a CI run: why, not known)
     found = re.search(r"^tps = ([0-9.]+)", proc.stdout, re.M)
     if proc.returncode != 0 or not found:
         raise BenchError(f"postgres under {config}: exit {proc.returncode}: "
