@@ -7,6 +7,7 @@ anything this does not recognise for certain, or a COMMAND that cannot be starte
 goes the usual way (click).
 """
 
+import os
 import sys
 from typing import List, NamedTuple, Optional
 
@@ -53,13 +54,23 @@ def run() -> None:
         if command_run.start_early(stat.command, stat.latency):
             try:
                 from urewrite.stat_report import run_command
-                sys.exit(run_command(stat.command, stat.as_json, stat.output, stat.latency))
+                _exit_now(run_command(stat.command, stat.as_json, stat.output, stat.latency))
             except (EOFError, KeyboardInterrupt, BrokenPipeError) as e:
                 _as_click_would(e)
             finally:
                 command_run.end_early()  # (run_command took it over: nothing left to do)
     from urewrite.commands import run as run_commands
     run_commands()
+
+
+def _exit_now(status: int) -> None:
+    """Exits once the output is out, without the interpreter's teardown: freeing the
+    objects of a report of 20,000 probes and a last collection took 9 ms after a loop
+    of short runs (#37). Nothing is left to do at exit: the command was waited for and
+    its region directory removed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _as_click_would(e: BaseException) -> None:

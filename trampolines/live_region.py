@@ -67,7 +67,7 @@ class LiveRegion:
                 raise NotReady(path)  # created, not sized yet
             magic, pid = struct.unpack("<8s64xi", os.pread(fd, R.OFF_PID + 4, 0))
             if magic == b"\0" * 8 or pid == 0:
-                raise NotReady(path)  # sized, template or pid not copied in yet
+                raise NotReady(path)  # sized, template or pid not written yet
             self.header = read_header(fd, path, st.st_size)
             self._table = tables.table(fd, self.header, path)
             self.probes: Tuple[LiveProbe, ...] = tables.derived(self._table, "live", lambda: tuple(

@@ -356,6 +356,18 @@ sr_truncate:
     mov x8, #46                            // ftruncate
     svc #0
     tbnz x0, #63, sr_close_disarm
+    // the template (header, probe table, names) written into the file, not copied
+    // through the mapping: its pages are never faulted into this process
+    mov x0, x23
+    adr x9, link_table
+    ldr x1, [x9, #16]
+    add x1, x9, x1
+    ldr x2, [x9, #24]
+    mov x3, #0
+    mov x8, #68                            // pwrite64
+    svc #0
+    cmp x0, x2
+    b.ne sr_close_disarm                   // (a short write: no room left)
     mov x0, #0
     mov x1, x22
     mov x2, #3                             // PROT_READ | PROT_WRITE
@@ -369,19 +381,6 @@ sr_truncate:
     mov x8, #57                            // close
     svc #0
     tbnz x24, #63, sr_disarm
-    // copy the template: header, probe table, names
-    adr x9, link_table
-    ldr x10, [x9, #16]
-    add x10, x9, x10
-    ldr x11, [x9, #24]
-    mov x12, x24
-sr_copy:
-    cbz x11, sr_copied
-    ldrb w13, [x10], #1
-    strb w13, [x12], #1
-    sub x11, x11, #1
-    b sr_copy
-sr_copied:
     str w15, [x24, #{OFF_PID}]
     adr x9, link_table
     ldr x10, [x9]

@@ -367,6 +367,17 @@ sr_no_ring:
     syscall
     test rax, rax
     js sr_close_disarm
+    # the template (header, probe table, names) written into the file, not copied
+    # through the mapping: its pages are never faulted into this process
+    mov rdi, qword ptr [rsp]
+    lea rsi, [rip + link_table]
+    add rsi, qword ptr [rip + lt_template]
+    mov rdx, qword ptr [rip + lt_tsize]
+    xor r10d, r10d
+    mov eax, 18                            # pwrite64
+    syscall
+    cmp rax, qword ptr [rip + lt_tsize]
+    jne sr_close_disarm                    # (a short write: no room left)
     xor edi, edi
     mov rsi, r13
     mov edx, 3                             # PROT_READ | PROT_WRITE
@@ -381,12 +392,6 @@ sr_no_ring:
     syscall
     cmp r10, -4096
     ja sr_disarm_pid
-    # copy the template: header, probe table, names
-    mov rdi, r10
-    lea rsi, [rip + link_table]
-    add rsi, qword ptr [rip + lt_template]
-    mov rcx, qword ptr [rip + lt_tsize]
-    rep movsb
     pop rax
     mov dword ptr [r10 + {OFF_PID}], eax
     lea rax, [rip + link_table]

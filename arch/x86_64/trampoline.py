@@ -2,7 +2,7 @@
 
     displaced instructions before the probe point, relocated (none at a function entry)
     check, at a function entry (flags carry nothing there, SysV ABI):
-            cmp qword [state], 1 ; je resume ; jb setup ; jmp armed
+            cmp qword [state], 1 ; ja armed ; jb setup      disarmed: falls through
     check, inside a function (flags may be live; none of this touches them):
             lea rsp,[rsp-128] ; push rcx      keep out of the red zone (none in Go code)
             rcx = state - 1 ; jrcxz resume    disarmed
@@ -23,7 +23,8 @@
             rcx = thread pointer (fs:[0]) ; rsi = hash(rcx) * entry size
             cmp owner[rsi].thread, rcx ; jne slow   this thread has no row of its own yet
             rsi = owner[rsi].row ; add qword [rsi + 8 * probe], 1   plain add: the row is this thread's
-            [call lat_enter | lat_exit: a function measured for latency enters | returns;
+            [when the region times calls (out of line: an untimed hit takes no branch):
+             call lat_enter | lat_exit: a function measured for latency enters | returns;
              rcx = the site's rsp, + 1 where r14 holds the goroutine: paired by goroutine,
              in the shared row too]
             [call shadow_push: the return address of a function entered here is
@@ -37,7 +38,8 @@ A function entry whose return probe redirects the return address (docs/design.md
 also gets its return stub, after the out-of-line parts:
     stub:   lea rsp,[rsp-8] ; call shadow_pop     rsp on the slot, the original address in it
             the check and out-of-line parts of the return point, as at a `ret`
-            ret
+            lea rsp,[rsp+8] ; jmp [rsp-8]         the `ret` as a jump (a `ret` in Go code):
+                                                  the CPU's return predictions stay paired
 
 In Go code (go_code) there is no red zone: every `lea rsp,[rsp-128]` and its undoing
 are left out, and the set-up runs through lazy_init_aside (docs/design.md, "Go's stacks").
@@ -130,7 +132,14 @@ def _return_stub(w: Writer, entry: _Labels, L: _Labels, point, refs: RuntimeRefs
     w.lea(RSP, Mem(RSP, disp=-8))
     w.call(refs.shadow_pop)
     _check(w, L, point, refs, flags_live=False)
-    w.ret()
+    if point.go_code:
+        w.ret()
+    else:  # the `ret` done as a jump: a `ret` here would take the caller's entry off
+        # the CPU's stack of return addresses, and each return above would mispredict.
+        # (The slot stays in the red zone, which no signal frame overwrites; Go code
+        # has none, where an asynchronous preemption pushes a call.)
+        w.lea(RSP, Mem(RSP, disp=8))
+        w.raw(b"\xff\x64\x24\xf8")  # jmp qword ptr [rsp - 8]
     counting(w, L, point, refs)
 
 
@@ -199,11 +208,10 @@ def _check(w: Writer, L: _Labels, point, refs: RuntimeRefs, flags_live: bool = N
         w.pop(RCX)
         if red:
             w.lea(RSP, Mem(RSP, disp=red))
-    else:
+    else:  # disarmed falls through: no taken branch; armed, one
         w.cmp(Rip(refs.state), 1)
-        w.jcc("e", L.resume)
+        w.jcc("a", L.armed)
         w.jcc("b", L.set_up_first)
-        w.jmp(L.armed)
         w.label(L.resume)
 
 
@@ -274,8 +282,12 @@ def armed_path(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
     for index in probe_indexes:  # (disp32: the size of a template's hole, for any index)
         w.add(Mem(RSI, disp=8 * index, disp32=True), 1)
     # latency: rsi = the thread's own row (a thread counting in the shared row has
-    # no stack of open calls: only calls paired by goroutine are measured there)
-    _latency(w, point, refs, site_rsp, L.untimed)
+    # no stack of open calls: only calls paired by goroutine are measured there);
+    # out of line, so that an untimed hit takes no branch here
+    timed = point.enters or point.leaves
+    if timed:
+        w.test_byte(Mem(RDX, disp=region.OFF_FLAGS), region.FLAG_LATENCY)
+        w.jcc("ne", L.timed)
     w.label(L.counted)
     if point.redirect:  # armed at a function entry: its return goes through its stub
         # (rsp-relative leas take a disp32 even where a byte would do: the bytes
@@ -287,6 +299,11 @@ def armed_path(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
     w.jcc("ne", L.trace)
     w.label(L.traced)
     back_to_site(w, L, flags_live, red)
+
+    if timed:
+        w.label(L.timed)
+        _latency_calls(w, point, refs, site_rsp)
+        w.jmp(L.counted)
 
     w.label(L.fs_base)
     w.cmp(Rip(refs.state + FSBASE_USABLE, bits=8), 0)
@@ -355,6 +372,12 @@ def _latency(w: Writer, point, refs: RuntimeRefs, site_rsp: int, untimed: str) -
     if not (point.enters or point.leaves):
         return
     _unless_timed(w, untimed)
+    _latency_calls(w, point, refs, site_rsp)
+    w.label(untimed)
+
+
+def _latency_calls(w: Writer, point, refs: RuntimeRefs, site_rsp: int) -> None:
+    """lat_enter and lat_exit as `point` needs them (rsi = the row, rdx = region)."""
     g = 1 if point.g_register else 0
     if point.enters:
         w.lea(RCX, Mem(RSP, disp=site_rsp + g, disp32=True))
@@ -363,7 +386,6 @@ def _latency(w: Writer, point, refs: RuntimeRefs, site_rsp: int, untimed: str) -
         w.push(histogram, imm32=True)  # (a template's hole, or the same size without)
         w.lea(RCX, Mem(RSP, disp=site_rsp + 8 + g, disp32=True))
         w.call(refs.lat_exit)
-    w.label(untimed)
 
 
 def _unless_timed(w: Writer, untimed: str) -> None:
