@@ -526,6 +526,13 @@ class Backend(ABC):
         """The bytes that replace the window: a hop to `landing`, then filler."""
         raise NotImplementedError(f"{self.name} has no short hops")
 
+    def is_call(self, insn: Insn) -> bool:
+        """Whether `insn` is a call. Displaced, a call is emulated so that its callee
+        returns into the original code, and that return is mispredicted at every hit:
+        where a hop's shorter window leaves the call in place, the planner prefers the
+        hop (rewriter/plan/tight_sites.py, hop_over_calls)."""
+        return False
+
     # -- punned jumps (docs/design.md, "Patch tactics") ----------------------
     # A window shorter than the jump may still take one whose last bytes are the
     # bytes after the window, left as they are: the jump then goes wherever those

@@ -404,6 +404,8 @@ class Planner:
             outcomes.append(outcome)
         if self.backend.hop_size and {"hop", "evict", "pun"} & set(self.tactics):
             outcomes = self.tight_sites.place(outcomes)
+        if self.backend.hop_size and "hop" in self.tactics:
+            outcomes = self.tight_sites.hop_over_calls(outcomes)
         return outcomes
 
     def _found_windows(self, groups: List[List[Site]]) -> list:

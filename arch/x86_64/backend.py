@@ -303,6 +303,9 @@ class X86_64Backend(Backend):
     def hop_reach(self, address: int) -> tuple:
         return address + 2 - 128, address + 2 + 127
 
+    def is_call(self, insn: Insn) -> bool:
+        return _bare_mnemonic(insn.mnemonic) == "call"
+
     def hop_patch(self, window: Window, landing: int) -> bytes:
         return jmp_rel8(window.address, landing) + bytes([INT3]) * (window.size - 2)
 

@@ -63,6 +63,68 @@ class TightSites:
         result.sort(key=lambda o: o.window.address if isinstance(o, Plan) else o.site.address)
         return result
 
+    def hop_over_calls(self, outcomes: List[Outcome]) -> List[Outcome]:
+        """Plain jumps whose window ends in a displaced call, hopped where a hop's shorter
+        window leaves the call in place and a landing in padding is free: a displaced call
+        is emulated (its callee returns into the original code), and that return is
+        mispredicted at every hit, disarmed too (6.5 ns a call here, docs/benchmarks.md);
+        a hop costs one more jump. After the tight sites (place()), which need landings
+        more: a jump kept is a jump that works."""
+        candidates = [o for o in outcomes if isinstance(o, Plan) and o.tactic == "jump"
+                      and len(o.points) == 1 and self.backend.is_call(o.window.insns[-1])]
+        shorter = {}
+        for plan in candidates:
+            try:
+                hop = self.planner.group_window(list(plan.sites), self.backend.hop_size)
+            except Refused:
+                continue
+            call = plan.window.insns[-1]
+            if plan.window.address <= hop.window.address and hop.window.end <= call.address \
+                    and {p.address for p in hop.points} == {p.address for p in plan.points}:
+                shorter[plan.window.address] = hop
+        if not shorter:
+            return outcomes
+        used = self._used_by(outcomes)
+        gaps = self.padding_gaps(list(shorter.values()))
+        wanted = {a for start, end in gaps for a in range(start, end)}
+        wanted |= {a for h in shorter.values() for a in range(h.window.address + 1, h.window.end)}
+        taken = self.model.taken_index.find(wanted)
+        result = []
+        for outcome in outcomes:
+            hop = shorter.get(outcome.window.address) if isinstance(outcome, Plan) else None
+            landing = None
+            if hop is not None and self.safety.branch_into(hop, taken) is None:
+                landing = self.landing_in_padding(hop.window, gaps, used, taken)
+            if landing is None:
+                result.append(outcome)
+                continue
+            used.take(landing, landing + self.backend.patch_size)
+            result.append(replace(hop, hop=Hop(landing)))
+        return result
+
+    def _used_by(self, outcomes: List[Outcome]) -> Occupancy:
+        """The bytes the plans' windows, landings, moved neighbours and stubs take, and
+        copied code."""
+        size = self.backend.patch_size
+        ranges = [(c.start, c.end) for c in self.model.copied]
+        for plan in outcomes:
+            if not isinstance(plan, Plan):
+                continue
+            patching = plan.patching
+            ranges.append((plan.window.address, plan.window.end))
+            if patching.moved is not None:  # (an evicted neighbour holds its landing)
+                ranges.append((patching.moved.address, patching.moved.end))
+            if plan.hop is not None:
+                ranges.append((plan.hop.landing, plan.hop.landing + size))
+            ranges += [(a, a + size) for a in patching.stub_addresses()]
+        merged: List[list] = []
+        for start, end in sorted(ranges):
+            if merged and start < merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        return Occupancy.of([a for a, _ in merged], [b for _, b in merged])
+
     def hop_windows(self, refusals: List[Refusal]) -> list:
         """(refusals, the window of a hop for them or why there is none) for each group
         of refusals at one address; windows that overlap merged (merge_overlaps)."""
