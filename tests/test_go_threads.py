@@ -168,14 +168,18 @@ def test_arm64_threads_share_no_row(programs, tmp_path):
 def test_trace_events_name_their_threads(programs, tmp_path):
     probed = programs["static"][1]
     events = tmp_path / "events.jsonl"
-    proc = run([sys.executable, "-m", "urewrite", "trace", "--ring", 1 << 18, "--json",
-                "-o", events, "--", probed, GOROUTINES, EACH])
-    assert proc.returncode == 0, proc.stderr
-    lines = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
-    work = [e for e in lines if e.get("probe") == "main.work"]
-    assert len(work) == 2 * GOROUTINES * EACH
-    tids = {e["tid"] for e in work}
-    assert 0 not in tids and len(tids) > 1
+    for _ in range(3):  # (on a busy machine Go may run every goroutine on one thread)
+        proc = run([sys.executable, "-m", "urewrite", "trace", "--ring", 1 << 18, "--json",
+                    "-o", events, "--", probed, GOROUTINES, EACH])
+        assert proc.returncode == 0, proc.stderr
+        lines = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
+        work = [e for e in lines if e.get("probe") == "main.work"]
+        assert len(work) == 2 * GOROUTINES * EACH
+        tids = {e["tid"] for e in work}
+        assert 0 not in tids
+        if len(tids) > 1:
+            break
+    assert len(tids) > 1
 
 
 @pytest.fixture(scope="module")
