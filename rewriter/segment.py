@@ -24,6 +24,10 @@ from urewrite.rewriter.layout import Placement, align_up
 from urewrite.trampolines import arguments, live_note, region
 
 CODE_ALIGN = 16
+# trampolines whose hot parts lie together, then their cold parts (aligned for their
+# argument descriptors): docs/benchmarks.md, "Hot and cold"
+COLD_BLOCK = 64
+COLD_ALIGN = 8
 PROGRAM_ALIGN = 4096  # where a program built into the probes starts (build)
 
 
@@ -70,9 +74,24 @@ def _trampolines(backend: Backend, plans, start: int, refs: RuntimeRefs, count_p
     """(code, patches, stubs, spans) of the trampolines of `plans`, the code starting at
     `start` (aligned): each trampoline, and the one of a window its plan moves away, at
     the next CODE_ALIGN boundary; each one's span (debug_sections.Span: where it is, and
-    where it moved each instruction). `detailed(plan)`: the plan with its instructions
-    decoded in detail (done here, by each process for its share)."""
+    where it moved each instruction). Where the backend makes trampolines in two parts
+    (Backend.trampoline_apart), the parts a counting hit runs of COLD_BLOCK trampolines
+    lie together, the rest of theirs after them: a short run touches fewer pages and
+    cache lines. `detailed(plan)`: the plan with its instructions decoded in detail
+    (done here, by each process for its share)."""
     code, patches, stubs, spans = bytearray(), [], [], []
+    waiting = []  # (hot part's offset in code, its place(), window): cold parts to place
+
+    def place_cold_parts():
+        for offset, place, window in waiting:
+            cold_at = start + align_up(len(code), COLD_ALIGN)
+            code.extend(bytes(cold_at - start - len(code)))
+            hot, cold = place(cold_at)
+            code[offset:offset + len(hot)] = hot
+            code.extend(cold)
+            spans.append(Span(cold_at, start + len(code), window, ()))
+        waiting.clear()
+
     for plan in map(detailed, plans):
         at = start + align_up(len(code), CODE_ALIGN)
         code += bytes(at - start - len(code))
@@ -85,7 +104,13 @@ def _trampolines(backend: Backend, plans, start: int, refs: RuntimeRefs, count_p
                 redirect = count_point(point.address, redirected, False) if redirected else None
                 points.append(count_point(point.address, counted, point.flags_live, redirect,
                                           point.taken, point.stays_within))
-            code += backend.trampoline(at, plan.window, points, refs)
+            apart = backend.trampoline_apart(at, plan.window, points, refs)
+            if apart is None:
+                code += backend.trampoline(at, plan.window, points, refs)
+            else:
+                hot_size, _, place = apart
+                waiting.append((at - start, place, plan.window.address))
+                code += bytes(hot_size)  # (written when its cold part is placed)
             spans.append(Span(at, start + len(code), plan.window.address, tuple(
                 backend.moved_instructions(at, plan.window, points, refs))))
             moved_to, patching = None, plan.patching
@@ -101,8 +126,11 @@ def _trampolines(backend: Backend, plans, start: int, refs: RuntimeRefs, count_p
         except OverflowError:
             raise UrewriteError(f"{plan.site.name}: the trampoline at {at:#x} is out of branch "
                                 f"reach of {plan.window.address:#x}")
+        if len(waiting) == COLD_BLOCK:
+            place_cold_parts()
         if progress:
             progress(1)
+    place_cold_parts()
     return code, patches, stubs, spans
 
 

@@ -428,6 +428,10 @@ class X86_64Backend(Backend):
     def trampoline(self, address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
         return trampoline.build(address, window, points, refs)
 
+    def trampoline_apart(self, address: int, window: Window, points,
+                         refs: RuntimeRefs) -> Optional[tuple]:
+        return trampoline.build_apart(address, window, points, refs) if points else None
+
     def sdt_arguments(self, text: str, symbol) -> list:
         return arguments.sdt_arguments(text, symbol)
 

@@ -76,9 +76,35 @@ ARGUMENTS_ALIGN = 8  # of a trace path's argument descriptors
 def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
     """The displaced instructions with each point's check before its instruction; then
     the out-of-line parts of each point."""
+    w = Writer(address)
+    _write(w, w, window, points, refs)
+    return w.bytes()
+
+
+def build_apart(address: int, window: Window, points, refs: RuntimeRefs) -> tuple:
+    """build()'s code in two parts: what a counting hit runs (the displaced
+    instructions, the checks, the armed paths up to their way back) at `address`,
+    and the rest (latency calls, set-up, slow and trace paths: cold), to be placed
+    with the cold parts of other trampolines. (hot size, cold size, place): place(cold
+    address, a multiple of ARGUMENTS_ALIGN) gives the two parts' bytes."""
+    hot, cold = Writer(address), Writer(0)
+    _write(hot, cold, window, points, refs)
+
+    def place(cold_address: int) -> tuple:
+        assert cold_address % ARGUMENTS_ALIGN == 0
+        cold.move_to(cold_address)
+        labels = {**hot.labels, **cold.labels}
+        hot.labels = cold.labels = labels
+        return hot.bytes(), cold.bytes()
+    return len(hot.code), len(cold.code), place
+
+
+def _write(w: Writer, c: Writer, window: Window, points, refs: RuntimeRefs) -> None:
+    """build()'s code: what a counting hit runs into `w`, the rest into `c` (the same
+    writer, or one placed after others' hot parts)."""
+    address = w.pc
     where = relocator.layout(window.insns, address, _gaps(points))
     by_address = {p.address: (k, p) for k, p in enumerate(points)}
-    w = Writer(address)
     falls_through = True
     for insn in window.insns:
         k, point = by_address.get(insn.address, (None, None))
@@ -96,10 +122,9 @@ def build(address: int, window: Window, points, refs: RuntimeRefs) -> bytes:
             w.jmp(relocator.direct_target(branch))
         if point.stays_within:
             _exit_check(w, _Labels(k), point, window)
-        counting(w, _Labels(k), point, refs)
+        counting(w, c, _Labels(k), point, refs)
         if point.redirect:
-            _return_stub(w, _Labels(k), _Labels(f"r{k}"), point.redirect, refs)
-    return w.bytes()
+            _return_stub(w, c, _Labels(k), _Labels(f"r{k}"), point.redirect, refs)
 
 
 def moved_instructions(address: int, window: Window, points) -> list:
@@ -123,7 +148,8 @@ def red_zone(point) -> int:
     return 0 if point.go_code else RED_ZONE
 
 
-def _return_stub(w: Writer, entry: _Labels, L: _Labels, point, refs: RuntimeRefs) -> None:
+def _return_stub(w: Writer, c: Writer, entry: _Labels, L: _Labels, point,
+                 refs: RuntimeRefs) -> None:
     """Where a function whose return address was redirected returns to: the original
     address goes back into its slot, and with rsp on that slot again the return
     probe counts as at a `ret` of the function (flags carry nothing there); then
@@ -140,7 +166,7 @@ def _return_stub(w: Writer, entry: _Labels, L: _Labels, point, refs: RuntimeRefs
         # has none, where an asynchronous preemption pushes a call.)
         w.lea(RSP, Mem(RSP, disp=8))
         w.raw(b"\xff\x64\x24\xf8")  # jmp qword ptr [rsp - 8]
-    counting(w, L, point, refs)
+    counting(w, c, L, point, refs)
 
 
 class _Labels:
@@ -153,35 +179,37 @@ class _Labels:
         return self.prefix + name
 
 
-def counting(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
-    """The armed path and the trace path of `point`, copied from the template of its
-    shape: points differ in little more than their probes' indexes (a big file has
-    100,000s of points, of a few shapes)."""
-    template = counting_template(refs, len(w.code) % ARGUMENTS_ALIGN, point.flags_live,
-                                  len(point.probes), point.enters, len(point.leaves),
-                                  point.redirect is not None, point.arguments, point.go_code,
-                                  point.g_register)
-    w.splice(template, L.prefix, point.probes + point.leaves)
+def counting(w: Writer, c: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
+    """The armed path of `point` into `w` up to its way back, the rest of it and the
+    trace path into `c`, copied from the templates of its shape: points differ in
+    little more than their probes' indexes (a big file has 100,000s of points, of a
+    few shapes)."""
+    shape = (refs, point.flags_live, len(point.probes), point.enters, len(point.leaves),
+             point.redirect is not None, point.arguments, point.go_code, point.g_register)
+    values = point.probes + point.leaves
+    w.splice(counting_template(0, *shape)[0], L.prefix, values)
+    c.splice(counting_template(len(c.code) % ARGUMENTS_ALIGN, *shape)[1], L.prefix, values)
 
 
 @functools.lru_cache(maxsize=4096)
-def counting_template(refs: RuntimeRefs, phase: int, flags_live: bool, probes: int,
+def counting_template(phase: int, refs: RuntimeRefs, flags_live: bool, probes: int,
                        enters: bool, leaves: int, redirect: bool, arguments: tuple,
-                       go_code: bool, g_register: bool = False):
-    """The armed and trace paths of a point of this shape, written `phase` bytes past an
-    ARGUMENTS_ALIGN boundary, with holes for the indexes of its probes, then of its
+                       go_code: bool, g_register: bool = False) -> tuple:
+    """(hot, cold) templates of a point of this shape: the armed path up to its way
+    back; the rest of it and the trace path, written `phase` bytes past an
+    ARGUMENTS_ALIGN boundary. With holes for the indexes of its probes, then of its
     histograms."""
-    w = Writer(0)
-    w.raw(bytes(phase))
+    w, c = Writer(0), Writer(0)
+    c.raw(bytes(phase))
     L = _Labels("@")
     shape = CountPoint(0, tuple(Hole(k) for k in range(probes)), flags_live, arguments,
                        enters, tuple(Hole(probes + k) for k in range(leaves)),
                        CountPoint(0, (), False) if redirect else None, go_code=go_code,
                        g_register=g_register)
-    armed_path(w, L, shape, refs)
-    trace_path(w, L, shape.probes, refs, shape.arguments, red_zone(shape),
+    armed_path(w, c, L, shape, refs)
+    trace_path(c, L, shape.probes, refs, shape.arguments, red_zone(shape),
                calls_direct(shape), flags_live)
-    return w.template(L.prefix, phase)
+    return w.template(L.prefix), c.template(L.prefix, phase)
 
 
 @functools.lru_cache(maxsize=None)
@@ -250,7 +278,8 @@ def _restore_after_exit_check(w: Writer) -> None:
     w.pop(RCX)  # state - 1 again
 
 
-def armed_path(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
+def armed_path(w: Writer, c: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
+    """Into `w` what a counting hit runs, up to its way back; the rest into `c`."""
     probe_indexes, flags_live, red = point.probes, point.flags_live, red_zone(point)
     site_rsp = 8 * SAVED + red  # from rsp, once the trampoline saved its registers
     w.label(L.armed)
@@ -300,6 +329,7 @@ def armed_path(w: Writer, L: _Labels, point, refs: RuntimeRefs) -> None:
     w.label(L.traced)
     back_to_site(w, L, flags_live, red)
 
+    w = c  # the rest: none of it runs on a counting hit
     if timed:
         w.label(L.timed)
         _latency_calls(w, point, refs, site_rsp)

@@ -147,6 +147,14 @@ class Writer:
         self.code += b"\0\0\0\0" + tail
         self._fixups.append((field, len(self.code), target))
 
+    def move_to(self, address: int) -> None:
+        """Places what was written at `address` instead (its labels move with it): for
+        code whose only dependence on its address is in labels and branches, resolved
+        by bytes()."""
+        delta = address - self.address
+        self.labels = {name: at + delta for name, at in self.labels.items()}
+        self.address = address
+
     def bytes(self) -> bytes:
         for field, end, target in self._fixups:
             address = self.labels[target] if isinstance(target, str) else target
@@ -190,8 +198,8 @@ class Writer:
         code += template.code
         for offset, fmt, slot, scale in template.holes:
             struct.pack_into(fmt, code, base + offset, values[slot] * scale)
-        for field, end, address in template.absolute:
-            code[base + field:base + field + 4] = rel32(at + end, address)
+        for field, end, address in template.absolute:  # (resolved by bytes(): see move_to)
+            self._fixups.append((base + field, base + end, address))
         for field, end, name in template.outside:
             self._fixups.append((base + field, base + end, prefix + name))
         for name, offset in template.labels:
