@@ -86,7 +86,11 @@ def _trampolines(backend: Backend, plans, start: int, refs: RuntimeRefs, count_p
         for offset, place, window in waiting:
             cold_at = start + align_up(len(code), COLD_ALIGN)
             code.extend(bytes(cold_at - start - len(code)))
-            hot, cold = place(cold_at)
+            try:
+                hot, cold = place(cold_at)
+            except OverflowError:
+                raise UrewriteError(f"the trampoline of the window at {window:#x} is out of "
+                                    f"branch reach of its other part at {cold_at:#x}")
             code[offset:offset + len(hot)] = hot
             code.extend(cold)
             spans.append(Span(cold_at, start + len(code), window, ()))
