@@ -47,9 +47,14 @@ are left out, and the set-up runs through lazy_init_aside (docs/design.md, "Go's
 The registers stand on the stack as rcx, rax, rdx, rsi (then, when tracing,
 rbx, rbp, rdi, r8 ... r15): arguments.py's frame slots.
 
-The armed and trace paths of a point are written once per shape, as a template with
-holes for the probes' and histograms' numbers, and copied to each point of that
-shape (`counting`): the same bytes as writing them out (tests/test_x86_templates.py).
+The armed and trace paths of a point are written once per shape, as two templates
+(what a counting hit runs; the rest) with holes for the probes' and histograms'
+numbers, and copied to each point of that shape (`counting`): the same bytes as
+writing them out (tests/test_x86_templates.py). build() writes a trampoline whole;
+build_apart() writes what a counting hit runs (the displaced instructions, the checks,
+the armed paths up to `jmp resume`) apart from the rest (from `timed` and `fs_base` on,
+the trace path, the stub's counting), which the segment places after the hot parts of
+a block of trampolines (rewriter/segment.py).
 """
 
 from __future__ import annotations
