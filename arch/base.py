@@ -629,9 +629,9 @@ class Backend(ABC):
     def trampoline_apart(self, address: int, window: Window, points: Sequence[CountPoint],
                          refs: RuntimeRefs) -> Optional[tuple]:
         """trampoline()'s code in two parts, or None where this backend keeps it whole:
-        (hot size, cold size, place), the hot part at `address` being what a counting
-        hit runs, and place(cold address) -> (hot bytes, cold bytes) once the cold part's
-        place is known (a multiple of 8)."""
+        (hot size, place), the hot part at `address` being what a counting hit runs,
+        and place(cold address) -> (hot bytes, cold bytes) once the cold part's place is
+        known (a multiple of 8)."""
         return None
 
     @abstractmethod

@@ -112,7 +112,7 @@ def _trampolines(backend: Backend, plans, start: int, refs: RuntimeRefs, count_p
             if apart is None:
                 code += backend.trampoline(at, plan.window, points, refs)
             else:
-                hot_size, _, place = apart
+                hot_size, place = apart
                 waiting.append((at - start, place, plan.window.address))
                 code += bytes(hot_size)  # (written when its cold part is placed)
             spans.append(Span(at, start + len(code), plan.window.address, tuple(

@@ -90,8 +90,8 @@ def build_apart(address: int, window: Window, points, refs: RuntimeRefs) -> tupl
     """build()'s code in two parts: what a counting hit runs (the displaced
     instructions, the checks, the armed paths up to their way back) at `address`,
     and the rest (latency calls, set-up, slow and trace paths: cold), to be placed
-    with the cold parts of other trampolines. (hot size, cold size, place): place(cold
-    address, a multiple of ARGUMENTS_ALIGN) gives the two parts' bytes."""
+    with the cold parts of other trampolines. (hot size, place): place(cold address,
+    a multiple of ARGUMENTS_ALIGN) gives the two parts' bytes."""
     hot, cold = Writer(address), Writer(0)
     _write(hot, cold, window, points, refs)
 
@@ -101,7 +101,7 @@ def build_apart(address: int, window: Window, points, refs: RuntimeRefs) -> tupl
         labels = {**hot.labels, **cold.labels}
         hot.labels = cold.labels = labels
         return hot.bytes(), cold.bytes()
-    return len(hot.code), len(cold.code), place
+    return len(hot.code), place
 
 
 def _write(w: Writer, c: Writer, window: Window, points, refs: RuntimeRefs) -> None:
