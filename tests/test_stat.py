@@ -280,3 +280,64 @@ def test_a_closed_stdout_ends_stat_quietly(counts):
     err = proc.stderr.read()
     assert proc.wait(timeout=60) == 1
     assert "Traceback" not in err and "Error" not in err, err
+
+
+def test_rows_made_while_the_command_runs_are_the_report_made_after(counts, tmp_path):
+    """stat -- COMMAND formats its table's rows while the command runs (the probe
+    tables it reads then, PreparedRows): the same text as the report made from the
+    counts alone; with histograms (--latency) the report is made after, as before."""
+    from urewrite.reader.command_run import run_and_collect
+    from urewrite.stat_report import PreparedRows, report
+    from urewrite.trampolines.region_reader import TableCache, collect
+    built, _, original = counts
+    both = built.dir / "counts.both.probed"
+    rewrite(built.path, both, "*", extra=["-r", "*"])
+    for latency in (False, True):
+        directory = tmp_path / f"latency-{latency}"
+        directory.mkdir()
+        env = {ENV_VAR: str(directory), **({"UREWRITE_LATENCY": "1"} if latency else {})}
+        for _ in range(2):
+            assert run([both], env=env).returncode == 3
+        tables = TableCache()
+        regions = collect(str(directory), [], tables)
+        prepared = PreparedRows()
+        for obj, table in tables.parsed:
+            prepared(obj, table)
+        assert len(prepared.by_table) == 1
+        assert (prepared.table_lines(regions) is None) == latency
+        assert report(0, regions, False, (), prepared) == report(0, regions, False)
+    # run_and_collect tells of each table while the command runs
+    seen = []
+    code, regions, _, _ = run_and_collect(["sh", "-c", f"'{both}' >/dev/null; sleep 0.3"],
+                                          on_table=lambda obj, table: seen.append(obj))
+    assert code == 0 and seen == ["counts.both.probed"]
+
+
+def test_prepared_rows_add_up_probes_of_one_key():
+    """Probes with the same object, name, kind and address are one row, as
+    probe_totals makes them."""
+    from urewrite.reader.counts import TableRows
+    from urewrite.trampolines.region import ProbeCount
+    from urewrite.trampolines.region_reader import ProbeTable
+    table = ProbeTable(("f", "g", "f", "f"), ("entry", "entry", "entry", "return"),
+                       (16, 32, 16, 16), (-1, -1, -1, -1))
+    rows = TableRows("a.out", table)
+    assert rows.keys == [("a.out", "f", "entry", 16), ("a.out", "g", "entry", 32),
+                         ("a.out", "f", "return", 16)]
+    probes = [ProbeCount(n, k, a, h) for n, k, a, h in zip(table.names, table.kinds,
+                                                           table.addresses, (1, 2, 4, 8))]
+    assert rows.totals(probes) == [5, 2, 8]
+    assert rows.without_histograms(probes)
+
+
+def test_the_command_gets_default_signal_dispositions():
+    """Python ignores SIGPIPE and SIGXFSZ, and stat ignores SIGINT while the command
+    runs: the command gets them default, as a shell would give them (`yes | head`
+    ends quietly)."""
+    import signal
+    proc = urewrite("stat", "--json", "--", "sh", "-c", "grep SigIgn /proc/$$/status")
+    ignored = int(proc.stdout.split()[1], 16)
+    for sig in (signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
+        assert not ignored & 1 << (sig - 1), sig
+    proc = urewrite("stat", "--json", "--", "sh", "-c", "yes | head -1")
+    assert proc.stdout.startswith("y\n") and "Broken pipe" not in proc.stderr

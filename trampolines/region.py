@@ -241,6 +241,9 @@ class Region:
     returns_missed: int = 0  # calls not redirected: their returns went uncounted
     latency_missed: int = 0  # returns of measured functions that gave no latency sample
     timed: bool = False  # its calls of functions probed at entry and return were timed
+    # the probe table its probes were read with (region_reader.ProbeTable, shared by the
+    # regions of one rewrite), or None
+    table: object = field(default=None, repr=False, compare=False)
 
 
 class RegionError(Exception):
