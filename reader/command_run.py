@@ -163,7 +163,9 @@ def run_and_collect(command: List[str], latency: bool = False,
 
     `latency`: time the calls of functions probed at entry and return.
     `on_table(object, table)`: called while the command runs with each probe table
-    read (region_reader.ProbeTable), for work a report can do before the counts.
+    read (region_reader.ProbeTable), for work a report can do before the counts; the
+    regions then may have their hits but not yet their probes (region_reader's
+    probes_later).
     Returns its exit status, the regions (those of one rewrite with their counts
     added up in the first, see `region_reader.collect`), a line for each region
     file that could not be read, and the maps of programs built into the probes
@@ -186,7 +188,7 @@ def run_and_collect(command: List[str], latency: bool = False,
         finally:
             returncode = started.end()
         problems: List[str] = []
-        regions = collect(started.directory, problems, tables)
+        regions = collect(started.directory, problems, tables, on_table is not None)
         return exit_status(returncode), regions, problems, built_in_maps_in(started.directory)
     finally:
         remove_region_directory(started.directory)

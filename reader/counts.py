@@ -50,9 +50,8 @@ class TableRows:
         self.first_histogram = next((k for k, h in enumerate(table.histograms) if h >= 0),
                                     None)
 
-    def totals(self, probes) -> list:
-        """Hits per row of `probes` (a region's, read with this table)."""
-        hits = [p.hits for p in probes]
+    def totals(self, hits: list) -> list:
+        """Hits per row, from each probe's (a region's, read with this table)."""
         if len(self.keys) == len(hits):
             return hits
         totals = [0] * len(self.keys)

@@ -305,7 +305,13 @@ def test_rows_made_while_the_command_runs_are_the_report_made_after(counts, tmp_
             prepared(obj, table)
         assert len(prepared.by_table) == 1
         assert (prepared.table_lines(regions) is None) == latency
-        assert report(0, regions, False, (), prepared) == report(0, regions, False)
+        expected = report(0, regions, False)
+        assert report(0, regions, False, (), prepared) == expected
+        # the probes left to be made: by the prepared rows, or made for the report
+        for rows in (prepared, PreparedRows()):
+            later = collect(str(directory), [], tables, probes_later=True)
+            assert any(r.hits is not None for r in later) != latency
+            assert report(0, later, False, (), rows) == expected
     # run_and_collect tells of each table while the command runs
     seen = []
     code, regions, _, _ = run_and_collect(["sh", "-c", f"'{both}' >/dev/null; sleep 0.3"],
@@ -326,7 +332,7 @@ def test_prepared_rows_add_up_probes_of_one_key():
                          ("a.out", "f", "return", 16)]
     probes = [ProbeCount(n, k, a, h) for n, k, a, h in zip(table.names, table.kinds,
                                                            table.addresses, (1, 2, 4, 8))]
-    assert rows.totals(probes) == [5, 2, 8]
+    assert rows.totals([p.hits for p in probes]) == [5, 2, 8]
     assert rows.without_histograms(probes)
 
 

@@ -244,6 +244,9 @@ class Region:
     # the probe table its probes were read with (region_reader.ProbeTable, shared by the
     # regions of one rewrite), or None
     table: object = field(default=None, repr=False, compare=False)
+    # its probes' hits in the table's order where the reader left `probes` to be made
+    # when needed (region_reader.probes_made), else None
+    hits: Optional[List[int]] = field(default=None, repr=False, compare=False)
 
 
 class RegionError(Exception):

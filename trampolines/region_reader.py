@@ -448,15 +448,21 @@ def read_counts_of(path: str, tables: TableCache,
 
 
 def to_region(counts: RegionCounts, with_probes: bool = True,
-              timed: Optional[bool] = None) -> R.Region:
+              timed: Optional[bool] = None, probes_later: bool = False) -> R.Region:
     """`timed`: whether the counts hold histograms of timed calls (the header's flag, or
-    for sums over several regions, whether any of them was timed)."""
+    for sums over several regions, whether any of them was timed). `probes_later`: a
+    region without histograms gets its hits and table, its probes only from
+    probes_made (20,000 of them take 5 ms)."""
     h, table = counts.header, counts.table
     timed = h.timed if timed is None else timed
     region = R.Region(counts.path, h.pid, h.object, h.build_id, h.load_bias, h.machine,
                       threads=counts.threads, returns_missed=h.returns_missed,
                       latency_missed=h.latency_missed, timed=h.timed)
     if not with_probes:
+        return region
+    region.table = table
+    if probes_later and not (h.latency_count and timed):
+        region.hits = counts.sums.values(h.count)
         return region
     values = counts.sums.values(h.row_words if timed else h.count)
     buckets = R.LATENCY_BUCKETS
@@ -466,7 +472,15 @@ def to_region(counts: RegionCounts, with_probes: bool = True,
     # (map, not a loop: 10,000 probes of a process each time stat reports)
     region.probes = list(map(R.ProbeCount, table.names, table.kinds, table.addresses,
                              values[:h.count], histograms))
-    region.table = table
+    return region
+
+
+def probes_made(region: R.Region) -> R.Region:
+    """`region` with its probes, where to_region left them to be made."""
+    if region.hits is not None:
+        t = region.table
+        region.probes = list(map(R.ProbeCount, t.names, t.kinds, t.addresses, region.hits))
+        region.hits = None
     return region
 
 
@@ -476,18 +490,19 @@ def region_paths(directory: str) -> List[str]:
 
 
 def collect(directory: str, problems: Optional[List[str]] = None,
-            tables: Optional[TableCache] = None) -> List[R.Region]:
-    return collect_paths(region_paths(directory), problems, tables)
+            tables: Optional[TableCache] = None, probes_later: bool = False) -> List[R.Region]:
+    return collect_paths(region_paths(directory), problems, tables, probes_later)
 
 
 def collect_paths(paths: List[str], problems: Optional[List[str]] = None,
-                  tables: Optional[TableCache] = None) -> List[R.Region]:
+                  tables: Optional[TableCache] = None,
+                  probes_later: bool = False) -> List[R.Region]:
     """The regions of these files as `read_regions` gives them, except that the hits
     (and histograms) of regions with the same probe table are added up in the first of
     them; the others keep their pid, object, threads and returns_missed, with no
     probes. Totals per probe are `read_regions`' in the same order, for the cost of
     reading each further process's counts. `tables`: probe tables parsed already
-    (`TableCache.prepare`)."""
+    (`TableCache.prepare`). `probes_later`: as to_region's."""
     tables = tables or TableCache()
     read: List[Tuple[RegionCounts, bool]] = []  # (region, whether it shows the sums)
     shared: Dict[int, object] = {}
@@ -505,4 +520,5 @@ def collect_paths(paths: List[str], problems: Optional[List[str]] = None,
         shown.add(id(counts.table))
         if counts.header.timed:
             timed.add(id(counts.table))
-    return [to_region(counts, lead, id(counts.table) in timed) for counts, lead in read]
+    return [to_region(counts, lead, id(counts.table) in timed, probes_later)
+            for counts, lead in read]
