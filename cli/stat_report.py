@@ -124,7 +124,9 @@ class PreparedRows:
 
 
 def _widths(keys) -> tuple:
-    return max(6, max(map(len, {k[0] for k in keys}))), max(5, max(map(len, [k[1] for k in keys])))
+    """The widths of the OBJECT and PROBE columns for these rows' keys."""
+    return (max(6, max(map(len, {k[0] for k in keys}))),
+            max(5, max(map(len, [k[1] for k in keys]))))
 
 
 def _heading(wo: int, wn: int) -> str:

@@ -8,8 +8,12 @@ by pg_ctl as the postgres user), with its 71 USDT probe sites of provider `postg
     bpftrace          the same program on the original, with kernel uprobes
 
 Transactions per second of each (the median of `repeat` interleaved rounds), and its ratio
-to the original's. A throwaway cluster in a temporary directory, on a Unix socket only;
-never Debian's own service. Root only: the server runs as the postgres user.
+to the original's: the median of each round's ratio to the original's of that round (the
+order of the configurations turns by one each round, so that none is always first after
+a cluster's set-up; a run's TPS moves by 10% from round to round on a shared machine, a
+round's configurations together move less). A throwaway cluster in a temporary
+directory, on a Unix socket only; never Debian's own service. Root only: the server runs
+as the postgres user.
 """
 
 from __future__ import annotations
@@ -100,10 +104,9 @@ def _bench(root: str, seconds: int, repeat: int, clients: int, bpftrace: Optiona
     skipped = None if bpftrace else ("--no-kernel" if not kernel else "bpftrace not installed")
     tps: Dict[str, List[float]] = {c: [] for c in CONFIGS}
     counts: Dict[str, Dict[str, int]] = {}
+    configs = [c for c in CONFIGS if c != "bpftrace" or bpftrace]
     for r in range(repeat):
-        for config in CONFIGS:
-            if config == "bpftrace" and not bpftrace:
-                continue
+        for config in configs[r % len(configs):] + configs[:r % len(configs)]:
             log(f"postgres: round {r + 1}/{repeat}, {config}")
             got, hits = _one_run(config, root, original, probed, script, seconds, clients,
                                  bpftrace)
@@ -111,9 +114,11 @@ def _bench(root: str, seconds: int, repeat: int, clients: int, bpftrace: Optiona
             if hits is not None:
                 counts[config] = hits
     medians = {c: statistics.median(v) for c, v in tps.items() if v}
+    ratios = {c: [a / b for a, b in zip(v, tps["original"])] for c, v in tps.items() if v}
     return {"version": version, "seconds": seconds, "clients": clients, "repeat": repeat,
             "sites": _site_count(counts), "tps": tps, "median_tps": medians,
-            "ratio": {c: m / medians["original"] for c, m in medians.items()},
+            "ratio": {c: statistics.median(v) for c, v in ratios.items()},
+            "round_ratios": ratios,
             "transactions_counted": {c: h.get("postgresql:transaction__start", 0)
                                      for c, h in counts.items()},
             "kernel_skipped": skipped}
@@ -208,14 +213,17 @@ def format_postgres_table(result: dict) -> str:
         return f"postgres: skipped: {result['skipped']}\n"
     lines = [f"postgres: {result['version']}; pgbench -c {result['clients']} -T "
              f"{result['seconds']} (TPC-B-like, fsync off), median of {result['repeat']} "
-             f"rounds; every postgresql USDT probe",
+             f"rounds; every postgresql USDT probe; ratio: the median of the rounds' own",
              f"  {'':<16}{'tps':>10}{'ratio':>8}{'transactions counted':>24}"]
     for config in CONFIGS:
         if config not in result["median_tps"]:
             lines.append(f"  {config:<16}{'-':>10}  ({result['kernel_skipped']})")
             continue
         counted = result["transactions_counted"].get(config)
+        rounds = result.get("round_ratios", {}).get(config, [])
         lines.append(f"  {config:<16}{result['median_tps'][config]:>10.1f}"
                      f"{result['ratio'][config]:>8.3f}"
-                     f"{'' if counted is None else f'{counted:,}':>24}")
+                     f"{'' if counted is None else f'{counted:,}':>24}" +
+                     (f"  (rounds: {', '.join(f'{x:.3f}' for x in rounds)})"
+                      if config != "original" and len(rounds) > 1 else ""))
     return "\n".join(lines) + "\n"
