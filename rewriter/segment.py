@@ -27,7 +27,7 @@ CODE_ALIGN = 16
 # trampolines whose hot parts lie together, then their cold parts (aligned for their
 # argument descriptors): docs/benchmarks.md, "Hot and cold"
 COLD_BLOCK = 64
-COLD_ALIGN = 8
+COLD_ALIGN = 8  # where a cold part may start: Backend.trampoline_apart's "a multiple of 8"
 PROGRAM_ALIGN = 4096  # where a program built into the probes starts (build)
 
 

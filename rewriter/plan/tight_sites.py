@@ -52,10 +52,7 @@ class TightSites:
         if not refusals:
             return outcomes
         # (no landing or evicted window in copied code either)
-        windows = [o.window for o in outcomes if isinstance(o, Plan)]
-        used = Occupancy.of([c.start for c in self.model.copied] + [w.address for w in windows],
-                            [c.end for c in self.model.copied] + [w.end for w in windows])
-        tight = _TightSites(used, self.hop_windows(refusals))
+        tight = _TightSites(self._used_by(outcomes), self.hop_windows(refusals))
         for name, tactic in (("hop", self.hop_to_padding), ("evict", self.hop_over_eviction),
                              ("pun", self.pun_each)):
             tactic(tight, name in self.planner.tactics)
@@ -104,7 +101,7 @@ class TightSites:
 
     def _used_by(self, outcomes: List[Outcome]) -> Occupancy:
         """The bytes the plans' windows, landings, moved neighbours and stubs take, and
-        copied code."""
+        copied code (before place(), the plain jumps' windows and copied code)."""
         size = self.backend.patch_size
         ranges = [(c.start, c.end) for c in self.model.copied]
         for plan in outcomes:
