@@ -72,3 +72,28 @@ def test_library_with_every_function_probed_runs_as_the_original(name, tmp_path)
     hits = sum(p.hits for r in read_regions(str(regions)) if r.object == name
                for p in r.probes)
     assert hits >= least, hits
+
+
+def test_cxx_libraries_with_every_function_probed_run_as_the_originals(tmp_path):
+    """libstdc++, libm and libgcc_s (its unwinder: the workout throws) rewritten whole,
+    loaded by a C++ workout (samples/library_workout.cc) with four threads."""
+    from conftest import SAMPLES, check
+    names = {"libstdc++.so.6": 5_000, "libm.so.6": 1, "libgcc_s.so.1": 50}
+    if shutil.which("g++") is None or any(_library(n) is None for n in names):
+        pytest.skip("needs g++ and Debian's libstdc++, libm and libgcc_s")
+    program = tmp_path / "workout"
+    check(["g++", "-O2", "-pthread", SAMPLES / "library_workout.cc", "-o", program])
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    for name in names:
+        out = urewrite(_library(name), "-p", "*", "-r", "*", "-q", "-o", str(libs / name))
+        assert out.returncode == 0, out.stderr
+    want = check([program])
+    assert want.stdout.endswith(" 999 3.142\n")
+    for env in ({}, {"UREWRITE_DIR": str(tmp_path)}):
+        got = subprocess.run([program], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "LD_LIBRARY_PATH": str(libs), **env})
+        assert (got.returncode, got.stdout, got.stderr) == (0, want.stdout, "")
+    counted = {r.object: sum(p.hits for p in r.probes) for r in read_regions(str(tmp_path))}
+    for name, least in names.items():
+        assert counted.get(name, 0) >= least, (name, counted)
