@@ -284,3 +284,40 @@ def test_python_sums_of_packed_and_word_by_word_rows(packed_rows, monkeypatch):
         for i, w in enumerate(words):
             expected[first + i] += w
     assert sums.values(12) == expected and sums.values(3) == expected[:3]
+
+
+def test_a_table_compared_while_the_command_runs_is_not_read_again(tmp_path, monkeypatch):
+    """A region whose table prepare() compared is not read again after the run; a file
+    in its place (here the same inode, rewritten by another pid with other names) is."""
+    d = tmp_path / "regions"
+    d.mkdir()
+    first, second = d / "server.probed-0123abcd.12.ure", d / "server.probed-0123abcd.13.ure"
+    _region(first, pid=12)
+    _region(second, pid=13)
+    tables = region_reader.TableCache()
+    assert tables.prepare(str(first)) and tables.prepare(str(second))
+    reads = []
+    real = region_reader._pread_exact
+    monkeypatch.setattr(region_reader, "_pread_exact",
+                        lambda fd, size, offset, path: reads.append((size, offset)) or
+                        real(fd, size, offset, path))
+    lead, = [r for r in region_reader.collect(str(d), None, tables) if r.probes]
+    fd = os.open(second, os.O_RDONLY)
+    try:
+        header = region_reader.read_header(fd, str(second), os.path.getsize(second))
+    finally:
+        os.close(fd)
+    table_read = (header.owners_off - header.probes_off, header.probes_off)
+    assert table_read not in reads
+    assert [p.name for p in lead.probes] == [p.name for p in PROBES]
+    # the same file, its names changed in place by another process (pid 14)
+    blob = bytearray(second.read_bytes())
+    at = blob.index(b"send_reply")
+    blob[at:at + len(b"send_reply")] = b"SEND_REPLY"
+    struct.pack_into("<i", blob, region.OFF_PID, 14)
+    with open(second, "r+b") as f:
+        f.write(blob)
+    regions = region_reader.collect(str(d), None, tables)
+    assert table_read in reads
+    assert [r.pid for r in regions] == [12, 14]
+    assert len(tables.by_template[header.template_key]) == 2  # (parsed: not the same bytes)

@@ -246,12 +246,13 @@ class TableCache:
     def table(self, fd: int, header: Header, path: str) -> ProbeTable:
         """The probe table of the region open on `fd`. A file compared already (by
         prepare, while its command ran) is not read again: its process wrote the table
-        before its pid and never writes it after (a header that changed since, or
-        another file by the same name, is read again)."""
+        before its pid and never writes it after. Another file (a new inode, or one
+        reused by a file of another size, template or pid) is read again; not its
+        times, which every write of a counter through the mapping moves."""
         st = os.fstat(fd)
         identity = (st.st_dev, st.st_ino, st.st_size)
         compared = self._compared.get(identity)
-        if compared is not None and compared[0] == header.template_key:
+        if compared is not None and compared[0] == (header.template_key, header.pid):
             return compared[1]
         blob = _pread_exact(fd, header.owners_off - header.probes_off, header.probes_off, path)
         known = self.by_template.setdefault(header.template_key, [])
@@ -262,7 +263,7 @@ class TableCache:
             table = parse_table(blob, header, path)
             known.append((blob, table))
             self.parsed.append((header.object, table))
-        self._compared[identity] = (header.template_key, table)
+        self._compared[identity] = ((header.template_key, header.pid), table)
         return table
 
 
