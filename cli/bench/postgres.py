@@ -147,13 +147,25 @@ def _one_run(config: str, root: str, original: str, probed: str, script: str, se
                               env=clean_env(), timeout=RUN_TIMEOUT + seconds)
     finally:
         if tracer is not None:
-            tracer.send_signal(signal.SIGINT)
-            tracer.wait(timeout=180)  # (60 s ran out once, in a CI run: why, not known)
+            _stop(tracer)
     found = re.search(r"^tps = ([0-9.]+)", proc.stdout, re.M)
     if proc.returncode != 0 or not found:
         raise BenchError(f"postgres under {config}: exit {proc.returncode}: "
                          f"{(proc.stderr or proc.stdout).strip()[-300:]}")
     return float(found.group(1)), _hits(config, report)
+
+
+def _stop(tracer: subprocess.Popen) -> None:
+    """bpftrace stopped as a user stops it (SIGINT: it prints its maps), or killed
+    where it does not end (60 s ran out once in a CI run; a run beside another test
+    of the same server hung it for good): never left attached."""
+    tracer.send_signal(signal.SIGINT)
+    try:
+        tracer.wait(timeout=180)
+    except subprocess.TimeoutExpired:
+        tracer.kill()
+        tracer.wait()
+        raise BenchError("bpftrace did not end within 180 s of SIGINT: killed")
 
 
 def _bpftrace(bpftrace: str, original: str, report: str) -> subprocess.Popen:
