@@ -105,6 +105,10 @@ def targets(result: dict) -> List[dict]:
             r = min(big, key=lambda r: r["probes"])
             add(f"rewrite with {r['probes']} probes under 5 s", r["seconds"],
                 r["seconds"] < 5, "s")
+    if result.get("programs"):
+        from urewrite.bench.programs import programs_targets
+        for what, value, met, unit in programs_targets(result["programs"]):
+            add(what, value, met, unit)
     if result.get("collection"):
         from urewrite.bench.collection import collection_targets
         for what, value, met, unit in collection_targets(result["collection"]):
