@@ -102,7 +102,8 @@ class PreparedRows:
         # most probes of a run are never hit (17,000 of python3.11's 20,000 in `-c pass`):
         # their rows are whole already
         unhit = [p + "%12d" % 0 for p in prefixes]
-        self.by_table[id(table)] = (rows, _heading(wo, wn), prefixes, unhit)
+        # (the table kept here: its id, the key, stays its own while this lives)
+        self.by_table[id(table)] = (table, rows, _heading(wo, wn), prefixes, unhit)
 
     def table_lines(self, regions) -> Optional[list]:
         """The table's lines, where the regions are one region with probes whose rows
@@ -111,9 +112,8 @@ class PreparedRows:
         if len(shown) != 1 or id(shown[0].table) not in self.by_table:
             return None
         region = shown[0]
-        rows, heading, prefixes, unhit = self.by_table[id(region.table)]
-        if rows.table is not region.table or rows.object != region.object or \
-                region.hits is None and not rows.without_histograms(region.probes):
+        _, rows, heading, prefixes, unhit = self.by_table[id(region.table)]
+        if region.hits is None and not rows.without_histograms(region.probes):
             return None
         lines = [heading] + unhit
         totals = rows.totals(region.hits if region.hits is not None else

@@ -40,8 +40,6 @@ class TableRows:
 
     def __init__(self, obj: str, table):
         rows: dict = {}
-        self.table = table
-        self.object = obj
         self.row_of = [rows.setdefault((obj, name, kind, address), len(rows))
                        for name, kind, address in zip(table.names, table.kinds,
                                                       table.addresses)]

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import urewrite
+from conftest import SAMPLES, check, urewrite
 from urewrite.trampolines.region import read_regions
 
 LIBDIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu")
@@ -77,7 +77,6 @@ def test_library_with_every_function_probed_runs_as_the_original(name, tmp_path)
 def test_cxx_libraries_with_every_function_probed_run_as_the_originals(tmp_path):
     """libstdc++, libm and libgcc_s (its unwinder: the workout throws) rewritten whole,
     loaded by a C++ workout (samples/library_workout.cc) with four threads."""
-    from conftest import SAMPLES, check
     names = {"libstdc++.so.6": 5_000, "libm.so.6": 1, "libgcc_s.so.1": 50}
     if shutil.which("g++") is None or any(_library(n) is None for n in names):
         pytest.skip("needs g++ and Debian's libstdc++, libm and libgcc_s")
