@@ -351,6 +351,7 @@ class RuntimeSpec:
     exe_entry: Optional[int]  # original entry point to continue at, for executables
     dso_init: Optional[int]  # original DT_INIT to continue at, for shared objects
     go_program: bool = False  # a Go program: its threads may share one thread pointer
+    lowest: int = 0  # the object's lowest link-time address: probe programs go below it
 
 
 @dataclass(frozen=True)

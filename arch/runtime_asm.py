@@ -32,6 +32,7 @@ def common_fields(spec: RuntimeSpec) -> dict:
         "ENV_VAR": region.ENV_VAR,
         "ENV_VAR_LEN": len(region.ENV_VAR) + 1,
         "OFF_PID": region.OFF_PID, "OFF_LOAD_BIAS": region.OFF_LOAD_BIAS,
+        "OBJECT_LOWEST": hex(spec.lowest), "PROGRAM_TRIES": PROGRAM_TRIES,
         "OFF_OWNERS": region.OFF_OWNERS, "OFF_COUNTERS": region.OFF_COUNTERS,
         "OFF_SLOT_COUNT": region.OFF_SLOT_COUNT, "OFF_SLOT_STRIDE": region.OFF_SLOT_STRIDE,
         "OWNER_ENTRY_SIZE": region.OWNER_ENTRY_SIZE, "OWNER_TID": region.OWNER_TID,
@@ -92,6 +93,8 @@ def program_fields(spec: RuntimeSpec) -> dict:
 
 
 ATTEMPTS = 4
+# places below the object where program_setup looks for room for a program's code
+PROGRAM_TRIES = 4
 # the link table (each runtime's first label): its address at link time, then the
 # state memory's, the template's (from it), the template's and the region's sizes,
 # and a program built into the probes (from it; 0: none), which the rewrite writes

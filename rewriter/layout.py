@@ -38,6 +38,7 @@ class Placement:
     state_size: int
     phdr_count: int
     align: int  # of the new segments: the largest p_align of the original ones
+    lowest: int = 0  # the lowest address of the original's segments (page-aligned)
 
     @property
     def phdr_size(self) -> int:
@@ -123,4 +124,4 @@ def place(elf: ElfFile, code_size: int, state_size: int, new_segments: int = 2,
                             f"punned jumps at {stubs_from:#x}; rewrite with --tactics "
                             f"jump,hop,evict")
     return Placement(code_vaddr, code_offset, state_vaddr, align_up(state_size, PAGE),
-                     elf.phnum + new_segments, align)
+                     elf.phnum + new_segments, align, first.vaddr & -PAGE)

@@ -211,7 +211,7 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
         template=template_at, template_size=copied,
         region_size=layout.region_size,
         slot_count=layout.slot_count, file_tag=file_tag.encode(), exe_entry=exe_entry,
-        dso_init=dso_init, go_program=go_program)
+        dso_init=dso_init, go_program=go_program, lowest=placement.lowest)
     try:
         runtime = backend.runtime(spec)
     except OverflowError:

@@ -146,6 +146,22 @@ def test_loaded_into_a_running_process_and_unloaded(files):
         assert work and int(work[0].split()[-1]) > 1000
 
 
+def _program_mappings(pid: int, path) -> tuple:
+    """(the lowest address `path` is mapped at in process `pid`, [(start, end) of each
+    mapping of a probe program's code])."""
+    lowest, programs = None, []
+    with open(f"/proc/{pid}/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            name = fields[5].strip().removesuffix(" (deleted)") if len(fields) > 5 else ""
+            if name == str(path):
+                lowest = start if lowest is None else min(lowest, start)
+            elif name.endswith(".program"):  # (the tracer removes its files at the end)
+                programs.append((start, end))
+    return lowest, programs
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """samples/programs/served.c, built: a threaded process driven by lines on stdin."""
@@ -191,7 +207,10 @@ def test_programs_loaded_replaced_and_unloaded_in_a_running_threaded_process(ser
                 tracer.send_signal(signal.SIGINT)
                 out, rest = tracer.communicate(timeout=60)
             assert tracer.returncode == 0, rest
+            placed.append(_program_mappings(process.pid, rewritten))
             return dict(line.split(": ") for line in out.strip().splitlines())
+
+        placed = []
 
         assert lines.next_line() == "ready"
         send("calls 2 1000")  # before any program
@@ -204,6 +223,11 @@ def test_programs_loaded_replaced_and_unloaded_in_a_running_threaded_process(ser
         assert first == {"@n": "20007", "@t[1]": "5000", "@t[2]": "5000", "@t[3]": "5000",
                          "@t[0]": "5007"}
         assert second == {"@even": "3000", "@sum": str(3 * sum(range(0, 2000, 2)))}
+        # each program's code just below the executable: the second's first place was
+        # the first's (whose mapping stays: a hit may still run it), so one lower
+        (lowest, one), (_, two) = placed
+        assert len(one) == 1 and len(two) == 2 and one[0] in two, placed
+        assert all(end <= lowest and lowest - start <= 1 << 20 for start, end in two), placed
         process.stdin.close()
         assert process.wait(timeout=60) == 0
 

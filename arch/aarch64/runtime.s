@@ -26,6 +26,7 @@ lt_program:  .quad 0          // a program built into the probes - link_table, o
 hash_k:      .quad {HASH_MULTIPLIER}
 program_magic: .quad {PROGRAM_MAGIC}
 maps_magic:  .quad {MAPS_MAGIC}
+object_lowest: .quad {OBJECT_LOWEST} // this object's lowest link-time address
 file_tag:    .byte {TAG_BYTES}
 var_name:    .ascii "{ENV_VAR}="
 trace_var_name: .ascii "{TRACE_VAR}="
@@ -1204,6 +1205,37 @@ program_setup:
     mov w10, #0x12
     tst w9, w10
     b.ne ps_close
+    // The code goes just below this object where there is room, as on x86_64 (whose
+    // branch predictor is slower for targets more than 4 GiB away). Each try is a
+    // program's size lower; then anywhere.
+    add x12, x22, #4095
+    add x12, x12, #4096
+    and x12, x12, #-4096                   // the step: the program's pages and a gap
+    adr x9, link_table
+    ldr x10, [x9]
+    sub x9, x9, x10                        // the load bias
+    ldr x10, object_lowest
+    add x13, x9, x10
+    mov x14, #{PROGRAM_TRIES}
+ps_try_near:
+    subs x13, x13, x12
+    b.lo ps_map_anywhere                   // (below address 0)
+    cmp x13, #0x10, lsl #12                // (the lowest the kernel gives by default)
+    b.lo ps_map_anywhere
+    mov x0, x13
+    mov x1, x22
+    mov x2, #5                             // PROT_READ | PROT_EXEC
+    movz x3, #0x2
+    movk x3, #0x10, lsl #16                // MAP_PRIVATE | MAP_FIXED_NOREPLACE (a kernel
+    mov x4, x21                            // before 4.17: a hint it may not take)
+    mov x5, #0
+    mov x8, #222                           // mmap
+    svc #0
+    cmn x0, #17                            // EEXIST: taken
+    b.ne ps_mapped
+    subs x14, x14, #1
+    b.ne ps_try_near
+ps_map_anywhere:
     mov x0, #0
     mov x1, x22
     mov x2, #5                             // PROT_READ | PROT_EXEC
@@ -1212,6 +1244,7 @@ program_setup:
     mov x5, #0
     mov x8, #222                           // mmap
     svc #0
+ps_mapped:
     tbnz x0, #63, ps_close
     mov x23, x0                            // x23 = the program
     mov x0, x21

@@ -1254,14 +1254,43 @@ program_setup:
     mov qword ptr [rsp + 144], rax
     test byte ptr [rsp + 24], 0x12         # st_mode: group or other may write
     jnz ps_close
+    # The code goes just below this object where there is room: AMD's Zen 4 predicts a
+    # branch to a target more than 4 GiB away ~1 ns slower (the trampolines call it on
+    # every hit), and an executable's mmap area is terabytes away. Each try is a
+    # program's size lower; then anywhere.
+    lea r14, [rax + 0x1fff]
+    and r14, -4096                         # the step: the program's pages and a gap
+    movabs rdi, {OBJECT_LOWEST}
+    add rdi, qword ptr [r15 + {OFF_LOAD_BIAS}]
+    mov r12d, {PROGRAM_TRIES}
+ps_try_near:
+    sub rdi, r14
+    jb ps_map_anywhere                     # (below address 0)
+    cmp rdi, 0x10000                       # (the lowest the kernel gives by default)
+    jb ps_map_anywhere
+    push rdi
+    mov rsi, qword ptr [rsp + 152]
+    mov edx, 5                             # PROT_READ | PROT_EXEC
+    mov r10d, 0x100002                     # MAP_PRIVATE | MAP_FIXED_NOREPLACE (a kernel
+    mov r8, r13                            # before 4.17: a hint it may not take)
+    xor r9d, r9d
+    mov eax, 9                             # mmap
+    syscall
+    pop rdi
+    cmp rax, -17                           # EEXIST: taken
+    jne ps_mapped
+    dec r12d
+    jnz ps_try_near
+ps_map_anywhere:
     xor edi, edi
-    mov rsi, rax
+    mov rsi, qword ptr [rsp + 144]
     mov edx, 5                             # PROT_READ | PROT_EXEC
     mov r10d, 2                            # MAP_PRIVATE
     mov r8, r13
     xor r9d, r9d
     mov eax, 9                             # mmap
     syscall
+ps_mapped:
     cmp rax, -4096
     ja ps_close
     mov r12, rax
