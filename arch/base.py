@@ -670,9 +670,10 @@ class Backend(ABC):
     @abstractmethod
     def callback_stubs(self, address: int, stubs: Sequence[tuple], function: int) -> tuple:
         """(code at `address`, each stub's address): for each (probe number, kind, name
-        address, area offset, arguments filled), code that fills in the context's probe
-        and kind, name (its address) and area (the maps' address plus the offset),
-        zeroes its arguments from the one given on (the runtime fills in those before),
+        address, area offset, arguments filled, arguments read), code that fills in the
+        context's probe and kind, name (its address) and area (the maps' address plus
+        the offset), zeroes the arguments it reads from the first not filled on (the
+        runtime fills in those before; those it does not read are left as they are),
         then jumps to `function`, the context in the first argument register
         (trampolines/urewrite.h, struct urewrite_context). Addresses are the callback
         file's, mapped as one."""
@@ -692,6 +693,14 @@ class Backend(ABC):
     def direct_supported(self, entry) -> bool:
         """Whether a direct entry can read the arguments as `entry.expected` says."""
         return False
+
+    def registers_written(self, code: bytes, start: int) -> Optional[frozenset]:
+        """The general registers (by name) that code run from offset `start` of `code`
+        (a program's or callback's, at address 0) may write, following its jumps and
+        calls; None where that cannot be told (an indirect jump or call, an
+        instruction that cannot be read): any its calling convention lets it. A direct
+        entry saves no others."""
+        return None
 
     def callback_refusal(self, code: bytes, address: int) -> Optional[str]:
         """Why compiled code at `address` cannot run as a callback (an instruction that

@@ -290,7 +290,7 @@ def assemble(callback: Callback, offsets: List[int]) -> Tuple[bytes, Dict[str, i
         names[key] = len(blob)
         blob += callback.code[key][2].encode()[:255] + b"\0"
     blob += b"\0" * (-len(blob) % 16)
-    stubs = [(number, kind & 0xFF, names[key], area, callback.filled)
+    stubs = [(number, kind & 0xFF, names[key], area, callback.filled, callback.read)
              for key, (number, kind, _, area) in ((k, callback.code[k]) for k in keys)]
     code, starts = callback.backend.callback_stubs(len(blob), stubs, callback.function)
     return bytes(blob) + code, dict(zip(keys, starts))

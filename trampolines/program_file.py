@@ -99,6 +99,9 @@ class DirectEntry:
     # argument N compares so with the constant (a program's leading predicate), or None;
     # (N, place, comparison, True, kind): floating-point register N (lower.py's fcompare)
     predicate: Optional[tuple] = None
+    # the registers (by name) the function and what it calls may write
+    # (Backend.registers_written), or None: any its calling convention lets it
+    writes: Optional[frozenset] = None
 
 
 def build(probe_count: int, code: bytes, entries: Dict[int, int], run: int,

@@ -389,8 +389,9 @@ struct urewrite_context {
 /* What a callback reads of its context beyond pid, probe, kind, name and area (the
  * rest is filled in only if it says so: a clock read, a thread lookup or an argument
  * costs nanoseconds a hit), e.g. UREWRITE_READS(UREWRITE_READS_TID | UREWRITE_ARGS(2)):
- * its thread id and args[0], args[1] (the others read 0). Without UREWRITE_READS, all
- * of it; without UREWRITE_ARGS, every argument the probes record. */
+ * its thread id and args[0], args[1] (0 where a probe records no such argument; the
+ * others are not filled in: they hold whatever the stack held). Without UREWRITE_READS,
+ * all of it; without UREWRITE_ARGS, every argument (0 past those the probes record). */
 #define UREWRITE_READS_NSECS 1
 #define UREWRITE_READS_TID 2
 #define UREWRITE_READS_COMM 4

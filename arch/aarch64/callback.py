@@ -8,7 +8,7 @@ import re
 from typing import List, Sequence, Tuple
 
 from urewrite.arch.aarch64.writer import Writer
-from urewrite.trampolines.program_file import (ARGUMENTS, CTX_AREA, CTX_ARGS, CTX_MAPS,
+from urewrite.trampolines.program_file import (CTX_AREA, CTX_ARGS, CTX_MAPS,
                                                CTX_NAME, CTX_PROBE)
 
 # no floating-point or SIMD register; atomics inline, not libgcc's outline helpers;
@@ -26,10 +26,10 @@ def stubs(address: int, each: Sequence[tuple], function: int) -> Tuple[bytes, Li
     register (bti c)."""
     w = Writer(address)
     starts = []
-    for probe, kind, name, area, filled in each:
+    for probe, kind, name, area, filled, read in each:
         starts.append(w.pc)
         w.word(BTI_C)
-        for i in range(filled, ARGUMENTS):
+        for i in range(filled, read):  # (the arguments it does not read are not filled in)
             w.str_(XZR, X0, CTX_ARGS + 8 * i)
         w.mov_imm(X9, probe)
         w.word(0xF2C00000 | (kind & 0xFFFF) << 5 | X9)  # movk x9, kind, lsl 32

@@ -455,6 +455,10 @@ class X86_64Backend(Backend):
         from urewrite.arch.x86_64 import direct_entry
         return direct_entry.supported(entry)
 
+    def registers_written(self, code, start):
+        from urewrite.arch.x86_64 import callback
+        return callback.registers_written(self._full, code, start)
+
     def callback_stubs(self, address, stubs, function) -> tuple:
         return callback.stubs(address, stubs, function)
 

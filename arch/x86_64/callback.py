@@ -1,14 +1,15 @@
 """A C callback's stubs and checks on x86_64 (programs/callback.py): each probe's stub
 fills in its part of the context, then jumps to the callback; compiled code that would
-touch a register the probe does not save is refused."""
+touch a register the probe does not save is refused; the registers a callback's (or a
+program's) code may write, so that its direct entry saves those only."""
 
 from __future__ import annotations
 
 import re
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from urewrite.arch.x86_64.writer import EAX, RAX, RDI, Mem, Rip, Writer
-from urewrite.trampolines.program_file import (ARGUMENTS, CTX_AREA, CTX_ARGS, CTX_MAPS,
+from urewrite.trampolines.program_file import (CTX_AREA, CTX_ARGS, CTX_MAPS,
                                                CTX_NAME, CTX_PROBE)
 
 FLAGS = ("-mgeneral-regs-only", "-fcf-protection=none")
@@ -20,11 +21,11 @@ def stubs(address: int, each: Sequence[tuple], function: int) -> Tuple[bytes, Li
     """Backend.callback_stubs: rdi holds the context."""
     w = Writer(address)
     starts = []
-    for probe, kind, name, area, filled in each:
+    for probe, kind, name, area, filled, read in each:
         starts.append(w.pc)
-        if filled < ARGUMENTS:
+        if filled < read:  # (the arguments it does not read are not filled in)
             w.mov(EAX, 0)  # (a store each: no loop to mispredict)
-            for i in range(filled, ARGUMENTS):
+            for i in range(filled, read):
                 w.mov(Mem(RDI, disp=CTX_ARGS + 8 * i), RAX)
         w.movabs(RAX, probe | kind << 32)  # probe, then kind
         w.mov(Mem(RDI, disp=CTX_PROBE), RAX)
@@ -35,6 +36,54 @@ def stubs(address: int, each: Sequence[tuple], function: int) -> Tuple[bytes, Li
         w.mov(Mem(RDI, disp=CTX_AREA), RAX)
         w.jmp(function)
     return w.bytes(), starts
+
+
+_GPRS = ("rax", "rbx", "rcx", "rdx", "rsi", "rdi", "rbp", "rsp",
+         "r8", "r9", "r10", "r11", "r12", "r13", "r14", "r15")
+_FULL = {**{name: name for name in _GPRS},
+         **{f"r{n}{suffix}": f"r{n}" for n in range(8, 16) for suffix in "dwb"},
+         **{"e" + name[1:]: name for name in _GPRS[:8]},
+         **{name[1:]: name for name in _GPRS[:8]},
+         "al": "rax", "ah": "rax", "bl": "rbx", "bh": "rbx", "cl": "rcx", "ch": "rcx",
+         "dl": "rdx", "dh": "rdx", "sil": "rsi", "dil": "rdi", "bpl": "rbp", "spl": "rsp"}
+_NAMED = re.compile(r"\b(" + "|".join(sorted(_FULL, key=len, reverse=True)) + r")\b")
+# what the kernel writes at a system call (Capstone lists none of it)
+_CLOBBERED_BY = {name: ("rax", "rcx", "r11") for name in ("syscall", "sysenter", "int")}
+
+
+def registers_written(decoder, code: bytes, start: int) -> Optional[frozenset]:
+    """Backend.registers_written, over-approximated: every instruction reachable from
+    `start` (through branches, jumps and calls whose targets lie in `code`), and the
+    64-bit registers it names or Capstone says it reads or writes (its lists of
+    implicit writes miss some, as cmpxchg's rax: no x86 instruction writes r8-r15
+    without naming them but a system call, which is added); None at an indirect jump
+    or call, a target outside the code, or bytes that cannot be decoded."""
+    from capstone import CS_GRP_CALL, CS_GRP_JUMP, CS_GRP_RET, CS_OP_IMM
+    written, seen, todo = set(), set(), [start]
+    while todo:
+        at = todo.pop()
+        while at not in seen:
+            if not 0 <= at < len(code):
+                return None
+            seen.add(at)
+            insn = next(decoder.disasm(code[at:at + 16], at, 1), None)
+            if insn is None:
+                return None
+            read, wrote = insn.regs_access()
+            written.update(_FULL.get(decoder.reg_name(r), "") for r in read + wrote)
+            written.update(_FULL[name] for name in _NAMED.findall(insn.op_str))
+            written.update(_CLOBBERED_BY.get(insn.mnemonic, ()))
+            if insn.group(CS_GRP_RET):
+                break
+            if insn.group(CS_GRP_JUMP) or insn.group(CS_GRP_CALL):
+                operand = insn.operands[0] if len(insn.operands) == 1 else None
+                if operand is None or operand.type != CS_OP_IMM:
+                    return None  # (where it goes is not in the code)
+                todo.append(operand.imm)
+                if insn.mnemonic == "jmp":
+                    break
+            at += insn.size
+    return frozenset(written - {"", "rsp"})
 
 
 def touches_unsaved_register(insn) -> bool:

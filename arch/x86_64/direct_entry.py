@@ -47,6 +47,7 @@ BINDING_MAPS, BINDING_EVENT, BINDING_TID, BINDING_COMM = 8, 16, 24, 32
 RED_ZONE = 128
 _NAMES = {slot: name for name, slot in SLOT.items()}
 _SAVED = ("rbp", "rax", "rdi", "r8", "r9", "r10", "r11")  # what the function may clobber
+_OWN = ("rbp", "rax", "rdi")  # what the entry itself uses: its frame, scratch, the context
 _TRAMPOLINE_SAVED = {"rsi": 8, "rdx": 16, "rax": 24, "rcx": 32}  # from the entry's rsp
 
 
@@ -108,10 +109,11 @@ def _entry(name: str, entry: DirectEntry, run_at: int) -> List[str]:
             f"cmp rdx, qword ptr [rip + d_base + {run_at}]", f"jne {name}_done",
             f"mov rdx, qword ptr [rsi - {DIRECT}]",
             "cmp rdx, 1", f"jbe {name}_done"]
-    out += [f"push {r}" for r in _SAVED] + [
+    saved = _saved(entry)
+    out += [f"push {r}" for r in saved] + [
         "mov rbp, rsp", f"sub rsp, {P.CTX_SIZE}", "and rsp, -16",  # rsp: the context
         f"mov qword ptr [rsp + {P.CTX_MAPS}], rcx"]
-    frame = _Frame(8 * len(_SAVED), saved_rbp=True)
+    frame = _Frame(8 * len(saved), saved_rbp=True)
     for j in range(reads):
         if j < known:
             out += _value(entry.expected[j], frame, "rax")
@@ -135,10 +137,19 @@ def _entry(name: str, entry: DirectEntry, run_at: int) -> List[str]:
                 "mov rax, qword ptr [rsp + 8]", f"call qword ptr [rax + {BINDING_COMM}]",
                 "pop rdx", "pop rsi"]
     out += ["mov rdi, rsp", f"call {entry.function:#x}", "mov rsp, rbp"]
-    out += [f"pop {r}" for r in reversed(_SAVED)]
+    out += [f"pop {r}" for r in reversed(saved)]
     out += [f"{name}_done:", "xor ecx, ecx", "ret",
             f"{name}_other:", "mov ecx, 1", "ret"]
     return out
+
+
+def _saved(entry: DirectEntry) -> Tuple[str, ...]:
+    """What the entry saves: the registers it uses itself (rbp, rax, rdi), and those
+    of _SAVED the function may write (all where it calls a SysV routine: the runtime's
+    thread id or name for the context, or an unknown)."""
+    if entry.writes is None or entry.uses & (P.USES_TID | P.USES_COMM):
+        return _SAVED
+    return tuple(r for r in _SAVED if r in _OWN or r in entry.writes)
 
 
 def _thread_id(name: str) -> List[str]:

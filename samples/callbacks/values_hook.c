@@ -13,7 +13,7 @@
  * and at named(word, i): @letters[word's first letter, i % 2] (the word read with
  * urewrite_read), a read of NULL (a fault, counted: no crash), the probe's own hit
  * count in its area, and for i < 3 an event of (i, that count, whether tid is set);
- * at every probe, @unset: the arguments past those the probes record, which read 0. */
+ * at every probe, @unset: args[2] and args[3], which it reads and no probe records: 0. */
 #include "urewrite.h"
 
 UREWRITE_MAP(by_b, UREWRITE_COUNT, 1);
@@ -25,7 +25,7 @@ UREWRITE_MAP(mean, UREWRITE_AVG, 0);
 UREWRITE_LHIST_MAP(lin, 0, 0, 3000, 500);
 UREWRITE_MAP(letters, UREWRITE_COUNT, 2);
 UREWRITE_MAP(unset, UREWRITE_SUM, 0); /* the arguments no probe records: all 0 */
-UREWRITE_READS(UREWRITE_READS_TID | UREWRITE_ARGS(2)); /* (args[2] on read 0) */
+UREWRITE_READS(UREWRITE_READS_TID | UREWRITE_ARGS(4)); /* (args[2], args[3] read 0) */
 
 static int same(const char *a, const char *b)
 {
@@ -37,7 +37,7 @@ static int same(const char *a, const char *b)
 void on_values(struct urewrite_context *ctx)
 {
     int64_t rest = 0;
-    for (int i = 2; i < UREWRITE_CONTEXT_ARGS; i++)
+    for (int i = 2; i < 4; i++)
         rest |= (int64_t)ctx->args[i];
     urewrite_map_add(ctx, &unset, 0, rest);
     if (same(ctx->name, "work") && ctx->kind == UREWRITE_KIND_RETURN) {
