@@ -16,9 +16,10 @@ and the tracer reads (docs/programs.md, "Maps").
            `func`), a word: the index of that name in the shape's names), value words (a
            string value, @m[k] = str(...), 8; a float or double, its bits)
 
-A probe claims a free entry with a compare-and-swap of its state from 0 to 2, writes
-the key, then stores the hash with bit 0 set; one that finds state 2 waits for that
-store. Values are updated with atomic adds (count, sum, avg, hist, lhist) or
+A lookup starts at the key's first slot (first_slot) and looks at the entries after
+it in turn, wrapping. A probe claims a free entry with a compare-and-swap of its state
+from 0 to 2, writes the key, then stores the hash with bit 0 set (entry_state); one
+that finds state 2 waits for that store. Values are updated with atomic adds (count, sum, avg, hist, lhist) or
 compare-and-swap loops (min, max); a plain assignment is a store. min() and max()
 start from the largest and the smallest value, written when the entry is claimed.
 """
@@ -36,6 +37,7 @@ from urewrite.programs.output import HIST_BUCKETS, MapData
 from urewrite.trampolines.program_file import MAPS_MAGIC
 
 MAGIC = MAPS_MAGIC
+HASH_MULTIPLIER = 0x9E3779B97F4A7C15
 HEAD_WORDS = 4  # of the area, before the tables' offsets
 FAULTS = 16  # the area's count of memory reads that found nothing to read
 HEADER_WORDS = 8  # of a table
@@ -80,6 +82,26 @@ class MapShape:
 
     def table_bytes(self) -> int:
         return 8 * (HEADER_WORDS + self.capacity * self.entry_words)
+
+
+def entry_state(words) -> int:
+    """A claimed entry's state for these key words: their hash, bit 0 set."""
+    h = HASH_MULTIPLIER
+    for word in words:
+        h = ((h ^ word) * HASH_MULTIPLIER) % 2**64
+    return (h ^ h >> 29) | 1
+
+
+def first_slot(words, capacity: int) -> int:
+    """The entry a lookup of these key words looks at first. One word: the top
+    log2(capacity) bits of the word times HASH_MULTIPLIER, one multiply from the key to
+    the entry's address (a probe's store to the entry waits on that address: about
+    1 ns a lookup less than the hash's six steps, section 10 of docs/benchmarks.md);
+    more: the state's low bits."""
+    if len(words) == 1:
+        bits = capacity.bit_length() - 1
+        return (words[0] * HASH_MULTIPLIER) % 2**64 >> (64 - bits) if bits else 0
+    return entry_state(words) & (capacity - 1)
 
 
 def shapes(checked: Checked, capacity: int = KEYED_CAPACITY,

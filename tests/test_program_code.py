@@ -282,21 +282,27 @@ def test_the_latency_idiom_looks_its_start_up_once_a_return():
     assert [op[0] for op in ops].count("entry") == 2  # @ns, @left[tid]: maps of their own
 
 
-def test_a_map_without_keys_is_found_where_its_lookup_claimed_it():
+def test_entries_are_where_the_inline_checks_look_for_them():
     """A map without keys is read at its table's first entry without the lookup's call
-    where the entry's state says claimed (program_code._hash of no words): that state
-    is the one the lookup writes, for no key words as for one."""
-    from urewrite.arch.x86_64.program_code import _hash
+    where the entry's state says claimed (maps.entry_state of no words); a map keyed by
+    one word is checked at the key's first slot (maps.first_slot) before the call: the
+    lookup claims entries there, with that state, for no key words as for one."""
     compiled = Compiled("uprobe:./v:work { @n = count(); @k[arg0] = count(); @total = sum(@n); }")
+    keys = (77, 3, 2**63 + 5, 1000)
     for i in range(5):
-        compiled.hit("uprobe:./v:work", args=(77,))
+        for key in keys:
+            compiled.hit("uprobe:./v:work", args=(key,))
     offsets, _ = M.layout(compiled.lowered.maps)
     shapes = {shape.name: (shape, at) for shape, at in zip(compiled.lowered.maps, offsets)}
     shape, at = shapes["n"]
     entry = at + 8 * M.HEADER_WORDS
-    assert struct.unpack_from("<Q", compiled.area, entry)[0] == _hash(())
+    assert struct.unpack_from("<Q", compiled.area, entry)[0] == M.entry_state(())
     shape, at = shapes["k"]
-    states = struct.unpack_from(f"<{shape.capacity * shape.entry_words}Q", compiled.area,
-                                at + 8 * M.HEADER_WORDS)[::shape.entry_words]
-    assert _hash((77,)) in states
-    assert "@n: 5\n" in output.text(compiled.maps()) and "@total: 15\n" in output.text(compiled.maps())
+    words = struct.unpack_from(f"<{shape.capacity * shape.entry_words}Q", compiled.area,
+                               at + 8 * M.HEADER_WORDS)
+    entries = [words[i:i + shape.entry_words] for i in range(0, len(words), shape.entry_words)]
+    for key in keys:  # (no two of these share a first slot)
+        state, present, stored, count = entries[M.first_slot((key,), shape.capacity)]
+        assert (state, present, stored, count) == (M.entry_state((key,)), 1, key, 5)
+    text = output.text(compiled.maps())
+    assert "@n: 20\n" in text and "@total: 210\n" in text

@@ -28,7 +28,7 @@ SYS_PIPE2, SYS_WRITE, SYS_READ, SYS_CLOSE = 59, 64, 63, 57
 ENOSYS = 38
 O_CLOEXEC = 0x80000
 PAGE = 4096
-HASH_MULTIPLIER = 0x9E3779B97F4A7C15
+HASH_MULTIPLIER = M.HASH_MULTIPLIER
 _SIGN_EXTEND = {4: "sxtw", 2: "sxth", 1: "sxtb"}
 _MASK = {2: "0xffff", 1: "0xff"}
 _SIGNED_CC = {"eq": "eq", "ne": "ne", "lt": "lt", "gt": "gt", "le": "le", "ge": "ge"}
@@ -516,8 +516,13 @@ def _lookup(index: int, shape: M.MapShape, offset: int) -> List[str]:
     out += _mov("x11", HASH_MULTIPLIER) + ["mov x12, x11"]
     for i in range(words):
         out += [f"ldr x13, [x0, #{8 * i}]", "eor x12, x12, x13", "mul x12, x12, x11"]
-    out += ["eor x12, x12, x12, lsr #29", "orr x12, x12, #1"]
-    out += _mov("x14", shape.capacity - 1) + ["and x13, x12, x14"]  # the slot
+    out += ["eor x12, x12, x12, lsr #29", "orr x12, x12, #1"]  # (maps.entry_state)
+    out += _mov("x14", shape.capacity - 1)
+    if words == 1 and shape.capacity > 1:  # the first slot (maps.first_slot)
+        out += ["ldr x13, [x0]", "mul x13, x13, x11",
+                f"lsr x13, x13, #{64 - (shape.capacity.bit_length() - 1)}"]
+    else:
+        out += ["and x13, x12, x14"]
     out += _mov("x15", shape.capacity)  # slots left to look at
     out += _mov("x2", entry_bytes)
     out += [f"{fn}_slot:", "madd x16, x13, x2, x9", f"add x16, x16, #{8 * M.HEADER_WORDS}",

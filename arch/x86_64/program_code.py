@@ -25,7 +25,7 @@ _NEGATED = {"e": "ne", "ne": "e", "l": "ge", "ge": "l", "g": "le", "le": "g",
 _SIGNED_CC = {"eq": "e", "ne": "ne", "lt": "l", "gt": "g", "le": "le", "ge": "ge"}
 _UNSIGNED_CC = {"eq": "e", "ne": "ne", "lt": "b", "gt": "a", "le": "be", "ge": "ae"}
 SYS_PROCESS_VM_READV = 310
-HASH_MULTIPLIER = 0x9E3779B97F4A7C15
+HASH_MULTIPLIER = M.HASH_MULTIPLIER
 
 
 def assemble(lowered: L.Lowered, offsets: List[int]) -> Tuple[bytes, Dict[str, int]]:
@@ -56,25 +56,90 @@ def source(lowered: L.Lowered, offsets: List[int]) -> Tuple[str, Dict[str, str]]
 
 def _function(label: str, ops, frame: L.Frame, lowered: L.Lowered,
               offsets: List[int]) -> List[str]:
-    body = []
-    k = 0
+    body: List[str] = []
+    cold: List[str] = []  # what a hit seldom runs, after the function's `ret`, so that
+    k = 0                 # the usual path falls through (a taken branch costs)
     while k < len(ops):
-        lines, taken = _fused(label, ops[k:k + 3])
+        lines, taken = _one_word_lookup(label, ops[k:k + 2], frame, lowered, offsets, cold)
         if not taken:
-            lines, taken = _operation(label, ops[k], frame, lowered, offsets), 1
+            lines, taken = _fused(label, ops[k:k + 3])
+        if not taken:
+            lines, taken = _operation(label, ops[k], frame, lowered, offsets, cold), 1
         body += lines
         k += taken
-    body = _without_stack_moves(body)
-    saved = [r for r in _SAVED if r in _ALWAYS_SAVED or any(r in line for line in body)]
+    body = _without_jumps_to_next(_without_stack_moves(body + [f"{label}_return:"]))
+    saved = [r for r in _SAVED if r in _ALWAYS_SAVED or any(r in line for line in body + cold)]
     if len(saved) % 2:  # (an even count keeps rsp 16-aligned below)
         saved.append(next(r for r in _SAVED if r not in saved))
     return [f"{label}:"] + [f"push {r}" for r in saved] + [
         "mov rbx, rdi",
         f"mov r12, qword ptr [rbx + {P.CTX_MAPS}]",
         f"sub rsp, {frame.size + 8}",  # (+8: rsp 16-aligned, after the pushes and the return)
-        "mov rbp, rsp"] + body + [
-        f"{label}_return:", f"add rsp, {frame.size + 8}"] + \
-        [f"pop {r}" for r in reversed(saved)] + ["ret"]
+        "mov rbp, rsp"] + body + [f"add rsp, {frame.size + 8}"] + \
+        [f"pop {r}" for r in reversed(saved)] + ["ret"] + cold
+
+
+def _one_word_lookup(fn: str, ops, frame: L.Frame, lowered: L.Lowered,
+                     offsets: List[int], cold: List[str]) -> Tuple[List[str], int]:
+    """A map keyed by one word, its key just stored and looked up (`key_word 0`, then
+    `entry` or `find`): the entry at the key's first slot (maps.first_slot), checked
+    inline with the key still in a register, so that the entry's address is a multiply
+    and a shift from the key (a store to it waits on that address); the lookup's call
+    where that entry is not the key's (out of line). (ops taken: 2, else 0.)"""
+    if len(ops) < 2 or ops[0] != ("key_word", 0) or ops[1][0] not in ("entry", "find"):
+        return [], 0
+    index = ops[1][1]
+    shape = lowered.maps[index]
+    if shape.key_words != 1:
+        return [], 0
+    found, missed = _unique(fn), _unique(fn)
+    table = offsets[index] + 8 * M.HEADER_WORDS
+    cold += [f"{missed}:"] + _lookup_call(frame, index, ops[1][0] == "entry") + [f"jmp {found}"]
+    return ["pop rcx", f"mov qword ptr [rbp + {frame.key}], rcx",  # (for the lookup)
+            f"mov rsi, {HASH_MULTIPLIER:#x}"] + _first_slot(shape, "rcx", "rsi", "rax") + [
+            f"lea rax, [r12 + rax + {table}]",
+            "mov rdx, rsi", "xor rdx, rcx", "imul rdx, rsi",  # the state (entry_state)
+            "mov rdi, rdx", "shr rdi, 29", "xor rdx, rdi", "or rdx, 1",
+            "cmp qword ptr [rax], rdx", f"jne {missed}",
+            f"cmp rcx, qword ptr [rax + {8 * M.ENTRY_HEAD}]", f"jne {missed}",
+            f"{found}:", "push rax"], 2
+
+
+def _lookup_call(frame: L.Frame, index: int, create: bool) -> List[str]:
+    """map_N's call: rdi = the key buffer, esi = whether to make a missing entry."""
+    return [f"lea rdi, [rbp + {frame.key}]", f"mov esi, {int(create)}", f"call map_{index}"]
+
+
+def _first_slot(shape: M.MapShape, key: str, multiplier: str, into: str) -> List[str]:
+    """`into` = the byte offset of a one-word key's first slot in its table's entries
+    (maps.first_slot); `multiplier` holds HASH_MULTIPLIER."""
+    bits = shape.capacity.bit_length() - 1
+    entry_bytes = 8 * shape.entry_words
+    if not bits:
+        return [f"xor {_low32(into)}, {_low32(into)}"]
+    out = [f"mov {into}, {key}", f"imul {into}, {multiplier}", f"shr {into}, {64 - bits}"]
+    if entry_bytes & (entry_bytes - 1) == 0:
+        return out + [f"shl {into}, {entry_bytes.bit_length() - 1}"]
+    return out + [f"imul {into}, {into}, {entry_bytes}"]
+
+
+def _low32(register: str) -> str:
+    return register + "d" if register[1].isdigit() else "e" + register[1:]
+
+
+def _without_jumps_to_next(lines: List[str]) -> List[str]:
+    """Without a `jmp L` that only labels separate from L (a block's end just before
+    the function's return)."""
+    out: List[str] = []
+    for k, line in enumerate(lines):
+        if line.startswith("jmp "):
+            target, j = line[4:] + ":", k + 1
+            while j < len(lines) and lines[j].endswith(":") and lines[j] != target:
+                j += 1
+            if j < len(lines) and lines[j] == target:
+                continue
+        out.append(line)
+    return out
 
 
 def _fused(fn: str, ops) -> Tuple[List[str], int]:
@@ -137,7 +202,8 @@ def _without_stack_moves(lines: List[str]) -> List[str]:
 
 
 def _operation(fn: str, op: tuple, frame: L.Frame, lowered: L.Lowered,
-               offsets: List[int]) -> List[str]:
+               offsets: List[int], cold: List[str]) -> List[str]:
+    """`op`'s code; what its hits seldom run goes into `cold` (after the function)."""
     name, args = op[0], op[1:]
     if name == "const":
         return [f"mov rax, {args[0]:#x}", "push rax"]
@@ -207,10 +273,12 @@ def _operation(fn: str, op: tuple, frame: L.Frame, lowered: L.Lowered,
             return lookup + ["push rax"]
         # a map without keys has one entry, at the table's start: claimed (its state
         # the hash of no words), it is there without the call (a few ns a hit)
-        found = _unique(fn)
+        found, missed = _unique(fn), _unique(fn)
+        cold += [f"{missed}:"] + _lookup_call(frame, args[0], name == "entry") + \
+            [f"jmp {found}"]
         return [f"lea rax, [r12 + {offsets[args[0]] + 8 * M.HEADER_WORDS}]",
-                f"mov rcx, {_hash(()):#x}", "cmp qword ptr [rax], rcx", f"je {found}"] + \
-            lookup + [f"{found}:", "push rax"]
+                f"mov rcx, {M.entry_state(()):#x}", "cmp qword ptr [rax], rcx",
+                f"jne {missed}", f"{found}:", "push rax"]
     if name == "update":
         return _update(fn, lowered.maps[args[0]], args[1])
     if name == "load":
@@ -480,14 +548,6 @@ def _delete(fn: str, shape: M.MapShape) -> List[str]:
     return out + [f"{skip}:"]
 
 
-def _hash(words) -> int:
-    """The state of a claimed entry of these key words, as _lookup computes it."""
-    h = HASH_MULTIPLIER
-    for word in words:
-        h = ((h ^ word) * HASH_MULTIPLIER) % 2**64
-    return (h ^ h >> 29) | 1
-
-
 def _lookup(index: int, shape: M.MapShape, offset: int) -> List[str]:
     """map_N(rdi = key buffer, esi = 1 to make a missing entry) -> rax = the entry, or
     0 (missing, or the table is full: counted in its header). Clobbers rcx, rdx, r8-r11."""
@@ -498,9 +558,14 @@ def _lookup(index: int, shape: M.MapShape, offset: int) -> List[str]:
     out += [f"mov rax, {HASH_MULTIPLIER:#x}", "mov r9, rax", "mov rdx, rax"]
     for i in range(words):
         out += [f"xor rdx, qword ptr [rdi + {8 * i}]", "imul rdx, r9"]
-    out += ["mov rax, rdx", "shr rax, 29", "xor rdx, rax", "or rdx, 1",
-            "mov r10, rdx", f"and r10, {shape.capacity - 1}",  # the slot
-            f"mov r11d, {shape.capacity}"]  # slots left to look at
+    out += ["mov rax, rdx", "shr rax, 29", "xor rdx, rax", "or rdx, 1"]  # (entry_state)
+    if words == 1:  # the first slot (maps.first_slot)
+        out += ["mov rax, qword ptr [rdi]", "imul rax, r9",
+                f"shr rax, {64 - (shape.capacity.bit_length() - 1)}" if shape.capacity > 1
+                else "xor eax, eax", "mov r10, rax"]
+    else:
+        out += ["mov r10, rdx", f"and r10, {shape.capacity - 1}"]
+    out += [f"mov r11d, {shape.capacity}"]  # slots left to look at
     entry_bytes = 8 * shape.entry_words
     out += [f"{fn}_slot:", f"imul r9, r10, {entry_bytes}", f"lea r9, [r8 + r9 + {8 * M.HEADER_WORDS}]",
             f"{fn}_state:", "mov rax, qword ptr [r9]",
