@@ -219,7 +219,8 @@ def _read(linked: str, spec: str, function: str, backend, area: int,
     if arguments > program_file.ARGUMENTS:
         raise CallbackError(f"--call {spec}: UREWRITE_ARGS({arguments}): a context holds "
                             f"{program_file.ARGUMENTS}")
-    built = Callback(spec, backend, bytes(blob), found[0].value, records, shapes, said & 7, area)
+    built = Callback(spec, backend, bytes(blob), found[0].value, records, shapes,
+                     said & 7 | program_file.USES_PID | program_file.USES_EVENT, area)
     built.read = arguments if arguments >= 0 else program_file.ARGUMENTS
     return built
 

@@ -81,7 +81,11 @@ CTX_KIND = 204
 CTX_NAME = 208  # the probe's name, NUL-terminated
 CTX_AREA = 216  # the probe's own area in the maps file (--call-area bytes)
 CTX_SIZE = 224
-USES_NSECS, USES_TID, USES_COMM = 1, 2, 4  # (pid, maps and the routine are always there)
+USES_NSECS, USES_TID, USES_COMM = 1, 2, 4  # (maps are always there)
+# pid and the printf routine: the trace path fills them in always, a direct entry only
+# where these say the code reads them (a program's pid, checked reads, printf; a
+# callback: always)
+USES_PID, USES_EVENT = 8, 16
 PRINTF_PROBE = 0x7FFF0000  # a printf() event's probe number: this plus the printf's
 
 

@@ -69,13 +69,14 @@ def _function(label: str, ops, frame: L.Frame, lowered: L.Lowered,
         k += taken
     body = _without_jumps_to_next(_without_stack_moves(body + [f"{label}_return:"]))
     saved = [r for r in _SAVED if r in _ALWAYS_SAVED or any(r in line for line in body + cold)]
-    if len(saved) % 2:  # (an even count keeps rsp 16-aligned below)
-        saved.append(next(r for r in _SAVED if r not in saved))
+    # rsp 16-aligned below the frame, after the return address and the pushes (a
+    # larger frame rather than a push more: a store less)
+    size = frame.size + 8 * (len(saved) % 2 == 0)
     return [f"{label}:"] + [f"push {r}" for r in saved] + [
         "mov rbx, rdi",
         f"mov r12, qword ptr [rbx + {P.CTX_MAPS}]",
-        f"sub rsp, {frame.size + 8}",  # (+8: rsp 16-aligned, after the pushes and the return)
-        "mov rbp, rsp"] + body + [f"add rsp, {frame.size + 8}"] + \
+        f"sub rsp, {size}",
+        "mov rbp, rsp"] + body + [f"add rsp, {size}"] + \
         [f"pop {r}" for r in reversed(saved)] + ["ret"] + cold
 
 
