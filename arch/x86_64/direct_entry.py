@@ -120,10 +120,12 @@ def _entry(name: str, entry: DirectEntry, run_at: int) -> List[str]:
             out.append(f"mov qword ptr [rsp + {P.CTX_ARGS + 8 * j}], rax")
         else:  # the probe has no such argument: it reads 0
             out.append(f"mov qword ptr [rsp + {P.CTX_ARGS + 8 * j}], 0")
-    out += [f"mov eax, dword ptr [rdx + {region.OFF_PID}]",
-            f"mov qword ptr [rsp + {P.CTX_PID}], rax",
-            f"mov rax, qword ptr [rsi + {BINDING_EVENT}]",
-            f"mov qword ptr [rsp + {P.CTX_EVENT}], rax"]
+    if entry.uses & P.USES_PID:
+        out += [f"mov eax, dword ptr [rdx + {region.OFF_PID}]",
+                f"mov qword ptr [rsp + {P.CTX_PID}], rax"]
+    if entry.uses & P.USES_EVENT:
+        out += [f"mov rax, qword ptr [rsi + {BINDING_EVENT}]",
+                f"mov qword ptr [rsp + {P.CTX_EVENT}], rax"]
     if entry.uses & P.USES_NSECS:  # the region's clock pair, then ticks
         out += ["mov rcx, rdx", "rdtsc", "shl rdx, 32", "or rax, rdx",
                 f"sub rax, qword ptr [rcx + {region.OFF_CLOCK_REF_TICKS}]",
