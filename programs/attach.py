@@ -269,7 +269,7 @@ def direct_entries(t: Target, lowered, runs: Dict[int, tuple], functions: Dict[s
         reads, uses, predicate = _code_shape(lowered, ops)
         entry = None if expected is None else \
             DirectEntry(functions[key], tuple(expected) if reads else (), reads, uses,
-                        predicate, written(functions[key]))
+                        predicate, written(functions[key]), aligned=not isinstance(ops, list))
         # (an entry that reads none checks none: one for all)
         wanted[number] = entry if entry and backend.direct_supported(entry) else None
     base = len(code) + (-len(code) % 16)

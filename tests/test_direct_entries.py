@@ -304,3 +304,40 @@ def test_a_programs_code_is_mapped_just_below_its_object(tmp_path, machine, link
     assert len(programs) == 1, printed
     start, end = programs[0]
     assert end <= self and self - start <= NEAR, printed
+
+
+SIX = os.path.join(ROOT, "samples", "callbacks", "six.c")
+
+
+@pytest.mark.parametrize("program", [
+    "uprobe:{path}:six {{ @[arg0 % 7] = count(); @c = count(); }}",
+    "uprobe:{path}:six {{ @s[tid] = nsecs; @k[arg1 % 5, arg0 % 3] = sum(arg2); }} "
+    "uretprobe:{path}:six /@s[tid]/ {{ @r = hist(retval); delete(@s[tid]); }}",
+    "uprobe:{path}:six {{ @m[comm, arg0 % 2] = count(); @d = sum(arg0 % 1000); }}"])
+def test_a_programs_entry_leaves_the_probed_code_its_registers(tmp_path, program):
+    """A direct entry saves r8 to r11 only where the program's code touches them (its
+    map lookups work in r13 to r15, kept there; the runtime's thread id and name
+    routines are called with r8 to r11 kept around them), and for a program's code
+    keeps neither rbp nor the stack's alignment: at the entry and return of a
+    function whose fifth and sixth arguments are in r8 and r9, the program's output
+    is the original's, and its maps count every call."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    plain, rewritten = tmp_path / "six", tmp_path / "six.probed"
+    subprocess.run(["gcc", "-O2", SIX, "-o", str(plain)], check=True)
+    expected = subprocess.run([str(plain), "3000"], capture_output=True, text=True).stdout
+    text = program.format(path=rewritten)
+    proc = urewrite(str(plain), "-e", text, "-o", str(rewritten), "-q")
+    assert proc.returncode == 0, proc.stderr
+    ran = urewrite("run", "-e", text, "--", str(rewritten), "3000")
+    assert ran.returncode == 0, ran.stderr
+    printed, maps = ran.stdout.split("\n\n\n", 1)
+    assert printed + "\n" == expected
+    counted = _maps(maps)
+    if "@c" in counted:
+        assert counted["@c"] == "3000" and sum(int(v) for k, v in counted.items()
+                                               if k.startswith("@[")) == 3000
+    if "@d" in counted:
+        assert counted["@d"] == str(sum(i % 1000 for i in range(3000)))
+    if "@r" in maps:
+        assert "@s[" not in maps  # (every start deleted at its return)

@@ -106,6 +106,9 @@ class DirectEntry:
     # the registers (by name) the function and what it calls may write
     # (Backend.registers_written), or None: any its calling convention lets it
     writes: Optional[frozenset] = None
+    # whether the function needs the stack aligned as its calling convention says (C
+    # code); a program's own code does not
+    aligned: bool = True
 
 
 def build(probe_count: int, code: bytes, entries: Dict[int, int], run: int,

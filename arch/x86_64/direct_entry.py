@@ -48,6 +48,8 @@ RED_ZONE = 128
 _NAMES = {slot: name for name, slot in SLOT.items()}
 _SAVED = ("rbp", "rax", "rdi", "r8", "r9", "r10", "r11")  # what the function may clobber
 _OWN = ("rbp", "rax", "rdi")  # what the entry itself uses: its frame, scratch, the context
+_CALLED_CLOBBERS = ("r8", "r9", "r10", "r11")  # what a runtime routine it calls may clobber
+# beyond rax, rcx, rdx, rsi, rdi
 _TRAMPOLINE_SAVED = {"rsi": 8, "rdx": 16, "rax": 24, "rcx": 32}  # from the entry's rsp
 
 
@@ -110,10 +112,14 @@ def _entry(name: str, entry: DirectEntry, run_at: int) -> List[str]:
             f"mov rdx, qword ptr [rsi - {DIRECT}]",
             "cmp rdx, 1", f"jbe {name}_done"]
     saved = _saved(entry)
-    out += [f"push {r}" for r in saved] + [
-        "mov rbp, rsp", f"sub rsp, {P.CTX_SIZE}", "and rsp, -16",  # rsp: the context
-        f"mov qword ptr [rsp + {P.CTX_MAPS}], rcx"]
-    frame = _Frame(8 * len(saved), saved_rbp=True)
+    out += [f"push {r}" for r in saved]
+    if entry.aligned:  # (C code: the SysV ABI's 16 bytes at the call)
+        out += ["mov rbp, rsp", f"sub rsp, {P.CTX_SIZE}", "and rsp, -16"]  # rsp: the context
+        frame = _Frame(8 * len(saved), saved_rbp=True)
+    else:  # (a program's code: no alignment asked, no rbp to keep it)
+        out += [f"sub rsp, {P.CTX_SIZE}"]
+        frame = _Frame(8 * len(saved) + P.CTX_SIZE, saved_rbp=False)
+    out += [f"mov qword ptr [rsp + {P.CTX_MAPS}], rcx"]
     for j in range(reads):
         if j < known:
             out += _value(entry.expected[j], frame, "rax")
@@ -134,11 +140,13 @@ def _entry(name: str, entry: DirectEntry, run_at: int) -> List[str]:
                 f"mov qword ptr [rsp + {P.CTX_NSECS}], rax", "mov rdx, rcx"]
     if entry.uses & P.USES_TID:
         out += _thread_id(name) + [f"mov qword ptr [rsp + {P.CTX_TID}], rax"]
-    if entry.uses & P.USES_COMM:
-        out += ["push rsi", "push rdx", "mov rdi, rdx", f"lea rsi, [rsp + {16 + P.CTX_COMM}]",
-                "mov rax, qword ptr [rsp + 8]", f"call qword ptr [rax + {BINDING_COMM}]",
-                "pop rdx", "pop rsi"]
-    out += ["mov rdi, rsp", f"call {entry.function:#x}", "mov rsp, rbp"]
+    if entry.uses & P.USES_COMM:  # (r8 to r11 kept around the runtime's call: _saved)
+        out += ["push rsi", "push rdx"] + [f"push {r}" for r in _CALLED_CLOBBERS] + [
+                "mov rdi, rdx", f"lea rsi, [rsp + {48 + P.CTX_COMM}]",
+                "mov rax, qword ptr [rsp + 40]", f"call qword ptr [rax + {BINDING_COMM}]"] + \
+            [f"pop {r}" for r in reversed(_CALLED_CLOBBERS)] + ["pop rdx", "pop rsi"]
+    out += ["mov rdi, rsp", f"call {entry.function:#x}",
+            "mov rsp, rbp" if entry.aligned else f"add rsp, {P.CTX_SIZE}"]
     out += [f"pop {r}" for r in reversed(saved)]
     out += [f"{name}_done:", "xor ecx, ecx", "ret",
             f"{name}_other:", "mov ecx, 1", "ret"]
@@ -146,12 +154,15 @@ def _entry(name: str, entry: DirectEntry, run_at: int) -> List[str]:
 
 
 def _saved(entry: DirectEntry) -> Tuple[str, ...]:
-    """What the entry saves: the registers it uses itself (rbp, rax, rdi), and those
-    of _SAVED the function may write (all where it calls a SysV routine: the runtime's
-    thread id or name for the context, or an unknown)."""
-    if entry.writes is None or entry.uses & (P.USES_TID | P.USES_COMM):
-        return _SAVED
-    return tuple(r for r in _SAVED if r in _OWN or r in entry.writes)
+    """What the entry saves: the registers it uses itself (rax, rdi, and rbp where it
+    aligns the stack), and those of _SAVED the function may write (all where that is
+    not known). The runtime's routines for the thread's id and name, which may clobber
+    r8 to r11 too, are called with those kept around the call."""
+    own = _OWN if entry.aligned else tuple(r for r in _OWN if r != "rbp")
+    if entry.writes is None:
+        return tuple(r for r in _SAVED if r in own or r not in _OWN)
+    # (rbp: the function keeps it, as the SysV ABI's callee-saved registers)
+    return tuple(r for r in _SAVED if r in own or r in entry.writes and r != "rbp")
 
 
 def _thread_id(name: str) -> List[str]:
@@ -170,8 +181,9 @@ def _thread_id(name: str) -> List[str]:
             f"mov eax, dword ptr [rdi + {region.OWNER_TID}]", "test eax, eax", f"jz {slow}",
             f"movsxd rdi, dword ptr [rdi + {region.OWNER_TID_AT}]", "test rdi, rdi", f"jz {have}",
             "cmp eax, dword ptr [rcx + rdi]", f"je {have}",  # (glibc gives a new thread an
-            f"{slow}:", "push rsi", "push rdx", "mov rdi, rdx",  # exited one's TCB)
-            f"call qword ptr [rsi + {BINDING_TID}]", "pop rdx", "pop rsi", f"{have}:"]
+            f"{slow}:", "push rsi", "push rdx"] + [f"push {r}" for r in _CALLED_CLOBBERS] + [
+            "mov rdi, rdx", f"call qword ptr [rsi + {BINDING_TID}]"] + \
+        [f"pop {r}" for r in reversed(_CALLED_CLOBBERS)] + ["pop rdx", "pop rsi", f"{have}:"]
 
 
 def _in_registers(entry: DirectEntry, known: int) -> bool:

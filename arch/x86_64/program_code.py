@@ -178,11 +178,11 @@ def _by_constant(op: str, signed: bool, value: int):
         return [f"mov rcx, {d - 1:#x}", "and rax, rcx"]
     shift = (d - 1).bit_length()
     multiplier = (2**64 * ((1 << shift) - d)) // d + 1
-    out = ["mov r8, rax", f"mov rcx, {multiplier:#x}", "mul rcx",  # rdx: the high half
-           "mov rax, r8", "sub rax, rdx", "shr rax, 1", "add rax, rdx"]
+    out = ["mov rsi, rax", f"mov rcx, {multiplier:#x}", "mul rcx",  # rdx: the high half
+           "mov rax, rsi", "sub rax, rdx", "shr rax, 1", "add rax, rdx"]
     out += [f"shr rax, {shift - 1}"] if shift > 1 else []
     if op == "mod":
-        out += [f"mov rcx, {d:#x}", "imul rax, rcx", "sub r8, rax", "mov rax, r8"]
+        out += [f"mov rcx, {d:#x}", "imul rax, rcx", "sub rsi, rax", "mov rax, rsi"]
     return out
 
 
@@ -360,12 +360,12 @@ def _float_integer(fn: str, kind: str) -> List[str]:
     return ["pop rax", "mov rdx, rax", f"shr rdx, {mantissa_bits}", f"and edx, {top}",
             f"cmp edx, {bias}", f"jb {zero}",  # |value| < 1
             f"cmp edx, {bias + 63}", f"jae {big}",
-            f"movabs r8, {mantissa:#x}", "and r8, rax", f"bts r8, {mantissa_bits}",
+            f"movabs rsi, {mantissa:#x}", "and rsi, rax", f"bts rsi, {mantissa_bits}",
             f"lea ecx, [rdx - {bias + mantissa_bits}]",
             f"cmp edx, {bias + mantissa_bits}", f"jb {right}",
-            "shl r8, cl", f"jmp {signed}",
-            f"{right}:", "neg ecx", "shr r8, cl",
-            f"{signed}:", f"bt rax, {sign}", "mov rax, r8", f"jnc {done}", "neg rax",
+            "shl rsi, cl", f"jmp {signed}",
+            f"{right}:", "neg ecx", "shr rsi, cl",
+            f"{signed}:", f"bt rax, {sign}", "mov rax, rsi", f"jnc {done}", "neg rax",
             f"jmp {done}",
             f"{big}:", f"cmp edx, {top}", f"jne {saturate}",  # infinity or NaN?
             f"movabs rcx, {mantissa:#x}", "test rax, rcx", f"jnz {zero}",
@@ -551,25 +551,29 @@ def _delete(fn: str, shape: M.MapShape) -> List[str]:
 
 def _lookup(index: int, shape: M.MapShape, offset: int) -> List[str]:
     """map_N(rdi = key buffer, esi = 1 to make a missing entry) -> rax = the entry, or
-    0 (missing, or the table is full: counted in its header). Clobbers rcx, rdx, r8-r11."""
+    0 (missing, or the table is full: counted in its header). Clobbers rcx, rdx; keeps
+    r8 to r11 (it works in r13 to r15, saved here), so that a direct entry need not
+    save those for a program whose code does not otherwise touch them."""
     fn = f"map_{index}"
     words = shape.key_words
-    out = [f"{fn}:", f"lea r8, [r12 + {offset}]"]  # the table
+    table = offset + 8 * M.HEADER_WORDS  # (from r12, the maps)
+    back = ["pop r15", "pop r14", "pop r13", "ret"]
+    out = [f"{fn}:", "push r13", "push r14", "push r15"]
     # the hash of the key's words, odd: a claimed entry's state
-    out += [f"mov rax, {HASH_MULTIPLIER:#x}", "mov r9, rax", "mov rdx, rax"]
+    out += [f"mov rcx, {HASH_MULTIPLIER:#x}", "mov rdx, rcx"]
     for i in range(words):
-        out += [f"xor rdx, qword ptr [rdi + {8 * i}]", "imul rdx, r9"]
+        out += [f"xor rdx, qword ptr [rdi + {8 * i}]", "imul rdx, rcx"]
     out += ["mov rax, rdx", "shr rax, 29", "xor rdx, rax", "or rdx, 1"]  # (entry_state)
     if words == 1:  # the first slot (maps.first_slot)
-        out += ["mov rax, qword ptr [rdi]", "imul rax, r9",
-                f"shr rax, {64 - (shape.capacity.bit_length() - 1)}" if shape.capacity > 1
-                else "xor eax, eax", "mov r10, rax"]
+        out += ["mov r14, qword ptr [rdi]", "imul r14, rcx",
+                f"shr r14, {64 - (shape.capacity.bit_length() - 1)}" if shape.capacity > 1
+                else "xor r14d, r14d"]
     else:
-        out += ["mov r10, rdx", f"and r10, {shape.capacity - 1}"]
-    out += [f"mov r11d, {shape.capacity}"]  # slots left to look at
+        out += ["mov r14, rdx", f"and r14, {shape.capacity - 1}"]
+    out += [f"mov r15d, {shape.capacity}"]  # slots left to look at
     entry_bytes = 8 * shape.entry_words
-    out += [f"{fn}_slot:", f"imul r9, r10, {entry_bytes}", f"lea r9, [r8 + r9 + {8 * M.HEADER_WORDS}]",
-            f"{fn}_state:", "mov rax, qword ptr [r9]",
+    out += [f"{fn}_slot:", f"imul r13, r14, {entry_bytes}", f"lea r13, [r12 + r13 + {table}]",
+            f"{fn}_state:", "mov rax, qword ptr [r13]",
             "cmp rax, rdx", f"je {fn}_compare",
             "test rax, rax", f"jz {fn}_free",
             "cmp rax, 2", f"jne {fn}_next",
@@ -577,19 +581,19 @@ def _lookup(index: int, shape: M.MapShape, offset: int) -> List[str]:
             f"{fn}_compare:"]
     for i in range(words):
         out += [f"mov rcx, qword ptr [rdi + {8 * i}]",
-                f"cmp rcx, qword ptr [r9 + {8 * (M.ENTRY_HEAD + i)}]", f"jne {fn}_next"]
-    out += ["mov rax, r9", "ret",
+                f"cmp rcx, qword ptr [r13 + {8 * (M.ENTRY_HEAD + i)}]", f"jne {fn}_next"]
+    out += ["mov rax, r13"] + back + [
             f"{fn}_free:", "test esi, esi", f"jz {fn}_missing",
-            "mov ecx, 2", "lock cmpxchg qword ptr [r9], rcx", f"jnz {fn}_state"]
+            "mov ecx, 2", "lock cmpxchg qword ptr [r13], rcx", f"jnz {fn}_state"]
     for i in range(words):
         out += [f"mov rcx, qword ptr [rdi + {8 * i}]",
-                f"mov qword ptr [r9 + {8 * (M.ENTRY_HEAD + i)}], rcx"]
+                f"mov qword ptr [r13 + {8 * (M.ENTRY_HEAD + i)}], rcx"]
     if shape.initial is not None:
         out += [f"mov rcx, {shape.initial:#x}",
-                f"mov qword ptr [r9 + {8 * (M.ENTRY_HEAD + words)}], rcx"]
-    out += ["mov qword ptr [r9], rdx", "mov rax, r9", "ret",  # published: x86 keeps store order
-            f"{fn}_next:", "inc r10", f"and r10, {shape.capacity - 1}", "dec r11d",
-            f"jnz {fn}_slot", "test esi, esi", f"jz {fn}_missing",
-            f"lock inc qword ptr [r8 + {M.TABLE_DROPPED}]",
-            f"{fn}_missing:", "xor eax, eax", "ret"]
+                f"mov qword ptr [r13 + {8 * (M.ENTRY_HEAD + words)}], rcx"]
+    out += ["mov qword ptr [r13], rdx", "mov rax, r13"] + back + [  # published: x86
+            f"{fn}_next:", "inc r14", f"and r14, {shape.capacity - 1}", "dec r15d",  # keeps
+            f"jnz {fn}_slot", "test esi, esi", f"jz {fn}_missing",  # store order
+            f"lock inc qword ptr [r12 + {offset + M.TABLE_DROPPED}]",
+            f"{fn}_missing:", "xor eax, eax"] + back
     return out
