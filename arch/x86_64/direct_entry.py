@@ -19,10 +19,12 @@ path, whose runtime routine reads them as the descriptors say.
 An entry checks the descriptors of the arguments the code reads (two compares each),
 then a leading predicate on an argument and a constant with no call (a false one
 returns there: the cost of a filter), then that the maps are its run's (a live
-re-arm may be replacing both), then saves the registers the function may clobber,
-fills the context on the stack (the arguments straight from the registers, pid,
-maps, the printf routine; the clock, the thread's id and name only where the code
-reads them) and calls the function (`void f(context *)`, the SysV ABI).
+re-arm may be replacing both), then saves the registers the function may clobber
+(r8 to r11 only where its code may write them: DirectEntry.writes), fills the context
+on the stack (the arguments straight from the registers, maps; pid, the printf
+routine, the clock, the thread's id and name only where the code reads them) and
+calls the function (`void f(context *)`, the SysV ABI; for a program's own code,
+which needs no alignment, the stack is left as it is and rbp is not used).
 
 The binding, written by the runtime's program_setup (runtime.s) while it sets up:
     [+0] the direct table (program_file.py), or 0   [+8] this process's maps
