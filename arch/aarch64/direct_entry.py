@@ -1,5 +1,8 @@
 """arm64 direct entries: how a probe's hit reaches its program without the runtime
-(the x86_64 module's docstring says why and what; this is the same on AArch64).
+(the x86_64 module's docstring says why and what; this is the same on AArch64, but
+that an entry here saves every register it may need whatever the code writes: no
+Backend.registers_written for AArch64, whose speed cannot be measured here, under
+qemu).
 
 A trampoline whose process runs a program calls the probe's direct entry from its
 trace path (trampoline.py, `_direct_call`), the trampoline's frame on the stack:
@@ -113,9 +116,11 @@ def _entry(name: str, entry: DirectEntry, run_at: int) -> List[str]:
             out += _value(entry.expected[j]) + [f"str x0, [sp, #{P.CTX_ARGS + 8 * j}]"]
         else:  # the probe has no such argument: it reads 0
             out.append(f"str xzr, [sp, #{P.CTX_ARGS + 8 * j}]")
-    out += [f"ldr x17, [sp, #{_REGION_KEPT}]",
-            f"ldr w0, [x17, #{region.OFF_PID}]", f"str x0, [sp, #{P.CTX_PID}]",
-            "ldr x0, [x16, #16]", f"str x0, [sp, #{P.CTX_EVENT}]"]
+    out += [f"ldr x17, [sp, #{_REGION_KEPT}]"]
+    if entry.uses & P.USES_PID:  # (pid and the printf routine where the code reads them)
+        out += [f"ldr w0, [x17, #{region.OFF_PID}]", f"str x0, [sp, #{P.CTX_PID}]"]
+    if entry.uses & P.USES_EVENT:
+        out += ["ldr x0, [x16, #16]", f"str x0, [sp, #{P.CTX_EVENT}]"]
     if entry.uses & P.USES_NSECS:  # the region's clock pair, then ticks (x17: region)
         out += ["mrs x0, cntvct_el0",
                 f"ldr x1, [x17, #{region.OFF_CLOCK_REF_TICKS}]", "sub x0, x0, x1",
