@@ -694,12 +694,14 @@ class Backend(ABC):
         """Whether a direct entry can read the arguments as `entry.expected` says."""
         return False
 
-    def registers_written(self, code: bytes, start: int) -> Optional[frozenset]:
+    def registers_written(self, code: bytes, start: int,
+                          memo: Optional[dict] = None) -> Optional[frozenset]:
         """The general registers (by name) that code run from offset `start` of `code`
         (a program's or callback's, at address 0) may write, following its jumps and
         calls; None where that cannot be told (an indirect jump or call, an
         instruction that cannot be read): any its calling convention lets it. A direct
-        entry saves no others."""
+        entry saves no others. `memo`: the backend's own, kept across the calls for one
+        `code` (what a target shared by many starts gives is read once)."""
         return None
 
     def callback_refusal(self, code: bytes, address: int) -> Optional[str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import functools
 import hashlib
 import os
 import shutil
@@ -262,15 +261,16 @@ def direct_entries(t: Target, lowered, runs: Dict[int, tuple], functions: Dict[s
     if backend is None or not backend.direct_calls:
         return code, None
     specs = _ArgumentSpecs(t, backend)
-    written = functools.lru_cache(maxsize=None)(lambda at: backend.registers_written(code, at))
+    memo: dict = {}  # (registers_written's: a callback's stubs share their function)
     wanted: Dict[int, Optional[DirectEntry]] = {}
     for number, (key, ops) in runs.items():
         expected = specs(number)
         reads, uses, predicate = _code_shape(lowered, ops)
+        # (an entry that reads none checks none: one for all)
         entry = None if expected is None else \
             DirectEntry(functions[key], tuple(expected) if reads else (), reads, uses,
-                        predicate, written(functions[key]), aligned=not isinstance(ops, list))
-        # (an entry that reads none checks none: one for all)
+                        predicate, backend.registers_written(code, functions[key], memo),
+                        aligned=not isinstance(ops, list))
         wanted[number] = entry if entry and backend.direct_supported(entry) else None
     base = len(code) + (-len(code) % 16)
     head = M.head_bytes(lowered.maps)

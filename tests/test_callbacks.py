@@ -306,3 +306,12 @@ def test_registers_written_follows_calls_and_jumps_and_gives_up_at_pointers():
     assert written("mov r10w, 1; jmp x; mov r11, 1; x: ret") == {"r10"}
     assert written("call qword ptr [rdi + 8]; ret") is None
     assert written("jmp rax") is None
+    assert {"r8", "r9", "r10", "r11"} <= written("int 0x80; ret")
+    # stubs that jump to one function: the function read once, its answer kept
+    code = bytes(ks.asm("mov eax, 1; jmp f; mov ecx, 2; jmp f; f: mov r9d, 3; ret", 0)[0])
+    second = len(ks.asm("mov eax, 1; jmp f; f:", 0)[0])
+    memo = {}
+    assert backend.registers_written(code, 0, memo) == {"rax", "r9"}
+    function = [start for start in memo if start not in (0,)]
+    assert len(function) == 1 and memo[function[0]] == {"r9"}
+    assert backend.registers_written(code, second, memo) == {"rcx", "r9"}

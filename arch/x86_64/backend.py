@@ -455,9 +455,9 @@ class X86_64Backend(Backend):
         from urewrite.arch.x86_64 import direct_entry
         return direct_entry.supported(entry)
 
-    def registers_written(self, code, start):
+    def registers_written(self, code, start, memo=None):
         from urewrite.arch.x86_64 import callback
-        return callback.registers_written(self._full, code, start)
+        return callback.registers_written(self._full, code, start, memo)
 
     def callback_stubs(self, address, stubs, function) -> tuple:
         return callback.stubs(address, stubs, function)

@@ -47,17 +47,42 @@ _FULL = {**{name: name for name in _GPRS},
          "al": "rax", "ah": "rax", "bl": "rbx", "bh": "rbx", "cl": "rcx", "ch": "rcx",
          "dl": "rdx", "dh": "rdx", "sil": "rsi", "dil": "rdi", "bpl": "rbp", "spl": "rsp"}
 _NAMED = re.compile(r"\b(" + "|".join(sorted(_FULL, key=len, reverse=True)) + r")\b")
-# what the kernel writes at a system call (Capstone lists none of it)
-_CLOBBERED_BY = {name: ("rax", "rcx", "r11") for name in ("syscall", "sysenter", "int")}
+# what the kernel writes at a system call (Capstone lists none of it); the 32-bit
+# entries (int 0x80) cleared r8 to r11 too before Linux 4.17
+_CLOBBERED_BY = {"syscall": ("rax", "rcx", "r11"),
+                 **{name: ("rax", "rcx", "r8", "r9", "r10", "r11") for name in ("sysenter", "int")}}
 
 
-def registers_written(decoder, code: bytes, start: int) -> Optional[frozenset]:
+def registers_written(decoder, code: bytes, start: int,
+                      memo: Optional[dict] = None) -> Optional[frozenset]:
     """Backend.registers_written, over-approximated: every instruction reachable from
     `start` (through branches, jumps and calls whose targets lie in `code`), and the
     64-bit registers it names or Capstone says it reads or writes (its lists of
     implicit writes miss some, as cmpxchg's rax: no x86 instruction writes r8-r15
     without naming them but a system call, which is added); None at an indirect jump
-    or call, a target outside the code, or bytes that cannot be decoded."""
+    or call, a target outside the code, or bytes that cannot be decoded. `memo` keeps
+    the answer for each start and each call's or jump's target, so that a callback's
+    thousands of stubs, each a jump to the same function, read that function once."""
+    return _written_from(decoder, code, start, {} if memo is None else memo, [])
+
+
+_DEPTH = 32  # targets read as starts of their own, one inside another, at most
+
+
+def _written_from(decoder, code: bytes, start: int, memo: dict,
+                  open_starts: list) -> Optional[frozenset]:
+    if start not in memo:
+        open_starts.append(start)
+        memo[start] = _read_from(decoder, code, start, memo, open_starts)
+        open_starts.pop()
+    return memo[start]
+
+
+def _read_from(decoder, code: bytes, start: int, memo: dict,
+               open_starts: list) -> Optional[frozenset]:
+    """_written_from's reading: the target of a call or an unconditional jump is read
+    as a start of its own (its answer kept), unless one whose reading is under way
+    further up (a loop back), or too deep: then its instructions are read here."""
     from capstone import CS_GRP_CALL, CS_GRP_JUMP, CS_GRP_RET, CS_OP_IMM
     written, seen, todo = set(), set(), [start]
     while todo:
@@ -79,7 +104,15 @@ def registers_written(decoder, code: bytes, start: int) -> Optional[frozenset]:
                 operand = insn.operands[0] if len(insn.operands) == 1 else None
                 if operand is None or operand.type != CS_OP_IMM:
                     return None  # (where it goes is not in the code)
-                todo.append(operand.imm)
+                target = operand.imm
+                whole = insn.mnemonic in ("jmp", "call")
+                if whole and target not in open_starts and len(open_starts) < _DEPTH:
+                    found = _written_from(decoder, code, target, memo, open_starts)
+                    if found is None:
+                        return None
+                    written |= found
+                else:
+                    todo.append(target)
                 if insn.mnemonic == "jmp":
                     break
             at += insn.size
