@@ -19,9 +19,10 @@ and the tracer reads (docs/programs.md, "Maps").
 A lookup starts at the key's first slot (first_slot) and looks at the entries after
 it in turn, wrapping. A probe claims a free entry with a compare-and-swap of its state
 from 0 to 2, writes the key, then stores the hash with bit 0 set (entry_state); one
-that finds state 2 waits for that store. Values are updated with atomic adds (count, sum, avg, hist, lhist) or
-compare-and-swap loops (min, max); a plain assignment is a store. min() and max()
-start from the largest and the smallest value, written when the entry is claimed.
+that finds state 2 waits for that store. Values are updated with atomic adds (count,
+sum, avg, hist, lhist) or compare-and-swap loops (min, max); a plain assignment is a
+store. min() and max() start from the largest and the smallest value, written when
+the entry is claimed.
 """
 
 from __future__ import annotations

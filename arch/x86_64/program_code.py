@@ -115,14 +115,22 @@ def _lookup_call(frame: L.Frame, index: int, create: bool) -> List[str]:
 def _first_slot(shape: M.MapShape, key: str, multiplier: str, into: str) -> List[str]:
     """`into` = the byte offset of a one-word key's first slot in its table's entries
     (maps.first_slot); `multiplier` holds HASH_MULTIPLIER."""
-    bits = shape.capacity.bit_length() - 1
     entry_bytes = 8 * shape.entry_words
-    if not bits:
-        return [f"xor {_low32(into)}, {_low32(into)}"]
-    out = [f"mov {into}, {key}", f"imul {into}, {multiplier}", f"shr {into}, {64 - bits}"]
+    out = _first_slot_index(shape, key, multiplier, into)
+    if shape.capacity == 1:
+        return out
     if entry_bytes & (entry_bytes - 1) == 0:
         return out + [f"shl {into}, {entry_bytes.bit_length() - 1}"]
     return out + [f"imul {into}, {into}, {entry_bytes}"]
+
+
+def _first_slot_index(shape: M.MapShape, key: str, multiplier: str, into: str) -> List[str]:
+    """`into` = maps.first_slot of the one-word key `key` (a register or a memory
+    operand); `multiplier` holds HASH_MULTIPLIER."""
+    bits = shape.capacity.bit_length() - 1
+    if not bits:
+        return [f"xor {_low32(into)}, {_low32(into)}"]
+    return [f"mov {into}, {key}", f"imul {into}, {multiplier}", f"shr {into}, {64 - bits}"]
 
 
 def _low32(register: str) -> str:
@@ -582,9 +590,7 @@ def _lookup(index: int, shape: M.MapShape, offset: int) -> List[str]:
         out += [f"xor rdx, qword ptr [rdi + {8 * i}]", "imul rdx, rcx"]
     out += ["mov rax, rdx", "shr rax, 29", "xor rdx, rax", "or rdx, 1"]  # (entry_state)
     if words == 1:  # the first slot (maps.first_slot)
-        out += ["mov r14, qword ptr [rdi]", "imul r14, rcx",
-                f"shr r14, {64 - (shape.capacity.bit_length() - 1)}" if shape.capacity > 1
-                else "xor r14d, r14d"]
+        out += _first_slot_index(shape, "qword ptr [rdi]", "rcx", "r14")
     else:
         out += ["mov r14, rdx", f"and r14, {shape.capacity - 1}"]
     out += [f"mov r15d, {shape.capacity}"]  # slots left to look at
