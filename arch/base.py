@@ -315,6 +315,22 @@ class CountPoint:
     # where a backend keeps g in one register in all Go code (arm64's x28), it holds
     # the goroutine here, whose stack bounds the trace path may read
     called_from_go: bool = False
+    # the point's probe runs a program built into the rewrite: what its direct entry
+    # was made of, which the trampoline may do itself, or None
+    built_in: Optional["BuiltInCall"] = None
+
+
+@dataclass(frozen=True)
+class BuiltInCall:
+    """A probe's direct entry in a program built into the rewrite
+    (program_file.BuiltProgram): a backend whose trampoline can do what the entry does
+    calls the function itself, with no table and one call less, while the process
+    runs that program (its maps' run word is the program's)."""
+
+    entry: object  # program_file.DirectEntry, its `function` 0 (the same for all probes
+    # of one shape)
+    function: int  # the address of the probe's function
+    run: int  # the address of the program's run word (program_file.RUN_AT)
 
 
 @dataclass(frozen=True)
@@ -670,13 +686,21 @@ class Backend(ABC):
     @abstractmethod
     def callback_stubs(self, address: int, stubs: Sequence[tuple], function: int) -> tuple:
         """(code at `address`, each stub's address): for each (probe number, kind, name
-        address, area offset, arguments filled, arguments read), code that fills in the
-        context's probe and kind, name (its address) and area (the maps' address plus
-        the offset), zeroes the arguments it reads from the first not filled on (the
-        runtime fills in those before; those it does not read are left as they are),
+        address, area offset, arguments filled, arguments read, USES_*), code that fills
+        in the context's probe and kind, name (its address) where USES_PROBE, area (the
+        maps' address plus the offset) where USES_AREA, zeroes the arguments it reads
+        from the first not filled on (the runtime fills in those before; those it does
+        not read are left as they are),
         then jumps to `function`, the context in the first argument register
         (trampolines/urewrite.h, struct urewrite_context). Addresses are the callback
         file's, mapped as one."""
+
+    def context_read(self, code: bytes, start: int):
+        """The offsets of the 8-byte words of a C callback's context (its first argument)
+        that the code at `start` (in `code`, the callback's file mapped as one) may
+        read, as a frozenset; None where that is not known (then every word is filled
+        in). The context's filler leaves the others out."""
+        return None
 
     # whether this machine's trampolines call a program's direct entries (else every
     # hit of a program takes the trace path)

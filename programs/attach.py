@@ -233,6 +233,12 @@ def program_blob(t: Target, lowered: L.Lowered, run: Optional[int], assemble,
     a run number of the file's own making (a hash of it), so that a rewrite that builds
     the program in writes the same bytes each time. `backend`: the machine's, which
     makes the direct entries (None: none)."""
+    return built_program(t, lowered, run, assemble, backend).blob
+
+
+def built_program(t: Target, lowered: L.Lowered, run: Optional[int], assemble,
+                  backend=None) -> program_file.BuiltProgram:
+    """program_blob()'s file, with what each probe's direct entry was made of."""
     offsets, _ = M.layout(lowered.maps)
     size = lowered.maps_bytes()
     runs = {number: _code_of(t.code_keys(number, lowered.code), lowered.code)
@@ -240,26 +246,31 @@ def program_blob(t: Target, lowered: L.Lowered, run: Optional[int], assemble,
     only = dataclasses.replace(lowered, code=dict(runs.values()))
     code, functions = assemble(t.machine, only, offsets)
     entries = {number: functions[key] for number, (key, _) in runs.items()}
-    code, direct = direct_entries(t, lowered, runs, functions, code, backend)
+    code, direct, made = direct_entries(t, lowered, runs, functions, code, backend)
+    head = M.head_bytes(lowered.maps)
 
     def blob(run: int) -> bytes:
-        head = bytes(M.initial_area(lowered.maps, run)[:M.head_bytes(lowered.maps)])
+        area = bytes(M.initial_area(lowered.maps, run)[:head])
         return program_file.build(len(t.probes), code, entries, run, lowered.uses,
-                                  lowered.arguments, head, size, direct)
+                                  lowered.arguments, area, size, direct)
     if run is None:
         run = int.from_bytes(hashlib.sha256(blob(0)).digest()[:8], "little") | 1
-    return blob(run)
+    code_at = program_file.code_start(len(t.probes), head, direct is not None)
+    return program_file.BuiltProgram(blob(run), {
+        number: dataclasses.replace(entry, function=code_at + entry.function)
+        for number, entry in made.items() if entry is not None})
 
 
 def direct_entries(t: Target, lowered, runs: Dict[int, tuple], functions: Dict[str, int],
                    code: bytes, backend):
     """(the code with the probes' direct entries after it, {probe number: its entry's
-    offset}), or (code, None) where the machine's trampolines call none. A probe whose
-    arguments the tracer cannot tell, or the entry cannot read, gets one that sends
-    its hits to the trace path (trampolines/program_file.py); a probe that runs no
-    code, none (nothing to run: the table's 0)."""
+    offset}, {probe number: the DirectEntry it was made from, or None}), or (code,
+    None, {}) where the machine's trampolines call none. A probe whose arguments the
+    tracer cannot tell, or the entry cannot read, gets one that sends its hits to the
+    trace path (trampolines/program_file.py); a probe that runs no code, none (nothing
+    to run: the table's 0)."""
     if backend is None or not backend.direct_calls:
-        return code, None
+        return code, None, {}
     specs = _ArgumentSpecs(t, backend)
     memo: dict = {}  # (registers_written's: a callback's stubs share their function)
     wanted: Dict[int, Optional[DirectEntry]] = {}
@@ -277,10 +288,10 @@ def direct_entries(t: Target, lowered, runs: Dict[int, tuple], functions: Dict[s
     run_at = program_file.RUN_AT - program_file.code_start(len(t.probes), head, True)
     distinct = list(dict.fromkeys(wanted.values()))
     if not distinct:
-        return code, {}
+        return code, {}, wanted
     more, starts = backend.direct_entries(base, run_at, distinct)
     at = {entry: base + start for entry, start in zip(distinct, starts)}
-    return code.ljust(base, b"\0") + more, {n: at[e] for n, e in wanted.items()}
+    return code.ljust(base, b"\0") + more, {n: at[e] for n, e in wanted.items()}, wanted
 
 
 def _code_shape(lowered, ops) -> tuple:
@@ -357,7 +368,8 @@ def rewrite_step(checked, paths: List[str], assemble, note=lambda why: None,
 
 
 def built_in(checked, paths: List[str], probes: List[tuple], machine: int, assemble,
-             map_size: int = M.KEYED_CAPACITY, backend=None) -> Optional[bytes]:
+             map_size: int = M.KEYED_CAPACITY,
+             backend=None) -> Optional[program_file.BuiltProgram]:
     """The program file of a program built into a rewrite's probes (pipeline.rewrite's
     `built_in`), for the probes it names in the file (`paths`: the names it goes by),
     given the output's probe table: (name, kind, address, arguments) by number; None
@@ -376,7 +388,7 @@ def built_in(checked, paths: List[str], probes: List[tuple], machine: int, assem
         return None
     lowered = lower(checked, {"": t}, map_size)
     check_arguments({"": t}, lowered)
-    return program_blob(t, lowered, None, assemble, backend)
+    return built_program(t, lowered, None, assemble, backend)
 
 
 def _code_of(keys: List[str], code: Dict[str, list]) -> tuple:

@@ -220,9 +220,30 @@ def _read(linked: str, spec: str, function: str, backend, area: int,
         raise CallbackError(f"--call {spec}: UREWRITE_ARGS({arguments}): a context holds "
                             f"{program_file.ARGUMENTS}")
     built = Callback(spec, backend, bytes(blob), found[0].value, records, shapes,
-                     said & 7 | program_file.USES_PID | program_file.USES_EVENT, area)
+                     said & 7 | _ALWAYS, area)
     built.read = arguments if arguments >= 0 else program_file.ARGUMENTS
+    words = backend.context_read(bytes(blob), found[0].value)
+    if words is not None:  # (its code says what it may read: the rest is not filled in)
+        built.uses &= _uses_of(words)
+        built.read = min(built.read, max((w // 8 + 1 for w in words
+                                          if w < program_file.ARGUMENTS * 8), default=0))
     return built
+
+
+# what a callback's context holds whatever it says it reads (UREWRITE_READS)
+_ALWAYS = program_file.USES_PID | program_file.USES_EVENT | program_file.USES_MAPS | \
+    program_file.USES_PROBE | program_file.USES_AREA
+
+
+def _uses_of(words: frozenset) -> int:
+    """program_file.USES_* of the context's words (by offset) a callback may read."""
+    P = program_file
+    uses = P.USES_NSECS * (P.CTX_NSECS in words) | P.USES_TID * (P.CTX_TID in words) | \
+        P.USES_COMM * any(P.CTX_COMM <= w < P.CTX_EVENT for w in words) | \
+        P.USES_PID * (P.CTX_PID in words) | P.USES_EVENT * (P.CTX_EVENT in words) | \
+        P.USES_MAPS * (P.CTX_MAPS in words) | \
+        P.USES_PROBE * bool({P.CTX_PROBE, P.CTX_NAME} & words) | P.USES_AREA * (P.CTX_AREA in words)
+    return uses | P.USES_MAPS * bool(uses & P.USES_AREA)  # (the area is the maps' + offset)
 
 
 def _maps(elf, blob: bytearray, spec: str, map_size: int):
@@ -291,7 +312,8 @@ def assemble(callback: Callback, offsets: List[int]) -> Tuple[bytes, Dict[str, i
         names[key] = len(blob)
         blob += callback.code[key][2].encode()[:255] + b"\0"
     blob += b"\0" * (-len(blob) % 16)
-    stubs = [(number, kind & 0xFF, names[key], area, callback.filled, callback.read)
+    stubs = [(number, kind & 0xFF, names[key], area, callback.filled, callback.read,
+              callback.uses)
              for key, (number, kind, _, area) in ((k, callback.code[k]) for k in keys)]
     code, starts = callback.backend.callback_stubs(len(blob), stubs, callback.function)
     return bytes(blob) + code, dict(zip(keys, starts))
@@ -314,6 +336,6 @@ def rewrite_step(callback: Callback, path: str):
                      [p.arguments for p in probes])
         built = dataclasses.replace(callback, code={})
         attach(built, {"": t})
-        return A.program_blob(t, built, None, lambda _, lowered, offsets:
-                              assemble(lowered, offsets), callback.backend)
+        return A.built_program(t, built, None, lambda _, lowered, offsets:
+                               assemble(lowered, offsets), callback.backend)
     return step

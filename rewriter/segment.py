@@ -11,17 +11,18 @@ Also returns the patch for each site: the jump that replaces its window.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
-from urewrite.arch.base import Backend, CountPoint, RuntimeRefs, RuntimeSpec
+from urewrite.arch.base import Backend, BuiltInCall, CountPoint, RuntimeRefs, RuntimeSpec
 from urewrite.arch.runtime_asm import LINK_PROGRAM
 from urewrite.errors import UrewriteError
 from urewrite.rewriter import parallel
 from urewrite.rewriter.debug_sections import Span
 from urewrite.rewriter.layout import Placement, align_up
-from urewrite.trampolines import arguments, live_note, region
+from urewrite.trampolines import arguments, live_note, program_file, region
 
 CODE_ALIGN = 16
 # trampolines whose hot parts lie together, then their cold parts (aligned for their
@@ -158,8 +159,10 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
     (Planner.detailed), for the code that moves them.
     `siteless`: probes with nothing to patch (return probes of functions that never
     return), listed in the region so that they report their 0 hits.
-    `built_in(probes, machine)`: a program file to build in (pipeline.rewrite), last in
-    the segment, where the runtime's link table points (runtime_asm.LINK_PROGRAM).
+    `built_in(probes, machine)`: a program file to build in (pipeline.rewrite,
+    program_file.BuiltProgram), after the runtime, where the runtime's link table
+    points (runtime_asm.LINK_PROGRAM); a trampoline may run a probe's direct entry's
+    work itself (CountPoint.built_in).
     `go_functions`: entries of the Go functions (.gopclntab), whose trampolines keep
     within what a goroutine's stack holds. `g_register(site)`: whether Go's g register
     holds the goroutine in the site's function (its latency pairs are kept per goroutine).
@@ -230,6 +233,23 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
     code += template
     code += bytes(runtime_at - base - len(code))
     code += runtime.code
+    ends = [address for _, address in runtime.routines[1:]] + [runtime_at + len(runtime.code)]
+    routines = [(name, address, end) for (name, address), end in zip(runtime.routines, ends)]
+    program = built_in(probes, backend.elf_machine) if built_in is not None else None
+    built_in_calls = {}  # probe index -> BuiltInCall: what its trampoline may run itself
+    if program:
+        # before the trampolines, which may call into it; at a page boundary: its code
+        # may address its data by pages (arm64's adrp in a C callback), and the program
+        # file keeps its code page-aligned
+        program_at = align_up(base + len(code), PROGRAM_ALIGN)
+        code += bytes(program_at - base - len(code)) + program.blob
+        struct.pack_into("<q", code, runtime_at - base + LINK_PROGRAM, program_at - runtime_at)
+        routines.append(("built_in_program", program_at, program_at + len(program.blob)))
+        # (its file: header, code, stubs)
+        built_in_calls = {number: BuiltInCall(dataclasses.replace(entry, function=0),
+                                              program_at + entry.function,
+                                              program_at + program_file.RUN_AT)
+                          for number, entry in program.entries.items()}
 
     def count_point(address, sites, flags_live, redirect=None, taken=False, stays_within=()):
         per_probe = {index_of[site.probe_key]: site for site in sites}
@@ -240,10 +260,11 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
         go_code = all(s.function.address in go_functions for s in sites)
         g_held = go_code and (enters or leaves) and all(g_register(s) for s in sites)
         from_go = go_code and all(called_from_go(s) for s in sites)
+        call = built_in_calls.get(indexes[0]) if len(indexes) == 1 else None
         return CountPoint(address, indexes, flags_live,
                           tuple(arguments_of(per_probe[i]) for i in indexes),
                           enters, leaves, redirect, taken, stays_within, go_code, g_held,
-                          from_go)
+                          from_go, call)
 
     def trampolines(part, start: int, step=None) -> tuple:
         return _trampolines(backend, part, start, refs, count_point, detailed, step)
@@ -281,17 +302,6 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
         moved = [(t, o) for span in spans if in_go_code(span.window) for t, o, _ in span.moved]
         code += backend.fault_hook(hook_at, hook.window, moved)
         patches.append((hook.window.address, backend.site_patch(hook.window, hook_at)))
-    program = built_in(probes, backend.elf_machine) if built_in is not None else None
-    ends = [address for _, address in runtime.routines[1:]] + [runtime_at + len(runtime.code)]
-    routines = [(name, address, end) for (name, address), end in zip(runtime.routines, ends)]
-    if program:
-        # at a page boundary: its code may address its data by pages (arm64's adrp
-        # in a C callback), and the program file keeps its code page-aligned
-        program_at = align_up(base + len(code), PROGRAM_ALIGN)
-        code += bytes(program_at - base - len(code)) + program
-        struct.pack_into("<q", code, runtime_at - base + LINK_PROGRAM, program_at - runtime_at)
-        routines.append(("built_in_program", program_at, program_at + len(program)))  # (its file:
-        # header, code, stubs)
     live = live_note.build(backend.elf_machine, runtime_at, placement.state_vaddr,
                            placement.state_size, template_at + align_up(copied, 8),
                            backend.live_state, file_tag) if backend.live_state else b""

@@ -86,6 +86,10 @@ USES_NSECS, USES_TID, USES_COMM = 1, 2, 4  # (maps are always there)
 # where these say the code reads them (a program's pid, checked reads, printf; a
 # callback: always)
 USES_PID, USES_EVENT = 8, 16
+# the maps' address (a program's code always reads it), and a C callback's probe
+# number, kind and name, its area (made from the maps': USES_AREA comes with USES_MAPS):
+# a callback's filled in where its code may read them (Backend.context_read)
+USES_MAPS, USES_PROBE, USES_AREA = 32, 64, 128
 PRINTF_PROBE = 0x7FFF0000  # a printf() event's probe number: this plus the printf's
 
 
@@ -109,6 +113,16 @@ class DirectEntry:
     # whether the function needs the stack aligned as its calling convention says (C
     # code); a program's own code does not
     aligned: bool = True
+
+
+@dataclass(frozen=True)
+class BuiltProgram:
+    """A program file built into a rewrite (rewriter/segment.py), with the direct
+    entries it has, by probe number, each's `function` counted from the file's start:
+    a trampoline may do what the entry does itself (Backend.built_in_call)."""
+
+    blob: bytes
+    entries: Dict[int, DirectEntry]
 
 
 def build(probe_count: int, code: bytes, entries: Dict[int, int], run: int,

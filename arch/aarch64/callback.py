@@ -9,7 +9,7 @@ from typing import List, Sequence, Tuple
 
 from urewrite.arch.aarch64.writer import Writer
 from urewrite.trampolines.program_file import (CTX_AREA, CTX_ARGS, CTX_MAPS,
-                                               CTX_NAME, CTX_PROBE)
+                                               CTX_NAME, CTX_PROBE, USES_AREA, USES_PROBE)
 
 # no floating-point or SIMD register; atomics inline, not libgcc's outline helpers;
 # landing pads (bti) where the callback is reached through a register in a file whose
@@ -26,20 +26,22 @@ def stubs(address: int, each: Sequence[tuple], function: int) -> Tuple[bytes, Li
     register (bti c)."""
     w = Writer(address)
     starts = []
-    for probe, kind, name, area, filled, read in each:
+    for probe, kind, name, area, filled, read, uses in each:
         starts.append(w.pc)
         w.word(BTI_C)
         for i in range(filled, read):  # (the arguments it does not read are not filled in)
             w.str_(XZR, X0, CTX_ARGS + 8 * i)
-        w.mov_imm(X9, probe)
-        w.word(0xF2C00000 | (kind & 0xFFFF) << 5 | X9)  # movk x9, kind, lsl 32
-        w.str_(X9, X0, CTX_PROBE)
-        w.address_of(X9, name)
-        w.str_(X9, X0, CTX_NAME)
-        w.ldr(X9, X0, CTX_MAPS)
-        w.mov_imm(X10, area)
-        w.add_reg(X9, X9, X10)
-        w.str_(X9, X0, CTX_AREA)
+        if uses & USES_PROBE:
+            w.mov_imm(X9, probe)
+            w.word(0xF2C00000 | (kind & 0xFFFF) << 5 | X9)  # movk x9, kind, lsl 32
+            w.str_(X9, X0, CTX_PROBE)
+            w.address_of(X9, name)
+            w.str_(X9, X0, CTX_NAME)
+        if uses & USES_AREA:
+            w.ldr(X9, X0, CTX_MAPS)
+            w.mov_imm(X10, area)
+            w.add_reg(X9, X9, X10)
+            w.str_(X9, X0, CTX_AREA)
         w.b(function)
     return w.bytes(), starts
 

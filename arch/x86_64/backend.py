@@ -462,6 +462,9 @@ class X86_64Backend(Backend):
     def callback_stubs(self, address, stubs, function) -> tuple:
         return callback.stubs(address, stubs, function)
 
+    def context_read(self, code, start):
+        return callback.context_read(self._full, code, start)
+
     def touches_unsaved_register(self, insn) -> bool:
         return callback.touches_unsaved_register(insn)
 

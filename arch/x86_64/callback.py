@@ -10,7 +10,7 @@ from typing import List, Optional, Sequence, Tuple
 
 from urewrite.arch.x86_64.writer import EAX, RAX, RDI, Mem, Rip, Writer
 from urewrite.trampolines.program_file import (CTX_AREA, CTX_ARGS, CTX_MAPS,
-                                               CTX_NAME, CTX_PROBE)
+                                               CTX_NAME, CTX_PROBE, USES_AREA, USES_PROBE)
 
 FLAGS = ("-mgeneral-regs-only", "-fcf-protection=none")
 # x87, MMX, SSE and AVX registers: what -mgeneral-regs-only keeps out
@@ -21,19 +21,21 @@ def stubs(address: int, each: Sequence[tuple], function: int) -> Tuple[bytes, Li
     """Backend.callback_stubs: rdi holds the context."""
     w = Writer(address)
     starts = []
-    for probe, kind, name, area, filled, read in each:
+    for probe, kind, name, area, filled, read, uses in each:
         starts.append(w.pc)
         if filled < read:  # (the arguments it does not read are not filled in)
             w.mov(EAX, 0)  # (a store each: no loop to mispredict)
             for i in range(filled, read):
                 w.mov(Mem(RDI, disp=CTX_ARGS + 8 * i), RAX)
-        w.movabs(RAX, probe | kind << 32)  # probe, then kind
-        w.mov(Mem(RDI, disp=CTX_PROBE), RAX)
-        w.lea(RAX, Rip(name))
-        w.mov(Mem(RDI, disp=CTX_NAME), RAX)
-        w.mov(RAX, Mem(RDI, disp=CTX_MAPS))
-        w.add(RAX, area, imm32=True)
-        w.mov(Mem(RDI, disp=CTX_AREA), RAX)
+        if uses & USES_PROBE:
+            w.movabs(RAX, probe | kind << 32)  # probe, then kind
+            w.mov(Mem(RDI, disp=CTX_PROBE), RAX)
+            w.lea(RAX, Rip(name))
+            w.mov(Mem(RDI, disp=CTX_NAME), RAX)
+        if uses & USES_AREA:
+            w.mov(RAX, Mem(RDI, disp=CTX_MAPS))
+            w.add(RAX, area, imm32=True)
+            w.mov(Mem(RDI, disp=CTX_AREA), RAX)
         w.jmp(function)
     return w.bytes(), starts
 
@@ -123,3 +125,72 @@ def touches_unsaved_register(insn) -> bool:
     """Backend.touches_unsaved_register: x87, MMX, SSE, AVX and AVX-512's registers."""
     return bool(_NOT_SAVED.search(insn.op_str)) or \
         insn.mnemonic.startswith(("f", "v", "emms")) and insn.mnemonic not in ("fxsave", "fxrstor")
+
+
+def context_read(decoder, code: bytes, start: int) -> Optional[frozenset]:
+    """Backend.context_read: the offsets of the 8-byte words of the context (rdi at
+    `start`) that the code reachable from there may read, or None where the pointer
+    may go further than loads through it. Along each path the registers that hold the
+    pointer are followed: rdi at first, any register a `mov` copies it into, none
+    once written. A holder read otherwise than as the only register of a memory
+    operand (pushed, stored, added to, an lea, an index, a string instruction's
+    implicit use), a holder written in part, an indirect jump or call, or bytes that
+    cannot be decoded: None. A call passes the holders on: its target is read with
+    them, and what follows it too (they may still hold the pointer)."""
+    from capstone import (CS_AC_READ, CS_AC_WRITE, CS_GRP_CALL, CS_GRP_JUMP, CS_GRP_RET,
+                          CS_OP_IMM)
+    from capstone.x86 import X86_OP_MEM, X86_OP_REG, X86_REG_INVALID
+
+    def full(register: int) -> str:
+        return _FULL.get(decoder.reg_name(register) or "", "")
+
+    words, seen, todo = set(), set(), [(start, frozenset(("rdi",)))]
+    while todo:
+        at, holders = todo.pop()
+        while holders and (at, holders) not in seen:
+            if not 0 <= at < len(code) or len(seen) > _CONTEXT_STATES:
+                return None
+            seen.add((at, holders))
+            insn = next(decoder.disasm(code[at:at + 16], at, 1), None)
+            if insn is None or any(full(r) in holders for r in insn.regs_read):
+                return None  # (an implicit use: movs, stos, ...)
+            copied = None
+            for op in insn.operands:
+                if op.type == X86_OP_REG and full(op.reg) in holders and op.access & CS_AC_READ:
+                    dst = insn.operands[0]
+                    if insn.mnemonic != "mov" or len(insn.operands) != 2 or op is dst or \
+                            dst.type != X86_OP_REG or dst.size != 8 or op.size != 8:
+                        return None
+                    copied = full(dst.reg)
+                if op.type != X86_OP_MEM:
+                    continue
+                base, index = op.mem.base, op.mem.index
+                if index != X86_REG_INVALID and full(index) in holders:
+                    return None
+                if base == X86_REG_INVALID or full(base) not in holders:
+                    continue
+                if index != X86_REG_INVALID or op.size <= 0 or insn.mnemonic == "lea" or \
+                        op.mem.segment != X86_REG_INVALID or decoder.reg_name(base) != full(base):
+                    return None
+                first, last = op.mem.disp, op.mem.disp + op.size - 1
+                words.update(range(first - first % 8, last + 1, 8))
+            written = {(full(op.reg), op.size) for op in insn.operands
+                       if op.type == X86_OP_REG and op.access & CS_AC_WRITE} | \
+                {(full(r), 8) for r in insn.regs_write}
+            if any(name in holders and size < 4 for name, size in written):
+                return None  # (a holder written in part: a pointer near the context)
+            holders = holders - {name for name, _ in written} | ({copied} if copied else set())
+            if insn.group(CS_GRP_RET):
+                break
+            if insn.group(CS_GRP_JUMP) or insn.group(CS_GRP_CALL):
+                operand = insn.operands[0] if len(insn.operands) == 1 else None
+                if operand is None or operand.type != CS_OP_IMM:
+                    return None
+                todo.append((operand.imm, holders))
+                if insn.mnemonic == "jmp":
+                    break
+            at += insn.size
+    return frozenset(words)
+
+
+_CONTEXT_STATES = 100_000  # instructions read with the holders they had, at most

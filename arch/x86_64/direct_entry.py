@@ -121,7 +121,8 @@ def _entry(name: str, entry: DirectEntry, run_at: int) -> List[str]:
     else:  # (a program's code: no alignment asked, no rbp to keep it)
         out += [f"sub rsp, {P.CTX_SIZE}"]
         frame = _Frame(8 * len(saved) + P.CTX_SIZE, saved_rbp=False)
-    out += [f"mov qword ptr [rsp + {P.CTX_MAPS}], rcx"]
+    if entry.uses & P.USES_MAPS:  # (a program's code always; a callback's where it reads them)
+        out += [f"mov qword ptr [rsp + {P.CTX_MAPS}], rcx"]
     for j in range(reads):
         if j < known:
             out += _value(entry.expected[j], frame, "rax")

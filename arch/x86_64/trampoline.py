@@ -59,10 +59,12 @@ a block of trampolines (rewriter/segment.py).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Optional
 
-from urewrite.arch.base import CountPoint, RuntimeRefs, Window
-from urewrite.arch.x86_64 import direct_entry, relocator
+from urewrite.arch.base import BuiltInCall, CountPoint, RuntimeRefs, Window
+from urewrite.arch.x86_64 import built_in_call, direct_entry, relocator
 from urewrite.arch.x86_64.arguments import TRACE_PUSHES
 from urewrite.arch.x86_64.writer import (AL, ESI, GPR64, RAX, RCX, RDI, RDX, RSI, RSP, Hole, Mem,
                                          Rip, Writer)
@@ -189,28 +191,34 @@ def counting(w: Writer, c: Writer, L: _Labels, point, refs: RuntimeRefs) -> None
     trace path into `c`, copied from the templates of its shape: points differ in
     little more than their probes' indexes (a big file has 100,000s of points, of a
     few shapes)."""
+    call = point.built_in if point.built_in is not None and calls_direct(point) and \
+        built_in_call.takes(point.built_in.entry, point.arguments[0]) else None
     shape = (refs, point.flags_live, len(point.probes), point.enters, len(point.leaves),
-             point.redirect is not None, point.arguments, point.go_code, point.g_register)
+             point.redirect is not None, point.arguments, point.go_code, point.g_register,
+             dataclasses.replace(call, function=0) if call else None)
     values = point.probes + point.leaves
-    w.splice(counting_template(0, *shape)[0], L.prefix, values)
+    fixed = {"built_in": call.function} if call else None  # (each probe's own function)
+    w.splice(counting_template(0, *shape)[0], L.prefix, values, fixed)
     c.splice(counting_template(len(c.code) % ARGUMENTS_ALIGN, *shape)[1], L.prefix, values)
 
 
 @functools.lru_cache(maxsize=4096)
 def counting_template(phase: int, refs: RuntimeRefs, flags_live: bool, probes: int,
                        enters: bool, leaves: int, redirect: bool, arguments: tuple,
-                       go_code: bool, g_register: bool = False) -> tuple:
+                       go_code: bool, g_register: bool = False,
+                       built_in: Optional[BuiltInCall] = None) -> tuple:
     """(hot, cold) templates of a point of this shape: the armed path up to its way
     back; the rest of it and the trace path, written `phase` bytes past an
     ARGUMENTS_ALIGN boundary. With holes for the indexes of its probes, then of its
-    histograms."""
+    histograms. `built_in`: the built-in program's call its trampoline makes itself
+    (built_in_call.py; its function at the label `built_in`)."""
     w, c = Writer(0), Writer(0)
     c.raw(bytes(phase))
     L = _Labels("@")
     shape = CountPoint(0, tuple(Hole(k) for k in range(probes)), flags_live, arguments,
                        enters, tuple(Hole(probes + k) for k in range(leaves)),
                        CountPoint(0, (), False) if redirect else None, go_code=go_code,
-                       g_register=g_register)
+                       g_register=g_register, built_in=built_in)
     armed_path(w, c, L, shape, refs)
     trace_path(c, L, shape.probes, refs, shape.arguments, red_zone(shape),
                calls_direct(shape), flags_live)
@@ -330,7 +338,18 @@ def armed_path(w: Writer, c: Writer, L: _Labels, point, refs: RuntimeRefs) -> No
         w.lea(RSI, Rip(L.stub))
         w.call(refs.shadow_push)
     w.cmp(Rip(refs.state + TRACING, bits=8), 0)
-    w.jcc("ne", L.trace)
+    if point.built_in is not None:
+        # A process of this file is expected to run the program built in: its call
+        # in line, on the counting path (a taken branch and a cold line less, 0.3 ns)
+        w.jcc("e", L.traced)
+        w.lea(RSI, Rip(refs.state + direct_entry.DIRECT))
+        built_in_call.emit(w, L, point.built_in.entry, point.built_in.run, flags_live, red)
+        w.label(L.built_in_done)
+        back_to_site(w, L, flags_live, red)
+        w.label(L.by_table)  # (a tracer's program, or none bound yet)
+        w.jmp(L.trace)
+    else:
+        w.jcc("ne", L.trace)
     w.label(L.traced)
     back_to_site(w, L, flags_live, red)
 

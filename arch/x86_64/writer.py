@@ -189,9 +189,11 @@ class Writer:
         return Template(bytes(self.code[start:]), labels, holes, tuple(absolute),
                         tuple(outside))
 
-    def splice(self, template: Template, prefix: str, values: tuple) -> None:
+    def splice(self, template: Template, prefix: str, values: tuple,
+               fixed: Optional[dict] = None) -> None:
         """Copy `template` here, its labels named `prefix` + name, its holes filled
-        from `values`."""
+        from `values`; a label outside it named in `fixed` (by its name in the
+        template) is that address (which move_to leaves where it is)."""
         base = len(self.code)
         at = self.address + base
         code = self.code
@@ -201,7 +203,8 @@ class Writer:
         for field, end, address in template.absolute:  # (resolved by bytes(): see move_to)
             self._fixups.append((base + field, base + end, address))
         for field, end, name in template.outside:
-            self._fixups.append((base + field, base + end, prefix + name))
+            self._fixups.append((base + field, base + end,
+                                 fixed[name] if fixed and name in fixed else prefix + name))
         for name, offset in template.labels:
             self.labels[prefix + name] = at + offset
 

@@ -10,7 +10,7 @@ runs each) the same program under bpftrace on the unprobed target (root and trac
 only, unless --no-kernel). "Added" is over counting with the same
 rewrite. Each program's maps are checked: a row whose counts are wrong fails the bench.
 The C callbacks beside it (--call) are rows too, each against the bpftrace program
-that does the same. The targets #34 gives are judged on the "added" column; the
+that does the same, loaded by `run` and built into a rewrite (run under `stat`). The targets #34 gives are judged on the "added" column; the
 latency idiom's (two clock reads + 5 ns) with a clock read timed in the same run
 (`calls N clock`: the counter nsecs reads, in a loop of nothing else).
 """
@@ -119,6 +119,17 @@ def programs_bench(work: str, iterations: int, repeat: int, kernel: bool) -> Dic
         probed = rewrites["uretprobe" in text]
         what = [how[0], how[1].format(path=probed)] if how[0] == "-e" else how
         ours_commands[name] = (urewrite + ["run", *what, "--", probed, n], expect(iterations))
+    # each callback built into a rewrite too, run under stat (its trampoline calls it)
+    for k, (name, text, expect, how) in enumerate(rows_to_run[len(PROGRAMS):]):
+        probed = os.path.join(work, f"calls.built-in.{k}")
+        proc = subprocess.run(urewrite + [plain, "-p", "target", "--args", "2", *how, "-o",
+                                          probed, "-q"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise BenchError(f"cannot rewrite the calls target with {how[1]}: "
+                             f"{proc.stderr.strip()}")
+        rows_to_run.append((f"{name}, built in", text, expect, None))
+        ours_commands[f"{name}, built in"] = (urewrite + ["stat", "--", probed, n],
+                                              expect(iterations))
     ours_best: Dict[str, float] = {}
     for round_number in range(repeat):
         log(f"programs: round {round_number + 1} of {repeat}")
@@ -129,17 +140,18 @@ def programs_bench(work: str, iterations: int, repeat: int, kernel: bool) -> Dic
     rows = {key: ours_best[key] for key in ("unprobed", "counting", "counting_with_return",
                                             "clock_read")}
     bpftrace = shutil.which("bpftrace") if kernel and os.geteuid() == 0 else None
-    programs = []
+    programs, kernel_rows = [], {}
     for name, text, expect, how in rows_to_run:
         returns = "uretprobe" in text
         ours = ours_best[name]
-        if bpftrace and name not in NO_BPFTRACE:
+        if bpftrace and name not in NO_BPFTRACE and text not in kernel_rows:
             log(f"programs: {name} under bpftrace")
-        # (a kernel uprobe hit costs microseconds: fewer calls, the same per-call figure)
-        calls = max(iterations // KERNEL_SHARE, 4000)
-        theirs, same = best([bpftrace, "-e", text.format(path=plain), "-c", f"{plain} {calls}"],
-                            expect(calls), strict=False) \
-            if bpftrace and name not in NO_BPFTRACE else (None, None)
+            # (a kernel uprobe hit costs microseconds: fewer calls, the same per-call figure)
+            calls = max(iterations // KERNEL_SHARE, 4000)
+            kernel_rows[text] = best([bpftrace, "-e", text.format(path=plain), "-c",
+                                      f"{plain} {calls}"], expect(calls), strict=False)
+        theirs, same = kernel_rows.get(text, (None, None))  # (a callback's built-in row:
+        # its loaded row's)
         programs.append({"program": name, "ns": ours, "added_ns": ours - counting[returns],
                          "bpftrace_ns": theirs, "bpftrace_maps_right": same})
     return {"iterations": iterations, "repeat": repeat, **rows, "programs": programs}
@@ -153,6 +165,7 @@ TARGETS = {
     "latency idiom": (lambda r: 2 * r["clock_read"] + 5,
                       "within two clock reads + 5 ns of counting"),
     "C callback, empty": (lambda r: 1.5, "within 1.5 ns of counting"),
+    "C callback, empty, built in": (lambda r: 1.5, "within 1.5 ns of counting"),
 }
 
 
@@ -172,15 +185,15 @@ def programs_targets(result: Dict) -> list:
 def format_programs_table(result: Dict) -> str:
     lines = [f"Probe programs: ns per call of target() (best of {result['repeat']} rounds, "
              f"{result['iterations']:,} calls)",
-             f"  {'unprobed':<28}{result['unprobed']:>10.2f}",
-             f"  {'counting (stat), entry':<28}{result['counting']:>10.2f}",
-             f"  {'  and return':<28}{result['counting_with_return']:>10.2f}",
-             f"  {'a clock read (loop)':<28}{result.get('clock_read', 0):>10.2f}",
-             f"  {'program':<28}{'urewrite':>10}{'+ over counting':>17}{'bpftrace':>11}"]
+             f"  {'unprobed':<36}{result['unprobed']:>10.2f}",
+             f"  {'counting (stat), entry':<36}{result['counting']:>10.2f}",
+             f"  {'  and return':<36}{result['counting_with_return']:>10.2f}",
+             f"  {'a clock read (loop)':<36}{result.get('clock_read', 0):>10.2f}",
+             f"  {'program':<36}{'urewrite':>10}{'+ over counting':>17}{'bpftrace':>11}"]
     for row in result["programs"]:
         theirs = "-" if row["bpftrace_ns"] is None else f"{row['bpftrace_ns']:.1f}" + \
             ("" if row["bpftrace_maps_right"] else "*")
-        lines.append(f"  {row['program']:<28}{row['ns']:>10.2f}{row['added_ns']:>17.2f}"
+        lines.append(f"  {row['program']:<36}{row['ns']:>10.2f}{row['added_ns']:>17.2f}"
                      f"{theirs:>11}")
     if any(row["bpftrace_maps_right"] is False for row in result["programs"]):
         lines.append("  * bpftrace's maps were not the counts the calls make")
