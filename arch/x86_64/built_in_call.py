@@ -4,8 +4,10 @@ A program or C callback built into the rewrite (program_file.BuiltProgram) gives
 of its probes a direct entry (direct_entry.py), which a trampoline reaches through the
 direct table: a load, an indirect call, then the entry's own call of the function.
 Where the entry's work is simple, the probe's trampoline does it instead, with one
-direct call (an empty C callback: +2.7 ns over counting through the entry, about +1.2
-this way; docs/benchmarks.md §10):
+direct call, in line on the counting path after the count (trampoline.armed_path: a
+process of this file runs its built-in program whenever it is armed). An empty C
+callback: +2.3 to 2.5 ns over counting through the table and the entry, +1.1 this way
+(docs/benchmarks.md §10, "Callbacks built in"):
 
     rsi = the binding (direct_entry.DIRECT)
     rcx = the bound maps ; none: by_table
@@ -16,7 +18,7 @@ this way; docs/benchmarks.md §10):
     (registers and constants), pid and the printf routine where read
     rdi = the context ; call the function ; rsp = rbp ; the pops
     done: the site's registers back (trampoline.back_to_site)
-    by_table: the direct table's way
+    by_table: the trace path, which goes the direct table's way
 
 An entry with a leading predicate, or that reads the clock, the thread's id or name, or
 an argument in memory or narrower than a register, stays with the direct table

@@ -155,10 +155,11 @@ def context_read(decoder, code: bytes, start: int) -> Optional[frozenset]:
             if insn is None or any(full(r) in holders for r in insn.regs_read):
                 return None  # (an implicit use: movs, stos, ...)
             copied = None
-            for op in insn.operands:
+            operands = insn.operands
+            for k, op in enumerate(operands):
                 if op.type == X86_OP_REG and full(op.reg) in holders and op.access & CS_AC_READ:
-                    dst = insn.operands[0]
-                    if insn.mnemonic != "mov" or len(insn.operands) != 2 or op is dst or \
+                    dst = operands[0]  # (a copy: mov reg64, holder)
+                    if insn.mnemonic != "mov" or len(operands) != 2 or k != 1 or \
                             dst.type != X86_OP_REG or dst.size != 8 or op.size != 8:
                         return None
                     copied = full(dst.reg)
@@ -174,7 +175,7 @@ def context_read(decoder, code: bytes, start: int) -> Optional[frozenset]:
                     return None
                 first, last = op.mem.disp, op.mem.disp + op.size - 1
                 words.update(range(first - first % 8, last + 1, 8))
-            written = {(full(op.reg), op.size) for op in insn.operands
+            written = {(full(op.reg), op.size) for op in operands
                        if op.type == X86_OP_REG and op.access & CS_AC_WRITE} | \
                 {(full(r), 8) for r in insn.regs_write}
             if any(name in holders and size < 4 for name, size in written):
