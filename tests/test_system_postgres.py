@@ -218,8 +218,9 @@ def test_server_under_stat_answers_as_the_original_with_the_kernels_counts(
 
 
 def test_bench_postgres_runs_every_configuration():
-    """`bench --postgres`'s part, briefly: every configuration runs pgbench, and the
-    probes of each counted its transactions."""
+    """`bench --postgres`'s part, briefly: every configuration runs pgbench, the
+    probes of each counted its transactions, and the server's CPU time a transaction
+    is measured (a backend's transaction takes some tens of microseconds to a few ms)."""
     from urewrite.bench.postgres import format_postgres_table, postgres_bench
     _user_ids()
     result = postgres_bench(seconds=1, repeat=1)
@@ -230,4 +231,6 @@ def test_bench_postgres_runs_every_configuration():
     assert all(tps > 0 for tps in result["median_tps"].values())
     for config in configs - {"original"}:
         assert result["transactions_counted"][config] > 100, (config, result)
+    assert set(result["median_cpu_us"]) == set(result["cpu_ratio"]) == configs
+    assert all(10 < us < 100_000 for us in result["median_cpu_us"].values()), result
     assert "urewrite run" in format_postgres_table(result)

@@ -39,7 +39,10 @@ PROGRAM = "usdt:{path}:postgresql:* {{ @[probe] = count(); }}"
 CONFIGS = ("original", "urewrite stat", "urewrite run", "bpftrace")
 
 # One run, as the postgres user: start the server BINARY on a socket in DIR, fill the
-# tables (pgbench -i), run pgbench for SECONDS with CLIENTS clients, stop.
+# tables (pgbench -i), run pgbench for SECONDS with CLIENTS clients, stop. Around the
+# pgbench run, the CPU time (clock ticks) the server's processes have used: the
+# postmaster's own and its reaped children's, and its live children's (the backends
+# exit when pgbench's connections close; a moment later the postmaster has reaped them).
 WORKLOAD = """set -e
 binary=$1 dir=$2 seconds=$3 clients=$4
 conn="-h $dir/socket -p 5498 -U postgres"
@@ -48,7 +51,16 @@ conn="-h $dir/socket -p 5498 -U postgres"
     -w start > /dev/null
 trap '{bin}/pg_ctl -D "$dir/data" -m fast -w stop > /dev/null' EXIT
 {bin}/pgbench $conn -i -q postgres > /dev/null 2>&1
+cpu() {{
+    pm=$(head -n 1 "$dir/data/postmaster.pid")
+    cat /proc/[0-9]*/stat 2>/dev/null | awk -v pm="$pm" \\
+        '$1 == pm {{ t += $14 + $15 + $16 + $17 }} $4 == pm {{ t += $14 + $15 }} END {{ print t }}'
+}}
+sleep 0.5
+echo "server cpu before: $(cpu)"
 {bin}/pgbench $conn -n -c "$clients" -j "$clients" -T "$seconds" postgres
+sleep 0.5
+echo "server cpu after: $(cpu)"
 """
 
 
@@ -103,22 +115,30 @@ def _bench(root: str, seconds: int, repeat: int, clients: int, bpftrace: Optiona
                              text=True).stdout.strip()
     skipped = None if bpftrace else ("--no-kernel" if not kernel else "bpftrace not installed")
     tps: Dict[str, List[float]] = {c: [] for c in CONFIGS}
+    cpu: Dict[str, List[float]] = {c: [] for c in CONFIGS}
     counts: Dict[str, Dict[str, int]] = {}
     configs = [c for c in CONFIGS if c != "bpftrace" or bpftrace]
     for r in range(repeat):
         for config in configs[r % len(configs):] + configs[:r % len(configs)]:
             log(f"postgres: round {r + 1}/{repeat}, {config}")
-            got, hits = _one_run(config, root, original, probed, script, seconds, clients,
-                                 bpftrace)
+            got, hits, used = _one_run(config, root, original, probed, script, seconds,
+                                       clients, bpftrace)
             tps[config].append(got)
+            cpu[config].append(used)
             if hits is not None:
                 counts[config] = hits
     medians = {c: statistics.median(v) for c, v in tps.items() if v}
     ratios = {c: [a / b for a, b in zip(v, tps["original"])] for c, v in tps.items() if v}
+    # the server's CPU time a transaction: the original's over each's, round by round
+    # (what the probes cost the server itself, which the machine's spread moves less)
+    cpu_ratios = {c: [b / a for a, b in zip(v, cpu["original"])] for c, v in cpu.items() if v}
     return {"version": version, "seconds": seconds, "clients": clients, "repeat": repeat,
             "sites": _site_count(counts), "tps": tps, "median_tps": medians,
             "ratio": {c: statistics.median(v) for c, v in ratios.items()},
-            "round_ratios": ratios,
+            "round_ratios": ratios, "cpu_us_per_transaction": cpu,
+            "median_cpu_us": {c: statistics.median(v) for c, v in cpu.items() if v},
+            "cpu_ratio": {c: statistics.median(v) for c, v in cpu_ratios.items()},
+            "round_cpu_ratios": cpu_ratios,
             "transactions_counted": {c: h.get("postgresql:transaction__start", 0)
                                      for c, h in counts.items()},
             "kernel_skipped": skipped}
@@ -126,7 +146,8 @@ def _bench(root: str, seconds: int, repeat: int, clients: int, bpftrace: Optiona
 
 def _one_run(config: str, root: str, original: str, probed: str, script: str, seconds: int,
              clients: int, bpftrace: Optional[str]) -> tuple:
-    """(transactions per second, hits by probe name or None) of one pgbench run."""
+    """(transactions per second, hits by probe name or None, the server's CPU time a
+    transaction in microseconds) of one pgbench run."""
     binary = original if config in ("original", "bpftrace") else probed
     workload = ["runuser", "-u", USER, "--", "sh", script, binary, root, str(seconds),
                 str(clients)]
@@ -149,10 +170,14 @@ def _one_run(config: str, root: str, original: str, probed: str, script: str, se
         if tracer is not None:
             _stop(tracer)
     found = re.search(r"^tps = ([0-9.]+)", proc.stdout, re.M)
-    if proc.returncode != 0 or not found:
+    done = re.search(r"^number of transactions actually processed: (\d+)", proc.stdout, re.M)
+    ticks = [int(t) for t in re.findall(r"^server cpu (?:before|after): (\d+)$", proc.stdout,
+                                        re.M)]
+    if proc.returncode != 0 or not found or not done or len(ticks) != 2:
         raise BenchError(f"postgres under {config}: exit {proc.returncode}: "
                          f"{(proc.stderr or proc.stdout).strip()[-300:]}")
-    return float(found.group(1)), _hits(config, report)
+    used = (ticks[1] - ticks[0]) / os.sysconf("SC_CLK_TCK") * 1e6 / max(int(done.group(1)), 1)
+    return float(found.group(1)), _hits(config, report), used
 
 
 def _stop(tracer: subprocess.Popen) -> None:
@@ -225,17 +250,22 @@ def format_postgres_table(result: dict) -> str:
         return f"postgres: skipped: {result['skipped']}\n"
     lines = [f"postgres: {result['version']}; pgbench -c {result['clients']} -T "
              f"{result['seconds']} (TPC-B-like, fsync off), median of {result['repeat']} "
-             f"rounds; every postgresql USDT probe; ratio: the median of the rounds' own",
-             f"  {'':<16}{'tps':>10}{'ratio':>8}{'transactions counted':>24}"]
+             f"rounds; every postgresql USDT probe; ratio: the median of the rounds' own; "
+             f"cpu: the server's CPU time a transaction (us), ratio: the original's over it",
+             f"  {'':<16}{'tps':>10}{'ratio':>8}{'cpu':>8}{'ratio':>8}"
+             f"{'transactions counted':>24}"]
     for config in CONFIGS:
         if config not in result["median_tps"]:
             lines.append(f"  {config:<16}{'-':>10}  ({result['kernel_skipped']})")
             continue
         counted = result["transactions_counted"].get(config)
         rounds = result.get("round_ratios", {}).get(config, [])
+        cpu_rounds = result.get("round_cpu_ratios", {}).get(config, [])
         lines.append(f"  {config:<16}{result['median_tps'][config]:>10.1f}"
                      f"{result['ratio'][config]:>8.3f}"
+                     f"{result['median_cpu_us'][config]:>8.1f}{result['cpu_ratio'][config]:>8.3f}"
                      f"{'' if counted is None else f'{counted:,}':>24}" +
-                     (f"  (rounds: {', '.join(f'{x:.3f}' for x in rounds)})"
+                     (f"  (rounds: {', '.join(f'{x:.3f}' for x in rounds)}; cpu: "
+                      f"{', '.join(f'{x:.3f}' for x in cpu_rounds)})"
                       if config != "original" and len(rounds) > 1 else ""))
     return "\n".join(lines) + "\n"

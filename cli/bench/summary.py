@@ -94,6 +94,10 @@ def targets(result: dict) -> List[dict]:
             ratio = postgres["ratio"].get(config)
             add(f"postgres TPS under {config} >= 98% of the original", 100 * ratio,
                 ratio >= 0.98, "%")
+            cpu = postgres.get("cpu_ratio", {}).get(config)
+            if cpu is not None:  # (the server's own CPU a transaction: the spread is less)
+                add(f"postgres server CPU a transaction under {config}: the original's "
+                    f">= 98% of it", 100 * cpu, cpu >= 0.98, "%")
     scaling = result.get("rewrite_scaling")
     if scaling and not scaling.get("skipped"):
         by_probes = {r["probes"]: r for r in scaling["rows"]}
