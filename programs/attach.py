@@ -273,15 +273,24 @@ def direct_entries(t: Target, lowered, runs: Dict[int, tuple], functions: Dict[s
         return code, None, {}
     specs = _ArgumentSpecs(t, backend)
     memo: dict = {}  # (registers_written's: a callback's stubs share their function)
+    stubs_write: list = []  # (a callback's stubs are one sequence of instructions, their
+    # constants aside: what one writes, all write)
     wanted: Dict[int, Optional[DirectEntry]] = {}
     for number, (key, ops) in runs.items():
         expected = specs(number)
         reads, uses, predicate = _code_shape(lowered, ops)
+        if expected is None:
+            wanted[number] = None
+            continue
+        if isinstance(ops, list):
+            writes = backend.registers_written(code, functions[key], memo)
+        else:
+            if not stubs_write:
+                stubs_write.append(backend.registers_written(code, functions[key], memo))
+            writes = stubs_write[0]
         # (an entry that reads none checks none: one for all)
-        entry = None if expected is None else \
-            DirectEntry(functions[key], tuple(expected) if reads else (), reads, uses,
-                        predicate, backend.registers_written(code, functions[key], memo),
-                        aligned=not isinstance(ops, list))
+        entry = DirectEntry(functions[key], tuple(expected) if reads else (), reads, uses,
+                            predicate, writes, aligned=not isinstance(ops, list))
         wanted[number] = entry if entry and backend.direct_supported(entry) else None
     base = len(code) + (-len(code) % 16)
     head = M.head_bytes(lowered.maps)
