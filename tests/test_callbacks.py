@@ -315,3 +315,75 @@ def test_registers_written_follows_calls_and_jumps_and_gives_up_at_pointers():
     function = [start for start in memo if start not in (0,)]
     assert len(function) == 1 and memo[function[0]] == {"r9"}
     assert backend.registers_written(code, second, memo) == {"rcx", "r9"}
+
+
+def test_arm64_context_read_follows_the_pointer_and_gives_up_where_it_goes_elsewhere():
+    """Backend.context_read over arm64 code, as x86_64's (tests/test_built_in_calls.py):
+    loads through x0 and its copies, by their sizes; None at an add, a writeback, an
+    index, a narrower copy, a store of it, a blr. The shifts whose destination Capstone
+    calls read and written are writes only."""
+    import keystone
+    from urewrite.arch.aarch64.backend import AArch64Backend
+    backend = AArch64Backend()
+    ks = keystone.Ks(keystone.KS_ARCH_ARM64, keystone.KS_MODE_LITTLE_ENDIAN)
+
+    def read(text):
+        return backend.context_read(bytes(ks.asm(text, 0)[0]), 0)
+
+    assert read("ret") == frozenset()
+    assert read("ldr x1, [x0, #120]; ret") == {120}
+    assert read("ldrb w2, [x0, #215]; ret") == {208}
+    assert read("ldr w1, [x0, #100]; ret") == {96}
+    assert read("mov x19, x0; mov x0, #1; ldp x3, x4, [x19, #16]; ret") == {16, 24}
+    assert read("bl f; ldr x1, [x0]; ret; f: ldr x2, [x0, #96]; ret") == {0, 96}
+    assert read("cbz x1, l; ldr x2, [x0, #8]; ret; l: ldr x2, [x0, #16]; ret") == {8, 16}
+    assert read("ldr x0, [x0, #120]; ldr x1, [x0, #8]; ret") == {120}
+    assert read("lsl x0, x1, #5; ldr x2, [x0]; ret") == frozenset()
+    for escapes in ("ldr x5, [x0, #8]!; ret", "str x0, [sp, #-16]!; ret", "ldr x1, [x0, x2]; ret",
+                    "add x1, x0, #8; ret", "mov w1, w0; ret", "blr x2; ret", "br x3",
+                    "movk x0, #1; ret"):
+        assert read(escapes) is None, escapes
+
+
+READS = ('#include "urewrite.h"\n'
+         'UREWRITE_MAP(m, UREWRITE_COUNT, 3);\n'
+         'void f(struct urewrite_context *c)\n'
+         '{\n'
+         '    uint64_t k[3];\n'
+         '    c->area[0] += 1;\n'
+         '    k[0] = (uint64_t)c->name[0];\n'
+         '    k[1] = c->probe + c->area[0] % 2 * 100;\n'
+         '    k[2] = (c->pid > 1 && c->pid < 1 << 22) * 10 + (c->kind == UREWRITE_KIND_ENTRY);\n'
+         '    urewrite_map_update(c, &m, k, 0);\n'
+         '}\n')
+
+
+def test_the_context_holds_what_the_callback_reads(built, tmp_path):
+    """A callback whose code the analysis reads through (Backend.context_read: its
+    name, probe, kind, pid and area; no argument), on each machine: each field as the
+    probe and the process give it, at work()'s entry and return and named()'s entry."""
+    from urewrite.arch import backend_for
+    machine, _, rewritten = built
+    source = tmp_path / "reads.c"
+    source.write_text(READS)
+    from urewrite.trampolines import program_file as P
+    built_callback = __import__("urewrite.programs.callback", fromlist=["build"]).build(
+        f"{source}:f", backend_for(62 if machine.name == "x86_64" else 183))
+    assert built_callback.uses == P.USES_PID | P.USES_MAPS | P.USES_PROBE | P.USES_AREA
+    calls = 400
+    ran = urewrite("run", "--call", f"{source}:f", *machine.loaded(rewritten), "--json", "--",
+                   *machine.command(rewritten, calls))
+    assert ran.returncode == 0, ran.stderr
+    counts = _maps(ran.stdout)["@m"]["data"]["@m"]
+    keys = {tuple(int(x) for x in key.split(",")): n for key, n in counts.items()}
+    assert sum(keys.values()) == 3 * calls
+    by = {}  # (name's first letter, pid right * 10 + entry) -> {probe + area parity: n}
+    for (letter, probe, kind), n in keys.items():
+        by.setdefault((chr(letter), kind), {})[probe] = n
+    assert set(by) == {("w", 11), ("w", 10), ("n", 11)}
+    numbers = set()
+    for seen in by.values():  # its own number, its own area's hits by parity
+        number = min(seen)
+        assert seen == {number: calls // 2, number + 100: calls // 2} and number < 100
+        numbers.add(number)
+    assert len(numbers) == 3

@@ -392,7 +392,7 @@ struct urewrite_context {
  * its thread id and args[0], args[1] (0 where a probe records no such argument; the
  * others are not filled in: they hold whatever the stack held). Without UREWRITE_READS,
  * all of it; without UREWRITE_ARGS, every argument (0 past those the probes record).
- * urewrite also reads the callback's code (x86_64): a field it cannot read through its
+ * urewrite also reads the callback's code: a field it cannot read through its
  * ctx pointer is not filled in either (docs/programs.md, "C callbacks"). */
 #define UREWRITE_READS_NSECS 1
 #define UREWRITE_READS_TID 2

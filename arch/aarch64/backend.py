@@ -35,6 +35,7 @@ class AArch64Backend(Backend):
 
     def __init__(self):
         self.lite = capstone.Cs(capstone.CS_ARCH_ARM64, capstone.CS_MODE_ARM)
+        self._detailed = None  # (a decoder with details: made when first needed)
 
     # -- reading -----------------------------------------------------------
     def decode(self, code: bytes, address: int, detail: bool = False) -> list:
@@ -182,6 +183,12 @@ class AArch64Backend(Backend):
     def direct_supported(self, entry) -> bool:
         from urewrite.arch.aarch64 import direct_entry
         return direct_entry.supported(entry)
+
+    def context_read(self, code, start):
+        if self._detailed is None:
+            self._detailed = capstone.Cs(capstone.CS_ARCH_ARM64, capstone.CS_MODE_ARM)
+            self._detailed.detail = True
+        return callback.context_read(self._detailed, code, start)
 
     def callback_stubs(self, address, stubs, function) -> tuple:
         return callback.stubs(address, stubs, function)
