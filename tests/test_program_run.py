@@ -318,7 +318,8 @@ def _matrix_build(work, name: str):
 @pytest.mark.parametrize("name", list(MATRIX))
 def test_builds_and_threads_give_the_maps_bpftrace_gives(tmp_path, name):
     """-O0, -O3 static, a shared object, four threads, C++ names: the same maps as
-    bpftrace with kernel uprobes on the original."""
+    bpftrace with kernel uprobes on the original, loaded by `run` and built in (under
+    `stat`: named()'s block is then called by its trampoline itself)."""
     plain, rw, target, args, program = _matrix_build(tmp_path, name)
     shared = target != "values"
     command = [str((plain if shared else rw) / "values"), *args]
@@ -326,10 +327,15 @@ def test_builds_and_threads_give_the_maps_bpftrace_gives(tmp_path, name):
     ours = urewrite("run", "-e", program[rw], "--", *command, env=env)
     assert ours.returncode == 0, ours.stderr
     assert f"@took: {args[0]}" in ours.stdout, ours.stdout
+    built_in = urewrite("stat", "--", *command, env=env)
+    assert built_in.returncode == 0, built_in.stderr
     theirs = _bpftrace(program[plain], " ".join([str(plain / "values"), *args]),
                        env=dict(os.environ, LD_LIBRARY_PATH=str(plain)) if shared else None)
     assert theirs.returncode == 0, theirs.stderr
-    assert ties_sorted(maps_of(ours.stdout)) == ties_sorted(maps_of(theirs.stdout))
+    expected = ties_sorted(maps_of(theirs.stdout).strip("\n"))
+    assert ties_sorted(maps_of(ours.stdout).strip("\n")) == expected
+    assert ties_sorted(built_in.stdout.split("the program built into the probes:", 1)[1]
+                       .strip("\n")) == expected
 
 
 def test_loaded_into_a_region_directory(files, tmp_path):
