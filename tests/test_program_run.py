@@ -402,6 +402,52 @@ def test_stat_of_a_running_process_shows_its_built_in_program(served, tmp_path):
                             "@n: 3000\n@t[0]: 1000\n@t[1]: 1000\n@t[2]: 1000\n"), out
 
 
+def test_a_tracers_program_takes_the_built_in_ones_place_and_gives_it_back(served, tmp_path):
+    """A process whose probes call their built-in program from the trampoline itself
+    (x86_64: built_in_call.py): a tracer's program loaded into it (`run -p`) runs in
+    its place, with its own maps, exactly (the trampoline sees another run's maps and
+    goes the direct table's way); once it is unloaded, `stat -p` arms the process
+    again and the built-in program counts the calls made then, exactly."""
+    from live_service import LineReader
+    built = tmp_path / "served.built"
+    proc = urewrite(str(served), "-e", "uprobe:served:work { @n = count(); @t[arg1] = count(); }",
+                    "-o", str(built), "-q")
+    assert proc.returncode == 0, proc.stderr
+    with running([str(built)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                 text=True) as process:
+        lines = LineReader(process.stdout)
+        assert lines.next_line() == "ready"
+
+        def send(command):
+            process.stdin.write(command + "\n")
+            process.stdin.flush()
+            assert lines.next_line() == f"ok {command}"
+
+        def traced(command: list, calls: str) -> str:
+            tracer = subprocess.Popen(command + ["-p", str(process.pid)], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True)
+            errors = LineReader(tracer.stderr)
+            while f"armed pid {process.pid}" not in errors.next_line():
+                pass
+            send(calls)
+            tracer.send_signal(signal.SIGINT)
+            out, rest = tracer.communicate(timeout=60)
+            assert tracer.returncode == 0, rest
+            return out
+
+        out = traced([sys.executable, "-m", "urewrite", "run", "-e",
+                      f"uprobe:{built}:work {{ @c = count(); @s = sum(arg1); }}"], "calls 3 2000")
+        assert dict(line.split(": ") for line in out.strip().splitlines()) == \
+            {"@c": "6000", "@s": str(2000 * (0 + 1 + 2))}
+        send("calls 2 100")  # (between: disarmed)
+        out = traced([sys.executable, "-m", "urewrite", "stat", "--duration", "30"],
+                     "calls 4 500")
+        assert out.endswith("the program built into the probes:\n\n@n: 2000\n"
+                            "@t[0]: 500\n@t[1]: 500\n@t[2]: 500\n@t[3]: 500\n"), out
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0
+
+
 def test_maps_of_strings_in_the_probes(files, tmp_path):
     """@m[k] = str(...) runs in the probes (bpftrace 0.17's str() reads nothing here,
     so the expected maps are values.c's own: the last word of each class of i)."""
