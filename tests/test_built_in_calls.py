@@ -100,6 +100,33 @@ def test_where_the_flags_are_live_they_are_given_back(tmp_path, what):
                         for k in range(3)}})
 
 
+VALUES = os.path.join(ROOT, "samples", "programs", "values.c")
+
+
+def test_leading_predicates_of_every_comparison_built_in(tmp_path):
+    """A built-in program's leading predicate, checked by the trampoline (a false one
+    runs nothing): each comparison, and constants past 32 bits, against the counts
+    values.c's calls make (work(i, i % 7) for i < N)."""
+    plain = tmp_path / "values"
+    subprocess.run(["gcc", "-O2", VALUES, "-o", str(plain)], check=True)
+    tests = {"eq": ("arg1 == 3", lambda i: i % 7 == 3), "ne": ("arg1 != 3", lambda i: i % 7 != 3),
+             "lt": ("arg1 < 3", lambda i: i % 7 < 3), "gt": ("arg1 > 3", lambda i: i % 7 > 3),
+             "le": ("arg1 <= 3", lambda i: i % 7 <= 3), "ge": ("arg1 >= 3", lambda i: i % 7 >= 3),
+             "wide": ("arg0 < 0x100000000", lambda i: True),
+             "never": ("arg0 == 0xffffffffff", lambda i: False),
+             # (arguments are unsigned, as bpftrace's: -1 is the highest)
+             "negative": ("arg1 < -1", lambda i: True)}
+    for name, (test, holds) in tests.items():
+        rewritten = tmp_path / f"values.{name}"
+        program = f"uprobe:*:work /{test}/ {{ @{name} = count(); @s = sum(arg1); }}"
+        done = urewrite(plain, "-e", program, "-o", rewritten, "-q")
+        assert done.returncode == 0, done.stderr
+        _, maps = _stat(rewritten)
+        chosen = [i for i in range(CALLS) if holds(i)]
+        assert maps == ({f"@{name}": str(len(chosen)), "@s": str(sum(i % 7 for i in chosen))}
+                        if chosen else {f"@{name}": "0"}), name
+
+
 def test_the_context_holds_what_the_callback_reads(tmp_path):
     """A callback that reads its probe's name, number and kind, its pid and its area
     (and no argument), its context pointer in a register of its compiler's choice:
@@ -147,7 +174,8 @@ def test_the_trampoline_calls_only_what_it_can_fill_in():
     assert built_in_call.takes(_entry(), b"")
     assert built_in_call.takes(_entry(expected=tuple(specs), reads=2), blob)
     assert not built_in_call.takes(_entry(expected=tuple(specs), reads=2), b"")  # other sites'
-    assert not built_in_call.takes(_entry(predicate=(0, 5, "==", False)), b"")
+    assert built_in_call.takes(_entry(predicate=(0, 5, "eq", False)), b"")
+    assert not built_in_call.takes(_entry(predicate=(0, 2, "lt", True, "f64")), b"")  # a float's
     for uses in (P.USES_NSECS, P.USES_TID, P.USES_COMM):
         assert not built_in_call.takes(_entry(uses=uses), b"")
     refs = trampoline.RuntimeRefs(0x10000, 64, 0x2000, 0x2100, 0x2200, 0x2300, 0x2400)

@@ -20,9 +20,10 @@ callback: +2.3 to 2.5 ns over counting through the table and the entry, +1.1 thi
     done: the site's registers back (trampoline.back_to_site)
     by_table: the trace path, which goes the direct table's way
 
-An entry with a leading predicate, or that reads the clock, the thread's id or name, or
-an argument in memory or narrower than a register, stays with the direct table
-(`takes` is False): the entry reads those.
+An entry with a floating-point predicate, or that reads the clock, the thread's id or
+name, or an argument in memory or narrower than a register, stays with the direct table
+(`takes` is False): the entry reads those. A leading predicate on an argument and a
+constant is checked once the frame is made (false: the pops, and back).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import List
 
 from urewrite.arch.x86_64.arguments import SLOT
 from urewrite.arch.x86_64.direct_entry import BINDING_EVENT, BINDING_MAPS, DIRECT
+from urewrite.arch.x86_64.program_code import condition, negated
 from urewrite.arch.x86_64.writer import (EAX, GPR64, R8, R9, R10, R11, RAX, RBP, RCX, RDI, RDX,
                                          RSI, RSP, Mem, Rip, Writer)
 from urewrite.trampolines import program_file as P
@@ -46,8 +48,8 @@ _READ_HERE = P.USES_PID | P.USES_EVENT | P.USES_MAPS | P.USES_PROBE | P.USES_ARE
 def takes(entry, arguments: bytes) -> bool:
     """Whether a trampoline does what `entry` does (at a point whose argument
     descriptors are `arguments`, encoded)."""
-    if entry.predicate is not None or entry.uses & ~_READ_HERE:
-        return False
+    if entry.predicate is not None and len(entry.predicate) != 4 or entry.uses & ~_READ_HERE:
+        return False  # (a floating-point register's predicate: the entry's)
     reads = min(entry.reads, P.ARGUMENTS)
     if not reads:
         return True
@@ -76,12 +78,14 @@ def emit(w: Writer, L, entry, run: int, flags_live: bool, red: int) -> None:
     for register in saved:
         w.push(register)
     w.mov(RBP, RSP)
+    above = 8 * len(saved)  # the trampoline's saves, from rbp
+    if entry.predicate is not None:  # arg N OP constant, or nothing to do
+        _predicate(w, L, entry, saved, above, red)
     w.sub(RSP, P.CTX_SIZE, imm32=True)
     if entry.aligned:  # (C code: the SysV ABI's 16 bytes at the call)
         w.and_(RSP, -16)
     if entry.uses & P.USES_MAPS:
         w.mov(Mem(RSP, disp=P.CTX_MAPS, disp32=True), RCX)
-    above = 8 * len(saved)  # the trampoline's saves, from rbp
     for j in range(min(entry.reads, P.ARGUMENTS)):
         if j < len(entry.expected):
             _value(w, entry.expected[j], saved, above, red)
@@ -96,6 +100,7 @@ def emit(w: Writer, L, entry, run: int, flags_live: bool, red: int) -> None:
         w.mov(Mem(RSP, disp=P.CTX_EVENT, disp32=True), RAX)
     w.mov(RDI, RSP)
     w.call(L.built_in)
+    w.label(L.built_in_false)
     w.mov(RSP, RBP)
     for register in reversed(saved):
         w.pop(register)
@@ -109,6 +114,23 @@ def _saved(entry, flags_live: bool) -> List:
     writes = entry.writes
     return [RDI, RBP] + [r for r in (R8, R9, R10, R11) if writes is None or r.name in writes] + \
         ([RAX] if flags_live else [])
+
+
+def _predicate(w: Writer, L, entry, saved: list, above: int, red: int) -> None:
+    """On to L.built_in_false (nothing run) unless arg N compares so with the
+    constant (a program's leading predicate: DirectEntry.predicate)."""
+    n, constant, op, signed = entry.predicate
+    if n < len(entry.expected):
+        _value(w, entry.expected[n], saved, above, red)
+    else:  # the probe has no such argument: it reads 0
+        w.mov(EAX, 0)
+    if -(1 << 31) <= constant < 1 << 31:
+        w.cmp(RAX, constant, imm32=True)
+    else:  # (in rdi, then the site's rdi back from its slot: an argument may be read there)
+        w.movabs(RDI, constant)
+        w.cmp(RAX, RDI)
+        w.mov(RDI, Mem(RBP, disp=8 * (len(saved) - 1 - saved.index(RDI)), disp32=True))
+    w.jcc(negated(condition(op, signed)), L.built_in_false)
 
 
 def _value(w: Writer, spec, saved: list, above: int, red: int) -> None:
