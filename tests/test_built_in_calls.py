@@ -100,6 +100,33 @@ def test_where_the_flags_are_live_they_are_given_back(tmp_path, what):
                         for k in range(3)}})
 
 
+def test_the_latency_idiom_built_in_with_the_thread_and_its_name(tmp_path):
+    """`@s[tid] = nsecs` at six()'s entry, its latency at the return, and maps keyed
+    by the thread's id and name: the trampoline reads the clock, the thread's id and
+    name with the entries' own code. Every call timed and every start deleted, the
+    thread's id the process's own, its name the program's."""
+    plain, rewritten = tmp_path / "six", tmp_path / "six.probed"
+    expected = _build(SIX, plain)
+    program = ("uprobe:*:six { @s[tid] = nsecs; @c[comm] = count(); @t[tid] = count(); } "
+               "uretprobe:*:six /@s[tid]/ { @n = count(); @h = hist(nsecs - @s[tid]); "
+               "delete(@s[tid]); }")
+    done = urewrite(plain, "-e", program, "-o", rewritten, "-q")
+    assert done.returncode == 0, done.stderr
+    ran = urewrite("stat", "--", rewritten, CALLS)
+    assert ran.returncode == 0, ran.stderr
+    own, rest = ran.stdout.split("OBJECT", 1)
+    maps = rest.split("the program built into the probes:", 1)[1]
+    assert own == expected
+    lines = [line for line in maps.splitlines() if line.startswith("@")]
+    assert "@c[six.probed]: 3000".replace("3000", str(CALLS)) in lines, maps
+    assert f"@n: {CALLS}" in lines and not any(line.startswith("@s[") for line in lines), maps
+    tids = [line for line in lines if line.startswith("@t[")]
+    assert len(tids) == 1 and tids[0].endswith(f"]: {CALLS}"), maps
+    buckets = [int(line.split("|")[0].split()[-1]) for line in maps.splitlines()
+               if line.startswith("[") and "|" in line]
+    assert sum(buckets) == CALLS, maps
+
+
 VALUES = os.path.join(ROOT, "samples", "programs", "values.c")
 
 
@@ -176,8 +203,13 @@ def test_the_trampoline_calls_only_what_it_can_fill_in():
     assert not built_in_call.takes(_entry(expected=tuple(specs), reads=2), b"")  # other sites'
     assert built_in_call.takes(_entry(predicate=(0, 5, "eq", False)), b"")
     assert not built_in_call.takes(_entry(predicate=(0, 2, "lt", True, "f64")), b"")  # a float's
-    for uses in (P.USES_NSECS, P.USES_TID, P.USES_COMM):
-        assert not built_in_call.takes(_entry(uses=uses), b"")
+    for uses in (P.USES_NSECS, P.USES_TID, P.USES_COMM):  # (read by the entries' own code)
+        assert built_in_call.takes(_entry(uses=uses), b"")
+    from urewrite.trampolines.arguments import MEMORY, ArgSpec
+    in_memory = ArgSpec(MEMORY, 8, False, base=X86_64Backend().abi_arguments(1)[0].base)
+    assert not built_in_call.takes(_entry(expected=(in_memory,), reads=1),
+                                   __import__("urewrite.trampolines.arguments",
+                                              fromlist=["encode"]).encode((in_memory,)))
     refs = trampoline.RuntimeRefs(0x10000, 64, 0x2000, 0x2100, 0x2200, 0x2300, 0x2400)
     call = BuiltInCall(_entry(), 0, 0x9000)
     hot, _ = trampoline.counting_template(0, refs, False, 1, False, 0, False, (b"",), False,

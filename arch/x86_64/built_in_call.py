@@ -20,16 +20,19 @@ callback: +2.3 to 2.5 ns over counting through the table and the entry, +1.1 thi
     done: the site's registers back (trampoline.back_to_site)
     by_table: the trace path, which goes the direct table's way
 
-An entry with a floating-point predicate, or that reads the clock, the thread's id or
-name, or an argument in memory or narrower than a register, stays with the direct table
-(`takes` is False): the entry reads those. A leading predicate on an argument and a
-constant is checked once the frame is made (false: the pops, and back).
+An entry with a floating-point predicate or an argument in memory or narrower than a
+register stays with the direct table (`takes` is False): the entry reads those. A
+leading predicate on an argument and a constant is checked once the frame is made
+(false: the pops, and back); the clock, the thread's id and name are read by the
+entries' own code (direct_entry.clock_and_thread).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import List
 
+from urewrite.arch.x86_64 import direct_entry
 from urewrite.arch.x86_64.arguments import SLOT
 from urewrite.arch.x86_64.direct_entry import BINDING_EVENT, BINDING_MAPS, DIRECT
 from urewrite.arch.x86_64.program_code import condition, negated
@@ -42,7 +45,9 @@ from urewrite.trampolines.arguments import CONSTANT, REGISTER, encode
 _NAMES = {slot: name for name, slot in SLOT.items()}
 _BY_NAME = {r.name: r for r in GPR64}
 _TRAMPOLINE_SAVED = {"rsi": 0, "rdx": 8, "rax": 16, "rcx": 24}  # above the pushes here
-_READ_HERE = P.USES_PID | P.USES_EVENT | P.USES_MAPS | P.USES_PROBE | P.USES_AREA
+_CLOCK_AND_THREAD = P.USES_NSECS | P.USES_TID | P.USES_COMM
+_READ_HERE = P.USES_PID | P.USES_EVENT | P.USES_MAPS | P.USES_PROBE | P.USES_AREA | \
+    _CLOCK_AND_THREAD
 
 
 def takes(entry, arguments: bytes) -> bool:
@@ -98,12 +103,24 @@ def emit(w: Writer, L, entry, run: int, flags_live: bool, red: int) -> None:
     if entry.uses & P.USES_EVENT:
         w.mov(RAX, Mem(RSI, disp=BINDING_EVENT))
         w.mov(Mem(RSP, disp=P.CTX_EVENT, disp32=True), RAX)
+    if entry.uses & _CLOCK_AND_THREAD:  # (rdx: the region, rsi: the binding, as an entry's)
+        w.raw(_clock_and_thread(entry.uses & _CLOCK_AND_THREAD))
     w.mov(RDI, RSP)
     w.call(L.built_in)
     w.label(L.built_in_false)
     w.mov(RSP, RBP)
     for register in reversed(saved):
         w.pop(register)
+
+
+@functools.lru_cache(maxsize=None)
+def _clock_and_thread(uses: int) -> bytes:
+    """The direct entries' code for nsecs, tid and comm (direct_entry.clock_and_thread:
+    position-independent), assembled once."""
+    from urewrite.arch.runtime_asm import assemble_with_starts
+    text = "".join(line + "\n" for line in direct_entry.clock_and_thread("b", uses))
+    return assemble_with_starts(text, [], 0, "KS_ARCH_X86", "KS_MODE_64",
+                                "a built-in call's clock and thread")[0]
 
 
 def _saved(entry, flags_live: bool) -> List:

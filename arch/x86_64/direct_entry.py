@@ -135,24 +135,34 @@ def _entry(name: str, entry: DirectEntry, run_at: int) -> List[str]:
     if entry.uses & P.USES_EVENT:
         out += [f"mov rax, qword ptr [rsi + {BINDING_EVENT}]",
                 f"mov qword ptr [rsp + {P.CTX_EVENT}], rax"]
-    if entry.uses & P.USES_NSECS:  # the region's clock pair, then ticks
-        out += ["mov rcx, rdx", "rdtsc", "shl rdx, 32", "or rax, rdx",
-                f"sub rax, qword ptr [rcx + {region.OFF_CLOCK_REF_TICKS}]",
-                f"imul qword ptr [rcx + {region.OFF_NS_MULT}]", "shrd rax, rdx, 32",
-                f"add rax, qword ptr [rcx + {region.OFF_CLOCK_REF_NS}]",
-                f"mov qword ptr [rsp + {P.CTX_NSECS}], rax", "mov rdx, rcx"]
-    if entry.uses & P.USES_TID:
-        out += _thread_id(name) + [f"mov qword ptr [rsp + {P.CTX_TID}], rax"]
-    if entry.uses & P.USES_COMM:  # (r8 to r11 kept around the runtime's call: _saved)
-        out += ["push rsi", "push rdx"] + [f"push {r}" for r in _CALLED_CLOBBERS] + [
-                "mov rdi, rdx", f"lea rsi, [rsp + {48 + P.CTX_COMM}]",
-                "mov rax, qword ptr [rsp + 40]", f"call qword ptr [rax + {BINDING_COMM}]"] + \
-            [f"pop {r}" for r in reversed(_CALLED_CLOBBERS)] + ["pop rdx", "pop rsi"]
+    out += clock_and_thread(name, entry.uses)
     out += ["mov rdi, rsp", f"call {entry.function:#x}",
             "mov rsp, rbp" if entry.aligned else f"add rsp, {P.CTX_SIZE}"]
     out += [f"pop {r}" for r in reversed(saved)]
     out += [f"{name}_done:", "xor ecx, ecx", "ret",
             f"{name}_other:", "mov ecx, 1", "ret"]
+    return out
+
+
+def clock_and_thread(name: str, uses: int) -> List[str]:
+    """The context's nsecs, tid and comm where `uses` says the code reads them (rsp =
+    the context, rdx = the region, rsi = the binding; rax, rcx and rdi clobbered, r8 to
+    r11 kept around the runtime's calls). Position-independent: a trampoline that does
+    an entry's work itself (built_in_call.py) takes these bytes as they are."""
+    out = []
+    if uses & P.USES_NSECS:  # the region's clock pair, then ticks
+        out += ["mov rcx, rdx", "rdtsc", "shl rdx, 32", "or rax, rdx",
+                f"sub rax, qword ptr [rcx + {region.OFF_CLOCK_REF_TICKS}]",
+                f"imul qword ptr [rcx + {region.OFF_NS_MULT}]", "shrd rax, rdx, 32",
+                f"add rax, qword ptr [rcx + {region.OFF_CLOCK_REF_NS}]",
+                f"mov qword ptr [rsp + {P.CTX_NSECS}], rax", "mov rdx, rcx"]
+    if uses & P.USES_TID:
+        out += _thread_id(name) + [f"mov qword ptr [rsp + {P.CTX_TID}], rax"]
+    if uses & P.USES_COMM:
+        out += ["push rsi", "push rdx"] + [f"push {r}" for r in _CALLED_CLOBBERS] + [
+                "mov rdi, rdx", f"lea rsi, [rsp + {48 + P.CTX_COMM}]",
+                "mov rax, qword ptr [rsp + 40]", f"call qword ptr [rax + {BINDING_COMM}]"] + \
+            [f"pop {r}" for r in reversed(_CALLED_CLOBBERS)] + ["pop rdx", "pop rsi"]
     return out
 
 
