@@ -331,6 +331,7 @@ class BuiltInCall:
     # of one shape)
     function: int  # the address of the probe's function
     run: int  # the address of the program's run word (program_file.RUN_AT)
+    entry_at: int = 0  # the address of the probe's direct entry (a backend may call it)
 
 
 @dataclass(frozen=True)

@@ -258,7 +258,8 @@ def built_program(t: Target, lowered: L.Lowered, run: Optional[int], assemble,
     code_at = program_file.code_start(len(t.probes), head, direct is not None)
     return program_file.BuiltProgram(blob(run), {
         number: dataclasses.replace(entry, function=code_at + entry.function)
-        for number, entry in made.items() if entry is not None})
+        for number, entry in made.items() if entry is not None},
+        {number: code_at + at for number, at in (direct or {}).items()})
 
 
 def direct_entries(t: Target, lowered, runs: Dict[int, tuple], functions: Dict[str, int],

@@ -248,7 +248,8 @@ def build(backend: Backend, plans, placement: Placement, object_name: str, build
         # (its file: header, code, stubs)
         built_in_calls = {number: BuiltInCall(dataclasses.replace(entry, function=0),
                                               program_at + entry.function,
-                                              program_at + program_file.RUN_AT)
+                                              program_at + program_file.RUN_AT,
+                                              program_at + program.entry_at[number])
                           for number, entry in program.entries.items()}
 
     def count_point(address, sites, flags_live, redirect=None, taken=False, stays_within=()):

@@ -123,6 +123,7 @@ class BuiltProgram:
 
     blob: bytes
     entries: Dict[int, DirectEntry]
+    entry_at: Dict[int, int] = None  # each one's direct entry, from the file's start
 
 
 def build(probe_count: int, code: bytes, entries: Dict[int, int], run: int,

@@ -176,6 +176,32 @@ def _direct_call(w: Writer, L, index: int, refs: RuntimeRefs) -> None:
     w.label(L.events_call)
 
 
+def _built_in_call(w: Writer, L, call, refs: RuntimeRefs) -> None:
+    """Where the probe runs a program built into the rewrite, which a process of this
+    file runs whenever it is armed: in line on the counting path, that program's direct
+    entry for the probe called with a direct branch, no table (x86_64 does the entry's
+    work itself: arch/x86_64/built_in_call.py), while the maps bound are the program's
+    (their run word is its); else (a tracer's program, or none bound yet) the trace
+    path, the table's way. x17 = the region's ring offset, 0 when not tracing."""
+    w.cbz(X17, L.traced)
+    w.str_(LR, SP, FRAME_LR)
+    w.address_of(X16, refs.state + direct_entry.DIRECT)  # x16 = the binding, as an entry's
+    w.ldr(X17, X16, 8)  # the maps bound
+    w.cbz(X17, L.by_table)
+    w.ldr(X17, X17, 8)  # their run word
+    w.address_of(X0, call.run)
+    w.ldr(X0, X0, 0)
+    w.sub_reg(X0, X0, X17)
+    w.cbnz(X0, L.by_table)
+    w.adr(X1, L.descriptors)
+    w.bl(call.entry_at)
+    w.cbnz(X0, L.events_call)  # (its arguments are not the entry's: the trace path's event)
+    w.ldr(LR, SP, FRAME_LR)
+    w.b(L.traced)
+    w.label(L.by_table)
+    w.b(L.trace)
+
+
 class _Labels:
     """Label names of one point: the entry and its return stub each have their own."""
 
@@ -265,7 +291,10 @@ def _point(w: Writer, L: _Labels, point, refs: RuntimeRefs, displaced, jump=None
         w.bl(refs.shadow_push)
         w.ldr(LR, SP, FRAME_LR)
     w.ldr(X17, X16, region.OFF_RING)
-    w.cbnz(X17, L.trace)
+    if point.built_in is not None and calls_direct(point):
+        _built_in_call(w, L, point.built_in, refs)
+    else:
+        w.cbnz(X17, L.trace)
     w.label(L.traced)
     w.ldp(X0, X1, SP, FRAME_X0)
     w.label(L.resume)

@@ -195,7 +195,7 @@ def counting(w: Writer, c: Writer, L: _Labels, point, refs: RuntimeRefs) -> None
         built_in_call.takes(point.built_in.entry, point.arguments[0]) else None
     shape = (refs, point.flags_live, len(point.probes), point.enters, len(point.leaves),
              point.redirect is not None, point.arguments, point.go_code, point.g_register,
-             dataclasses.replace(call, function=0) if call else None)
+             dataclasses.replace(call, function=0, entry_at=0) if call else None)
     values = point.probes + point.leaves
     fixed = {"built_in": call.function} if call else None  # (each probe's own function)
     w.splice(counting_template(0, *shape)[0], L.prefix, values, fixed)
