@@ -34,6 +34,7 @@ The binding, written by the runtime's program_setup (runtime.s) while it sets up
 
 from __future__ import annotations
 
+import dataclasses
 from typing import List, Optional, Sequence, Tuple
 
 from urewrite.arch.x86_64.arguments import SLOT
@@ -60,16 +61,46 @@ def assemble(base: int, run_at: int, entries: Sequence[Optional[DirectEntry]]) -
     """Backend.direct_entries: the entries' code at `base` in the program's code, the
     header's run at `run_at` (relative to the code's start), and where each starts
     (an entry None: one that sends every hit to the trace path)."""
+    # Entries that differ only in the function they call (a callback's, one stub a
+    # probe) are assembled once, then copied with that call and the run's address
+    # (RIP-relative) set for each place: Keystone takes ~0.1 ms an entry, and a
+    # callback at every function of a big file has tens of thousands
     from urewrite.arch.runtime_asm import assemble_with_starts
-    lines = ["d_base:"]  # (at `base`: the run is at d_base + run_at - base)
-    for k, entry in enumerate(entries):
+    shapes = {}  # entry with function 0 -> (k, the first entry of that shape)
+    for entry in entries:
+        shapes.setdefault(_shape(entry), (len(shapes), entry))
+    lines, labels = ["d_base:"], []  # (at `base`: the run is at d_base + run_at - base)
+    for k, entry in shapes.values():
         lines += [f"d{k}:", "mov ecx, 1", "ret"] if entry is None else \
             _entry(f"d{k}", entry, run_at - base)
-    code, starts = assemble_with_starts("".join(line + "\n" for line in lines),
-                                        [f"d{k}" for k in range(len(entries))], base,
-                                        "KS_ARCH_X86", "KS_MODE_64",
-                                        "a program's direct entries")
-    return code, [start - base for start in starts]
+        labels += [f"d{k}"] + ([] if entry is None else [f"d{k}_run_word", f"d{k}_call"])
+    code, found = assemble_with_starts("".join(line + "\n" for line in lines + ["d_end:"]),
+                                       labels + ["d_end"], base, "KS_ARCH_X86", "KS_MODE_64",
+                                       "a program's direct entries")
+    at = dict(zip(labels + ["d_end"], found))
+    ends = sorted(at[f"d{k}"] for k, _ in shapes.values()) + [at["d_end"]]
+    out, starts = bytearray(), []
+    for entry in entries:
+        k = shapes[_shape(entry)][0]
+        start = at[f"d{k}"]
+        here = len(out)  # (from base)
+        starts.append(here)
+        out += code[start - base:next(e for e in ends if e > start) - base]
+        if entry is not None:  # cmp rdx, [rip + run]: 48 3b 15 disp32; call: e8 rel32
+            run = here + at[f"d{k}_run_word"] - start
+            call = here + at[f"d{k}_call"] - start
+            assert out[run:run + 3] == b"\x48\x3b\x15" and out[call] == 0xE8
+            out[run + 3:run + 7] = _rel32(run_at - (base + run + 7))
+            out[call + 1:call + 5] = _rel32(entry.function - (base + call + 5))
+    return bytes(out), starts
+
+
+def _rel32(delta: int) -> bytes:
+    return delta.to_bytes(4, "little", signed=True)
+
+
+def _shape(entry: Optional[DirectEntry]):
+    return None if entry is None else dataclasses.replace(entry, function=0)
 
 
 def supported(entry: DirectEntry) -> bool:
@@ -110,7 +141,8 @@ def _entry(name: str, entry: DirectEntry, run_at: int) -> List[str]:
             f"mov rcx, qword ptr [rsi + {BINDING_MAPS}]",  # its run's maps, or none yet
             "test rcx, rcx", f"jz {name}_done",
             "mov rdx, qword ptr [rcx + 8]",
-            f"cmp rdx, qword ptr [rip + d_base + {run_at}]", f"jne {name}_done",
+            f"{name}_run_word:", f"cmp rdx, qword ptr [rip + d_base + {run_at}]",
+            f"jne {name}_done",
             f"mov rdx, qword ptr [rsi - {DIRECT}]",
             "cmp rdx, 1", f"jbe {name}_done"]
     saved = _saved(entry)
@@ -136,7 +168,7 @@ def _entry(name: str, entry: DirectEntry, run_at: int) -> List[str]:
         out += [f"mov rax, qword ptr [rsi + {BINDING_EVENT}]",
                 f"mov qword ptr [rsp + {P.CTX_EVENT}], rax"]
     out += clock_and_thread(name, entry.uses)
-    out += ["mov rdi, rsp", f"call {entry.function:#x}",
+    out += ["mov rdi, rsp", f"{name}_call:", f"call {entry.function:#x}",
             "mov rsp, rbp" if entry.aligned else f"add rsp, {P.CTX_SIZE}"]
     out += [f"pop {r}" for r in reversed(saved)]
     out += [f"{name}_done:", "xor ecx, ecx", "ret",
