@@ -14,8 +14,9 @@ callback: +2.3 to 2.5 ns over counting through the table and the entry, +1.1 thi
     their run word is not the program's (a tracer's program is bound): by_table
     rdx = the region ; 1 (disarmed since): done
     push rdi, rbp [, r8 .. r11 where the function may write them] [, rax: the flags]
-    rbp = rsp ; the context below it (aligned for C code): the maps, the arguments
-    (registers and constants), pid and the printf routine where read
+    rbp = rsp ; [a leading predicate false: on to the pops]
+    the context below it (aligned for C code): the maps, the arguments (registers and
+    constants), pid, the printf routine, the clock, the thread's id and name where read
     rdi = the context ; call the function ; rsp = rbp ; the pops
     done: the site's registers back (trampoline.back_to_site)
     by_table: the trace path, which goes the direct table's way
