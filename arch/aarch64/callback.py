@@ -52,70 +52,59 @@ def touches_unsaved_register(insn) -> bool:
 
 
 def context_read(decoder, code: bytes, start: int) -> Optional[frozenset]:
-    """Backend.context_read on arm64: as x86_64's (arch/x86_64/callback.py), the
-    context's pointer in x0 followed into the registers a 64-bit `mov` copies it to;
+    """Backend.context_read on arm64 (arch/context_walk.py), as x86_64's: the
+    context's pointer in x0, followed into the registers a 64-bit `mov` copies it to;
     each load or store through one (no index, no writeback) names the words its bytes
     cover (its size from its mnemonic and registers). Read otherwise (added to, stored,
-    a narrower copy, an index, a base written back), a `blr` or `br`: None."""
-    from capstone import CS_AC_READ, CS_AC_WRITE, CS_GRP_CALL, CS_GRP_JUMP, CS_GRP_RET
-    from capstone.arm64 import ARM64_OP_IMM, ARM64_OP_MEM, ARM64_OP_REG, ARM64_REG_INVALID
+    a narrower copy, an index, a base written back): None."""
+    from urewrite.arch.context_walk import words_read
+    return words_read(decoder, code, start, "x0", 4,
+                      lambda insn, holders, words: _examine(decoder, insn, holders, words),
+                      "b")
+
+
+def _examine(decoder, insn, holders: frozenset, words: set) -> Optional[frozenset]:
+    """context_walk's `examine` on arm64."""
+    from capstone import CS_AC_READ, CS_AC_WRITE
+    from capstone.arm64 import ARM64_OP_MEM, ARM64_OP_REG, ARM64_REG_INVALID
 
     def full(register: int) -> str:
         name = decoder.reg_name(register) or ""
         name = {"fp": "x29", "lr": "x30", "w29": "x29", "w30": "x30"}.get(name, name)
         return "x" + name[1:] if name[:1] in "wx" and name[1:].isdigit() else name
 
-    words, seen, todo = set(), set(), [(start, frozenset(("x0",)))]
-    while todo:
-        at, holders = todo.pop()
-        while holders and (at, holders) not in seen:
-            if not 0 <= at < len(code) or len(seen) > _CONTEXT_STATES:
+    if any(full(r) in holders for r in insn.regs_read):
+        return None
+    operands = insn.operands
+    copied = None
+    for k, op in enumerate(operands):
+        if op.type == ARM64_OP_REG and full(op.reg) in holders and op.access & CS_AC_READ \
+                and not (k == 0 and insn.mnemonic in _WRITE_ONLY_FIRST):
+            dst = operands[0]
+            if insn.mnemonic != "mov" or len(operands) != 2 or k != 1 or \
+                    dst.type != ARM64_OP_REG or not decoder.reg_name(dst.reg).startswith("x") \
+                    or not decoder.reg_name(op.reg).startswith("x"):
                 return None
-            seen.add((at, holders))
-            insn = next(decoder.disasm(code[at:at + 4], at, 1), None)
-            if insn is None or any(full(r) in holders for r in insn.regs_read):
-                return None
-            operands = insn.operands
-            copied = None
-            for k, op in enumerate(operands):
-                if op.type == ARM64_OP_REG and full(op.reg) in holders and op.access & CS_AC_READ \
-                        and not (k == 0 and insn.mnemonic in _WRITE_ONLY_FIRST):
-                    dst = operands[0]
-                    if insn.mnemonic != "mov" or len(operands) != 2 or k != 1 or \
-                            dst.type != ARM64_OP_REG or not decoder.reg_name(dst.reg).startswith("x") \
-                            or not decoder.reg_name(op.reg).startswith("x"):
-                        return None
-                    copied = full(dst.reg)
-                if op.type != ARM64_OP_MEM:
-                    continue
-                base, index = op.mem.base, op.mem.index
-                if index != ARM64_REG_INVALID and full(index) in holders:
-                    return None
-                if base == ARM64_REG_INVALID or full(base) not in holders:
-                    continue
-                if index != ARM64_REG_INVALID or insn.writeback:
-                    return None
-                size = _access_size(insn.mnemonic, [decoder.reg_name(o.reg) for o in operands[:k]
-                                                    if o.type == ARM64_OP_REG])
-                first, last = op.mem.disp, op.mem.disp + size - 1
-                words.update(range(first - first % 8, last + 1, 8))
-            written = {full(op.reg) for op in operands
-                       if op.type == ARM64_OP_REG and op.access & CS_AC_WRITE} | \
-                {full(r) for r in insn.regs_write}
-            holders = holders - written | ({copied} if copied else set())
-            if insn.group(CS_GRP_RET):
-                break
-            if insn.group(CS_GRP_JUMP) or insn.group(CS_GRP_CALL):
-                if not operands or operands[-1].type != ARM64_OP_IMM:
-                    return None  # (br, blr: where it goes is not in the code)
-                todo.append((operands[-1].imm, holders))
-                if insn.mnemonic == "b":
-                    break
-            at += 4
-    return frozenset(words)
+            copied = full(dst.reg)
+        if op.type != ARM64_OP_MEM:
+            continue
+        base, index = op.mem.base, op.mem.index
+        if index != ARM64_REG_INVALID and full(index) in holders:
+            return None
+        if base == ARM64_REG_INVALID or full(base) not in holders:
+            continue
+        if index != ARM64_REG_INVALID or insn.writeback:
+            return None
+        size = _access_size(insn.mnemonic, [decoder.reg_name(o.reg) for o in operands[:k]
+                                            if o.type == ARM64_OP_REG])
+        first, last = op.mem.disp, op.mem.disp + size - 1
+        words.update(range(first - first % 8, last + 1, 8))
+    written = {full(op.reg) for op in operands
+               if op.type == ARM64_OP_REG and op.access & CS_AC_WRITE} | \
+        {full(r) for r in insn.regs_write}
+    return holders - written | ({copied} if copied else set())
 
 
-_CONTEXT_STATES = 100_000
 # Capstone 5 marks the destination of these read and written; they only write it
 # (UBFM, SBFM and EXTR's aliases, the variable shifts): BFM's (bfi, bfxil) and movk do
 # read theirs

@@ -128,70 +128,51 @@ def touches_unsaved_register(insn) -> bool:
 
 
 def context_read(decoder, code: bytes, start: int) -> Optional[frozenset]:
-    """Backend.context_read: the offsets of the 8-byte words of the context (rdi at
-    `start`) that the code reachable from there may read, or None where the pointer
-    may go further than loads through it. Along each path the registers that hold the
-    pointer are followed: rdi at first, any register a `mov` copies it into, none
-    once written. A holder read otherwise than as the only register of a memory
-    operand (pushed, stored, added to, an lea, an index, a string instruction's
-    implicit use), a holder written in part, an indirect jump or call, or bytes that
-    cannot be decoded: None. A call passes the holders on: its target is read with
-    them, and what follows it too (they may still hold the pointer)."""
-    from capstone import (CS_AC_READ, CS_AC_WRITE, CS_GRP_CALL, CS_GRP_JUMP, CS_GRP_RET,
-                          CS_OP_IMM)
+    """Backend.context_read (arch/context_walk.py): the context's pointer in rdi at
+    `start`, followed into any register a 64-bit `mov` copies it to. A holder read
+    otherwise than as the only register of a memory operand (pushed, stored, added
+    to, an lea, an index, a string instruction's implicit use) or written in part:
+    None."""
+    from urewrite.arch.context_walk import words_read
+    return words_read(decoder, code, start, "rdi", 16,
+                      lambda insn, holders, words: _examine(decoder, insn, holders, words),
+                      "jmp")
+
+
+def _examine(decoder, insn, holders: frozenset, words: set) -> Optional[frozenset]:
+    """context_walk's `examine` on x86_64."""
+    from capstone import CS_AC_READ, CS_AC_WRITE
     from capstone.x86 import X86_OP_MEM, X86_OP_REG, X86_REG_INVALID
 
     def full(register: int) -> str:
         return _FULL.get(decoder.reg_name(register) or "", "")
 
-    words, seen, todo = set(), set(), [(start, frozenset(("rdi",)))]
-    while todo:
-        at, holders = todo.pop()
-        while holders and (at, holders) not in seen:
-            if not 0 <= at < len(code) or len(seen) > _CONTEXT_STATES:
+    if any(full(r) in holders for r in insn.regs_read):
+        return None  # (an implicit use: movs, stos, ...)
+    copied = None
+    operands = insn.operands
+    for k, op in enumerate(operands):
+        if op.type == X86_OP_REG and full(op.reg) in holders and op.access & CS_AC_READ:
+            dst = operands[0]  # (a copy: mov reg64, holder)
+            if insn.mnemonic != "mov" or len(operands) != 2 or k != 1 or \
+                    dst.type != X86_OP_REG or dst.size != 8 or op.size != 8:
                 return None
-            seen.add((at, holders))
-            insn = next(decoder.disasm(code[at:at + 16], at, 1), None)
-            if insn is None or any(full(r) in holders for r in insn.regs_read):
-                return None  # (an implicit use: movs, stos, ...)
-            copied = None
-            operands = insn.operands
-            for k, op in enumerate(operands):
-                if op.type == X86_OP_REG and full(op.reg) in holders and op.access & CS_AC_READ:
-                    dst = operands[0]  # (a copy: mov reg64, holder)
-                    if insn.mnemonic != "mov" or len(operands) != 2 or k != 1 or \
-                            dst.type != X86_OP_REG or dst.size != 8 or op.size != 8:
-                        return None
-                    copied = full(dst.reg)
-                if op.type != X86_OP_MEM:
-                    continue
-                base, index = op.mem.base, op.mem.index
-                if index != X86_REG_INVALID and full(index) in holders:
-                    return None
-                if base == X86_REG_INVALID or full(base) not in holders:
-                    continue
-                if index != X86_REG_INVALID or op.size <= 0 or insn.mnemonic == "lea" or \
-                        op.mem.segment != X86_REG_INVALID or decoder.reg_name(base) != full(base):
-                    return None
-                first, last = op.mem.disp, op.mem.disp + op.size - 1
-                words.update(range(first - first % 8, last + 1, 8))
-            written = {(full(op.reg), op.size) for op in operands
-                       if op.type == X86_OP_REG and op.access & CS_AC_WRITE} | \
-                {(full(r), 8) for r in insn.regs_write}
-            if any(name in holders and size < 4 for name, size in written):
-                return None  # (a holder written in part: a pointer near the context)
-            holders = holders - {name for name, _ in written} | ({copied} if copied else set())
-            if insn.group(CS_GRP_RET):
-                break
-            if insn.group(CS_GRP_JUMP) or insn.group(CS_GRP_CALL):
-                operand = insn.operands[0] if len(insn.operands) == 1 else None
-                if operand is None or operand.type != CS_OP_IMM:
-                    return None
-                todo.append((operand.imm, holders))
-                if insn.mnemonic == "jmp":
-                    break
-            at += insn.size
-    return frozenset(words)
-
-
-_CONTEXT_STATES = 100_000  # instructions read with the holders they had, at most
+            copied = full(dst.reg)
+        if op.type != X86_OP_MEM:
+            continue
+        base, index = op.mem.base, op.mem.index
+        if index != X86_REG_INVALID and full(index) in holders:
+            return None
+        if base == X86_REG_INVALID or full(base) not in holders:
+            continue
+        if index != X86_REG_INVALID or op.size <= 0 or insn.mnemonic == "lea" or \
+                op.mem.segment != X86_REG_INVALID or decoder.reg_name(base) != full(base):
+            return None
+        first, last = op.mem.disp, op.mem.disp + op.size - 1
+        words.update(range(first - first % 8, last + 1, 8))
+    written = {(full(op.reg), op.size) for op in operands
+               if op.type == X86_OP_REG and op.access & CS_AC_WRITE} | \
+        {(full(r), 8) for r in insn.regs_write}
+    if any(name in holders and size < 4 for name, size in written):
+        return None  # (a holder written in part: a pointer near the context)
+    return holders - {name for name, _ in written} | ({copied} if copied else set())
