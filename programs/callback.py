@@ -224,7 +224,7 @@ def _read(linked: str, spec: str, function: str, backend, area: int,
     built.read = arguments if arguments >= 0 else program_file.ARGUMENTS
     words = backend.context_read(bytes(blob), found[0].value)
     if words is not None:  # (its code says what it may read: the rest is not filled in)
-        built.uses &= _uses_of(words)
+        built.uses &= program_file.context_uses(words)
         built.read = min(built.read, max((w // 8 + 1 for w in words
                                           if w < program_file.ARGUMENTS * 8), default=0))
     return built
@@ -233,17 +233,6 @@ def _read(linked: str, spec: str, function: str, backend, area: int,
 # what a callback's context holds whatever it says it reads (UREWRITE_READS)
 _ALWAYS = program_file.USES_PID | program_file.USES_EVENT | program_file.USES_MAPS | \
     program_file.USES_PROBE | program_file.USES_AREA
-
-
-def _uses_of(words: frozenset) -> int:
-    """program_file.USES_* of the context's words (by offset) a callback may read."""
-    P = program_file
-    uses = P.USES_NSECS * (P.CTX_NSECS in words) | P.USES_TID * (P.CTX_TID in words) | \
-        P.USES_COMM * any(P.CTX_COMM <= w < P.CTX_EVENT for w in words) | \
-        P.USES_PID * (P.CTX_PID in words) | P.USES_EVENT * (P.CTX_EVENT in words) | \
-        P.USES_MAPS * (P.CTX_MAPS in words) | \
-        P.USES_PROBE * bool({P.CTX_PROBE, P.CTX_NAME} & words) | P.USES_AREA * (P.CTX_AREA in words)
-    return uses | P.USES_MAPS * bool(uses & P.USES_AREA)  # (the area is the maps' + offset)
 
 
 def _maps(elf, blob: bytearray, spec: str, map_size: int):

@@ -59,8 +59,8 @@ from urewrite.programs.syntax import (Assign, Binary, Block, Builtin, Call, Cast
                                       Conditional, Dereference, If, Integer, Map, Real,
                                       String, Unary, Variable, nodes)
 from urewrite.trampolines.program_file import (ARGUMENTS, CTX_COMM, CTX_NSECS, CTX_PID,
-                                               CTX_TID, USES_COMM, USES_EVENT, USES_MAPS,
-                                               USES_NSECS, USES_PID, USES_TID)
+                                               CTX_TID, USES_EVENT, USES_MAPS, USES_PID,
+                                               context_uses)
 
 STRING = 64             # the bytes of a string value (bpftrace's default strlen)
 
@@ -104,9 +104,7 @@ class Lowered:
         """What of the context the code reads beyond the arguments (program_file.USES_*)."""
         read = {op[1] for ops in self.code.values() for op in ops if op[0] in ("ctx", "ctx_address")}
         names = {op[0] for ops in self.code.values() for op in ops}
-        return (USES_NSECS * (CTX_NSECS in read) | USES_TID * (CTX_TID in read)
-                | USES_COMM * (CTX_COMM in read)
-                | USES_PID * (CTX_PID in read or bool(names & {"read", "read_string"}))
+        return (context_uses(read) | USES_PID * bool(names & {"read", "read_string"})
                 | USES_EVENT * ("printf" in names) | USES_MAPS)  # (its prologue reads them)
 
     @property

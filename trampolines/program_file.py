@@ -90,6 +90,17 @@ USES_PID, USES_EVENT = 8, 16
 # number, kind and name, its area (made from the maps': USES_AREA comes with USES_MAPS):
 # a callback's filled in where its code may read them (Backend.context_read)
 USES_MAPS, USES_PROBE, USES_AREA = 32, 64, 128
+
+
+def context_uses(offsets) -> int:
+    """USES_* of the context's words (by offset) that code reads: a program's fields
+    (lower.py), or the words a callback's code may load (Backend.context_read)."""
+    uses = USES_NSECS * (CTX_NSECS in offsets) | USES_TID * (CTX_TID in offsets) | \
+        USES_COMM * any(CTX_COMM <= w < CTX_EVENT for w in offsets) | \
+        USES_PID * (CTX_PID in offsets) | USES_EVENT * (CTX_EVENT in offsets) | \
+        USES_MAPS * (CTX_MAPS in offsets) | \
+        USES_PROBE * bool({CTX_PROBE, CTX_NAME} & set(offsets)) | USES_AREA * (CTX_AREA in offsets)
+    return uses | USES_MAPS * bool(uses & USES_AREA)  # (the area is the maps' + offset)
 PRINTF_PROBE = 0x7FFF0000  # a printf() event's probe number: this plus the printf's
 
 
