@@ -78,17 +78,20 @@ def assemble(base: int, run_at: int, entries: Sequence[Optional[DirectEntry]]) -
                                        labels + ["d_end"], base, "KS_ARCH_X86", "KS_MODE_64",
                                        "a program's direct entries")
     at = dict(zip(labels + ["d_end"], found))
-    ends = sorted(at[f"d{k}"] for k, _ in shapes.values()) + [at["d_end"]]
+    bounds = [at[f"d{k}"] for k in range(len(shapes))] + [at["d_end"]]  # (laid out in order)
+    pieces = {}  # shape -> (its bytes, where its run's compare and its call are in them)
+    for shape, (k, entry) in shapes.items():
+        start = bounds[k]
+        pieces[shape] = (code[start - base:bounds[k + 1] - base], None if entry is None else
+                         (at[f"d{k}_run_word"] - start, at[f"d{k}_call"] - start))
     out, starts = bytearray(), []
     for entry in entries:
-        k = shapes[_shape(entry)][0]
-        start = at[f"d{k}"]
+        piece, places = pieces[_shape(entry)]
         here = len(out)  # (from base)
         starts.append(here)
-        out += code[start - base:next(e for e in ends if e > start) - base]
-        if entry is not None:  # cmp rdx, [rip + run]: 48 3b 15 disp32; call: e8 rel32
-            run = here + at[f"d{k}_run_word"] - start
-            call = here + at[f"d{k}_call"] - start
+        out += piece
+        if places:  # cmp rdx, [rip + run]: 48 3b 15 disp32; call: e8 rel32
+            run, call = here + places[0], here + places[1]
             assert out[run:run + 3] == b"\x48\x3b\x15" and out[call] == 0xE8
             out[run + 3:run + 7] = _rel32(run_at - (base + run + 7))
             out[call + 1:call + 5] = _rel32(entry.function - (base + call + 5))
