@@ -125,6 +125,22 @@ def ties_sorted(text: str):
     return out
 
 
+# a C callback that reads its probe's name, number and kind, its pid and its area (and no
+# argument), its context's pointer where its compiler keeps it: Backend.context_read
+# finds those words (tests/test_callbacks.py, tests/test_built_in_calls.py)
+READS = ('#include "urewrite.h"\n'
+         'UREWRITE_MAP(m, UREWRITE_COUNT, 3);\n'
+         'void f(struct urewrite_context *c)\n'
+         '{\n'
+         '    uint64_t k[3];\n'
+         '    c->area[0] += 1;\n'
+         '    k[0] = (uint64_t)c->name[0];\n'
+         '    k[1] = c->probe + c->area[0] % 2 * 100;\n'
+         '    k[2] = (c->pid > 1 && c->pid < 1 << 22) * 10 + (c->kind == UREWRITE_KIND_ENTRY);\n'
+         '    urewrite_map_update(c, &m, k, 0);\n'
+         '}\n')
+
+
 # -- compiled code, fed hits directly (test_program_code, test_aarch64_program_code) --------
 
 WORK = [("uprobe:./v:work", {"args": (i, i % 7)}) for i in range(1000)] + \

@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from conftest import run
+from probe_programs import READS
 from urewrite.arch.base import BuiltInCall
 from urewrite.arch.x86_64 import built_in_call, trampoline
 from urewrite.trampolines import program_file as P
@@ -164,18 +165,7 @@ def test_the_context_holds_what_the_callback_reads(tmp_path):
     plain, rewritten = tmp_path / "six", tmp_path / "six.probed"
     expected = _build(SIX, plain)
     source = tmp_path / "reads.c"
-    source.write_text(
-        '#include "urewrite.h"\n'
-        'UREWRITE_MAP(m, UREWRITE_COUNT, 3);\n'
-        'void f(struct urewrite_context *c)\n'
-        '{\n'
-        '    uint64_t k[3];\n'
-        '    c->area[0] += 1;\n'
-        '    k[0] = (uint64_t)c->name[0];\n'
-        '    k[1] = c->probe + c->area[0] % 2 * 100;\n'
-        '    k[2] = (c->pid > 1 && c->pid < 1 << 22) * 10 + (c->kind == UREWRITE_KIND_ENTRY);\n'
-        '    urewrite_map_update(c, &m, k, 0);\n'
-        '}\n')
+    source.write_text(READS)
     built = callback.build(f"{source}:f", X86_64Backend())
     assert built.uses == P.USES_PID | P.USES_MAPS | P.USES_PROBE | P.USES_AREA
     assert built.read == 0

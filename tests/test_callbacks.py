@@ -24,6 +24,7 @@ import pytest
 
 import cross
 from conftest import GO_CACHE, run
+from probe_programs import READS
 from urewrite.programs import output as printer
 from urewrite.programs.checks import check as check_program
 from urewrite.programs.evaluate import Hit, State, run_block
@@ -343,19 +344,6 @@ def test_arm64_context_read_follows_the_pointer_and_gives_up_where_it_goes_elsew
                     "add x1, x0, #8; ret", "mov w1, w0; ret", "blr x2; ret", "br x3",
                     "movk x0, #1; ret"):
         assert read(escapes) is None, escapes
-
-
-READS = ('#include "urewrite.h"\n'
-         'UREWRITE_MAP(m, UREWRITE_COUNT, 3);\n'
-         'void f(struct urewrite_context *c)\n'
-         '{\n'
-         '    uint64_t k[3];\n'
-         '    c->area[0] += 1;\n'
-         '    k[0] = (uint64_t)c->name[0];\n'
-         '    k[1] = c->probe + c->area[0] % 2 * 100;\n'
-         '    k[2] = (c->pid > 1 && c->pid < 1 << 22) * 10 + (c->kind == UREWRITE_KIND_ENTRY);\n'
-         '    urewrite_map_update(c, &m, k, 0);\n'
-         '}\n')
 
 
 def test_the_context_holds_what_the_callback_reads(built, tmp_path):

@@ -370,15 +370,20 @@ def test_loaded_into_a_region_directory(files, tmp_path):
     assert proc.returncode == 2 and "--dir goes without a command" in proc.stderr
 
 
+def _served_built_in(served, tmp_path):
+    """served.c rewritten with `@n = count(); @t[arg1] = count();` at work() built in."""
+    built = tmp_path / "served.built"
+    proc = urewrite(str(served), "-e", "uprobe:served:work { @n = count(); @t[arg1] = count(); }",
+                    "-o", str(built), "-q")
+    assert proc.returncode == 0, proc.stderr
+    return built
+
+
 def test_stat_of_a_running_process_shows_its_built_in_program(served, tmp_path):
     """`stat -p PID` of a process whose probes have a program built in: armed, the
     program runs, and the report shows its maps for the calls made while armed."""
     from live_service import LineReader
-    plain = served
-    built = tmp_path / "served.built"
-    proc = urewrite(str(plain), "-e", "uprobe:served:work { @n = count(); @t[arg1] = count(); }",
-                    "-o", str(built), "-q")
-    assert proc.returncode == 0, proc.stderr
+    built = _served_built_in(served, tmp_path)
     with running([str(built)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                  text=True) as process:
         lines = LineReader(process.stdout)
@@ -409,10 +414,7 @@ def test_a_tracers_program_takes_the_built_in_ones_place_and_gives_it_back(serve
     goes the direct table's way); once it is unloaded, `stat -p` arms the process
     again and the built-in program counts the calls made then, exactly."""
     from live_service import LineReader
-    built = tmp_path / "served.built"
-    proc = urewrite(str(served), "-e", "uprobe:served:work { @n = count(); @t[arg1] = count(); }",
-                    "-o", str(built), "-q")
-    assert proc.returncode == 0, proc.stderr
+    built = _served_built_in(served, tmp_path)
     with running([str(built)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                  text=True) as process:
         lines = LineReader(process.stdout)
