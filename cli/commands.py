@@ -357,7 +357,8 @@ def loss_message(ring) -> str:
 @click.option("--postgres", is_flag=True,
               help="Also run pgbench against Debian's PostgreSQL 15: the original, the "
                    "rewrite with every USDT probe counting (stat) and keyed by probe "
-                   "(run), and bpftrace's usdt probes on the original (root only).")
+                   "(run), and bpftrace's usdt probes on the original, each beside an "
+                   "unprobed copy run at the same time (root only).")
 @click.option("--postgres-seconds", type=click.IntRange(1), default=10, metavar="S",
               show_default=True, help="Seconds of each pgbench run of --postgres.")
 def bench(as_json, threads, no_kernel, iterations, repeat, redis, redis_requests,

@@ -218,9 +218,11 @@ def test_server_under_stat_answers_as_the_original_with_the_kernels_counts(
 
 
 def test_bench_postgres_runs_every_configuration():
-    """`bench --postgres`'s part, briefly: every configuration runs pgbench, the
-    probes of each counted its transactions, and the server's CPU time a transaction
-    is measured (a backend's transaction takes some tens of microseconds to a few ms)."""
+    """`bench --postgres`'s part, briefly: every configuration runs pgbench beside the
+    reference (a copy of the original) at the same time, both sides' figures are read,
+    the probes of each configuration counted its own transactions, and each server's
+    CPU time a transaction is measured (a backend's transaction takes some tens of
+    microseconds to a few ms)."""
     from urewrite.bench.postgres import format_postgres_table, postgres_bench
     _user_ids()
     result = postgres_bench(seconds=1, repeat=1)
@@ -229,8 +231,14 @@ def test_bench_postgres_runs_every_configuration():
         ({"bpftrace"} if not result["kernel_skipped"] else set())
     assert set(result["median_tps"]) == configs
     assert all(tps > 0 for tps in result["median_tps"].values())
-    for config in configs - {"original"}:
-        assert result["transactions_counted"][config] > 100, (config, result)
+    assert set(result["median_reference_tps"]) == configs
+    assert all(tps > 0 for tps in result["median_reference_tps"].values())
+    for config in configs:  # (each ratio is its own run's two figures)
+        assert result["round_ratios"][config] == [
+            a / b for a, b in zip(result["tps"][config], result["reference_tps"][config])]
+    for config in configs - {"original"}:  # (its own: the reference's are not counted)
+        counted, tps = result["transactions_counted"][config], result["tps"][config][0]
+        assert 100 < counted < 1.5 * tps + 500, (config, result)
     assert set(result["median_cpu_us"]) == set(result["cpu_ratio"]) == configs
     assert all(10 < us < 100_000 for us in result["median_cpu_us"].values()), result
     assert "urewrite run" in format_postgres_table(result)

@@ -28,7 +28,8 @@
    program under bpftrace.
 8. PostgreSQL (--postgres): pgbench against Debian's PostgreSQL 15, the original,
    the rewrite with every USDT probe counting and with a program keyed by probe,
-   and bpftrace's usdt probes on the original; transactions per second.
+   and bpftrace's usdt probes on the original, each beside an unprobed copy run at
+   the same time; transactions per second and their ratio to the copy's.
 
 Kernel rows need root and tracefs; every uprobe event made here lives in a
 group of its own (urwbench_<pid>) and is removed on exit, on error and on

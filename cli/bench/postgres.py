@@ -1,19 +1,27 @@
 """PostgreSQL (--postgres): Debian's PostgreSQL 15 under pgbench, as people run it (started
 by pg_ctl as the postgres user), with its 71 USDT probe sites of provider `postgresql`:
 
-    original          the server as installed, no probe
+    original          the server as installed (a copy of its file), no probe
     urewrite stat     the server rewritten with every USDT probe, armed, counting
     urewrite run      the same rewrite, with a program keyed by probe:
                       usdt:...:postgresql:* { @[probe] = count(); }
     bpftrace          the same program on the original, with kernel uprobes
 
-Transactions per second of each (the median of `repeat` interleaved rounds), and its ratio
-to the original's: the median of each round's ratio to the original's of that round (the
-order of the configurations turns by one each round, so that none is always first after
-a cluster's set-up; a run's TPS moves by 10% from round to round on a shared machine, a
-round's configurations together move less). A throwaway cluster in a temporary
-directory, on a Unix socket only; never Debian's own service. Root only: the server runs
-as the postgres user.
+Each configuration runs side by side with a reference server ("duet" benchmarking), at
+the same time, on the same machine: a copy of the original binary (a file of its own:
+bpftrace's uprobes are on another copy, the one tested), its own cluster, its own
+pgbench with as many clients. A round's figure is the configuration's transactions per
+second over the reference's of that same run. On a shared machine a run's TPS moves by
+10% and more from one run to the next (the host's other guests), and both servers move
+with it; their ratio moves by about 1% (run one after the other, rounds of the same two
+binaries spread 0.78 to 1.29 here; side by side, 0.94 to 1.09, most within 1%).
+"original" beside the reference is that spread itself: the method's own noise. The ratio
+reported is the median of the rounds'; which cluster each side runs in, which side
+starts first and the order of the configurations turn from round to round. Also, around
+each pgbench run, the CPU time each server used a transaction (the postmaster's own and
+its reaped backends', from /proc).
+Throwaway clusters in a temporary directory, on Unix sockets only; never Debian's own
+service. Root only: the servers run as the postgres user.
 """
 
 from __future__ import annotations
@@ -37,26 +45,31 @@ BIN = "/usr/lib/postgresql/15/bin"
 USER = "postgres"
 PROGRAM = "usdt:{path}:postgresql:* {{ @[probe] = count(); }}"
 CONFIGS = ("original", "urewrite stat", "urewrite run", "bpftrace")
+SIDES = {"left": 5498, "right": 5499}  # a cluster's directory and its port
 
-# One run, as the postgres user: start the server BINARY on a socket in DIR, fill the
-# tables (pgbench -i), run pgbench for SECONDS with CLIENTS clients, stop. Around the
-# pgbench run, the CPU time (clock ticks) the server's processes have used: the
-# postmaster's own and its reaped children's, and its live children's (the backends
-# exit when pgbench's connections close; a moment later the postmaster has reaped them).
+# One side of a round, as the postgres user: start the server BINARY on a socket in DIR,
+# fill the tables (pgbench -i; as many branches as clients, as pgbench's manual asks,
+# so that the clients do not all queue on one row), say ready, wait for GO, run pgbench
+# for SECONDS with CLIENTS clients, stop. Around the pgbench run, the CPU time (clock
+# ticks) the server's processes have used: the postmaster's own and its reaped
+# children's, and its live children's (the backends exit when pgbench's connections
+# close; a moment later the postmaster has reaped them).
 WORKLOAD = """set -e
-binary=$1 dir=$2 seconds=$3 clients=$4
-conn="-h $dir/socket -p 5498 -U postgres"
+binary=$1 dir=$2 port=$3 seconds=$4 clients=$5 go=$6
+conn="-h $dir/socket -p $port -U postgres"
 {bin}/pg_ctl -D "$dir/data" -p "$binary" -l "$dir/server.log" \\
-    -o "-k $dir/socket -p 5498 -c listen_addresses= -c autovacuum=off -c fsync=off -c jit=off" \\
+    -o "-k $dir/socket -p $port -c listen_addresses= -c autovacuum=off -c fsync=off -c jit=off" \\
     -w start > /dev/null
 trap '{bin}/pg_ctl -D "$dir/data" -m fast -w stop > /dev/null' EXIT
-{bin}/pgbench $conn -i -q postgres > /dev/null 2>&1
+{bin}/pgbench $conn -i -q -s "$clients" postgres > /dev/null 2>&1
 cpu() {{
     pm=$(head -n 1 "$dir/data/postmaster.pid")
     cat /proc/[0-9]*/stat 2>/dev/null | awk -v pm="$pm" \\
         '$1 == pm {{ t += $14 + $15 + $16 + $17 }} $4 == pm {{ t += $14 + $15 }} END {{ print t }}'
 }}
 sleep 0.5
+touch "$dir/ready"
+while [ ! -e "$go" ]; do sleep 0.01; done
 echo "server cpu before: $(cpu)"
 {bin}/pgbench $conn -n -c "$clients" -j "$clients" -T "$seconds" postgres
 sleep 0.5
@@ -78,8 +91,10 @@ def postgres_unavailable() -> Optional[str]:
     return None
 
 
-def postgres_bench(seconds: int = 10, repeat: int = 3, clients: int = 4,
+def postgres_bench(seconds: int = 10, repeat: int = 3, clients: int = 2,
                    kernel: bool = True) -> dict:
+    """`clients`: pgbench's clients on each side (the two servers' backends and
+    pgbench's threads then share the machine)."""
     why = postgres_unavailable()
     if why:
         return {"skipped": why}
@@ -95,6 +110,12 @@ def _bench(root: str, seconds: int, repeat: int, clients: int, bpftrace: Optiona
            kernel: bool) -> dict:
     entry = pwd.getpwnam(USER)
     original = os.path.join(BIN, "postgres")
+    # the reference and the unprobed server tested beside it: two copies of the original
+    # in one directory, as the rewrite is (bpftrace's uprobes on the tested copy only)
+    reference, plain = (os.path.join(root, f"postgres.{name}") for name in ("reference",
+                                                                            "original"))
+    for path in (reference, plain):
+        shutil.copy2(original, path)
     probed = os.path.join(root, "postgres.probed")
     proc = subprocess.run([sys.executable, "-m", "urewrite", original, "-p", "usdt:postgresql:*",
                            "-q", "-o", probed], capture_output=True, text=True)
@@ -103,40 +124,54 @@ def _bench(root: str, seconds: int, repeat: int, clients: int, bpftrace: Optiona
     script = os.path.join(root, "workload.sh")
     with open(script, "w") as f:
         f.write(WORKLOAD.format(bin=BIN))
-    for d in ("data", "socket"):
-        os.mkdir(os.path.join(root, d), 0o700)
-    for path in (root, probed, script, os.path.join(root, "data"), os.path.join(root, "socket")):
+    owned = [root, probed, reference, plain, script]
+    for side in SIDES:
+        owned += [os.path.join(root, side), os.path.join(root, side, "socket")]
+        os.mkdir(owned[-2], 0o700)
+        os.mkdir(owned[-1], 0o700)
+    for path in owned:
         os.chown(path, entry.pw_uid, entry.pw_gid)
     os.chmod(root, 0o755)
-    os.chmod(probed, 0o755)
-    _as_postgres([os.path.join(BIN, "initdb"), "-D", os.path.join(root, "data"), "-A", "trust",
-                  "-U", USER, "--no-sync", "-E", "UTF8", "--locale", "C"], root)
+    for path in (probed, reference, plain):
+        os.chmod(path, 0o755)
+    for side in SIDES:
+        _as_postgres([os.path.join(BIN, "initdb"), "-D", os.path.join(root, side, "data"),
+                      "-A", "trust", "-U", USER, "--no-sync", "-E", "UTF8", "--locale", "C"],
+                     root)
     version = subprocess.run([original, "--version"], capture_output=True,
                              text=True).stdout.strip()
     skipped = None if bpftrace else ("--no-kernel" if not kernel else "bpftrace not installed")
-    tps: Dict[str, List[float]] = {c: [] for c in CONFIGS}
-    cpu: Dict[str, List[float]] = {c: [] for c in CONFIGS}
-    counts: Dict[str, Dict[str, int]] = {}
+    binaries = {"original": plain, "reference": reference, "probed": probed}
     configs = [c for c in CONFIGS if c != "bpftrace" or bpftrace]
+    tps: Dict[str, List[float]] = {c: [] for c in configs}
+    beside: Dict[str, List[float]] = {c: [] for c in configs}  # the reference's, same runs
+    cpu: Dict[str, List[float]] = {c: [] for c in configs}
+    cpu_beside: Dict[str, List[float]] = {c: [] for c in configs}
+    counts: Dict[str, Dict[str, int]] = {}
     for r in range(repeat):
+        # (reference, tested): which cluster each runs in, and which starts first, turn
+        sides = list(SIDES) if r % 2 == 0 else list(reversed(SIDES))
         for config in configs[r % len(configs):] + configs[:r % len(configs)]:
-            log(f"postgres: round {r + 1}/{repeat}, {config}")
-            got, hits, used = _one_run(config, root, original, probed, script, seconds,
-                                       clients, bpftrace)
-            tps[config].append(got)
-            cpu[config].append(used)
+            log(f"postgres: round {r + 1}/{repeat}, {config} beside the original")
+            tested, reference_run, hits = _one_round(config, root, binaries, script, sides,
+                                                     r % 4 >= 2, seconds, clients, bpftrace)
+            tps[config].append(tested[0])
+            cpu[config].append(tested[1])
+            beside[config].append(reference_run[0])
+            cpu_beside[config].append(reference_run[1])
             if hits is not None:
                 counts[config] = hits
-    medians = {c: statistics.median(v) for c, v in tps.items() if v}
-    ratios = {c: [a / b for a, b in zip(v, tps["original"])] for c, v in tps.items() if v}
-    # the server's CPU time a transaction: the original's over each's, round by round
-    # (what the probes cost the server itself, which the machine's spread moves less)
-    cpu_ratios = {c: [b / a for a, b in zip(v, cpu["original"])] for c, v in cpu.items() if v}
+    ratios = {c: [a / b for a, b in zip(tps[c], beside[c])] for c in configs}
+    # the server's CPU time a transaction: the reference's over the tested one's
+    cpu_ratios = {c: [b / a for a, b in zip(cpu[c], cpu_beside[c])] for c in configs}
     return {"version": version, "seconds": seconds, "clients": clients, "repeat": repeat,
-            "sites": _site_count(counts), "tps": tps, "median_tps": medians,
+            "method": "side by side", "sites": _site_count(counts), "tps": tps,
+            "median_tps": {c: statistics.median(v) for c, v in tps.items()},
+            "reference_tps": beside,
+            "median_reference_tps": {c: statistics.median(v) for c, v in beside.items()},
             "ratio": {c: statistics.median(v) for c, v in ratios.items()},
             "round_ratios": ratios, "cpu_us_per_transaction": cpu,
-            "median_cpu_us": {c: statistics.median(v) for c, v in cpu.items() if v},
+            "median_cpu_us": {c: statistics.median(v) for c, v in cpu.items()},
             "cpu_ratio": {c: statistics.median(v) for c, v in cpu_ratios.items()},
             "round_cpu_ratios": cpu_ratios,
             "transactions_counted": {c: h.get("postgresql:transaction__start", 0)
@@ -144,14 +179,23 @@ def _bench(root: str, seconds: int, repeat: int, clients: int, bpftrace: Optiona
             "kernel_skipped": skipped}
 
 
-def _one_run(config: str, root: str, original: str, probed: str, script: str, seconds: int,
-             clients: int, bpftrace: Optional[str]) -> tuple:
-    """(transactions per second, hits by probe name or None, the server's CPU time a
-    transaction in microseconds) of one pgbench run."""
-    binary = original if config in ("original", "bpftrace") else probed
-    workload = ["runuser", "-u", USER, "--", "sh", script, binary, root, str(seconds),
-                str(clients)]
+def _one_round(config: str, root: str, binaries: Dict[str, str], script: str,
+               sides: List[str], tested_first: bool, seconds: int, clients: int,
+               bpftrace: Optional[str]) -> tuple:
+    """One pgbench run of `config` on sides[1] beside the reference on sides[0], started
+    together once both have their tables: ((tps, CPU us a transaction) of the tested
+    server, the same of the reference, hits by probe name or None)."""
+    go = os.path.join(root, "go")
+    for path in [go] + [os.path.join(root, side, "ready") for side in SIDES]:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+    def workload(binary: str, side: str) -> List[str]:
+        return ["runuser", "-u", USER, "--", "sh", script, binary, os.path.join(root, side),
+                str(SIDES[side]), str(seconds), str(clients), go]
+
     report = os.path.join(root, "report.out")
+    probed = binaries["probed"]
     if config == "urewrite stat":
         command = [sys.executable, "-m", "urewrite", "stat", "--json", "-o", report, "--"]
     elif config == "urewrite run":
@@ -160,24 +204,51 @@ def _one_run(config: str, root: str, original: str, probed: str, script: str, se
                    PROGRAM.format(path=os.path.basename(probed)), "-o", report, "--"]
     else:
         command = []
+    binary = probed if config.startswith("urewrite") else binaries["original"]
     # bpftrace attaches to the file for every process (with -c, it looks for the probes
-    # in the command's own process: runuser has none)
-    tracer = _bpftrace(bpftrace, original, report) if config == "bpftrace" else None
+    # in the command's own process: runuser has none); the reference is another file
+    tracer = _bpftrace(bpftrace, binaries["original"], report) if config == "bpftrace" \
+        else None
+    commands = [workload(binaries["reference"], sides[0]), command + workload(binary, sides[1])]
+    runs: List[subprocess.Popen] = []
     try:
-        proc = subprocess.run(command + workload, capture_output=True, text=True, cwd=root,
-                              env=clean_env(), timeout=RUN_TIMEOUT + seconds)
+        for started in (commands[::-1] if tested_first else commands):
+            runs.append(subprocess.Popen(started, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, text=True, cwd=root,
+                                         env=clean_env()))
+        if tested_first:
+            runs.reverse()  # (runs[0]: the reference's)
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while not all(os.path.exists(os.path.join(root, side, "ready")) for side in sides):
+            if time.monotonic() > deadline or any(run.poll() is not None for run in runs):
+                break
+            time.sleep(0.02)
+        open(go, "w").close()
+        outputs = [run.communicate(timeout=RUN_TIMEOUT + seconds) for run in runs]
     finally:
+        for run in runs:
+            if run.poll() is None:
+                run.kill()
+                run.wait()
         if tracer is not None:
             _stop(tracer)
-    found = re.search(r"^tps = ([0-9.]+)", proc.stdout, re.M)
-    done = re.search(r"^number of transactions actually processed: (\d+)", proc.stdout, re.M)
-    ticks = [int(t) for t in re.findall(r"^server cpu (?:before|after): (\d+)$", proc.stdout,
+    figures = [_figures(config if k else "the reference", run.returncode, *output)
+               for k, (run, output) in enumerate(zip(runs, outputs))]
+    return figures[1], figures[0], _hits(config, report)
+
+
+def _figures(who: str, returncode: int, stdout: str, stderr: str) -> tuple:
+    """(transactions per second, the server's CPU time a transaction in
+    microseconds) of one side's pgbench run."""
+    found = re.search(r"^tps = ([0-9.]+)", stdout, re.M)
+    done = re.search(r"^number of transactions actually processed: (\d+)", stdout, re.M)
+    ticks = [int(t) for t in re.findall(r"^server cpu (?:before|after): (\d+)$", stdout,
                                         re.M)]
-    if proc.returncode != 0 or not found or not done or len(ticks) != 2:
-        raise BenchError(f"postgres under {config}: exit {proc.returncode}: "
-                         f"{(proc.stderr or proc.stdout).strip()[-300:]}")
+    if returncode != 0 or not found or not done or len(ticks) != 2:
+        raise BenchError(f"postgres under {who}: exit {returncode}: "
+                         f"{(stderr or stdout).strip()[-300:]}")
     used = (ticks[1] - ticks[0]) / os.sysconf("SC_CLK_TCK") * 1e6 / max(int(done.group(1)), 1)
-    return float(found.group(1)), _hits(config, report), used
+    return float(found.group(1)), used
 
 
 def _stop(tracer: subprocess.Popen) -> None:
@@ -249,23 +320,25 @@ def format_postgres_table(result: dict) -> str:
     if result.get("skipped"):
         return f"postgres: skipped: {result['skipped']}\n"
     lines = [f"postgres: {result['version']}; pgbench -c {result['clients']} -T "
-             f"{result['seconds']} (TPC-B-like, fsync off), median of {result['repeat']} "
-             f"rounds; every postgresql USDT probe; ratio: the median of the rounds' own; "
-             f"cpu: the server's CPU time a transaction (us), ratio: the original's over it",
-             f"  {'':<16}{'tps':>10}{'ratio':>8}{'cpu':>8}{'ratio':>8}"
+             f"{result['seconds']} (TPC-B-like, scale {result['clients']}, fsync off) on each "
+             f"side; each configuration beside a copy of the original, run at the same time; "
+             f"ratio: the median of {result['repeat']} rounds' own (tps over the one beside "
+             f"it); cpu: the server's CPU time a transaction (us), ratio: the one beside's "
+             f"over it; every postgresql USDT probe",
+             f"  {'':<16}{'tps':>10}{'beside':>10}{'ratio':>8}{'cpu':>8}{'ratio':>8}"
              f"{'transactions counted':>24}"]
     for config in CONFIGS:
         if config not in result["median_tps"]:
             lines.append(f"  {config:<16}{'-':>10}  ({result['kernel_skipped']})")
             continue
         counted = result["transactions_counted"].get(config)
-        rounds = result.get("round_ratios", {}).get(config, [])
-        cpu_rounds = result.get("round_cpu_ratios", {}).get(config, [])
+        rounds = result["round_ratios"][config]
+        cpu_rounds = result["round_cpu_ratios"][config]
         lines.append(f"  {config:<16}{result['median_tps'][config]:>10.1f}"
+                     f"{result['median_reference_tps'][config]:>10.1f}"
                      f"{result['ratio'][config]:>8.3f}"
                      f"{result['median_cpu_us'][config]:>8.1f}{result['cpu_ratio'][config]:>8.3f}"
                      f"{'' if counted is None else f'{counted:,}':>24}" +
                      (f"  (rounds: {', '.join(f'{x:.3f}' for x in rounds)}; cpu: "
-                      f"{', '.join(f'{x:.3f}' for x in cpu_rounds)})"
-                      if config != "original" and len(rounds) > 1 else ""))
+                      f"{', '.join(f'{x:.3f}' for x in cpu_rounds)})" if len(rounds) > 1 else ""))
     return "\n".join(lines) + "\n"
