@@ -119,7 +119,7 @@ def _callback(spec: str, input: str, output: str, area: int):
         raise UrewriteError(f"--call: {input} is a Go program: callbacks do not run in Go "
                             f"code yet")
     return callback.rewrite_step(callback.build(spec, backend_of(elf.machine, "callbacks"),
-                                                area), output)
+                                                area), output, input)
 
 
 def backend_of(machine: int, what: str = "probe programs"):

@@ -36,6 +36,9 @@ class Target:
     probes: List[tuple]  # (name, kind, address) by probe number
     arguments: List[int] = field(default_factory=list)  # values each one's events carry (-1:
     # not said)
+    # the file whose USDT notes say the probes' arguments, where not `path`: a rewrite's
+    # input, as its output is not written yet (or is an older rewrite)
+    notes_from: str = ""
     # probe number -> the program's probes that run there (their texts, in the program's
     # order: a file probe two of them match runs both)
     runs: Dict[int, List[str]] = field(default_factory=dict)
@@ -344,7 +347,7 @@ class _ArgumentSpecs:
             from urewrite.rewriter import usdt
             from urewrite.rewriter.elf_file import ElfFile
             try:
-                elf = ElfFile.open(self.t.path)
+                elf = ElfFile.open(self.t.notes_from or self.t.path)
             except (UrewriteError, OSError):  # (no file to read: no direct entries)
                 return None
             symbols = usdt.Symbols(elf)
@@ -381,13 +384,15 @@ def built_in(checked, paths: List[str], probes: List[tuple], machine: int, assem
              map_size: int = M.KEYED_CAPACITY,
              backend=None) -> Optional[program_file.BuiltProgram]:
     """The program file of a program built into a rewrite's probes (pipeline.rewrite's
-    `built_in`), for the probes it names in the file (`paths`: the names it goes by),
-    given the output's probe table: (name, kind, address, arguments) by number; None
-    when it names none of them, or the machine's runtime runs none (BUILT_IN_MACHINES)."""
+    `built_in`), for the probes it names in the file (`paths`: the names it goes by, the
+    input first, the output last), given the output's probe table: (name, kind, address,
+    arguments) by number; None when it names none of them, or the machine's runtime runs
+    none (BUILT_IN_MACHINES)."""
     if machine not in BUILT_IN_MACHINES:
         return None
     from urewrite.programs.probes import names_file
-    t = Target(paths[-1], "", machine, [p[:3] for p in probes], [p[3] for p in probes])
+    t = Target(paths[-1], "", machine, [p[:3] for p in probes], [p[3] for p in probes],
+               notes_from=paths[0])
     blocks = checked.program.blocks
     for block in blocks:
         for probe in block.probes:

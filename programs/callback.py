@@ -313,16 +313,17 @@ def event_line(words: List[int]) -> str:
     return " ".join(str(w) for w in words)
 
 
-def rewrite_step(callback: Callback, path: str):
+def rewrite_step(callback: Callback, path: str, input: str):
     """pipeline.rewrite's `built_in(probes, machine)` for a callback given to a rewrite:
-    the program file that runs it at every probe of the output (`path`)."""
+    the program file that runs it at every probe of the output (`path`; its USDT
+    probes' arguments as the notes of `input` say)."""
     from urewrite.programs import attach as A
 
     def step(probes, machine):
         if machine != callback.backend.elf_machine:
             raise CallbackError(f"--call {callback.label}: built for another machine")
         t = A.Target(path, "", machine, [(p.name, p.kind, p.address) for p in probes],
-                     [p.arguments for p in probes])
+                     [p.arguments for p in probes], notes_from=input)
         built = dataclasses.replace(callback, code={})
         attach(built, {"": t})
         return A.built_program(t, built, None, lambda _, lowered, offsets:

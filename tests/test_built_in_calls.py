@@ -26,6 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIX = os.path.join(ROOT, "samples", "callbacks", "six.c")
 FLAGGED = os.path.join(ROOT, "samples", "programs", "flagged.c")
 CLOBBERS = os.path.join(ROOT, "samples", "callbacks", "clobbers.c")
+OPERANDS = os.path.join(ROOT, "samples", "programs", "operands.c")
 CALLS = 3000
 
 pytestmark = pytest.mark.skipif(platform.machine() != "x86_64" or shutil.which("gcc") is None,
@@ -155,6 +156,38 @@ def test_leading_predicates_of_every_comparison_built_in(tmp_path):
                         if chosen else {f"@{name}": "0"}), name
 
 
+def test_usdt_arguments_in_part_of_a_register_built_in(tmp_path):
+    """USDT operands of each width and signedness (operands.c's widths() at -O2:
+    -1@%dl 2@%cx -4@%r8d 4@%eax -8@%rdi with gcc 12), read and extended by the
+    trampoline itself, in the sums and in a leading predicate (on %cx, whose register's
+    upper bits an `imul` to cx leaves as they were)."""
+    if not os.path.exists("/usr/include/x86_64-linux-gnu/sys/sdt.h"):
+        pytest.skip("sys/sdt.h is not installed (systemtap-sdt-dev)")
+    plain, rewritten = tmp_path / "ops", tmp_path / "ops.probed"
+    subprocess.run(["gcc", "-O2", OPERANDS, "-o", str(plain)], check=True)
+    notes = subprocess.run(["readelf", "-n", str(plain)], capture_output=True, text=True).stdout
+    widths = notes.split("Name: widths", 1)[1].split("Arguments: ", 1)[1].split("\n", 1)[0]
+    assert all("@%" in a for a in widths.split()), widths  # (registers, as the test needs)
+    program = ("usdt:*:ops:widths /arg1 > 1000/ { @c = sum(arg0); @s = sum(arg1); "
+               "@k = sum(arg2); @u = sum(arg3); @d = sum(arg4); }")
+    done = urewrite(plain, "-e", program, "-o", rewritten, "-q")
+    assert done.returncode == 0, done.stderr
+    first = rewritten.read_bytes()
+    # the same bytes where the output is there already: the USDT notes that say where
+    # the arguments are are the input's (the output's were read once: no file the first
+    # time, no direct entry, no call by the trampoline)
+    done = urewrite(plain, "-e", program, "-o", rewritten, "-q")
+    assert done.returncode == 0, done.stderr
+    assert rewritten.read_bytes() == first
+    _, maps = _stat(rewritten)
+    chosen = [i for i in range(CALLS) if i * 300 % 2**16 > 1000]
+    assert maps == {"@c": str(sum((i - 100 + 128) % 256 - 128 for i in chosen) % 2**64),
+                    "@s": str(sum(i * 300 % 2**16 for i in chosen)),
+                    "@k": str(sum(-i for i in chosen) % 2**64),
+                    "@u": str(sum((4_000_000_000 - i) % 2**32 for i in chosen)),
+                    "@d": str(sum(CALLS - i for i in chosen))}
+
+
 def test_the_context_holds_what_the_callback_reads(tmp_path):
     """A callback that reads its probe's name, number and kind, its pid and its area
     (and no argument), its context pointer in a register of its compiler's choice:
@@ -195,11 +228,16 @@ def test_the_trampoline_calls_only_what_it_can_fill_in():
     assert not built_in_call.takes(_entry(predicate=(0, 2, "lt", True, "f64")), b"")  # a float's
     for uses in (P.USES_NSECS, P.USES_TID, P.USES_COMM):  # (read by the entries' own code)
         assert built_in_call.takes(_entry(uses=uses), b"")
-    from urewrite.trampolines.arguments import MEMORY, ArgSpec
+    from urewrite.trampolines.arguments import MEMORY, REGISTER, ArgSpec, encode
     in_memory = ArgSpec(MEMORY, 8, False, base=X86_64Backend().abi_arguments(1)[0].base)
-    assert not built_in_call.takes(_entry(expected=(in_memory,), reads=1),
-                                   __import__("urewrite.trampolines.arguments",
-                                              fromlist=["encode"]).encode((in_memory,)))
+    assert not built_in_call.takes(_entry(expected=(in_memory,), reads=1), encode((in_memory,)))
+    base = specs[0].base
+    for size, signed, shift in ((4, True, 0), (4, False, 0), (2, False, 0), (1, True, 0),
+                                (1, False, 8)):  # (USDT's -4@%edi ... 1@%ah)
+        part = ArgSpec(REGISTER, size, signed, base=base, shift=shift)
+        assert built_in_call.takes(_entry(expected=(part,), reads=1), encode((part,)))
+    odd = ArgSpec(REGISTER, 4, False, base=base, shift=8)  # (no such x86 operand)
+    assert not built_in_call.takes(_entry(expected=(odd,), reads=1), encode((odd,)))
     refs = trampoline.RuntimeRefs(0x10000, 64, 0x2000, 0x2100, 0x2200, 0x2300, 0x2400)
     call = BuiltInCall(_entry(), 0, 0x9000)
     hot, _ = trampoline.counting_template(0, refs, False, 1, False, 0, False, (b"",), False,

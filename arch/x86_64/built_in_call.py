@@ -21,8 +21,9 @@ callback: +2.3 to 2.5 ns over counting through the table and the entry, +1.1 thi
     done: the site's registers back (trampoline.back_to_site)
     by_table: the trace path, which goes the direct table's way
 
-An entry with a floating-point predicate or an argument in memory or narrower than a
-register stays with the direct table (`takes` is False): the entry reads those. A
+An entry with a floating-point predicate or an argument in memory stays with the direct
+table (`takes` is False): the entry reads those. An argument in part of a register
+(a USDT operand such as `-4@%r14d`) is extended here as the entry extends it. A
 leading predicate on an argument and a constant is checked once the frame is made
 (false: the pops, and back); the clock, the thread's id and name are read by the
 entries' own code (direct_entry.clock_and_thread).
@@ -64,8 +65,14 @@ def takes(entry, arguments: bytes) -> bool:
 
 
 def _simple(spec) -> bool:
-    return spec.kind == CONSTANT or spec.kind == REGISTER and spec.size == 8 and \
-        not spec.shift and spec.base in _NAMES
+    return spec.kind == CONSTANT or spec.kind == REGISTER and spec.base in _NAMES and \
+        spec.size in _EXTEND[spec.signed] and (not spec.shift or spec.size == 1)
+
+
+# rax's low bytes of a size sign- or zero-extended, as direct_entry's _extend does
+# (a USDT operand such as `-4@%r14d` or `1@%ah`): the bytes of movsxd/mov, movsx/movzx
+_EXTEND = {False: {8: b"", 4: b"\x89\xc0", 2: b"\x0f\xb7\xc0", 1: b"\x0f\xb6\xc0"},
+           True: {8: b"", 4: b"\x48\x63\xc0", 2: b"\x48\x0f\xbf\xc0", 1: b"\x48\x0f\xbe\xc0"}}
 
 
 def emit(w: Writer, L, entry, run: int, flags_live: bool, red: int) -> None:
@@ -165,3 +172,6 @@ def _value(w: Writer, spec, saved: list, above: int, red: int) -> None:
         w.lea(RAX, Mem(RBP, disp=above + 8 * len(_TRAMPOLINE_SAVED) + red, disp32=True))
     else:  # (rdi and the others: as at the site until the call)
         w.mov(RAX, _BY_NAME[name])
+    if spec.shift:  # (%ah and the like: bits 8 to 15)
+        w.shr(RAX, spec.shift)
+    w.raw(_EXTEND[bool(spec.signed)][spec.size])
