@@ -173,9 +173,9 @@ def test_usdt_arguments_in_part_of_a_register_built_in(tmp_path):
     done = urewrite(plain, "-e", program, "-o", rewritten, "-q")
     assert done.returncode == 0, done.stderr
     first = rewritten.read_bytes()
-    # the same bytes where the output is there already: the USDT notes that say where
-    # the arguments are are the input's (the output's were read once: no file the first
-    # time, no direct entry, no call by the trampoline)
+    # the same bytes where the output is there already: the notes that place the USDT
+    # arguments are read from the input (they were once read from the output path: no
+    # file there the first time, so no direct entry and no call by the trampoline)
     done = urewrite(plain, "-e", program, "-o", rewritten, "-q")
     assert done.returncode == 0, done.stderr
     assert rewritten.read_bytes() == first
