@@ -37,7 +37,7 @@ from typing import List
 from urewrite.arch.x86_64 import direct_entry
 from urewrite.arch.x86_64.arguments import SLOT
 from urewrite.arch.x86_64.direct_entry import BINDING_EVENT, BINDING_MAPS, DIRECT
-from urewrite.arch.x86_64.program_code import condition, negated
+from urewrite.arch.x86_64.program_code import _extend, condition, negated
 from urewrite.arch.x86_64.writer import (EAX, GPR64, R8, R9, R10, R11, RAX, RBP, RCX, RDI, RDX,
                                          RSI, RSP, Mem, Rip, Writer)
 from urewrite.trampolines import program_file as P
@@ -66,13 +66,14 @@ def takes(entry, arguments: bytes) -> bool:
 
 def _simple(spec) -> bool:
     return spec.kind == CONSTANT or spec.kind == REGISTER and spec.base in _NAMES and \
-        spec.size in _EXTEND[spec.signed] and (not spec.shift or spec.size == 1)
+        spec.size in (1, 2, 4, 8) and (not spec.shift or spec.size == 1)
 
 
-# rax's low bytes of a size sign- or zero-extended, as direct_entry's _extend does
-# (a USDT operand such as `-4@%r14d` or `1@%ah`): the bytes of movsxd/mov, movsx/movzx
-_EXTEND = {False: {8: b"", 4: b"\x89\xc0", 2: b"\x0f\xb7\xc0", 1: b"\x0f\xb6\xc0"},
-           True: {8: b"", 4: b"\x48\x63\xc0", 2: b"\x48\x0f\xbf\xc0", 1: b"\x48\x0f\xbe\xc0"}}
+@functools.lru_cache(maxsize=None)
+def _extension(size: int, signed: bool) -> bytes:
+    """rax's low `size` bytes sign- or zero-extended (a USDT operand such as `-4@%r14d`
+    or `1@%ah`): the entries' own instructions (program_code._extend), assembled once."""
+    return _assembled(_extend(size, signed), "a built-in call's argument extension")
 
 
 def emit(w: Writer, L, entry, run: int, flags_live: bool, red: int) -> None:
@@ -125,10 +126,16 @@ def emit(w: Writer, L, entry, run: int, flags_live: bool, red: int) -> None:
 def _clock_and_thread(uses: int) -> bytes:
     """The direct entries' code for nsecs, tid and comm (direct_entry.clock_and_thread:
     position-independent), assembled once."""
+    return _assembled(direct_entry.clock_and_thread("b", uses),
+                      "a built-in call's clock and thread")
+
+
+def _assembled(lines: List[str], what: str) -> bytes:
+    """Position-independent lines of the entries' code as bytes (none: none)."""
     from urewrite.arch.runtime_asm import assemble_with_starts
-    text = "".join(line + "\n" for line in direct_entry.clock_and_thread("b", uses))
-    return assemble_with_starts(text, [], 0, "KS_ARCH_X86", "KS_MODE_64",
-                                "a built-in call's clock and thread")[0]
+    text = "".join(line + "\n" for line in lines)
+    return assemble_with_starts(text, [], 0, "KS_ARCH_X86", "KS_MODE_64", what)[0] \
+        if text else b""
 
 
 def _saved(entry, flags_live: bool) -> List:
@@ -174,4 +181,4 @@ def _value(w: Writer, spec, saved: list, above: int, red: int) -> None:
         w.mov(RAX, _BY_NAME[name])
     if spec.shift:  # (%ah and the like: bits 8 to 15)
         w.shr(RAX, spec.shift)
-    w.raw(_EXTEND[bool(spec.signed)][spec.size])
+    w.raw(_extension(spec.size, bool(spec.signed)))
