@@ -290,11 +290,14 @@ def _callback(spec, area, map_size, in_files, command):
 
 def _events(lowered):
     """(the ring each process gets, what prints its events): a program's printf()s, or a
-    callback's emitted words."""
+    callback's emitted words (none: no ring, and nothing for the tracer to poll, where
+    its code cannot reach the context's event routine)."""
     if not _is_callback(lowered):
         return (PRINTF_RING if lowered.printfs else 0), _printed(lowered)
     from urewrite.programs.callback import event_line
-    from urewrite.trampolines.program_file import PRINTF_PROBE
+    from urewrite.trampolines.program_file import PRINTF_PROBE, USES_EVENT
+    if not lowered.uses & USES_EVENT:
+        return 0, None
 
     def show(events):
         _print([event_line(e.args) + "\n" for e in events if e.number == PRINTF_PROBE])

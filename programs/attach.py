@@ -288,12 +288,14 @@ def direct_entries(t: Target, lowered, runs: Dict[int, tuple], functions: Dict[s
             continue
         if isinstance(ops, list):
             writes = backend.registers_written(code, functions[key], memo)
+            called = functions[key]
         else:
             if not stubs_write:
                 stubs_write.append(backend.registers_written(code, functions[key], memo))
             writes = stubs_write[0]
-        # (an entry that reads none checks none: one for all)
-        entry = DirectEntry(functions[key], tuple(expected) if reads else (), reads, uses,
+            called = lowered.called_at(functions[key])
+        # (an entry that reads none checks none: one for all; entries alike are one)
+        entry = DirectEntry(called, tuple(expected) if reads else (), reads, uses,
                             predicate, writes, aligned=not isinstance(ops, list))
         wanted[number] = entry if entry and backend.direct_supported(entry) else None
     base = len(code) + (-len(code) % 16)

@@ -80,6 +80,15 @@ class Callback:
     def arguments(self) -> int:
         return self.filled
 
+    def called_at(self, stub: int) -> int:
+        """What a probe's direct entry calls, its stub at `stub`: the function itself
+        where the stubs fill in nothing (a call less a hit, and every probe's entry the
+        same one), else the stub. (The runtime's trace path calls the stub: on arm64 its
+        `bti c` takes a call through a register.)"""
+        fills = self.filled < self.read or \
+            self.uses & (program_file.USES_PROBE | program_file.USES_AREA)
+        return stub if fills else self.function
+
     def maps_bytes(self) -> int:
         return max(M.layout(self.maps)[1], self.areas_end)
 

@@ -375,3 +375,62 @@ def test_the_context_holds_what_the_callback_reads(built, tmp_path):
         assert seen == {number: calls // 2, number + 100: calls // 2} and number < 100
         numbers.add(number)
     assert len(numbers) == 3
+
+
+SILENT = ('#include "urewrite.h"\n'
+          'UREWRITE_MAP(hits, UREWRITE_COUNT, 1);\n'
+          'UREWRITE_READS(UREWRITE_ARGS(1));\n'
+          'void f(struct urewrite_context *c)\n'
+          '{\n'
+          '    uint64_t k = c->args[0] & 1;\n'
+          '    urewrite_map_update(c, &hits, &k, 0);\n'
+          '}\n')
+
+
+def _entries(spec: str, rewritten: Path) -> tuple:
+    """(the callback `spec` built for `rewritten`, its program file's direct entries
+    by probe number: where each is, and what it calls)."""
+    from urewrite.arch import backend_for
+    from urewrite.programs import attach as A
+    from urewrite.programs import callback as C
+    t = A.target(str(rewritten))
+    built_callback = C.build(spec, backend_for(t.machine))
+    C.attach(built_callback, {"": t})
+    program = A.built_program(t, built_callback, None,
+                              lambda _, lowered, offsets: C.assemble(lowered, offsets),
+                              built_callback.backend)
+    return built_callback, {n: (program.entry_at[n], e.function) for n, e in
+                            program.entries.items()}
+
+
+def test_a_callback_that_reads_nothing_of_its_probe_is_called_directly(built, tmp_path):
+    """A callback that reads neither its probe's number, kind and name nor its area:
+    its stubs would fill in nothing, so every probe's direct entry calls the function
+    itself (a call less a hit), and probes whose arguments lie alike (work()'s and
+    named()'s entries: rdi; a return: rax) share one entry. One that reads them keeps a
+    stub, so an entry, per probe. The maps exact either way; a callback that
+    cannot emit events gets no event ring, and its tracer no reason to poll."""
+    machine, _, rewritten = built
+    silent, reads = tmp_path / "silent.c", tmp_path / "reads.c"
+    silent.write_text(SILENT)
+    reads.write_text(READS)
+    callback, entries = _entries(f"{silent}:f", rewritten)
+    functions = {function for _, function in entries.values()}
+    assert len(entries) == 3 and len(functions) == 1 and entries[0] == entries[2]
+    assert functions.pop() - callback.function > 0  # (from the program file's start)
+    _, each_own = _entries(f"{reads}:f", rewritten)
+    assert len({function for _, function in each_own.values()}) == 3
+    calls = 301
+    ran = urewrite("run", "--call", f"{silent}:f", *machine.loaded(rewritten), "--json", "--",
+                   *machine.command(rewritten, calls))
+    assert ran.returncode == 0, ran.stderr
+    # work(i, ...) at entry: args[0] = i; at its return: 3i - 500(i % 7); named(word, i): the word
+    counts = _maps(ran.stdout)["@hits"]["data"]["@hits"]
+    assert sum(counts.values()) == 3 * calls
+    assert counts["1"] >= calls // 2  # (odd i at work()'s entry, and its odd returns)
+    from urewrite.trampolines.region import TRACE_ENV_VAR
+    for spec, ring in ((f"{silent}:f", ""), (f"{HOOK}:on_values", "1")):
+        shown = urewrite("run", "--call", spec, "--in", str(rewritten), "--", "sh", "-c",
+                         f'echo "[${{{TRACE_ENV_VAR}:+1}}]"')
+        assert shown.returncode == 0, shown.stderr
+        assert f"[{ring}]" in shown.stdout.splitlines()

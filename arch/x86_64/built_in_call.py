@@ -6,8 +6,8 @@ direct table: a load, an indirect call, then the entry's own call of the functio
 Where the entry's work is simple, the probe's trampoline does it instead, with one
 direct call, in line on the counting path after the count (trampoline.armed_path: a
 process of this file runs its built-in program whenever it is armed). An empty C
-callback: +2.3 to 2.5 ns over counting through the table and the entry, +1.1 this way
-(docs/benchmarks.md §10, "Callbacks built in"):
+callback: +2.2 ns over counting through the table and the entry, +0.9 this way
+(docs/benchmarks.md §10, "Callbacks built in", and "One call less"):
 
     rsi = the binding (direct_entry.DIRECT)
     rcx = the bound maps ; none: by_table
