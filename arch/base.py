@@ -632,6 +632,13 @@ class Backend(ABC):
     def flags_live_at_entry(self) -> bool:
         """Whether the ABI lets a caller pass condition flags into a function."""
 
+    def flags_live_inside(self, code: bytes, address: int, point: int) -> bool:
+        """Whether the condition flags may be read after `point`, a probe point inside a
+        function, where `code` (a window's instructions, from `address`) runs from
+        there on: its trampoline keeps them where they may. True where the backend
+        cannot tell."""
+        return True
+
     # -- writing -----------------------------------------------------------
     @abstractmethod
     def site_patch(self, window: Window, trampoline: int) -> bytes:

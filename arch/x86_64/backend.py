@@ -13,8 +13,8 @@ from capstone import x86
 
 from urewrite.arch.base import (BRANCH, CALL, JUMP, OTHER, PLAIN, RETURN, Backend, Insn, Runtime,
                                 RuntimeRefs, RuntimeSpec, Sweep, SweepBatch, Window)
-from urewrite.arch.x86_64 import (arguments, callback, fault_hook, faults, jump_tables, relocator,
-                                  return_address, runtime, linear_sweep, trampoline)
+from urewrite.arch.x86_64 import (arguments, callback, fault_hook, faults, flags, jump_tables,
+                                  relocator, return_address, runtime, linear_sweep, trampoline)
 from urewrite.arch.x86_64.writer import jmp_rel8, jmp_rel32
 from urewrite.trampolines.arguments import C_CONVENTION
 
@@ -419,6 +419,9 @@ class X86_64Backend(Backend):
         # SysV x86_64 ABI: status flags are not preserved across calls, so no
         # function may read them before setting them. DF is clear and we never set it.
         return False
+
+    def flags_live_inside(self, code: bytes, address: int, point: int) -> bool:
+        return flags.live_at(code, address, point)
 
     # -- writing -----------------------------------------------------------
     def site_patch(self, window: Window, trampoline_address: int) -> bytes:

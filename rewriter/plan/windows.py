@@ -279,11 +279,7 @@ class Windows:
                 reason = str(why)
                 continue
             window = Window(start, end - start, displaced)
-            # at a return or tail call the flags carry nothing (SysV ABI), as at an entry;
-            # a conditional tail call is counted on its taken edge, into the callee; an
-            # indirect jump may stay in the function, flags and all
-            flags_live = site.kind != KIND_RETURN or bool(site.stays_within)
-            return Plan(window, (ProbePoint(site.address, (site,), flags_live,
+            return Plan(window, (ProbePoint(site.address, (site,), self.flags_live(site, window),
                                             self.counts_when_taken(site),
                                             site.stays_within),))
         raise Refused(reason)
@@ -314,10 +310,23 @@ class Windows:
             except Refused:  # (as the Python search does: on to the next window)
                 found = search.inner(site.address, k, size, self.padding_end, first)
         start = displaced[0].address
-        flags_live = site.kind != KIND_RETURN or bool(site.stays_within)  # (as below)
-        return Plan(Window(start, end - start, displaced),
-                    (ProbePoint(site.address, (site,), flags_live, self.counts_when_taken(site),
-                                site.stays_within),))
+        window = Window(start, end - start, displaced)
+        return Plan(window, (ProbePoint(site.address, (site,), self.flags_live(site, window),
+                                        self.counts_when_taken(site), site.stays_within),))
+
+    def flags_live(self, site: Site, window: Window) -> bool:
+        """Whether a point inside a function keeps the flags: at a return or tail call
+        they carry nothing (SysV ABI), as at an entry (a conditional tail call is
+        counted on its taken edge, into the callee); an indirect jump may stay in the
+        function, flags and all; elsewhere, unless the window's code changes them all
+        before it reads any (Backend.flags_live_inside)."""
+        if site.stays_within:
+            return True
+        if site.kind == KIND_RETURN:
+            return False
+        end = window.insns[-1].end  # (not the padding a window may borrow after them)
+        return self.backend.flags_live_inside(self.elf.read(window.address, end - window.address),
+                                              window.address, site.address)
 
     def of_sites(self, sites: List[Site]) -> list:
         """window(site) of each site (its Plan, or why not: the Refused's text). The
@@ -403,13 +412,13 @@ class Windows:
             except Refused:
                 continue  # (an inner site's search goes on from there: asked alone)
             site, start = sites[j], insns[0].address
+            window = Window(start, end - start, displaced)
             if site.at_entry:  # (as searched_entry)
                 point = ProbePoint(start, (site,), self.backend.flags_live_at_entry())
             else:  # (as searched_window)
-                point = ProbePoint(site.address, (site,),
-                                   site.kind != KIND_RETURN or bool(site.stays_within),
+                point = ProbePoint(site.address, (site,), self.flags_live(site, window),
                                    self.counts_when_taken(site), site.stays_within)
-            found[j] = Plan(Window(start, end - start, displaced), (point,))
+            found[j] = Plan(window, (point,))
 
     def made_rows(self, rows: list, at: int, count: int) -> Optional[list]:
         """The instructions of `count` rows from rows[at] (SweepSearch.inner_batch's:

@@ -1,0 +1,59 @@
+"""Whether the status flags may be live at a probe point inside a function (x86_64).
+
+A trampoline's check and counting code change the six status flags (OF, SF, ZF, AF, CF,
+PF). Where the code may read them after the probe point, the trampoline keeps them
+(lahf and seto, then sahf: trampoline.py's "flags live" forms); where it surely does
+not, the lighter forms do. They are dead at the point when the instructions from it
+on, in order, change every one of them before any reads it:
+
+- "undefined" counts as changed (`and` leaves AF undefined): no program can read such
+  a flag before it sets it again, any more than a flag the trampoline changed;
+- a shift or rotate by cl, a shld or shrd by cl, and a string instruction with a rep
+  prefix change nothing when their count is 0: they kill no flag;
+- a call or a return ends the walk, flags dead: the SysV ABI (and Go's) keep no flag
+  across a call, as at a function's entry (Backend.flags_live_at_entry);
+- any other branch, an instruction that reads flags still pending (a system call reads
+  them all: the kernel keeps them), or the end of the window's code: live.
+
+Only the window's own bytes are read, so that the sweep's two searches (Python and
+compiled) plan a site alike.
+"""
+
+from __future__ import annotations
+
+import iced_x86
+from iced_x86 import FlowControl, Mnemonic, OpKind
+
+STATUS = 0x3F  # iced's RflagsBits: OF, SF, ZF, AF, CF, PF
+_BY_COUNT = {Mnemonic.SHL, Mnemonic.SAL, Mnemonic.SHR, Mnemonic.SAR, Mnemonic.ROL,
+             Mnemonic.ROR, Mnemonic.RCL, Mnemonic.RCR, Mnemonic.SHLD, Mnemonic.SHRD}
+_ENDS_DEAD = {FlowControl.CALL, FlowControl.INDIRECT_CALL, FlowControl.RETURN}
+
+
+def live_at(code: bytes, address: int, point: int) -> bool:
+    """Whether the status flags may be read after `point`, where `code` (from
+    `address`, a window's instructions) runs from `point` on."""
+    pending = STATUS
+    for insn in iced_x86.Decoder(64, code, ip=address):
+        if insn.ip < point:
+            continue
+        if insn.code == iced_x86.Code.INVALID or insn.rflags_read & pending:
+            return True
+        if insn.flow_control in _ENDS_DEAD:
+            return False
+        if insn.flow_control != FlowControl.NEXT:
+            return True
+        if _kills(insn):
+            pending &= ~insn.rflags_modified
+            if not pending:
+                return False
+    return True
+
+
+def _kills(insn) -> bool:
+    """Whether the flags the instruction changes are changed whatever its operands."""
+    if insn.has_rep_prefix or insn.has_repne_prefix:
+        return False  # (a count of 0 runs no iteration)
+    if insn.mnemonic in _BY_COUNT:  # by cl: maybe 0 (iced reads an immediate's count)
+        return insn.op_kind(insn.op_count - 1) != OpKind.REGISTER
+    return True
