@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -632,11 +632,11 @@ class Backend(ABC):
     def flags_live_at_entry(self) -> bool:
         """Whether the ABI lets a caller pass condition flags into a function."""
 
-    def flags_live_inside(self, code: bytes, address: int, point: int) -> bool:
+    def flags_live_inside(self, read: Callable[[int, int], bytes], point: int) -> bool:
         """Whether the condition flags may be read after `point`, a probe point inside a
-        function, where `code` (a window's instructions, from `address`) runs from
-        there on: its trampoline keeps them where they may. True where the backend
-        cannot tell."""
+        function, the file's code as `read(address, size)` gives it (a UrewriteError
+        where it has none): its trampoline keeps them where they may. True where the
+        backend cannot tell."""
         return True
 
     # -- writing -----------------------------------------------------------

@@ -4,8 +4,9 @@ A trampoline keeps the flags where the code after the point may read them, and t
 its lighter forms where the window's instructions change them all first. Unit checks of
 the rule on instruction sequences, then a program whose USDT sites sit between a flag's
 setting and its reading (cmp then adc; inc then jc; a shift by cl, maybe 0, then
-setnz) and where they are dead (cmp, and, test after the site): rewritten, it prints
-what the original prints, disarmed and counting, with every hit counted.
+setnz; a jump to an adc) and where they are dead (cmp or and after the site, or after a
+jump): rewritten, it prints what the original prints, disarmed and counting, with every
+hit counted.
 """
 
 from __future__ import annotations
@@ -24,13 +25,19 @@ pytestmark = pytest.mark.skipif(not shutil.which("gcc"), reason="needs gcc")
 
 
 def _live(text: str, point: int = 0) -> bool:
-    """flags.live_at over `text` (Intel syntax) assembled at 0x1000; the point is the
-    start of instruction number `point`."""
+    """flags.live_at over `text` (Intel syntax) assembled at 0x1000, nothing around
+    it; the point is the start of instruction number `point`."""
     from keystone import KS_ARCH_X86, KS_MODE_64, Ks
     from iced_x86 import Decoder
+    from urewrite.errors import UrewriteError
     code = bytes(Ks(KS_ARCH_X86, KS_MODE_64).asm(text, 0x1000)[0])
     starts = [insn.ip for insn in Decoder(64, code, ip=0x1000)]
-    return flags.live_at(code, 0x1000, starts[point])
+
+    def read(address: int, size: int) -> bytes:
+        if not (0x1000 <= address and address + size <= 0x1000 + len(code)):
+            raise UrewriteError(f"address {address:#x} is not in the file")
+        return code[address - 0x1000:address - 0x1000 + size]
+    return flags.live_at(read, starts[point])
 
 
 @pytest.mark.parametrize("text, point, live", [
@@ -41,18 +48,22 @@ def _live(text: str, point: int = 0) -> bool:
     ("nop; call 0x2000", 0, False),  # (the SysV ABI keeps no flag across a call)
     ("nop; ret", 0, False),
     ("cmp rax, rdi; nop; xor eax, eax", 1, False),
+    ("nop; jmp 0x1010; ud2; ud2; ud2; ud2; ud2; ud2; nop; test eax, eax", 0, False),
+    ("nop; jmp 0x1010; ud2; ud2; ud2; ud2; ud2; ud2; nop; adc eax, 0", 0, True),
     ("nop; jne 0x2000", 0, True),
+    ("nop; jmp rax", 0, True),
     ("nop; adc rax, 0", 0, True),
-    ("nop; inc rax", 0, True),  # (CF still as it was: the window ends)
+    ("nop; inc rax", 0, True),  # (CF as it was, and nothing more to read)
     ("nop; inc rax; add rax, 1", 0, False),
     ("nop; shl rax, cl", 0, True),  # (a count of 0 changes nothing)
     ("nop; shl rax, cl; test rax, rax", 0, False),
     ("nop; rep cmpsb byte ptr [rsi], byte ptr [rdi]", 0, True),
     ("nop; syscall", 0, True),  # (it reads them: the kernel gives them back)
-    ("nop; mov rax, rbx; jmp 0x2000", 0, True),
+    ("nop; ud2", 0, True),
     ("cmp rax, rdi; nop; setne al", 1, True),
     ("nop; pushfq", 0, True),
     ("nop; lahf; cmp rax, 1", 0, True),
+    ("l: nop; jmp l", 0, True),  # (a loop that changes nothing: the walk gives up)
 ])
 def test_the_rule(text, point, live):
     assert _live(text, point) == live
@@ -107,6 +118,32 @@ __attribute__((noipa)) long dead(long a, long b) {
     return r + lt;
 }
 
+/* a site then a jump to where the flags are set (dead), or read (live): the walk
+   follows the jump, as at PostgreSQL's out-of-line probe blocks */
+__attribute__((noipa)) long hops(long a, long b) {
+    long r = a, c = 0;
+    unsigned char lt;
+    __asm__ volatile("jmp 2f\n"
+                     "1:\n"
+                     STAP_PROBE_ASM(flags, hop_dead, ".ascii \"8@%0\"\n", "")
+                     "jmp 3f\n"
+                     "2:\n"
+                     "jmp 1b\n"
+                     "3:\n"
+                     "cmp %2, %0\n"
+                     "setb %1\n" : "+r"(r), "=q"(lt) : "r"(b) : "cc");
+    __asm__ volatile("cmp %2, %1\n"
+                     "jmp 2f\n"
+                     "1:\n"
+                     STAP_PROBE_ASM(flags, hop_live, ".ascii \"8@%1\"\n", "")
+                     "jmp 3f\n"
+                     "2:\n"
+                     "jmp 1b\n"
+                     "3:\n"
+                     "adc $0, %0\n" : "+r"(c) : "r"(a), "r"(b) : "cc");
+    return r + lt + 3 * c;
+}
+
 int main(int argc, char **argv) {
     long n = argc > 1 ? atol(argv[1]) : 1000, sum = 0;
     for (long i = 0; i < n; i++) {
@@ -115,12 +152,14 @@ int main(int argc, char **argv) {
         sum = sum * 31 + kept(a, b);
         sum = sum * 31 + shifted(a - 50, i % 3);
         sum = sum * 31 + dead(a, b);
+        sum = sum * 31 + hops(a, b);
     }
     printf("%ld\n", sum);
     return 0;
 }
 """
-SITES = {"carry": True, "kept": True, "shifted": True, "dead_cmp": False, "dead_and": False}
+SITES = {"carry": True, "kept": True, "shifted": True, "dead_cmp": False, "dead_and": False,
+         "hop_dead": False, "hop_live": True}
 
 
 def urewrite(*args):
@@ -149,7 +188,7 @@ def test_sites_between_a_flags_setting_and_its_reading(tmp_path, opt):
 
 def _kept(probed) -> dict:
     """Whether each USDT site's trampoline keeps the flags: its check, where the site
-    jumps, is `lea rsp, [rsp - 128]; push rcx` (flags live) or `cmp qword ptr [rip +
+    jumps (by a hop where it is tight), is `lea rsp, [rsp - 128]; push rcx` (flags live) or `cmp qword ptr [rip +
     state], 1` (dead)."""
     import lief
     elf = lief.parse(str(probed))
@@ -160,9 +199,14 @@ def _kept(probed) -> dict:
         namesz, descsz = (int.from_bytes(note[at + k:at + k + 4], "little") for k in (0, 4))
         desc = note[at + 12 + (namesz + 3 & ~3):][:descsz]
         pc, name = int.from_bytes(desc[:8], "little"), desc[24:].split(b"\0")[1].decode()
-        jump = bytes(elf.get_content_from_virtual_address(pc, 5))
-        assert jump[0] == 0xE9, name
-        target = pc + 5 + int.from_bytes(jump[1:], "little", signed=True)
+        target = pc
+        for _ in range(3):  # (a short jump to a hop, then the hop's jump: a tight site)
+            jump = bytes(elf.get_content_from_virtual_address(target, 5))
+            if jump[0] == 0xEB:
+                target += 2 + int.from_bytes(jump[1:2], "little", signed=True)
+            elif jump[0] == 0xE9:
+                target += 5 + int.from_bytes(jump[1:], "little", signed=True)
+                break
         check = bytes(elf.get_content_from_virtual_address(target, 5))
         out[name] = check == bytes.fromhex("488d642480")
         assert out[name] or check[:3] == bytes.fromhex("48833d"), (name, check.hex())

@@ -420,8 +420,8 @@ class X86_64Backend(Backend):
         # function may read them before setting them. DF is clear and we never set it.
         return False
 
-    def flags_live_inside(self, code: bytes, address: int, point: int) -> bool:
-        return flags.live_at(code, address, point)
+    def flags_live_inside(self, read, point: int) -> bool:
+        return flags.live_at(read, point)
 
     # -- writing -----------------------------------------------------------
     def site_patch(self, window: Window, trampoline_address: int) -> bytes:

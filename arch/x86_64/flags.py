@@ -12,42 +12,67 @@ on, in order, change every one of them before any reads it:
   prefix change nothing when their count is 0: they kill no flag;
 - a call or a return ends the walk, flags dead: the SysV ABI (and Go's) keep no flag
   across a call, as at a function's entry (Backend.flags_live_at_entry);
-- any other branch, an instruction that reads flags still pending (a system call reads
-  them all: the kernel keeps them), or the end of the window's code: live.
+- the walk follows the code as it runs: on past the window's end, and to a direct
+  jump's target (a USDT site is often a `nop` then a `jmp` back to the code that
+  skipped it: PostgreSQL's 13 such sites, and its LWLock probes, set the flags a few
+  instructions on); any other branch, an instruction that reads flags still pending (a
+  system call reads them all: the kernel keeps them), code it cannot read or decode, or
+  more than WALK instructions: live.
 
-Only the window's own bytes are read, so that the sweep's two searches (Python and
-compiled) plan a site alike.
+It reads the input file's bytes (not the window's alone, and never a patched one), so
+the sweep's two searches (Python and compiled) plan a site alike.
 """
 
 from __future__ import annotations
 
+from typing import Callable
+
 import iced_x86
 from iced_x86 import FlowControl, Mnemonic, OpKind
 
+from urewrite.errors import UrewriteError
+
 STATUS = 0x3F  # iced's RflagsBits: OF, SF, ZF, AF, CF, PF
+WALK = 48  # instructions walked at most
 _BY_COUNT = {Mnemonic.SHL, Mnemonic.SAL, Mnemonic.SHR, Mnemonic.SAR, Mnemonic.ROL,
              Mnemonic.ROR, Mnemonic.RCL, Mnemonic.RCR, Mnemonic.SHLD, Mnemonic.SHRD}
 _ENDS_DEAD = {FlowControl.CALL, FlowControl.INDIRECT_CALL, FlowControl.RETURN}
 
 
-def live_at(code: bytes, address: int, point: int) -> bool:
-    """Whether the status flags may be read after `point`, where `code` (from
-    `address`, a window's instructions) runs from `point` on."""
-    pending = STATUS
-    for insn in iced_x86.Decoder(64, code, ip=address):
-        if insn.ip < point:
-            continue
-        if insn.code == iced_x86.Code.INVALID or insn.rflags_read & pending:
+def live_at(read: Callable[[int, int], bytes], point: int) -> bool:
+    """Whether the status flags may be read after `point`, the code as `read(address,
+    size)` gives it (an error where it has none)."""
+    pending, address = STATUS, point
+    for _ in range(WALK):
+        insn = _decoded(read, address)
+        if insn is None or insn.rflags_read & pending:
             return True
         if insn.flow_control in _ENDS_DEAD:
             return False
-        if insn.flow_control != FlowControl.NEXT:
-            return True
         if _kills(insn):
             pending &= ~insn.rflags_modified
             if not pending:
                 return False
+        if insn.flow_control == FlowControl.NEXT:
+            address = insn.next_ip
+        elif insn.flow_control == FlowControl.UNCONDITIONAL_BRANCH and \
+                insn.op0_kind == OpKind.NEAR_BRANCH64:
+            address = insn.near_branch_target
+        else:
+            return True
     return True
+
+
+def _decoded(read, address: int):
+    """The instruction at `address`, or None where there is none to read."""
+    for size in range(15, 0, -1):  # (the longest an instruction is; less near an end)
+        try:
+            code = read(address, size)
+        except UrewriteError:  # (outside the file's segments)
+            continue
+        insn = iced_x86.Decoder(64, code, ip=address).decode()
+        return None if insn.code == iced_x86.Code.INVALID else insn
+    return None
 
 
 def _kills(insn) -> bool:

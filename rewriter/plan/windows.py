@@ -279,7 +279,7 @@ class Windows:
                 reason = str(why)
                 continue
             window = Window(start, end - start, displaced)
-            return Plan(window, (ProbePoint(site.address, (site,), self.flags_live(site, window),
+            return Plan(window, (ProbePoint(site.address, (site,), self.flags_live(site),
                                             self.counts_when_taken(site),
                                             site.stays_within),))
         raise Refused(reason)
@@ -311,22 +311,20 @@ class Windows:
                 found = search.inner(site.address, k, size, self.padding_end, first)
         start = displaced[0].address
         window = Window(start, end - start, displaced)
-        return Plan(window, (ProbePoint(site.address, (site,), self.flags_live(site, window),
+        return Plan(window, (ProbePoint(site.address, (site,), self.flags_live(site),
                                         self.counts_when_taken(site), site.stays_within),))
 
-    def flags_live(self, site: Site, window: Window) -> bool:
+    def flags_live(self, site: Site) -> bool:
         """Whether a point inside a function keeps the flags: at a return or tail call
         they carry nothing (SysV ABI), as at an entry (a conditional tail call is
         counted on its taken edge, into the callee); an indirect jump may stay in the
-        function, flags and all; elsewhere, unless the window's code changes them all
-        before it reads any (Backend.flags_live_inside)."""
+        function, flags and all; elsewhere, unless the code from the point on changes
+        them all before it reads any (Backend.flags_live_inside)."""
         if site.stays_within:
             return True
         if site.kind == KIND_RETURN:
             return False
-        end = window.insns[-1].end  # (not the padding a window may borrow after them)
-        return self.backend.flags_live_inside(self.elf.read(window.address, end - window.address),
-                                              window.address, site.address)
+        return self.backend.flags_live_inside(self.elf.read, site.address)
 
     def of_sites(self, sites: List[Site]) -> list:
         """window(site) of each site (its Plan, or why not: the Refused's text). The
@@ -416,7 +414,7 @@ class Windows:
             if site.at_entry:  # (as searched_entry)
                 point = ProbePoint(start, (site,), self.backend.flags_live_at_entry())
             else:  # (as searched_window)
-                point = ProbePoint(site.address, (site,), self.flags_live(site, window),
+                point = ProbePoint(site.address, (site,), self.flags_live(site),
                                    self.counts_when_taken(site), site.stays_within)
             found[j] = Plan(window, (point,))
 
