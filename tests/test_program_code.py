@@ -272,6 +272,25 @@ def test_probe_keys_are_words_and_read_back_as_names():
     assert M.shapes_of(compiled.area) == compiled.lowered.maps
 
 
+def test_a_constant_keys_first_slot_is_worked_out_when_compiled():
+    """`@[probe] = count()`: the key is a constant of the probe's code (its name's word),
+    so the entry's inline check looks at an address worked out at compile time, the one
+    the lookup claims for that key (maps.first_slot: the test above), with no multiply
+    on the hit's way; the maps as the evaluator's (test_probe_keys_...)."""
+    from urewrite.arch.x86_64 import program_code
+    lowered = L.lower(check(parse("uprobe:./v:work { @[probe] = count(); } "
+                                  "uprobe:./v:named { @[probe] = count(); }")))
+    offsets, _ = M.layout(lowered.maps)
+    text, labels = program_code.source(lowered, offsets)
+    shape = lowered.maps[0]
+    for word, probe in enumerate(lowered.code):  # (the names' words: 0, 1)
+        start = text.index(labels[probe] + ":\n")
+        body = text[start:text.index("ret\n", start)]
+        slot = M.first_slot((word,), shape.capacity) * 8 * shape.entry_words
+        assert f"lea rax, [r12 + {offsets[0] + 8 * M.HEADER_WORDS + slot}]" in body
+        assert "imul" not in body
+
+
 def test_the_latency_idiom_looks_its_start_up_once_a_return():
     """`/@start[tid]/ { ... nsecs - @start[tid] ... delete(@start[tid]) }`: one lookup, its
     entry kept for the other two (programs/reuse.py; what the maps hold is the

@@ -60,7 +60,7 @@ def _function(label: str, ops, frame: L.Frame, lowered: L.Lowered,
     cold: List[str] = []  # what a hit seldom runs, after the function's `ret`, so that
     k = 0                 # the usual path falls through (a taken branch costs)
     while k < len(ops):
-        lines, taken = _one_word_lookup(label, ops[k:k + 2], frame, lowered, offsets, cold)
+        lines, taken = _one_word_lookup(label, ops[k:k + 3], frame, lowered, offsets, cold)
         if not taken:
             lines, taken = _fused(label, ops[k:k + 3])
         if not taken:
@@ -83,11 +83,17 @@ def _function(label: str, ops, frame: L.Frame, lowered: L.Lowered,
 
 def _one_word_lookup(fn: str, ops, frame: L.Frame, lowered: L.Lowered,
                      offsets: List[int], cold: List[str]) -> Tuple[List[str], int]:
-    """A map keyed by one word, its key just stored and looked up (`key_word 0`, then
+    """A map keyed by one word, its key just made and looked up (`key_word 0`, then
     `entry` or `find`): the entry at the key's first slot (maps.first_slot), checked
-    inline with the key still in a register, so that the entry's address is a multiply
-    and a shift from the key (a store to it waits on that address); the lookup's call
-    where that entry is not the key's (out of line). (ops taken: 2, else 0.)"""
+    inline with the key in a register, so that the entry's address is a multiply and a
+    shift from the key (a store to it waits on that address); the key stored for the
+    lookup, and its call, where that entry is not the key's (out of line). A constant key
+    (`const K` first: `@[probe]`, whose word is the probe's name's) has its slot worked
+    out here: the entry's address is a constant from the maps'. (ops taken: 2 or 3, else
+    0.)"""
+    constant = ops[0][1] if ops and ops[0][0] == "const" else None
+    if constant is not None:
+        ops = ops[1:]
     if len(ops) < 2 or ops[0] != ("key_word", 0) or ops[1][0] not in ("entry", "find"):
         return [], 0
     index = ops[1][1]
@@ -96,15 +102,23 @@ def _one_word_lookup(fn: str, ops, frame: L.Frame, lowered: L.Lowered,
         return [], 0
     found, missed = _unique(fn), _unique(fn)
     table = offsets[index] + 8 * M.HEADER_WORDS
-    cold += [f"{missed}:"] + _lookup_call(frame, index, ops[1][0] == "entry") + [f"jmp {found}"]
+    cold += [f"{missed}:", f"mov qword ptr [rbp + {frame.key}], rcx"] + \
+        _lookup_call(frame, index, ops[1][0] == "entry") + [f"jmp {found}"]
+    if constant is None:
+        key = ["pop rcx"]
+        address = [f"mov rsi, {HASH_MULTIPLIER:#x}"] + \
+            _first_slot(shape, "rcx", "rsi", "rax") + [f"lea rax, [r12 + rax + {table}]"]
+    else:
+        word = constant & (2**64 - 1)
+        key = [f"mov rcx, {word:#x}"]
+        slot = M.first_slot([word], shape.capacity) * 8 * shape.entry_words
+        address = [f"lea rax, [r12 + {table + slot}]"]
     # claimed (its state odd: published, its key written before it and never changed
     # after; x86 keeps loads in order) and by this key: no hash to work out here
-    return ["pop rcx", f"mov qword ptr [rbp + {frame.key}], rcx",  # (for the lookup)
-            f"mov rsi, {HASH_MULTIPLIER:#x}"] + _first_slot(shape, "rcx", "rsi", "rax") + [
-            f"lea rax, [r12 + rax + {table}]",
+    return key + address + [
             "test byte ptr [rax], 1", f"jz {missed}",
             f"cmp rcx, qword ptr [rax + {8 * M.ENTRY_HEAD}]", f"jne {missed}",
-            f"{found}:", "push rax"], 2
+            f"{found}:", "push rax"], 2 + (constant is not None)
 
 
 def _lookup_call(frame: L.Frame, index: int, create: bool) -> List[str]:
