@@ -47,6 +47,7 @@ def _live(text: str, point: int = 0) -> bool:
     ("nop; shl rax, 3", 0, False),
     ("nop; call 0x2000", 0, False),  # (the SysV ABI keeps no flag across a call)
     ("nop; ret", 0, False),
+    ("nop; call 0x1006; pop rax; jne 0x2000", 0, True),  # (a push of its own address)
     ("cmp rax, rdi; nop; xor eax, eax", 1, False),
     ("nop; jmp 0x1010; ud2; ud2; ud2; ud2; ud2; ud2; nop; test eax, eax", 0, False),
     ("nop; jmp 0x1010; ud2; ud2; ud2; ud2; ud2; ud2; nop; adc eax, 0", 0, True),

@@ -11,7 +11,8 @@ on, in order, change every one of them before any reads it:
 - a shift or rotate by cl, a shld or shrd by cl, and a string instruction with a rep
   prefix change nothing when their count is 0: they kill no flag;
 - a call or a return ends the walk, flags dead: the SysV ABI (and Go's) keep no flag
-  across a call, as at a function's entry (Backend.flags_live_at_entry);
+  across a call, as at a function's entry (Backend.flags_live_at_entry); a call of the
+  next instruction (a push of its address) is no call;
 - the walk follows the code as it runs: on past the window's end, and to a direct
   jump's target (a USDT site is often a `nop` then a `jmp` back to the code that
   skipped it: PostgreSQL's 13 such sites, and its LWLock probes, set the flags a few
@@ -47,13 +48,13 @@ def live_at(read: Callable[[int, int], bytes], point: int) -> bool:
         insn = _decoded(read, address)
         if insn is None or insn.rflags_read & pending:
             return True
-        if insn.flow_control in _ENDS_DEAD:
+        if insn.flow_control in _ENDS_DEAD and not _calls_next(insn):
             return False
         if _kills(insn):
             pending &= ~insn.rflags_modified
             if not pending:
                 return False
-        if insn.flow_control == FlowControl.NEXT:
+        if insn.flow_control == FlowControl.NEXT or _calls_next(insn):
             address = insn.next_ip
         elif insn.flow_control == FlowControl.UNCONDITIONAL_BRANCH and \
                 insn.op0_kind == OpKind.NEAR_BRANCH64:
@@ -61,6 +62,13 @@ def live_at(read: Callable[[int, int], bytes], point: int) -> bool:
         else:
             return True
     return True
+
+
+def _calls_next(insn) -> bool:
+    """A call of the next instruction: a push of its address (code that finds where it
+    is), no call at all; the walk goes on."""
+    return insn.flow_control == FlowControl.CALL and insn.op0_kind == OpKind.NEAR_BRANCH64 \
+        and insn.near_branch_target == insn.next_ip
 
 
 def _decoded(read, address: int):
