@@ -722,6 +722,13 @@ class Backend(ABC):
         not asked for. A probe with no entry in the table runs nothing."""
         raise NotImplementedError
 
+    def program_with_entries(self, lowered, offsets, run_at: int, entries: Sequence):
+        """(code, each entry's offset in it), or None where this machine does not: a
+        program's code as program_code() makes it (its functions where they are there),
+        then its direct entries, each (DirectEntry or None, the key of `lowered.code`
+        whose function it runs) with that function's code in line, not called."""
+        return None
+
     def direct_supported(self, entry) -> bool:
         """Whether a direct entry can read the arguments as `entry.expected` says."""
         return False

@@ -132,6 +132,45 @@ def test_the_program_file_has_a_direct_entry_for_each_probe_with_code(built, tmp
     assert all(direct_at + direct[n] >= header[3] for n in reads)  # into the code
 
 
+@pytest.mark.parametrize("inlined", [True, False])
+def test_a_programs_entry_holds_its_code_in_line(built, tmp_path, monkeypatch, inlined):
+    """x86_64: a program's direct entry runs its probe's code in line (no call of the
+    function, no `ret` back from it); the function stays where the program's table
+    says, for the runtime's trace path. Past attach.INLINED entries, the entries call
+    it. (What the code computes either way: the tests above, on the same entries.)"""
+    import capstone
+    from urewrite.programs import attach, checks, parser
+    from urewrite.program_run import _backend_of, _program_code
+    from urewrite.trampolines import program_file as P
+    if not inlined:
+        monkeypatch.setattr(attach, "INLINED", 0)
+    rewritten, _, _ = built
+    text = f"usdt:{rewritten}:ops:reads {{ @rg = sum(arg0); @n[arg1 % 3] = count(); }}"
+    checked = checks.check(parser.parse(text))
+    targets = {}
+    attach.attach(targets, checked.program.blocks, [str(rewritten)])
+    lowered = attach.lower(checked, targets)
+    (tmp_path / "d").mkdir()
+    attach.write_files(str(tmp_path / "d"), targets, lowered, _program_code, _backend_of)
+    data = next((tmp_path / "d").glob("*.program")).read_bytes()
+    header = P.HEADER.unpack_from(data)
+    count, table_at, code_at, direct_at = header[1], header[2], header[3], header[P.DIRECT_AT // 8]
+    table = struct.unpack_from(f"<{count}Q", data, table_at)
+    direct = struct.unpack_from(f"<{count}Q", data, direct_at)
+    (probe,) = [n for n in range(count) if direct[n]]
+    function, entry = code_at + table[probe] - 1, direct_at + direct[probe]
+    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    calls = []
+    for insn in md.disasm(data[entry:entry + 4096], entry):
+        if insn.mnemonic == "ret":
+            break
+        if insn.mnemonic == "call":
+            calls.append(int(insn.op_str, 16))
+    assert (function in calls) != inlined
+    assert "lock inc" in " ".join(f"{i.mnemonic} {i.op_str}"  # (its function's, still)
+                                  for i in md.disasm(data[function:function + 400], function))
+
+
 def test_commands_get_the_users_environment(tmp_path):
     """urewrite quiets numpy's threads for itself (OPENBLAS_NUM_THREADS), not for the
     command it runs."""

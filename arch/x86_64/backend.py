@@ -454,6 +454,14 @@ class X86_64Backend(Backend):
         from urewrite.arch.x86_64 import direct_entry
         return direct_entry.assemble(base, run_at, entries)
 
+    def program_with_entries(self, lowered, offsets, run_at, entries):
+        from urewrite.arch.x86_64 import direct_entry, program_code
+        text, _ = program_code.source(lowered, offsets)
+        bodies = [None if entry is None else
+                  program_code.function_parts(f"i{k}", lowered.code[key], lowered, offsets)
+                  for k, (entry, key) in enumerate(entries)]
+        return direct_entry.assemble_with_code(text, run_at, [e for e, _ in entries], bodies)
+
     def direct_supported(self, entry) -> bool:
         from urewrite.arch.x86_64 import direct_entry
         return direct_entry.supported(entry)

@@ -56,6 +56,19 @@ def source(lowered: L.Lowered, offsets: List[int]) -> Tuple[str, Dict[str, str]]
 
 def _function(label: str, ops, frame: L.Frame, lowered: L.Lowered,
               offsets: List[int]) -> List[str]:
+    hot, cold = _function_parts(label, ops, frame, lowered, offsets)
+    return hot + ["ret"] + cold
+
+
+def function_parts(label: str, ops, lowered: L.Lowered, offsets: List[int]) -> tuple:
+    """(what a hit runs, up to the function's `ret` and without it; what it seldom
+    runs, after): a probe's function as code another's text may hold in line (a direct
+    entry: direct_entry.assemble_with_code), its labels made from `label`."""
+    return _function_parts(label, ops, L.Frame(lowered), lowered, offsets)
+
+
+def _function_parts(label: str, ops, frame: L.Frame, lowered: L.Lowered,
+                    offsets: List[int]) -> tuple:
     body: List[str] = []
     cold: List[str] = []  # what a hit seldom runs, after the function's `ret`, so that
     k = 0                 # the usual path falls through (a taken branch costs)
@@ -78,7 +91,7 @@ def _function(label: str, ops, frame: L.Frame, lowered: L.Lowered,
         f"mov r12, qword ptr [rbx + {P.CTX_MAPS}]",
         f"sub rsp, {size}",
         "mov rbp, rsp"] + body + [f"add rsp, {size}"] + \
-        [f"pop {r}" for r in reversed(saved)] + ["ret"] + cold
+        [f"pop {r}" for r in reversed(saved)], cold
 
 
 def _one_word_lookup(fn: str, ops, frame: L.Frame, lowered: L.Lowered,
