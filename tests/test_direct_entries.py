@@ -107,20 +107,25 @@ def test_built_in_every_operand_form_reads_as_the_sample_computes(built):
     assert _maps(program_part) == _expected(printed)
 
 
-def test_the_program_file_has_a_direct_entry_for_each_probe_with_code(built, tmp_path):
-    """x86_64 program files carry the direct table; a probe with no code has none."""
+def _program_file(text: str, rewritten, directory) -> tuple:
+    """(the program file `urewrite run -e TEXT` writes for `rewritten`, its targets)."""
     from urewrite.programs import attach, checks, parser
     from urewrite.program_run import _backend_of, _program_code
-    from urewrite.trampolines import program_file as P
-    rewritten, _, _ = built
-    text = f"usdt:{rewritten}:ops:reads {{ @rg = sum(arg0); }}"
     checked = checks.check(parser.parse(text))
     targets = {}
     attach.attach(targets, checked.program.blocks, [str(rewritten)])
     lowered = attach.lower(checked, targets)
-    (tmp_path / "d").mkdir()
-    attach.write_files(str(tmp_path / "d"), targets, lowered, _program_code, _backend_of)
-    data = next((tmp_path / "d").glob("*.program")).read_bytes()
+    directory.mkdir()
+    attach.write_files(str(directory), targets, lowered, _program_code, _backend_of)
+    return next(directory.glob("*.program")).read_bytes(), targets
+
+
+def test_the_program_file_has_a_direct_entry_for_each_probe_with_code(built, tmp_path):
+    """x86_64 program files carry the direct table; a probe with no code has none."""
+    from urewrite.trampolines import program_file as P
+    rewritten, _, _ = built
+    data, targets = _program_file(f"usdt:{rewritten}:ops:reads {{ @rg = sum(arg0); }}",
+                                  rewritten, tmp_path / "d")
     header = P.HEADER.unpack_from(data)
     count, direct_at = header[1], header[P.DIRECT_AT // 8]
     assert direct_at == P.HEADER.size + 8 * count
@@ -139,20 +144,13 @@ def test_a_programs_entry_holds_its_code_in_line(built, tmp_path, monkeypatch, i
     says, for the runtime's trace path. Past attach.INLINED entries, the entries call
     it. (What the code computes either way: the tests above, on the same entries.)"""
     import capstone
-    from urewrite.programs import attach, checks, parser
-    from urewrite.program_run import _backend_of, _program_code
+    from urewrite.programs import attach
     from urewrite.trampolines import program_file as P
     if not inlined:
         monkeypatch.setattr(attach, "INLINED", 0)
     rewritten, _, _ = built
-    text = f"usdt:{rewritten}:ops:reads {{ @rg = sum(arg0); @n[arg1 % 3] = count(); }}"
-    checked = checks.check(parser.parse(text))
-    targets = {}
-    attach.attach(targets, checked.program.blocks, [str(rewritten)])
-    lowered = attach.lower(checked, targets)
-    (tmp_path / "d").mkdir()
-    attach.write_files(str(tmp_path / "d"), targets, lowered, _program_code, _backend_of)
-    data = next((tmp_path / "d").glob("*.program")).read_bytes()
+    data, _ = _program_file(f"usdt:{rewritten}:ops:reads {{ @rg = sum(arg0); "
+                            "@n[arg1 % 3] = count(); }", rewritten, tmp_path / "d")
     header = P.HEADER.unpack_from(data)
     count, table_at, code_at, direct_at = header[1], header[2], header[3], header[P.DIRECT_AT // 8]
     table = struct.unpack_from(f"<{count}Q", data, table_at)
