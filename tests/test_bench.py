@@ -119,6 +119,19 @@ def test_trigger_functions_start_as_the_kernel_bench_does(tmp_path):
         assert float(out) > 0
 
 
+@pytest.mark.parametrize("config, text", [("urewrite run", "\n"), ("urewrite stat", ""),
+                                          ("bpftrace", "Attaching 71 probes...\n")])
+def test_a_postgres_report_that_is_not_json_is_one_line(tmp_path, config, text):
+    """A tracer's report the bench cannot read (a program that counted nothing prints
+    no map; bpftrace's text) ends the bench with one line, not a traceback."""
+    from urewrite.bench.common import BenchError
+    from urewrite.bench.postgres import _hits
+    report = tmp_path / "report.out"
+    report.write_text(text)
+    with pytest.raises(BenchError, match=f"postgres under {config}: its report"):
+        _hits(config, str(report))
+
+
 def test_thread_lists():
     assert bench.parse_threads("2,1,2") == [1, 2]
     for bad in ("", "0", "a,b", "1,-2"):

@@ -288,7 +288,7 @@ def test_words_a_tracer_changes_are_read_once(machine):
     from urewrite.trampolines.program_file import USES_COMM, USES_NSECS, USES_TID, DirectEntry
     if machine == "x86_64":
         from urewrite.arch.x86_64 import arguments, direct_entry
-        maps, region = r"\[rsi \+ 8\]", r"\[rsi - 64\]"
+        maps, region = r"\[rsi \+ 8\]", rf"\[rsi - {direct_entry.DIRECT}\]"
     else:
         from urewrite.arch.aarch64 import arguments, direct_entry
         maps, region = r"\[x16, #8\]", r"\[x16, #-64\]"
@@ -298,6 +298,16 @@ def test_words_a_tracer_changes_are_read_once(machine):
         text = "\n".join(direct_entry._entry("d0", entry, -64))
         assert len(re.findall(maps, text)) == 1, text
         assert len(re.findall(region, text)) == 1, text
+
+
+def test_the_binding_shares_the_region_words_line():
+    """x86_64: the binding's five words lie in the state memory's first cache line, with
+    the region word every hit's check reads (a program's hit finds them there), clear
+    of the tracing byte before them and of the Go set-up's words after."""
+    from urewrite.arch.x86_64 import direct_entry, runtime, trampoline
+    binding = range(direct_entry.DIRECT, direct_entry.DIRECT + 5 * 8)
+    assert binding.start >= trampoline.TRACING + 8 and binding.stop <= 64
+    assert runtime.ASIDE_BUSY >= 64 and runtime.ASIDE_SP >= 64
 
 
 PLACED = os.path.join(ROOT, "samples", "programs", "placed.c")

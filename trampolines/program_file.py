@@ -54,10 +54,11 @@ from typing import Dict, Optional
 
 PROGRAM_SUFFIX = ".program"
 MAPS_SUFFIX = ".maps"
-# "URWPROG3", little-endian: the runtime maps a program file only with its own magic,
+# "URWPROG4", little-endian: the runtime maps a program file only with its own magic,
 # so that one of an older context (208 bytes, before the callbacks' fields) never runs
-# a callback's stub that writes past it
-MAGIC = 0x3347_4f52_5057_5255
+# a callback's stub that writes past it (3), and an x86_64 entry never reads the region
+# where the binding's place said before it moved into the region word's line (4)
+MAGIC = 0x3447_4f52_5057_5255
 MAPS_MAGIC = 0x3153_5041_4d57_5255  # "URWMAPS1": the first word of the maps area
 OWN_MAPS_PREFIX = "maps."  # maps.RUN.UID.PID: a process's own maps (above)
 HEADER = struct.Struct("<12Q")

@@ -34,8 +34,8 @@ SHADOW_MAP_SIZE = 16 * (SHADOW_DEPTH + 1)  # depth and a reserved word, then the
 STATE_SIZE = PS_SHADOW + 16 * SHADOW_THREADS
 # lazy_init_aside's stack, in page 0 (cleared in a forked child: nothing on it
 # outlives a set-up), and its words
-ASIDE_BUSY = 32
-ASIDE_SP = 40
+ASIDE_BUSY = 64  # (the line after the region word's: the binding fills that one)
+ASIDE_SP = 72
 ASIDE_BOTTOM = 1024
 ASIDE_TOP = 4096
 # What a live tracer writes (trampolines/live_note.py): offsets in the state memory.

@@ -9,6 +9,7 @@
 #   a region of its own:       [0] region address, or 1 = disarmed, 0 = not set up
 #                              [16] 1 when the region has an event ring (tracing)
 #                              [8] set-up in progress: fs base of the thread doing it
+#                              [{DIRECT}] the direct entries' binding (5 words, the table last)
 #                              [{ASIDE_BUSY}] lazy_init_aside's stack in use, [{ASIDE_SP}] the rsp
 #                              it came from; that stack: [{ASIDE_BOTTOM}, {ASIDE_TOP})
 #   later pages survive fork:  PS_STARTED, FSBASE_USABLE (rdfsbase may run), PS_LATENCY

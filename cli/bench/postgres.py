@@ -290,13 +290,18 @@ def _hits(config: str, report: str) -> Optional[Dict[str, int]]:
         os.unlink(report)
     except OSError:
         raise BenchError(f"postgres under {config}: no report")
-    if config == "urewrite stat":
-        hits: Dict[str, int] = {}
-        for p in json.loads(text)["probes"]:
-            hits[p["name"]] = hits.get(p["name"], 0) + p["hits"]
-        return hits
-    for line in text.splitlines():  # (bpftrace: one object per line, the map's "data" is
-        record = json.loads(line)  # keyed by probe; ours: the same shape)
+    try:
+        if config == "urewrite stat":
+            hits: Dict[str, int] = {}
+            for p in json.loads(text)["probes"]:
+                hits[p["name"]] = hits.get(p["name"], 0) + p["hits"]
+            return hits
+        # (bpftrace: one object per line, the map's "data" keyed by probe; ours: the same)
+        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except (ValueError, KeyError, TypeError):
+        raise BenchError(f"postgres under {config}: its report is not the JSON expected: "
+                         f"{text.strip()[:120]!r}")
+    for record in records:
         if record.get("type") == "map":
             data = next(iter(record["data"].values()))
             if isinstance(data, dict):
