@@ -28,8 +28,7 @@ CODE = bytes.fromhex("55" "4889e5" "48833d0020000000" "7540" "4883ec10")
 def _written_out(w, c, L, point, refs):
     """The counting code of a point, written instruction by instruction."""
     trampoline.armed_path(w, c, L, point, refs)
-    trampoline.trace_path(c, L, point.probes, refs, point.arguments, trampoline.red_zone(point),
-                          trampoline.calls_direct(point), point.flags_live)
+    trampoline.trace_path(c, L, point.probes, refs, point.arguments, trampoline.red_zone(point))
 
 
 def _points(insns, shape):
