@@ -286,7 +286,7 @@ class _Lowering:
                 self.named.add(self.probe)
                 names = self.probe_names.get(self.probe, (self.probe, ""))
                 name = names[0] if key.name == "probe" else names[1]
-                name = name.encode()[:STRING - 1].decode(errors="ignore")  # (as a string's)
+                # (whole, as bpftrace prints it: a string key's would stop at STRING - 1)
                 if name not in self.names:
                     self.names.append(name)
                 self.ops.append(("const", self.names.index(name)))

@@ -388,3 +388,51 @@ def test_a_programs_entry_leaves_the_probed_code_its_registers(tmp_path, program
         assert counted["@d"] == str(sum(i % 1000 for i in range(3000)))
     if "@r" in maps:
         assert "@s[" not in maps  # (every start deleted at its return)
+
+
+VALUES = os.path.join(ROOT, "samples", "programs", "values.c")
+# a probe's whole code adding to one map entry whose place is known when compiled, and
+# code that does more (a second map): (program, the maps it gives for N calls)
+QUICK = {"keyed": ("uprobe:{path}:work,uprobe:{path}:named {{ @[probe] = count(); }}",
+                   lambda n: {"work": n, "named": n}),
+         "keyless": ("uprobe:{path}:work {{ @n = count(); }} "
+                     "uprobe:{path}:named {{ @s = sum(5); }}",
+                     lambda n: {"@n": n, "@s": 5 * n}),
+         "more": ("uprobe:{path}:work,uprobe:{path}:named {{ @[probe] = count(); @t = count(); }}",
+                  lambda n: {"work": n, "named": n, "@t": 2 * n})}
+
+
+@pytest.mark.parametrize("kind", sorted(QUICK))
+def test_an_add_to_an_entry_known_when_compiled_saves_nothing_first(tmp_path, kind):
+    """x86_64: where a probe's whole code adds to one map entry whose place is known
+    when compiled (`@[probe] = count()`, `@n = count()`, `@s = sum(5)`), its direct entry
+    does the add before it saves a register or makes a context; the first hit, which
+    makes the entry, runs the function. Code that does more saves first. Exact maps
+    under 4 threads either way."""
+    import capstone
+    from urewrite.trampolines import program_file as P
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    plain, rewritten = tmp_path / "values", tmp_path / "values.probed"
+    subprocess.run(["gcc", "-O2", "-pthread", VALUES, "-o", str(plain)], check=True)
+    proc = urewrite(str(plain), "-p", "work", "-p", "named", "-o", str(rewritten), "-q")
+    assert proc.returncode == 0, proc.stderr
+    text, expected = QUICK[kind]
+    text = text.format(path=rewritten)
+    data, _ = _program_file(text, rewritten, tmp_path / "d")
+    header = P.HEADER.unpack_from(data)
+    count, direct_at = header[1], header[P.DIRECT_AT // 8]
+    direct = struct.unpack_from(f"<{count}Q", data, direct_at)
+    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    entries = [direct_at + d for d in direct if d]
+    assert len(entries) == 2
+    for entry in entries:
+        first = next(i for i in md.disasm(data[entry:entry + 4096], entry)
+                     if i.mnemonic in ("push", "ret") or i.mnemonic.startswith("lock"))
+        assert (first.mnemonic.startswith("lock")) == (kind != "more"), (kind, first)
+    ran = urewrite("run", "-e", text, "--", str(rewritten), "100000", "4")
+    assert ran.returncode == 0, ran.stderr
+    found = {}
+    for name, value in _maps(maps_of(ran.stdout)).items():
+        found[name.rsplit(":", 1)[-1].rstrip("]") if name.startswith("@[") else name] = int(value)
+    assert found == expected(100000)

@@ -272,6 +272,15 @@ def test_probe_keys_are_words_and_read_back_as_names():
     assert M.shapes_of(compiled.area) == compiled.lowered.maps
 
 
+def test_a_probe_key_is_its_whole_name_however_long():
+    """`@[probe]` prints the probe's whole name, as bpftrace does, past the 63 bytes a
+    string key keeps."""
+    path = "./" + "a_directory_whose_name_is_long/" * 3 + "v"
+    text = f"uprobe:{path}:work {{ @[probe] = count(); }}"
+    theirs, ours, _ = _both(text, [(f"uprobe:{path}:work", {"args": (i,)}) for i in range(3)])
+    assert ours == theirs == f"@[uprobe:{path}:work]: 3\n"
+
+
 def test_a_constant_keys_first_slot_is_worked_out_when_compiled():
     """`@[probe] = count()`: the key is a constant of the probe's code (its name's word),
     so the entry's inline check looks at an address worked out at compile time, the one

@@ -458,7 +458,9 @@ class X86_64Backend(Backend):
         from urewrite.arch.x86_64 import direct_entry, program_code
         text, _ = program_code.source(lowered, offsets)
         bodies = [None if entry is None else
-                  program_code.function_parts(f"i{k}", lowered.code[key], lowered, offsets)
+                  program_code.function_parts(f"i{k}", lowered.code[key], lowered, offsets) +
+                  (program_code.quick_update(lowered.code[key], lowered, offsets,
+                                             direct_entry.full_label(k)),)
                   for k, (entry, key) in enumerate(entries)]
         return direct_entry.assemble_with_code(text, run_at, [e for e, _ in entries], bodies)
 

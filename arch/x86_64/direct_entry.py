@@ -19,7 +19,10 @@ path, whose runtime routine reads them as the descriptors say.
 An entry checks the descriptors of the arguments the code reads (two compares each),
 then a leading predicate on an argument and a constant with no call (a false one
 returns there: the cost of a filter), then that the maps are its run's (a live
-re-arm may be replacing both), then saves the registers the function may clobber
+re-arm may be replacing both). Code that only adds to a map entry whose place is
+known when compiled (`@[probe] = count()`) is done right there, with the maps in rcx
+and nothing saved (program_code.quick_update), unless that entry is not made yet.
+Else the entry saves the registers the function may clobber
 (r8 to r11 only where its code may write them: DirectEntry.writes), fills the context
 on the stack (the arguments straight from the registers, maps; pid, the printf
 routine, the clock, the thread's id and name only where the code reads them) and
@@ -108,7 +111,10 @@ def assemble_with_code(text: str, run_at: int, entries: Sequence[Optional[Direct
     (program_code.function_parts: no call between the entry and the code, nor a `ret`
     back: about 0.5 ns a hit here), in one text, so that the code's labels (its lookups,
     its strings) hold in the copies. The code first, as it is alone: its functions stay
-    where they are, for the runtime's trace path."""
+    where they are, for the runtime's trace path. A body is (hot lines, cold lines, and
+    where not None, lines run first with the maps in rcx and nothing saved:
+    program_code.quick_update's, which go on to full_label(k) where they cannot do the
+    work)."""
     from urewrite.arch.runtime_asm import assemble_with_starts
     lines = ["d_base:", text, ".align 16"]
     for k, (entry, body) in enumerate(zip(entries, bodies)):
@@ -117,6 +123,11 @@ def assemble_with_code(text: str, run_at: int, entries: Sequence[Optional[Direct
     return assemble_with_starts("".join(line + "\n" for line in lines),
                                 [f"d{k}" for k in range(len(entries))], 0, "KS_ARCH_X86",
                                 "KS_MODE_64", "a program's direct entries")
+
+
+def full_label(k: int) -> str:
+    """Where entry k's whole path starts, past its quick lines (assemble_with_code)."""
+    return f"d{k}_full"
 
 
 def _rel32(delta: int) -> bytes:
@@ -145,8 +156,8 @@ def _readable(spec) -> bool:
 
 def _entry(name: str, entry: DirectEntry, run_at: int, body: Optional[tuple] = None) -> \
         List[str]:
-    """The entry's text; `body`: the function's (hot, cold) lines, run in line in place
-    of its call."""
+    """The entry's text; `body`: the function's (hot, cold, quick) lines, run in line
+    in place of its call (assemble_with_code)."""
     out = [f"{name}:"]
     reads = min(entry.reads, P.ARGUMENTS)
     known = min(reads, len(entry.expected))
@@ -172,6 +183,9 @@ def _entry(name: str, entry: DirectEntry, run_at: int, body: Optional[tuple] = N
             f"jne {name}_done",
             f"mov rdx, qword ptr [rsi - {DIRECT}]",
             "cmp rdx, 1", f"jbe {name}_done"]
+    if body is not None and body[2] is not None:  # the code's whole work, with the maps
+        out += body[2] + ["xor ecx, ecx", "ret", f"{name}_full:"]  # in rcx: nothing saved
+        # (`name` is d{k}: its _full label is full_label(k))
     saved = _saved(entry)
     out += [f"push {r}" for r in saved]
     if entry.aligned:  # (C code: the SysV ABI's 16 bytes at the call)
