@@ -434,3 +434,40 @@ def test_a_callback_that_reads_nothing_of_its_probe_is_called_directly(built, tm
                          f'echo "[${{{TRACE_ENV_VAR}:+1}}]"')
         assert shown.returncode == 0, shown.stderr
         assert f"[{ring}]" in shown.stdout.splitlines()
+
+
+STUCK_C = r"""
+#include <stdio.h>
+#include "urewrite.h"
+int main(void)
+{
+    static uint64_t table[8 + 16 * 4];  /* a table's head, then 16 entries of one key */
+    struct urewrite_context ctx = {0};
+    struct urewrite_map m = {UREWRITE_MAP_MAGIC, UREWRITE_COUNT, 1, 0, 0, 0, "m", 0, 16, 4};
+    uint64_t key = 7;
+    for (int i = 0; i < 16; i++)
+        table[8 + 4 * i] = 2;  /* every entry being claimed, by a claim that never ends */
+    ctx.maps = table;
+    urewrite_map_update(&ctx, &m, &key, 0);
+    urewrite_map_update(&ctx, &m, &key, 0);
+    printf("%llu\n", (unsigned long long)table[4]);  /* dropped */
+    return 0;
+}
+"""
+
+
+def test_the_headers_lookup_waits_for_a_claim_only_so_long(tmp_path):
+    """urewrite.h's map updates wait for an entry being claimed only
+    UREWRITE_CLAIM_WAITS pauses (maps.CLAIM_WAITS), then drop the update and count it:
+    a callback in a signal handler may have interrupted that claim."""
+    from urewrite.programs import maps as M
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is not installed")
+    header = Path(ROOT) / "trampolines" / "urewrite.h"
+    assert f"#define UREWRITE_CLAIM_WAITS {M.CLAIM_WAITS}\n" in header.read_text()
+    source = tmp_path / "stuck.c"
+    source.write_text(STUCK_C)
+    subprocess.run(["gcc", "-O2", "-I", str(header.parent), str(source), "-o",
+                    str(tmp_path / "stuck")], check=True)
+    done = subprocess.run([str(tmp_path / "stuck")], capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout) == (0, "2\n")
