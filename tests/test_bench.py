@@ -509,3 +509,12 @@ def test_programs_rows_check_their_maps():
     idioms = [t for t in judged if "latency idiom" in t[0]]  # (loaded, then built in)
     assert len(idioms) == 2 and all(f"({2 * result['clock_read'] + 5:.2f} ns)" in t[0]
                                     for t in idioms)
+
+
+def test_rows_bpftrace_cannot_run_are_left_to_us_built_in_too():
+    """bpftrace reads no floating-point register: those rows, loaded or built in, get
+    no bpftrace run (a built-in row once did, and the whole bench failed)."""
+    from urewrite.bench.programs import BUILT_IN, NO_BPFTRACE, under_bpftrace
+    for row in NO_BPFTRACE:
+        assert not under_bpftrace(row) and not under_bpftrace(row + BUILT_IN)
+    assert under_bpftrace("predicate false") and under_bpftrace("predicate false" + BUILT_IN)
