@@ -19,10 +19,7 @@ and the tracer reads (docs/programs.md, "Maps").
 A lookup starts at the key's first slot (first_slot) and looks at the entries after
 it in turn, wrapping. A probe claims a free entry with a compare-and-swap of its state
 from 0 to 2, writes the key, then stores the hash with bit 0 set (entry_state); one
-that finds state 2 waits for that store, but only CLAIM_WAITS pauses (some µs): a
-probe in a signal handler may have interrupted the claim itself, which then never
-ends while it waits, so past that the update is dropped (and counted so), as where
-the table is full; a lookup that makes nothing finds nothing. Values are updated with atomic adds (count,
+that finds state 2 waits for that store. Values are updated with atomic adds (count,
 sum, avg, hist, lhist) or compare-and-swap loops (min, max); a plain assignment is a
 store. min() and max() start from the largest and the smallest value, written when
 the entry is claimed.
@@ -47,7 +44,6 @@ FAULTS = 16  # the area's count of memory reads that found nothing to read
 HEADER_WORDS = 8  # of a table
 TABLE_DROPPED = 32  # a table's count of the updates it could not take
 ENTRY_HEAD = 2  # state, present
-CLAIM_WAITS = 1024  # pauses a lookup waits on an entry being claimed (above)
 STRING_WORDS = 8
 NAME = "name"  # a key type: `probe`'s or `func`'s value, kept as its index (a word, not 64 bytes)
 AGGREGATIONS = ("count", "sum", "min", "max", "avg", "stats", "hist", "lhist")

@@ -124,19 +124,14 @@ def harness(tmp_path_factory):
     return work / "harness"
 
 
-def _compiled_run(harness: Path, text: str, hits, data: bytes = b"", threads: int = 1,
-                  prepare=None):
+def _compiled_run(harness: Path, text: str, hits, data: bytes = b"", threads: int = 1):
     """The maps and printf() lines of `text`'s arm64 code run on `hits` (probe text,
-    Hit fields), and the fault count. `prepare(area, lowered)`: changes the maps
-    before the hits."""
+    Hit fields), and the fault count."""
     from urewrite.arch import EM_AARCH64, backend_for
     lowered = L.lower(check_program(parse(text)))
     offsets, _ = M.layout(lowered.maps)
     code, entries = backend_for(EM_AARCH64).program_code(lowered, offsets)
-    area = M.initial_area(lowered.maps)
-    if prepare is not None:
-        prepare(area, lowered)
-    area = bytes(area)
+    area = bytes(M.initial_area(lowered.maps))
     blob = [struct.pack("<Q", len(code)), code, struct.pack("<Q", len(area)), area,
             struct.pack("<Q", len(data)), data]
     named = [(probe, fields) for probe, fields in hits if probe in entries]
@@ -291,16 +286,3 @@ def test_threads_count_exactly_and_a_full_table_says_so(harness):
     assert sum(int(line.split(": ")[1]) for line in lines if line.startswith("@k[")) == \
         sum(range(12000))
     assert sum(1 for line in lines if line.startswith("@many[")) == M.KEYED_CAPACITY
-
-
-def test_an_entry_claimed_for_too_long_drops_the_update(harness):
-    """As on x86_64 (tests/test_program_code.py): an entry that stays claimed costs a
-    lookup maps.CLAIM_WAITS pauses, then the update is dropped, counted so."""
-    from test_program_code import STUCK, _claims_stuck
-    hits = [("uprobe:./v:f", {"args": (key,)}) for key in (7, 8, 7)]
-    ours, _, _ = _compiled_run(harness, STUCK, hits, prepare=lambda area, lowered:
-                               _claims_stuck(area, lowered, 0, [7]))
-    assert ours.splitlines() == ["@k[8]: 1", "@n: 3"]
-    result = (harness.parent / "out").read_bytes()
-    lowered = L.lower(check_program(parse(STUCK)))
-    assert M.read(result[:M.layout(lowered.maps)[1]], lowered.maps)[1] == 2

@@ -250,36 +250,6 @@ def test_threads_count_exactly_and_a_full_table_says_so():
     assert compiled.dropped == 12000 - M.KEYED_CAPACITY
 
 
-def _claims_stuck(area, lowered, index: int, keys) -> None:
-    """Marks the first slots of `keys` in map `index` as being claimed, as a claim a
-    probe in a signal handler interrupted stays."""
-    shape = lowered.maps[index]
-    offsets, _ = M.layout(lowered.maps)
-    for key in keys:
-        at = offsets[index] + 8 * (M.HEADER_WORDS + M.first_slot([key], shape.capacity)
-                                   * shape.entry_words)
-        struct.pack_into("<Q", area, at, 2)
-
-
-STUCK = "uprobe:./v:f { @k[arg0] = count(); @n = count(); }"
-
-
-def test_an_entry_claimed_for_too_long_drops_the_update():
-    """A lookup that finds an entry being claimed waits for its key, but only
-    maps.CLAIM_WAITS pauses: a probe in a signal handler may have interrupted that
-    claim, which then never ends. Past that the update is dropped and counted so;
-    the hit returns, and the program goes on."""
-    compiled = Compiled(STUCK)
-    _claims_stuck(compiled.area, compiled.lowered, 0, [7])
-    hits = threading.Thread(target=lambda: [compiled.hit("uprobe:./v:f", args=(key,))
-                                            for key in (7, 8, 7)], daemon=True)
-    hits.start()
-    hits.join(timeout=30)
-    assert not hits.is_alive(), "the hit waits for the claim for good"
-    maps = {m.name: m.entries for m in compiled.maps()}
-    assert maps == {"k": {(8,): 1}, "n": {(): 3}} and compiled.dropped == 2
-
-
 def test_probe_keys_are_words_and_read_back_as_names():
     """A map key that is `probe` wherever the program writes it (or `func` wherever) is
     a word (the index of the name, kept in the map's shape, in the area's own

@@ -452,11 +452,8 @@ static inline void urewrite_pause_(void)
 #endif
 }
 
-/* The entry of `keys` in `map`, claimed if missing; 0 when the table is full or an
- * entry on the way stays claimed for UREWRITE_CLAIM_WAITS pauses (this hit may have
- * interrupted its claimer): the update is counted as dropped. The protocol of
- * programs/maps.py. */
-#define UREWRITE_CLAIM_WAITS 1024
+/* The entry of `keys` in `map`, claimed if missing; 0 when the table is full (the
+ * update is counted as dropped). The protocol of programs/maps.py. */
 static inline uint64_t *urewrite_map_entry_(const struct urewrite_context *ctx,
                                             const struct urewrite_map *map, const uint64_t *keys)
 {
@@ -466,7 +463,6 @@ static inline uint64_t *urewrite_map_entry_(const struct urewrite_context *ctx,
     uint64_t words = urewrite_field_(&map->entry_words);
     uint32_t nkeys = map->keys, i;
     uint64_t hash = mult, slot, left;
-    uint32_t waits = UREWRITE_CLAIM_WAITS;
 
     for (i = 0; i < nkeys; i++)
         hash = (hash ^ keys[i]) * mult;
@@ -483,9 +479,7 @@ static inline uint64_t *urewrite_map_entry_(const struct urewrite_context *ctx,
                     return entry;
                 break;
             }
-            if (state == 2) { /* being claimed: its key comes next, unless this */
-                if (--waits == 0) /* hit interrupted its claimer */
-                    goto dropped;
+            if (state == 2) { /* being claimed: its key comes next */
                 urewrite_pause_();
                 continue;
             }
@@ -504,8 +498,7 @@ static inline uint64_t *urewrite_map_entry_(const struct urewrite_context *ctx,
             return entry;
         }
     }
-dropped:
-    __atomic_fetch_add(&table[4], 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&table[4], 1, __ATOMIC_RELAXED); /* dropped */
     return 0;
 }
 

@@ -505,8 +505,7 @@ def _delete(fn: str, shape: M.MapShape, labels: _Labels) -> List[str]:
 
 def _lookup(index: int, shape: M.MapShape, offset: int) -> List[str]:
     """map_N(x0 = key buffer, w1 = 1 to make a missing entry) -> x0 = the entry, or 0
-    (missing, or the table is full, or an entry on the way claimed for too long:
-    counted in its header). A leaf: clobbers x2-x17.
+    (missing, or the table is full: counted in its header). A leaf: clobbers x2-x17.
     The entry's state is read with acquire and published with release, so that a key
     is seen written before its state says so."""
     fn = f"map_{index}"
@@ -525,15 +524,13 @@ def _lookup(index: int, shape: M.MapShape, offset: int) -> List[str]:
     else:
         out += ["and x13, x12, x14"]
     out += _mov("x15", shape.capacity)  # slots left to look at
-    out += _mov("x5", M.CLAIM_WAITS)  # pauses left (maps.CLAIM_WAITS)
     out += _mov("x2", entry_bytes)
     out += [f"{fn}_slot:", "madd x16, x13, x2, x9", f"add x16, x16, #{8 * M.HEADER_WORDS}",
             f"{fn}_state:", "ldar x17, [x16]",
             "cmp x17, x12", f"b.eq {fn}_compare",
             f"cbz x17, {fn}_free",
             "cmp x17, #2", f"b.ne {fn}_next",
-            "yield", "subs x5, x5, #1", f"b.ne {fn}_state",  # being claimed: its key
-            f"b {fn}_no_room",  # comes next, unless this hit interrupted its claimer
+            "yield", f"b {fn}_state",  # being claimed: its key comes next
             f"{fn}_compare:"]
     for i in range(words):
         out += [f"ldr x3, [x0, #{8 * i}]", f"ldr x4, [x16, #{8 * (M.ENTRY_HEAD + i)}]",
@@ -549,7 +546,7 @@ def _lookup(index: int, shape: M.MapShape, offset: int) -> List[str]:
     out += ["stlr x12, [x16]", "mov x0, x16", "ret",  # published: the key before it
             f"{fn}_lost:", "clrex", f"b {fn}_state",
             f"{fn}_next:", "add x13, x13, #1", "and x13, x13, x14", "subs x15, x15, #1",
-            f"b.ne {fn}_slot", f"{fn}_no_room:", f"cbz w1, {fn}_missing",
+            f"b.ne {fn}_slot", f"cbz w1, {fn}_missing",
             "add x3, x9, #32"]  # dropped
     out += [f"{fn}_drop:", "ldxr x4, [x3]", "add x4, x4, #1", "stxr w5, x4, [x3]",
             f"cbnz w5, {fn}_drop",

@@ -643,16 +643,14 @@ def _delete(fn: str, shape: M.MapShape) -> List[str]:
 
 def _lookup(index: int, shape: M.MapShape, offset: int) -> List[str]:
     """map_N(rdi = key buffer, esi = 1 to make a missing entry) -> rax = the entry, or
-    0 (missing, or the table is full, or an entry on the way claimed for too long:
-    counted in its header). Clobbers rcx, rdx; keeps r8 to r11 (it works in r13 to r15
-    and rbx, saved here), so that a direct entry need not save those for a program
-    whose code does not otherwise touch them."""
+    0 (missing, or the table is full: counted in its header). Clobbers rcx, rdx; keeps
+    r8 to r11 (it works in r13 to r15, saved here), so that a direct entry need not
+    save those for a program whose code does not otherwise touch them."""
     fn = f"map_{index}"
     words = shape.key_words
     table = offset + 8 * M.HEADER_WORDS  # (from r12, the maps)
-    back = ["pop rbx", "pop r15", "pop r14", "pop r13", "ret"]
-    out = [f"{fn}:", "push r13", "push r14", "push r15", "push rbx",
-           f"mov ebx, {M.CLAIM_WAITS}"]  # (pauses left: maps.CLAIM_WAITS)
+    back = ["pop r15", "pop r14", "pop r13", "ret"]
+    out = [f"{fn}:", "push r13", "push r14", "push r15"]
     # the hash of the key's words, odd: a claimed entry's state
     out += [f"mov rcx, {HASH_MULTIPLIER:#x}", "mov rdx, rcx"]
     for i in range(words):
@@ -669,8 +667,7 @@ def _lookup(index: int, shape: M.MapShape, offset: int) -> List[str]:
             "cmp rax, rdx", f"je {fn}_compare",
             "test rax, rax", f"jz {fn}_free",
             "cmp rax, 2", f"jne {fn}_next",
-            "pause", "dec ebx", f"jnz {fn}_state",  # being claimed: its key comes next,
-            f"jmp {fn}_no_room",  # unless this hit interrupted its claimer
+            "pause", f"jmp {fn}_state",  # being claimed: its key comes next
             f"{fn}_compare:"]
     for i in range(words):
         out += [f"mov rcx, qword ptr [rdi + {8 * i}]",
@@ -686,7 +683,7 @@ def _lookup(index: int, shape: M.MapShape, offset: int) -> List[str]:
                 f"mov qword ptr [r13 + {8 * (M.ENTRY_HEAD + words)}], rcx"]
     out += ["mov qword ptr [r13], rdx", "mov rax, r13"] + back + [  # published: x86
             f"{fn}_next:", "inc r14", f"and r14, {shape.capacity - 1}", "dec r15d",  # keeps
-            f"jnz {fn}_slot", f"{fn}_no_room:", "test esi, esi", f"jz {fn}_missing",  # store order
+            f"jnz {fn}_slot", "test esi, esi", f"jz {fn}_missing",  # store order
             f"lock inc qword ptr [r12 + {offset + M.TABLE_DROPPED}]",
             f"{fn}_missing:", "xor eax, eax"] + back
     return out
