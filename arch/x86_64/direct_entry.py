@@ -118,16 +118,24 @@ def assemble_with_code(text: str, run_at: int, entries: Sequence[Optional[Direct
     from urewrite.arch.runtime_asm import assemble_with_starts
     lines = ["d_base:", text, ".align 16"]
     for k, (entry, body) in enumerate(zip(entries, bodies)):
-        lines += [f"d{k}:", "mov ecx, 1", "ret"] if entry is None else \
-            _entry(f"d{k}", entry, run_at, body)
+        lines += [f"{_label(k)}:", "mov ecx, 1", "ret"] if entry is None else \
+            _entry(_label(k), entry, run_at, body)
     return assemble_with_starts("".join(line + "\n" for line in lines),
-                                [f"d{k}" for k in range(len(entries))], 0, "KS_ARCH_X86",
+                                [_label(k) for k in range(len(entries))], 0, "KS_ARCH_X86",
                                 "KS_MODE_64", "a program's direct entries")
+
+
+def _label(k: int) -> str:
+    return f"d{k}"
 
 
 def full_label(k: int) -> str:
     """Where entry k's whole path starts, past its quick lines (assemble_with_code)."""
-    return f"d{k}_full"
+    return _full(_label(k))
+
+
+def _full(name: str) -> str:
+    return f"{name}_full"
 
 
 def _rel32(delta: int) -> bytes:
@@ -184,8 +192,7 @@ def _entry(name: str, entry: DirectEntry, run_at: int, body: Optional[tuple] = N
             f"mov rdx, qword ptr [rsi - {DIRECT}]",
             "cmp rdx, 1", f"jbe {name}_done"]
     if body is not None and body[2] is not None:  # the code's whole work, with the maps
-        out += body[2] + ["xor ecx, ecx", "ret", f"{name}_full:"]  # in rcx: nothing saved
-        # (`name` is d{k}: its _full label is full_label(k))
+        out += body[2] + ["xor ecx, ecx", "ret", f"{_full(name)}:"]  # in rcx: nothing saved
     saved = _saved(entry)
     out += [f"push {r}" for r in saved]
     if entry.aligned:  # (C code: the SysV ABI's 16 bytes at the call)

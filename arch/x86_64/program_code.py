@@ -87,11 +87,9 @@ def quick_update(ops, lowered: L.Lowered, offsets: List[int], full: str) -> \
     shape = lowered.maps[index]
     if shape.key_words != (0 if key is None else 1) or shape.initial is not None:
         return None
-    at = offsets[index] + 8 * M.HEADER_WORDS
-    if key is not None:
-        if key >= 1 << 31:
-            return None
-        at += M.first_slot([key], shape.capacity) * 8 * shape.entry_words
+    if key is not None and key >= 1 << 31:
+        return None
+    at = _known_entry(shape, offsets[index], key)
     value = at + _value_at(shape)
     if ops[1:] == [("update", index, "count")]:
         add = f"lock inc qword ptr [rcx + {value}]"
@@ -164,14 +162,20 @@ def _one_word_lookup(fn: str, ops, frame: L.Frame, lowered: L.Lowered,
     else:
         word = constant & (2**64 - 1)
         key = [f"mov rcx, {word:#x}"]
-        slot = M.first_slot([word], shape.capacity) * 8 * shape.entry_words
-        address = [f"lea rax, [r12 + {table + slot}]"]
+        address = [f"lea rax, [r12 + {_known_entry(shape, offsets[index], word)}]"]
     # claimed (its state odd: published, its key written before it and never changed
     # after; x86 keeps loads in order) and by this key: no hash to work out here
     return key + address + [
             "test byte ptr [rax], 1", f"jz {missed}",
             f"cmp rcx, qword ptr [rax + {8 * M.ENTRY_HEAD}]", f"jne {missed}",
             f"{found}:", "push rax"], 2 + (constant is not None)
+
+
+def _known_entry(shape: M.MapShape, offset: int, key: Optional[int] = None) -> int:
+    """From the maps, the entry a lookup finds first: at a one-word key's first slot
+    (maps.first_slot), or a map without keys' one entry (the table's first)."""
+    slot = 0 if key is None else M.first_slot([key], shape.capacity)
+    return offset + 8 * (M.HEADER_WORDS + slot * shape.entry_words)
 
 
 def _lookup_call(frame: L.Frame, index: int, create: bool) -> List[str]:
@@ -370,7 +374,7 @@ def _operation(fn: str, op: tuple, frame: L.Frame, lowered: L.Lowered,
         found, missed = _unique(fn), _unique(fn)
         cold += [f"{missed}:"] + _lookup_call(frame, args[0], name == "entry") + \
             [f"jmp {found}"]
-        return [f"lea rax, [r12 + {offsets[args[0]] + 8 * M.HEADER_WORDS}]",
+        return [f"lea rax, [r12 + {_known_entry(lowered.maps[args[0]], offsets[args[0]])}]",
                 "test byte ptr [rax], 1", f"jz {missed}", f"{found}:", "push rax"]
     if name == "update":
         return _update(fn, lowered.maps[args[0]], args[1])
